@@ -1,0 +1,1 @@
+"""mmtf: multimodal encoder-decoder transformers."""

@@ -1,0 +1,223 @@
+"""Multi-head attention shared by every mmtf encoder and decoder: the one attention core.
+
+One class covers every role: bidirectional self-attention (encoders, ``causal=False``), causal
+self-attention with RoPE and a KV cache (text decoders, ``causal=True``) and cross-attention
+(built with ``kv_dim``, called with ``context``). Grouped-query heads (``num_kv_heads``) share
+keys/values between query heads; ``num_kv_heads=1`` is multi-query attention.
+
+The default path is ``torch.nn.functional.scaled_dot_product_attention`` (flash /
+memory-efficient / cuDNN kernels on GPU, the fused kernel on CPU). When ``is_causal`` can express
+the mask, no mask tensor is built. The explicit softmax path runs only for ``need_weights=True``
+and agrees with the fused path to float tolerance.
+
+Masking rules:
+* ``key_mask`` is bool, True = a real key to attend to.
+* Causal masks are aligned bottom-right: with ``p`` cached positions, query ``i`` of the new block
+  sees keys ``0 .. p + i``. (SDPA's ``is_causal`` is top-left aligned, which is wrong when queries
+  are fewer than keys, so it is used only when the new block starts at position 0.)
+* A query whose keys are all masked returns zeros, never NaN, forward and backward.
+
+Shapes: b batch, h query heads, g kv heads, n query len, m key len, c = dim, d = head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from mmtf.nn.kv_cache import KVCache
+from mmtf.nn.rope import RotaryEmbedding
+
+
+class Attention(nn.Module):
+    """Multi-head (grouped-query) attention with optional RoPE, KV cache and cross-attention.
+
+    Args:
+        dim: model width c of the queries and of the output.
+        num_heads: query heads h; ``dim`` must be divisible by it.
+        num_kv_heads: key/value heads g (default ``num_heads``); must divide ``num_heads``.
+        causal: mask future keys (decoder self-attention). The role sets it, not the config.
+        rope: shared rotary table applied to queries and keys of self-attention.
+        kv_dim: width of the ``context`` for cross-attention. A layer built with ``kv_dim`` is a
+            cross-attention layer and must be called with ``context``; one built without it
+            rejects ``context``.
+        bias: add biases to the projections.
+        dropout: attention-probability dropout, active in training only.
+    """
+
+    def __init__(self, *, dim: int, num_heads: int, num_kv_heads: int | None = None,
+                 causal: bool = False, rope: RotaryEmbedding | None = None,
+                 kv_dim: int | None = None, bias: bool = False, dropout: float = 0.0) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if dim < 1 or num_heads < 1 or num_kv_heads < 1:
+            raise ValueError(f"Attention: dim ({dim}), num_heads ({num_heads}) and num_kv_heads "
+                             f"({num_kv_heads}) must all be >= 1.")
+        if dim % num_heads != 0:
+            raise ValueError(f"Attention: dim ({dim}) must be divisible by num_heads ({num_heads}); "
+                             f"change dim or num_heads in the model config.")
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"Attention: num_heads ({num_heads}) must be a multiple of "
+                             f"num_kv_heads ({num_kv_heads}); use num_kv_heads=1 for multi-query "
+                             f"attention or num_kv_heads=num_heads for plain multi-head.")
+        if kv_dim is not None and causal:
+            raise ValueError("Attention: causal=True with kv_dim set; cross-attention keys are the "
+                             "encoder memory and have no causal order. Build it with causal=False.")
+        if kv_dim is not None and rope is not None:
+            raise ValueError("Attention: rope with kv_dim set; RoPE applies to self-attention only. "
+                             "Build the cross-attention layer with rope=None.")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"Attention: dropout ({dropout}) must be in [0, 1).")
+        self.dim, self.num_heads, self.num_kv_heads = dim, num_heads, num_kv_heads
+        self.head_dim = dim // num_heads
+        if rope is not None and rope.head_dim != self.head_dim:
+            raise ValueError(f"Attention: rope.head_dim ({rope.head_dim}) != dim // num_heads "
+                             f"({self.head_dim}); build RotaryEmbedding(head_dim={self.head_dim}).")
+        self.causal, self.rope, self.kv_dim, self.dropout = causal, rope, kv_dim, dropout
+        self.is_cross = kv_dim is not None
+        self.to_q = nn.Linear(dim, dim, bias=bias)
+        self.to_kv = nn.Linear(kv_dim or dim, 2 * num_kv_heads * self.head_dim, bias=bias)
+        self.to_out = nn.Linear(dim, dim, bias=bias)
+
+    def extra_repr(self) -> str:
+        kind = "cross" if self.is_cross else ("causal" if self.causal else "bidirectional")
+        return (f"{kind}, heads={self.num_heads}, kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, rope={self.rope is not None}")
+
+    def project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of ``source`` (b, m, c_kv), each (b, g, m, d)."""
+        k, v = rearrange(self.to_kv(source), "b m (two g d) -> two b g m d", two=2,
+                         g=self.num_kv_heads)
+        return k, v
+
+    def forward(self, x: Tensor, context: Tensor | None = None, *, key_mask: Tensor | None = None,
+                cache: KVCache | None = None, need_weights: bool = False,
+                ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``x`` to itself (self-attention) or to ``context`` (cross-attention).
+
+        Args:
+            x: queries, (b, n, c).
+            context: cross-attention source, (b, m, kv_dim). With a cache that is already filled
+                it may be None: the cached projections are reused.
+            key_mask: (b, m) bool, True = a real key. For cached self-attention m counts the
+                cached keys plus the new ones.
+            cache: self-attention: the new K/V are appended and all cached keys attended.
+                Cross-attention: filled with the projected context on first use, then reused.
+            need_weights: also return the attention probabilities (explicit softmax path).
+
+        Returns:
+            (b, n, c), and with ``need_weights`` also the weights (b, h, n, m).
+        """
+        self._check_inputs(x, context, cache)
+        q = rearrange(self.to_q(x), "b n (h d) -> b h n d", h=self.num_heads)
+        offset = 0
+        if self.is_cross:
+            if cache is not None and cache.length > 0:
+                k, v = cache.keys, cache.values                            # projected once
+            else:
+                k, v = self.project_kv(context)
+                if cache is not None:
+                    k, v = cache.append(k, v)
+        else:
+            k, v = self.project_kv(x)
+            if cache is not None:
+                offset = cache.length
+            if self.rope is not None:
+                q, k = self.rope(q, offset), self.rope(k, offset)         # rotate before caching
+            if cache is not None:
+                k, v = cache.append(k, v)                                 # (b, g, offset + n, d)
+        n, m = q.shape[-2], k.shape[-2]
+        if key_mask is not None:
+            self._check_mask(key_mask, q.shape[0], m)
+
+        if need_weights:
+            out, weights = self._explicit(q, k, v, self._mask(n, m, offset, key_mask, q.device))
+            return self.to_out(rearrange(out, "b h n d -> b n (h d)")), weights
+
+        dropout_p = self.dropout if self.training else 0.0
+        gqa = self.num_kv_heads != self.num_heads
+        if key_mask is None and (not self.causal or offset == 0 or n == 1):
+            # No mask tensor: is_causal covers a block that starts at position 0 (then n == m);
+            # a single new token may see every cached key.
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=self.causal and n > 1, dropout_p=dropout_p, enable_gqa=gqa)
+        else:
+            mask = self._mask(n, m, offset, key_mask, q.device)          # (b|1, 1, n, m)
+            mask, row_has_key = _guard_empty_rows(mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                 enable_gqa=gqa)
+            if row_has_key is not None:
+                out = out.masked_fill(~row_has_key, 0.0)
+        return self.to_out(rearrange(out, "b h n d -> b n (h d)"))
+
+    def _mask(self, n: int, m: int, offset: int, key_mask: Tensor | None,
+              device: torch.device) -> Tensor | None:
+        """Bool mask, True = attend: (1, 1, n, m) causal, (b, 1, 1, m) padding, or both."""
+        mask = None
+        if self.causal:
+            # Bottom-right aligned: query i (absolute position offset + i) sees keys 0..offset+i.
+            mask = torch.ones(n, m, dtype=torch.bool, device=device).tril(m - n)
+            mask = rearrange(mask, "n m -> 1 1 n m")
+        if key_mask is not None:
+            pad = rearrange(key_mask, "b m -> b 1 1 m")
+            mask = pad if mask is None else mask & pad                   # (b, 1, n, m)
+        return mask
+
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                  ) -> tuple[Tensor, Tensor]:
+        """Reference softmax path that also returns the weights (b, h, n, m)."""
+        r = self.num_heads // self.num_kv_heads
+        k, v = (t.repeat_interleave(r, dim=1) for t in (k, v))           # (b, h, m, d)
+        scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(self.head_dim)  # (b, h, n, m)
+        row_has_key = None
+        if mask is not None:
+            mask, row_has_key = _guard_empty_rows(mask)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-1)
+        if row_has_key is not None:
+            weights = weights.masked_fill(~row_has_key, 0.0)
+        weights = weights.to(q.dtype)
+        attn = F.dropout(weights, p=self.dropout, training=self.training)
+        return attn @ v, weights                                          # (b, h, n, d)
+
+    def _check_inputs(self, x: Tensor, context: Tensor | None, cache: KVCache | None) -> None:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"Attention: x must be (batch, length, dim={self.dim}); "
+                             f"got shape {tuple(x.shape)}.")
+        if self.is_cross:
+            if context is None and (cache is None or cache.length == 0):
+                raise ValueError("Attention: this is a cross-attention layer (built with kv_dim); "
+                                 "pass context=encoder memory (or a filled cross-attention cache).")
+            if context is not None and (context.dim() != 3 or context.shape[-1] != self.kv_dim
+                                        or context.shape[0] != x.shape[0]):
+                raise ValueError(f"Attention: context must be (batch={x.shape[0]}, length, "
+                                 f"kv_dim={self.kv_dim}); got shape {tuple(context.shape)}.")
+        elif context is not None:
+            raise ValueError("Attention: context given to a self-attention layer; build the layer "
+                             "with kv_dim=<context width> to use it for cross-attention.")
+        if cache is not None and cache.num_kv_heads != self.num_kv_heads:
+            raise ValueError(f"Attention: cache has {cache.num_kv_heads} kv heads but the layer has "
+                             f"num_kv_heads={self.num_kv_heads}; build the cache from the layer.")
+
+    @staticmethod
+    def _check_mask(key_mask: Tensor, b: int, m: int) -> None:
+        if key_mask.dtype != torch.bool:
+            raise ValueError(f"Attention: key_mask must be a bool tensor (True = a real key), got "
+                             f"dtype {key_mask.dtype}; convert with key_mask.bool() or lengths "
+                             f"-> arange(m) < lengths[:, None].")
+        if tuple(key_mask.shape) != (b, m):
+            raise ValueError(f"Attention: key_mask shape {tuple(key_mask.shape)} != (batch={b}, "
+                             f"keys={m}); with a cache the mask covers cached plus new keys.")
+
+
+def _guard_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Let fully masked query rows attend everywhere (finite softmax, finite gradients) and
+    report them so the caller zeroes their output."""
+    row_has_key = mask.any(dim=-1, keepdim=True)                          # (b|1, 1, n, 1)
+    if bool(row_has_key.all()):
+        return mask, None
+    return mask | ~row_has_key, row_has_key

@@ -1,0 +1,75 @@
+"""Rotary position embedding (RoFormer, Su et al. 2021, arXiv:2104.09864).
+
+One table per model, built once in float32 and shared by every layer. Positions are absolute:
+a cached decoding step at offset ``p`` rotates its queries and keys by ``p, p+1, ...``, so a
+token-by-token pass equals a full forward pass.
+
+Shapes: b batch, h heads, n positions, d head_dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class RotaryEmbedding(nn.Module):
+    """Half-split ("GPT-NeoX") rotary embedding with a shared cos/sin table.
+
+    Args:
+        head_dim: size of each attention head; must be even.
+        max_len: positions precomputed up front. Positions past it extend the table
+            (doubling) on first use, so long inputs never index out of range.
+        base: the wavelength base (10 000 in the paper).
+    """
+
+    def __init__(self, *, head_dim: int, max_len: int = 4096, base: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim % 2 != 0:
+            raise ValueError(f"RotaryEmbedding: head_dim ({head_dim}) must be even; "
+                             f"choose dim and num_heads so that dim // num_heads is even.")
+        if max_len < 1:
+            raise ValueError(f"RotaryEmbedding: max_len ({max_len}) must be >= 1.")
+        self.head_dim, self.base = head_dim, float(base)
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self._build(max_len)
+
+    @property
+    def max_len(self) -> int:
+        return self.cos.shape[0]
+
+    def _build(self, max_len: int, device: torch.device | None = None) -> None:
+        # float64 angles then float32 tables: at position 10^5 float32 angles lose ~1e-2 rad.
+        inv_freq = self.inv_freq.to(device=device, dtype=torch.float64)
+        angles = torch.outer(torch.arange(max_len, device=device, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)                     # (n, d)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Rotate ``x`` by absolute positions ``offset .. offset + n - 1``.
+
+        Args:
+            x: queries or keys, (b, h, n, d).
+            offset: absolute position of the first of the n rows (the cache length).
+
+        Returns:
+            The rotated tensor, same shape and dtype as ``x``; the rotation runs in float32.
+        """
+        n = x.shape[-2]
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"RotaryEmbedding: input head_dim ({x.shape[-1]}) != table head_dim "
+                             f"({self.head_dim}); build the rope with head_dim = dim // num_heads.")
+        end = offset + n
+        if end > self.max_len:
+            new_len = self.max_len
+            while new_len < end:
+                new_len *= 2
+            self._build(new_len, device=self.cos.device)
+        cos = self.cos[offset:end]                                       # (n, d)
+        sin = self.sin[offset:end]
+        xf = x.float()
+        x1, x2 = xf.chunk(2, dim=-1)
+        rotated = torch.cat([-x2, x1], dim=-1)
+        return (xf * cos + rotated * sin).to(x.dtype)
