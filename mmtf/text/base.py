@@ -1,0 +1,290 @@
+"""The tokenizer interface shared by every mmtf text model, and its JSON (de)serialisation.
+
+Every tokenizer maps text to a list of integer ids and back. The four special tokens have the
+same ids in every tokenizer, so models, collate functions and generation code can hard-wire them:
+
+====== ==
+token  id
+====== ==
+<pad>  0
+<bos>  1
+<eos>  2
+<unk>  3
+====== ==
+
+Text is normalised before it is split (Unicode NFKC, optional lower-casing, optional punctuation
+removal, runs of whitespace collapsed to one space, leading/trailing whitespace stripped), so
+``decode(encode(x)) == normalize(x)`` whenever every character of ``x`` was seen in training.
+
+A tokenizer serialises to one JSON document ``{"kind": ..., "version": 1, ...}``; ``kind`` picks
+the class on load (:func:`load_tokenizer`, :meth:`Tokenizer.from_json_str`). A checkpoint can
+carry that document as a plain string, so loading a model never needs a side file.
+
+Shapes: every id sequence is a python ``list[int]`` of length n (no tensors here).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tokenizers import Regex, normalizers
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)  # index == id in every tokenizer
+FORMAT_VERSION = 1
+
+# What counts as punctuation: Unicode category P plus the ASCII symbols that Rust's
+# `is_ascii_punctuation` (and so the `tokenizers` Punctuation pre-tokenizer) also treats as
+# punctuation. Stripping and isolating punctuation therefore agree on one set of characters.
+PUNCTUATION_PATTERN = r"[\p{P}$+<=>^`|~]"
+_WHITESPACE = re.compile(r"\s+")
+
+
+def build_normalizer(*, lowercase: bool, strip_punctuation: bool) -> normalizers.Normalizer:
+    """The text normaliser used by every mmtf tokenizer (a `tokenizers` normaliser).
+
+    NFKC, then optional lower-casing, then optional punctuation removal, then whitespace runs
+    collapsed to one space and the ends stripped (so removed punctuation leaves no double space).
+    """
+    steps: list[normalizers.Normalizer] = [normalizers.NFKC()]
+    if lowercase:
+        steps.append(normalizers.Lowercase())
+    if strip_punctuation:
+        steps.append(normalizers.Replace(Regex(PUNCTUATION_PATTERN), ""))
+    steps += [normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
+    return normalizers.Sequence(steps)
+
+
+class Tokenizer(ABC):
+    """Base class: specials, truncation, batching, decoding rules and JSON (de)serialisation.
+
+    Subclasses implement the id mapping (:meth:`_encode_many`, :meth:`_decode_one`), the size
+    (:attr:`vocab_size`) and the JSON payload (:meth:`_to_dict`, :meth:`_from_dict`).
+    """
+
+    kind: ClassVar[str] = ""
+    _registry: ClassVar[dict[str, type[Tokenizer]]] = {}
+
+    pad_id: ClassVar[int] = 0
+    bos_id: ClassVar[int] = 1
+    eos_id: ClassVar[int] = 2
+    unk_id: ClassVar[int] = 3
+    special_tokens: ClassVar[tuple[str, ...]] = SPECIAL_TOKENS
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            Tokenizer._registry[cls.kind] = cls
+
+    # ------------------------------------------------------------------ subclass hooks
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids, specials included; valid ids are ``0 .. vocab_size - 1``."""
+
+    @abstractmethod
+    def normalize(self, text: str) -> str:
+        """The text as the tokenizer sees it before splitting (see the module docstring)."""
+
+    @abstractmethod
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        """Ids of each text, without specials and without truncation."""
+
+    @abstractmethod
+    def _decode_one(self, ids: list[int], skip_special: bool) -> str:
+        """Text of ids that are already validated (and stripped of specials if skip_special)."""
+
+    @abstractmethod
+    def _to_dict(self) -> dict[str, Any]:
+        """JSON-able payload, without ``kind`` and ``version``."""
+
+    @classmethod
+    @abstractmethod
+    def _from_dict(cls, payload: dict[str, Any]) -> Tokenizer:
+        """Inverse of :meth:`_to_dict`."""
+
+    @abstractmethod
+    def id_to_token(self, idx: int) -> str:
+        """The vocabulary entry of one id."""
+
+    @abstractmethod
+    def token_to_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry, or None when it is not in the vocabulary."""
+
+    # ------------------------------------------------------------------ encoding
+    def encode(self, text: str, add_special: bool = True, max_len: int | None = None) -> list[int]:
+        """Ids of one text.
+
+        Args:
+            text: the input string; "" encodes to ``[bos, eos]`` (or ``[]`` without specials).
+            add_special: wrap the ids as ``[bos, ..., eos]``.
+            max_len: keep at most this many ids in total; with specials the body is cut and the
+                final ``eos`` is kept, so ``max_len`` must be >= 2.
+
+        Returns:
+            The ids, a list of length n <= max_len.
+
+        Raises:
+            TypeError: text is not a str.
+            ValueError: max_len is too small.
+        """
+        return self.encode_batch([text], add_special=add_special, max_len=max_len)[0]
+
+    def encode_batch(
+        self, texts: Iterable[str], add_special: bool = True, max_len: int | None = None
+    ) -> list[list[int]]:
+        """Ids of many texts, one list each (same rules as :meth:`encode`; not padded)."""
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(
+                    f"{type(self).__name__}.encode: texts[{i}] must be a str, got "
+                    f"{type(text).__name__} ({text!r})."
+                )
+        min_len = 2 if add_special else 0
+        if max_len is not None and (isinstance(max_len, bool) or max_len < min_len):
+            raise ValueError(
+                f"{type(self).__name__}.encode: max_len ({max_len}) must be >= {min_len}"
+                + (" to hold <bos> and <eos>; raise max_len or pass add_special=False."
+                   if add_special else "; pass max_len=None for no limit.")
+            )
+        out = []
+        for ids in self._encode_many(texts):
+            if add_special:
+                if max_len is not None:
+                    ids = ids[: max_len - 2]
+                ids = [self.bos_id, *ids, self.eos_id]
+            elif max_len is not None:
+                ids = ids[:max_len]
+            out.append(ids)
+        return out
+
+    # ------------------------------------------------------------------ decoding
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """Text of one id sequence.
+
+        Args:
+            ids: a sequence of ints (a list, or a 1-D tensor / array with ``tolist``).
+            skip_special: stop at the first ``eos`` and drop the other specials (pad, bos,
+                unk); whitespace left behind by a dropped ``<unk>`` is collapsed. Otherwise
+                every id is rendered, specials as their token text (``<eos>``).
+
+        Returns:
+            The text; ``decode([]) == ""``.
+
+        Raises:
+            ValueError: an id is outside ``0 .. vocab_size - 1``.
+        """
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"{type(self).__name__}.decode: ids must lie in [0, {self.vocab_size - 1}] "
+                f"(vocab_size={self.vocab_size}); got {bad[:5]}. Strip ignore-index values "
+                f"such as -100 before decoding."
+            )
+        if not skip_special:
+            return self._decode_one(ids, skip_special=False)
+        if self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id)]
+        n_special = len(self.special_tokens)
+        text = self._decode_one([i for i in ids if i >= n_special], skip_special=True)
+        return _WHITESPACE.sub(" ", text).strip()
+
+    def decode_batch(self, batch: Iterable[Sequence[int]], skip_special: bool = True) -> list[str]:
+        """:meth:`decode` of each sequence (a list of lists, or a 2-D tensor of padded rows)."""
+        if hasattr(batch, "tolist"):
+            batch = batch.tolist()
+        return [self.decode(ids, skip_special=skip_special) for ids in batch]
+
+    # ------------------------------------------------------------------ serialisation
+    def to_json_str(self) -> str:
+        """The whole tokenizer as one JSON string (``kind``, ``version`` and the payload)."""
+        return json.dumps({"kind": self.kind, "version": FORMAT_VERSION, **self._to_dict()},
+                          ensure_ascii=False)
+
+    @classmethod
+    def from_json_str(cls, s: str) -> Tokenizer:
+        """Rebuild a tokenizer from :meth:`to_json_str`; the ``kind`` field picks the class.
+
+        Raises:
+            ValueError: the string is not JSON, ``kind`` is unknown, ``version`` is newer than
+                this code, the specials are not at ids 0..3, or ``cls`` is a subclass that does
+                not match ``kind``.
+        """
+        try:
+            data = json.loads(s)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"Tokenizer.from_json_str: not valid JSON ({err}).") from err
+        if not isinstance(data, dict) or "kind" not in data:
+            raise ValueError(
+                "Tokenizer.from_json_str: expected a JSON object with a 'kind' field "
+                f"(one of {sorted(cls._registry)}); was this file written by Tokenizer.save?"
+            )
+        kind = data.pop("kind")
+        if kind not in cls._registry:
+            raise ValueError(
+                f"Tokenizer.from_json_str: unknown kind ({kind!r}); "
+                f"expected one of {sorted(cls._registry)}."
+            )
+        version = data.pop("version", FORMAT_VERSION)
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise ValueError(
+                f"Tokenizer.from_json_str: version ({version!r}) is not supported by this mmtf "
+                f"(format version {FORMAT_VERSION}); upgrade mmtf."
+            )
+        target = cls._registry[kind]
+        if cls is not Tokenizer and not issubclass(target, cls):
+            raise ValueError(
+                f"{cls.__name__}.from_json_str: the JSON holds kind={kind!r}, not "
+                f"{cls.kind!r}; use Tokenizer.from_json_str or load_tokenizer to dispatch."
+            )
+        tok = target._from_dict(data)
+        found = [tok.id_to_token(i) for i in range(min(len(SPECIAL_TOKENS), tok.vocab_size))]
+        if tuple(found) != SPECIAL_TOKENS:
+            raise ValueError(
+                f"Tokenizer.from_json_str: ids 0..3 must be {list(SPECIAL_TOKENS)}, got {found}; "
+                f"the tokenizer was not built by mmtf."
+            )
+        return tok
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`to_json_str` to ``path`` (UTF-8); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json_str(), encoding="utf-8")
+        return path
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tokenizer) and self.to_json_str() == other.to_json_str()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-ish payload; equality is by content
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load a tokenizer written by :meth:`Tokenizer.save`; the JSON ``kind`` picks the class.
+
+    Raises:
+        FileNotFoundError: path does not exist.
+        ValueError: the file is not an mmtf tokenizer (see :meth:`Tokenizer.from_json_str`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"load_tokenizer: no tokenizer file at {path}.")
+    try:
+        return Tokenizer.from_json_str(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ValueError(f"load_tokenizer: {path}: {err}") from err
