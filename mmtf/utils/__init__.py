@@ -1,0 +1,1 @@
+"""Runtime helpers shared by the CLIs: config printing, safe checkpoint loading, run dirs."""
