@@ -1,0 +1,331 @@
+"""Audio encoder: raw waveform -> log-mel -> SpecAugment -> conv stem (stride 4) -> transformer.
+
+The log-mel front end lives inside the model, so features are computed on the model's device (the
+GPU in training) and an exported encoder takes the same waveforms the data pipeline produces.
+The design follows Whisper (Radford et al. 2022, arXiv:2212.04356): two GELU convolutions in front
+of a pre-norm transformer, except that both convolutions have stride 2 (4x fewer tokens, 40 ms
+each at hop 160 / 16 kHz). Positions come from RoPE inside the shared attention core, so there is
+no position table to outgrow; ``max_seconds`` bounds the compute instead.
+
+Padding never leaks into valid positions. Waveform samples past ``lengths`` are zeroed before the
+STFT, which is centred by hand (``n_fft // 2`` zeros each side, ``center=False``) so the last
+valid frame of a padded clip sees exactly the zeros an unpadded clip sees. A clip of ``L`` samples
+has ``L // hop_length + 1`` valid frames; per-utterance statistics use valid frames only; invalid
+frames are zeroed before and after each convolution (``(t - 1) // 2 + 1`` valid after each); the
+transformer gets the key mask, and memory at padded positions is zero.
+
+SpecAugment (Park et al. 2019, arXiv:1904.08779) masks mel bands and frame spans of the
+normalised features (value 0 = the utterance mean) in training mode only.
+
+Shapes: b batch, n samples, f mel bins, t frames, s memory length (= tokens), c = dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+import torchaudio
+from einops import rearrange
+from torch import Tensor, nn
+
+from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
+from mmtf.nn import TransformerStack
+from mmtf.nn.transformer import MlpKind, NormKind
+
+FeatureNorm = Literal["utterance", "global"]
+LOG_EPS = 1e-6   # log(mel + 1e-6): a floor near 16-bit quantisation noise, finite for silence
+STD_FLOOR = 1e-5
+
+
+def _lengths_mask(lengths: Tensor, size: int) -> Tensor:
+    """(b,) lengths -> (b, size) bool, True where position < length."""
+    return torch.arange(size, device=lengths.device) < lengths[:, None]
+
+
+class LogMelFrontEnd(nn.Module):
+    """Padding-aware log-mel spectrogram with per-utterance or global normalisation.
+
+    Args:
+        sample_rate: Hz of the input waveforms.
+        n_mels: mel bands f.
+        n_fft: FFT size (even). win_length: Hann window length (<= n_fft; default n_fft).
+        hop_length: samples between frames.
+        f_min, f_max: mel filterbank range in Hz (f_max default sample_rate / 2).
+        feature_norm: "utterance" (mean/std over each clip's valid frames and all bands: keeps
+            the spectral shape, unlike per-band CMVN) or "global" (fixed constants below).
+        feature_mean, feature_std: global statistics of the log-mel features (a scalar or one
+            value per band); used when feature_norm="global".
+    """
+
+    def __init__(self, *, sample_rate: int = 16000, n_mels: int = 64, n_fft: int = 400,
+                 hop_length: int = 160, win_length: int | None = None, f_min: float = 0.0,
+                 f_max: float | None = None, feature_norm: FeatureNorm = "utterance",
+                 feature_mean: float | Sequence[float] = 0.0,
+                 feature_std: float | Sequence[float] = 1.0) -> None:
+        super().__init__()
+        win_length = n_fft if win_length is None else win_length
+        f_max = sample_rate / 2 if f_max is None else f_max
+        _check_front_end(sample_rate, n_mels, n_fft, hop_length, win_length, f_min, f_max,
+                         feature_norm)
+        self.sample_rate, self.n_mels, self.n_fft = sample_rate, n_mels, n_fft
+        self.hop_length, self.feature_norm = hop_length, feature_norm
+        # Built on the CPU: torchaudio's filterbank check calls .item(), impossible on meta.
+        with torch.device("cpu"):
+            mel = torchaudio.transforms.MelSpectrogram(
+                sample_rate=sample_rate, n_fft=n_fft, win_length=win_length,
+                hop_length=hop_length, f_min=f_min, f_max=f_max, n_mels=n_mels, power=2.0,
+                center=False)   # centring is done in forward with zeros, see the module doc
+        self.mel = mel.to(torch.get_default_device())
+        stats = {"feature_mean": _floats(feature_mean), "feature_std": _floats(feature_std)}
+        for key, values in stats.items():   # checked as Python floats: works on meta too
+            if len(values) not in (1, n_mels):
+                raise ValueError(f"LogMelFrontEnd: {key} has {len(values)} values; give one "
+                                 f"number or n_mels ({n_mels}) numbers (model.encoder.{key}).")
+        if min(stats["feature_std"]) <= 0:
+            raise ValueError(f"LogMelFrontEnd: feature_std ({feature_std}) must be > 0; compute "
+                             f"it from the training set's log-mel features.")
+        mean, std = (torch.tensor(v, dtype=torch.float32) for v in stats.values())
+        self.register_buffer("feature_mean", mean)
+        self.register_buffer("feature_std", std)
+
+    def num_frames(self, lengths: Tensor) -> Tensor:
+        """Valid frames of clips of ``lengths`` samples: ``lengths // hop_length + 1``."""
+        return torch.div(lengths, self.hop_length, rounding_mode="floor") + 1
+
+    def forward(self, wave: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """Args:
+            wave: (b, n) float waveforms, padded past ``lengths`` with anything.
+            lengths: (b,) long, valid samples per clip.
+
+        Returns:
+            Normalised log-mel features (b, f, t) with zeros at invalid frames, t = n // hop + 1,
+            and the valid frame counts (b,).
+        """
+        n = wave.shape[-1]
+        frames = self.num_frames(lengths)
+        with torch.autocast(wave.device.type, enabled=False):   # STFT and statistics in fp32
+            wave = wave.float().masked_fill(~_lengths_mask(lengths, n), 0.0)
+            half = self.n_fft // 2
+            wave = F.pad(wave, (half, half))                     # (b, n + 2 * half)
+            feats = torch.log(self.mel(wave) + LOG_EPS)          # (b, f, t)
+            valid = _lengths_mask(frames, feats.shape[-1])[:, None, :]   # (b, 1, t)
+            if self.feature_norm == "utterance":
+                weight = valid.float()
+                count = weight.sum(dim=(1, 2), keepdim=True) * self.n_mels     # (b, 1, 1)
+                mean = (feats * weight).sum(dim=(1, 2), keepdim=True) / count
+                var = ((feats - mean).square() * weight).sum(dim=(1, 2), keepdim=True) / count
+                feats = (feats - mean) / var.sqrt().clamp_min(STD_FLOOR)
+            else:
+                feats = (feats - self.feature_mean[:, None]) / self.feature_std[:, None]
+            feats = feats.masked_fill(~valid, 0.0)
+        return feats, frames
+
+    def _apply(self, fn, recurse: bool = True):   # torch's (private) signature
+        # Keep the STFT window and filterbank in float32 under model.half() / bf16-true
+        # precision: torch.stft has no bf16 kernel and fp16 mel energies overflow.
+        super()._apply(fn, recurse)
+        self.mel.float()
+        return self
+
+
+class SpecAugment(nn.Module):
+    """Frequency and time masking (torchaudio), a fresh mask per item, in training mode only.
+
+    Args:
+        freq_masks: bands masked per clip; freq_mask_width: max width of each, in mel bins.
+        time_masks: spans masked per clip; time_mask_width: max width of each, in frames.
+    """
+
+    def __init__(self, *, freq_masks: int = 2, freq_mask_width: int = 8, time_masks: int = 2,
+                 time_mask_width: int = 20) -> None:
+        super().__init__()
+        for key, value in (("freq_masks", freq_masks), ("freq_mask_width", freq_mask_width),
+                           ("time_masks", time_masks), ("time_mask_width", time_mask_width)):
+            if value < 0:
+                raise ValueError(f"SpecAugment: {key} ({value}) must be >= 0; use 0 to switch "
+                                 f"that masking off (model.encoder.{key}).")
+        self.freq_masks, self.time_masks = freq_masks, time_masks
+        self.freq = torchaudio.transforms.FrequencyMasking(freq_mask_width, iid_masks=True)
+        self.time = torchaudio.transforms.TimeMasking(time_mask_width, iid_masks=True)
+
+    def extra_repr(self) -> str:
+        return (f"freq_masks={self.freq_masks}, freq_mask_width={self.freq.mask_param}, "
+                f"time_masks={self.time_masks}, time_mask_width={self.time.mask_param}")
+
+    def forward(self, feats: Tensor) -> Tensor:
+        """feats: (b, f, t) -> (b, f, t); the identity in eval mode."""
+        if not self.training or (self.freq_masks == 0 and self.time_masks == 0):
+            return feats
+        x = rearrange(feats, "b f t -> b 1 f t")   # a 4-D input gets per-item (iid) masks
+        for _ in range(self.freq_masks):
+            x = self.freq(x)
+        for _ in range(self.time_masks):
+            x = self.time(x)
+        return rearrange(x, "b 1 f t -> b f t")
+
+
+class ConvStem(nn.Module):
+    """Two kernel-3, stride-2 GELU convolutions (t -> ~t/4) that never mix in padded frames."""
+
+    def __init__(self, *, in_channels: int, dim: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(in_channels, dim, kernel_size=3, stride=2, padding=1)
+        self.conv2 = nn.Conv1d(dim, dim, kernel_size=3, stride=2, padding=1)
+
+    @staticmethod
+    def output_lengths(lengths: Tensor) -> Tensor:
+        """Valid positions after both convolutions: ``(t - 1) // 2 + 1``, twice."""
+        for _ in range(2):
+            lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
+        return lengths
+
+    def forward(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """x: (b, f, t) features, lengths: (b,) valid frames -> (b, s, c) and (b,) valid tokens."""
+        for conv in (self.conv1, self.conv2):
+            # Zero invalid frames before the conv (its right neighbour may be one) and after
+            # it (the bias and GELU make them non-zero), as an unpadded clip has zeros there.
+            x = x.masked_fill(~_lengths_mask(lengths, x.shape[-1])[:, None], 0.0)
+            x = F.gelu(conv(x))                                  # (b, c, ceil(t / 2))
+            lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
+            x = x.masked_fill(~_lengths_mask(lengths, x.shape[-1])[:, None], 0.0)
+        return rearrange(x, "b c s -> b s c"), lengths
+
+
+class AudioEncoder(Encoder):
+    """Waveforms (b, n) + lengths -> memory (b, s, c), mask (b, s); s ~ n / (4 * hop_length).
+
+    Args:
+        dim, depth, num_heads, num_kv_heads, mlp_ratio, mlp, norm, dropout, attn_dropout:
+            the transformer (see :class:`mmtf.nn.TransformerStack`); RoPE positions.
+        sample_rate, n_mels, n_fft, hop_length, win_length, f_min, f_max, feature_norm,
+            feature_mean, feature_std: the log-mel front end (:class:`LogMelFrontEnd`).
+        freq_masks, freq_mask_width, time_masks, time_mask_width: SpecAugment
+            (:class:`SpecAugment`), training mode only; 0 masks switch it off.
+        max_seconds: longest input accepted (the padded width of the batch); longer batches
+            raise ValueError. Crop in the data pipeline. None = no limit.
+        causal: causal self-attention (streaming research only; warns).
+        pretrained: export folder to load weights from (:meth:`Encoder.load_pretrained`).
+        freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
+    """
+
+    def __init__(self, *, dim: int = 128, depth: int = 4, num_heads: int = 4,
+                 num_kv_heads: int | None = None, mlp_ratio: float = 4.0, mlp: MlpKind = "gelu",
+                 norm: NormKind = "layernorm", dropout: float = 0.0, attn_dropout: float = 0.0,
+                 sample_rate: int = 16000, n_mels: int = 64, n_fft: int = 400,
+                 hop_length: int = 160, win_length: int | None = None, f_min: float = 0.0,
+                 f_max: float | None = None, feature_norm: FeatureNorm = "utterance",
+                 feature_mean: float | Sequence[float] = 0.0,
+                 feature_std: float | Sequence[float] = 1.0, freq_masks: int = 2,
+                 freq_mask_width: int = 8, time_masks: int = 2, time_mask_width: int = 20,
+                 max_seconds: float | None = 30.0, causal: bool = False,
+                 pretrained: str | Path | None = None, freeze: bool = False) -> None:
+        super().__init__()
+        self.config = record_config(locals())
+        check_transformer("AudioEncoder", dim=dim, depth=depth, num_heads=num_heads,
+                          num_kv_heads=num_kv_heads, dropout=dropout, attn_dropout=attn_dropout,
+                          rope=True)
+        if freq_mask_width > n_mels:
+            raise ValueError(f"AudioEncoder: freq_mask_width ({freq_mask_width}) must be <= "
+                             f"n_mels ({n_mels}); lower model.encoder.freq_mask_width.")
+        if max_seconds is not None and max_seconds <= 0:
+            raise ValueError(f"AudioEncoder: max_seconds ({max_seconds}) must be > 0 or null "
+                             f"(no limit).")
+        self.dim, self.max_seconds = dim, max_seconds
+        self.max_samples = None if max_seconds is None else int(round(max_seconds * sample_rate))
+        self.frontend = LogMelFrontEnd(
+            sample_rate=sample_rate, n_mels=n_mels, n_fft=n_fft, hop_length=hop_length,
+            win_length=win_length, f_min=f_min, f_max=f_max, feature_norm=feature_norm,
+            feature_mean=feature_mean, feature_std=feature_std)
+        self.spec_augment = SpecAugment(freq_masks=freq_masks, freq_mask_width=freq_mask_width,
+                                        time_masks=time_masks, time_mask_width=time_mask_width)
+        self.stem = ConvStem(in_channels=n_mels, dim=dim)
+        self.drop = nn.Dropout(dropout)
+        max_tokens = 4096 if self.max_samples is None else int(self.output_lengths(
+            torch.tensor([self.max_samples], device="cpu")).item())
+        self.stack = TransformerStack(
+            depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
+            rope=True, max_len=max_tokens, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm,
+            dropout=dropout, attn_dropout=attn_dropout)
+        self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.frontend.sample_rate
+
+    def output_lengths(self, lengths: Tensor) -> Tensor:
+        """Memory positions (tokens) for clips of ``lengths`` samples, (b,) -> (b,)."""
+        return ConvStem.output_lengths(self.frontend.num_frames(lengths))
+
+    def forward(self, inputs: Tensor, lengths: Tensor | None = None) -> EncoderOutput:
+        """Encode a batch of waveforms.
+
+        Args:
+            inputs: (b, n) float mono waveforms at ``sample_rate``, padded with anything.
+            lengths: (b,) valid samples per clip (long); None = all n samples valid.
+
+        Returns:
+            EncoderOutput: memory (b, s, c), zeros at padding; mask (b, s), True = valid.
+        """
+        lengths = self._check_inputs(inputs, lengths)
+        feats, frames = self.frontend(inputs, lengths)           # (b, f, t), (b,)
+        feats = self.spec_augment(feats)
+        x, tokens = self.stem(feats.to(self.stem.conv1.weight.dtype), frames)   # (b, s, c)
+        mask = _lengths_mask(tokens, x.shape[1])                 # (b, s)
+        x = self.stack(self.drop(x), key_mask=mask)
+        return EncoderOutput(x.masked_fill(~mask[..., None], 0.0), mask)
+
+    def _check_inputs(self, wave: Tensor, lengths: Tensor | None) -> Tensor:
+        if wave.dim() != 2 or not wave.is_floating_point():
+            raise ValueError(f"AudioEncoder: inputs must be float waveforms (batch, samples), got "
+                             f"{wave.dtype} {tuple(wave.shape)}; mix to mono and drop the "
+                             f"channel axis in the data pipeline.")
+        b, n = wave.shape
+        if self.max_samples is not None and n > self.max_samples:
+            raise ValueError(
+                f"AudioEncoder: input is {n} samples ({n / self.sample_rate:.2f} s at "
+                f"{self.sample_rate} Hz) but max_seconds={self.max_seconds} allows "
+                f"{self.max_samples}; crop clips in the data pipeline or raise "
+                f"model.encoder.max_seconds.")
+        if lengths is None:
+            return torch.full((b,), n, dtype=torch.long, device=wave.device)
+        if lengths.shape != (b,) or lengths.is_floating_point() or lengths.is_complex():
+            raise ValueError(f"AudioEncoder: lengths must be integer (batch={b},), got "
+                             f"{lengths.dtype} {tuple(lengths.shape)}; pass samples per clip.")
+        lengths = lengths.to(device=wave.device, dtype=torch.long)
+        if bool(((lengths < 0) | (lengths > n)).any()):
+            raise ValueError(f"AudioEncoder: lengths {lengths.tolist()} must be in [0, {n}] "
+                             f"(the padded width of inputs).")
+        return lengths
+
+
+def _check_front_end(sample_rate: int, n_mels: int, n_fft: int, hop_length: int,
+                     win_length: int, f_min: float, f_max: float, feature_norm: str) -> None:
+    """One place for the front end's rules; messages name the model.encoder.* key."""
+    rules = [
+        (sample_rate > 0, f"sample_rate ({sample_rate}) must be > 0"),
+        (n_mels > 0, f"n_mels ({n_mels}) must be > 0"),
+        (n_fft > 0 and n_fft % 2 == 0,
+         f"n_fft ({n_fft}) must be a positive even number (frames = samples // hop_length + 1 "
+         f"relies on n_fft // 2 zeros each side)"),
+        (0 < win_length <= n_fft, f"win_length ({win_length}) must be in [1, n_fft={n_fft}]; "
+                                  f"raise n_fft or lower win_length"),
+        (hop_length > 0, f"hop_length ({hop_length}) must be > 0"),
+        (0 <= f_min < f_max <= sample_rate / 2,
+         f"need 0 <= f_min ({f_min}) < f_max ({f_max}) <= sample_rate / 2 ({sample_rate / 2})"),
+        (feature_norm in ("utterance", "global"),
+         f"feature_norm ({feature_norm!r}) must be 'utterance' or 'global'"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(f"LogMelFrontEnd: {message}; fix it in model.encoder.")
+
+
+def _floats(value: float | Sequence[float]) -> list[float]:
+    """A number or a list of numbers (Hydra gives ListConfig) as a list of plain floats."""
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    return [float(v) for v in value]

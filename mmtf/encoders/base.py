@@ -1,0 +1,253 @@
+"""What every mmtf encoder shares: its output type, pooling, pretrained loading and freezing.
+
+Every encoder is called the same way, ``out = encoder(inputs, lengths=None)``, and returns an
+:class:`EncoderOutput` of ``memory`` (b, s, c) and ``mask`` (b, s), so any encoder plugs into any
+decoder (cross-attention ``context`` / ``context_mask``) or downstream head (:func:`pool`).
+
+Pretrained weights are a folder written by the export CLI: ``weights.safetensors`` (the encoder's
+``state_dict()``) plus ``config.yaml``. :meth:`Encoder.load_pretrained` is the inverse of
+``safetensors.torch.save_file(encoder.state_dict(), folder / "weights.safetensors")``; it never
+unpickles anything.
+
+Shapes: b batch, s memory length (frames or patches, CLS included), c = dim.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+PoolMode = Literal["mean", "cls"]
+WEIGHTS_FILE = "weights.safetensors"
+CONFIG_FILE = "config.yaml"
+
+
+class EncoderOutput(NamedTuple):
+    """What an encoder returns.
+
+    Attributes:
+        memory: (b, s, c) float; positions where ``mask`` is False are zeros.
+        mask: (b, s) bool, True = a valid position (the decoder's ``context_mask``).
+    """
+
+    memory: Tensor
+    mask: Tensor
+
+
+def pool(memory: Tensor, mask: Tensor | None = None, mode: PoolMode = "mean", *,
+         encoder: Encoder | None = None) -> Tensor:
+    """Pool encoder memory to one vector per item for a downstream head.
+
+    Args:
+        memory: (b, s, c).
+        mask: (b, s) bool, True = valid; None = all valid.
+        mode: "mean" (masked mean over valid positions) or "cls" (position 0, the CLS token).
+        encoder: the encoder that produced ``memory``. When given, "cls" is checked against
+            ``encoder.has_cls`` and "mean" leaves out its prefix (CLS) tokens, as timm's
+            ``global_pool="avg"`` does.
+
+    Returns:
+        (b, c).
+
+    Raises:
+        ValueError: unknown ``mode``, bad shapes, or "cls" with an encoder that has no CLS token.
+    """
+    if memory.dim() != 3:
+        raise ValueError(f"pool: memory must be (batch, length, dim), got {tuple(memory.shape)}.")
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != memory.shape[:2]):
+        raise ValueError(f"pool: mask must be bool of shape {tuple(memory.shape[:2])}, got "
+                         f"{mask.dtype} {tuple(mask.shape)}; pass out.mask from the encoder.")
+    if mode == "cls":
+        if encoder is not None and not encoder.has_cls:
+            raise ValueError(f"pool: mode='cls' but {type(encoder).__name__} has no CLS token; "
+                             f"use mode='mean' or build the encoder with cls_token=true.")
+        return memory[:, 0]
+    if mode != "mean":
+        raise ValueError(f"pool: mode ({mode!r}) must be 'mean' or 'cls'.")
+    skip = encoder.num_prefix_tokens if encoder is not None else 0
+    memory = memory[:, skip:]
+    if mask is None:
+        return memory.mean(dim=1)
+    weight = mask[:, skip:].to(memory.dtype).unsqueeze(-1)                  # (b, s, 1)
+    return (memory * weight).sum(dim=1) / weight.sum(dim=1).clamp_min(1.0)
+
+
+class Encoder(nn.Module):
+    """Base class of mmtf encoders: a common forward signature, pooling, loading and freezing.
+
+    Subclasses set ``self.dim`` (and ``has_cls`` / ``num_prefix_tokens`` if they prepend a CLS
+    token), record their constructor values in ``self.config`` and call :meth:`_finish_init` last
+    in ``__init__``.
+
+    Freezing sets ``requires_grad=False`` on every parameter and pins the encoder in eval mode:
+    ``.train()`` on it or on any parent (Lightning calls it) leaves it in eval, so dropout and
+    SpecAugment stay off. :meth:`unfreeze` undoes both, e.g. "unfreeze after N epochs".
+    """
+
+    dim: int
+    has_cls: bool = False
+    num_prefix_tokens: int = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._frozen = False
+        self.config: dict[str, Any] = {}
+
+    def forward(self, inputs: Tensor, lengths: Tensor | None = None) -> EncoderOutput:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------- pooling
+    def pool(self, out: EncoderOutput, mode: PoolMode = "mean") -> Tensor:
+        """:func:`pool` over this encoder's output; (b, c)."""
+        return pool(out.memory, out.mask, mode, encoder=self)
+
+    # ---------------------------------------------------------------------- freezing
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def freeze(self) -> Encoder:
+        """No trainable parameters; eval mode that ``.train()`` cannot undo. Returns self."""
+        self.requires_grad_(False)
+        self._frozen = True
+        return super().train(False)
+
+    def unfreeze(self, train: bool = True) -> Encoder:
+        """Make every parameter trainable again and set the mode (train by default)."""
+        self.requires_grad_(True)
+        self._frozen = False
+        return super().train(train)
+
+    def train(self, mode: bool = True) -> Encoder:
+        # A frozen encoder ignores train(True) from Lightning or a parent module: its dropout
+        # and SpecAugment must stay off, else "frozen" features would still change every step.
+        return super().train(False if self._frozen else mode)
+
+    # ---------------------------------------------------------------------- loading
+    def load_pretrained(self, path: str | Path) -> None:
+        """Load ``path/weights.safetensors`` (or a ``.safetensors`` file) into this encoder.
+
+        Every key and shape is compared with ``self.state_dict()`` before anything is copied.
+
+        Raises:
+            FileNotFoundError: the folder or the weights file does not exist.
+            ValueError: missing, unexpected or differently shaped tensors; the message names them
+                and the config to rebuild the encoder with.
+        """
+        name = type(self).__name__
+        path = Path(path)
+        file = path if path.suffix == ".safetensors" else path / WEIGHTS_FILE
+        folder = file.parent
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{name}.load_pretrained: folder {str(folder)!r} does not "
+                                    f"exist; set model.encoder.pretrained to an export folder.")
+        if not file.is_file():
+            raise FileNotFoundError(f"{name}.load_pretrained: {str(file)!r} not found; the export "
+                                    f"folder must contain {WEIGHTS_FILE} (written by mmtf-export).")
+        weights = load_file(str(file), device="cpu")
+        own = self.state_dict()
+        problems = [f"tensor {k!r} has shape {tuple(v.shape)} in {file} but "
+                    f"{tuple(own[k].shape)} in this model"
+                    for k, v in weights.items() if k in own and v.shape != own[k].shape]
+        missing = sorted(own.keys() - weights.keys())
+        unexpected = sorted(weights.keys() - own.keys())
+        if missing:
+            problems.append(f"{len(missing)} tensor(s) of this model are missing from {file}: "
+                            f"{_clip(missing)}")
+        if unexpected:
+            problems.append(f"{len(unexpected)} tensor(s) in {file} are not in this model: "
+                            f"{_clip(unexpected)}")
+        if problems:
+            raise ValueError(f"{name}.load_pretrained: " + "; ".join(problems[:5])
+                             + f"{'; ...' if len(problems) > 5 else ''}. "
+                             + self._config_hint(folder))
+        self.load_state_dict(weights)
+
+    def _config_hint(self, folder: Path) -> str:
+        """The fix for a mismatch: which config values differ from the exported ones."""
+        cfg_file = folder / CONFIG_FILE
+        exported = _read_encoder_config(cfg_file)
+        if not exported:
+            return ("Build the encoder with the same config it was exported with (model.encoder "
+                    "in the training run's .hydra/config.yaml).")
+        diffs = [k for k in self.config if k in exported and _plain(exported[k]) != self.config[k]]
+        if not diffs:
+            return f"Build the encoder with the exported config ({cfg_file})."
+        theirs = ", ".join(f"{k}={_plain(exported[k])}" for k in diffs)
+        ours = ", ".join(f"{k}={self.config[k]}" for k in diffs)
+        return (f"Build the encoder with the exported config ({cfg_file}: {theirs}); this model "
+                f"was built with {ours}.")
+
+    # ---------------------------------------------------------------------- construction
+    def _finish_init(self, *, pretrained: str | Path | None, freeze: bool, causal: bool) -> None:
+        """Last step of every subclass ``__init__``: warn on causal, load weights, freeze."""
+        if causal:
+            warnings.warn(f"{type(self).__name__} built with causal=True: its self-attention "
+                          f"only looks back (streaming research). The front end/patch embedding "
+                          f"is unchanged. Remove causal from the config for a normal encoder.",
+                          UserWarning, stacklevel=3)
+        if pretrained is not None:
+            self.load_pretrained(pretrained)
+        if freeze:
+            self.freeze()
+
+
+def check_transformer(owner: str, *, dim: int, depth: int, num_heads: int,
+                      num_kv_heads: int | None, dropout: float, attn_dropout: float,
+                      rope: bool = False) -> None:
+    """Rules shared by the encoders, checked before any layer is built; messages name the key."""
+    if depth < 1:
+        raise ValueError(f"{owner}: depth ({depth}) must be >= 1; fix model.encoder.depth.")
+    if dim < 1 or num_heads < 1:
+        raise ValueError(f"{owner}: dim ({dim}) and num_heads ({num_heads}) must be >= 1.")
+    if dim % num_heads != 0:
+        raise ValueError(f"{owner}: dim ({dim}) must be divisible by num_heads ({num_heads}); "
+                         f"change model.encoder.dim or model.encoder.num_heads.")
+    if rope and (dim // num_heads) % 2 != 0:
+        raise ValueError(f"{owner}: head size dim // num_heads ({dim // num_heads}) must be even "
+                         f"for RoPE; change model.encoder.dim or model.encoder.num_heads.")
+    if num_kv_heads is not None and (num_kv_heads < 1 or num_heads % num_kv_heads != 0):
+        raise ValueError(f"{owner}: num_heads ({num_heads}) must be a multiple of num_kv_heads "
+                         f"({num_kv_heads}); set model.encoder.num_kv_heads to a divisor or null.")
+    for key, p in (("dropout", dropout), ("attn_dropout", attn_dropout)):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"{owner}: {key} ({p}) must be in [0, 1); fix model.encoder.{key}.")
+
+
+def record_config(local_vars: dict[str, Any]) -> dict[str, Any]:
+    """Constructor values (from ``locals()``) as plain Python, minus loading/freezing switches."""
+    skip = {"self", "__class__", "pretrained", "freeze"}
+    return {k: _plain(v) for k, v in local_vars.items() if k not in skip}
+
+
+def _plain(value: Any) -> Any:
+    """Lists/tuples (also Hydra's ListConfig) -> list, so config values compare equal."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        return value
+    return [_plain(v) for v in value]
+
+
+def _read_encoder_config(file: Path) -> dict[str, Any]:
+    """The encoder node of an export's config.yaml (top level, ``encoder`` or ``model.encoder``)."""
+    if not file.is_file():
+        return {}
+    try:
+        cfg = OmegaConf.to_container(OmegaConf.load(file), resolve=False)
+    except Exception:   # a broken config only costs the hint, never the error itself
+        return {}
+    if not isinstance(cfg, dict):
+        return {}
+    for node in (cfg, cfg.get("encoder"), (cfg.get("model") or {}).get("encoder")):
+        if isinstance(node, dict) and ("_target_" in node or "dim" in node):
+            return node
+    return {}
+
+
+def _clip(keys: list[str], n: int = 4) -> str:
+    return ", ".join(repr(k) for k in keys[:n]) + (", ..." if len(keys) > n else "")

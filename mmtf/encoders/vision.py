@@ -1,0 +1,140 @@
+"""Vision encoder: a ViT (Dosovitskiy et al. 2021, arXiv:2010.11929) on the shared attention core.
+
+Images are cut into non-overlapping ``patch_size`` patches by a Conv2d with kernel = stride =
+patch_size, an optional CLS token is prepended, and a bidirectional ``TransformerStack`` runs over
+the sequence.
+
+Positions are learned absolute embeddings, one per patch of the ``image_size`` grid (the CLS
+token has none: it is learned itself). Images of another size (any multiple of ``patch_size``)
+use the table resampled bicubically to the new grid, as timm's ``resample_abs_pos_embed`` and
+DeiT/ViT fine-tuning at higher resolution do. Learned tables were chosen over 2-D RoPE because
+the shared RoPE in ``mmtf.nn`` is 1-D: over flattened patches it would see a row break as a jump.
+
+Inputs are float images already normalised by the data transforms; every position is valid, so
+the mask is all True and ``lengths`` is ignored.
+
+Shapes: b batch, gh gw patch-grid height/width, p = gh * gw patches, s = p (+1 with CLS), c = dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
+from mmtf.nn import TransformerStack
+from mmtf.nn.transformer import MlpKind, NormKind
+
+
+class VisionEncoder(Encoder):
+    """Images (b, in_channels, H, W) -> memory (b, s, c), mask (b, s) all True.
+
+    Args:
+        dim, depth, num_heads, num_kv_heads, mlp_ratio, mlp, norm, dropout, attn_dropout:
+            the transformer (see :class:`mmtf.nn.TransformerStack`).
+        patch_size: side of the square patches, in pixels.
+        in_channels: image channels (3 for RGB).
+        image_size: size of the position table's grid, ``H`` or ``(H, W)``; other multiples of
+            ``patch_size`` are accepted and use an interpolated table.
+        cls_token: prepend a learned CLS token (position 0 of the memory; ``pool(mode="cls")``).
+        causal: causal self-attention over the patch order (research only; warns).
+        pretrained: export folder to load weights from (:meth:`Encoder.load_pretrained`).
+        freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
+    """
+
+    def __init__(self, *, dim: int = 128, depth: int = 4, num_heads: int = 4,
+                 num_kv_heads: int | None = None, mlp_ratio: float = 4.0, mlp: MlpKind = "gelu",
+                 norm: NormKind = "layernorm", dropout: float = 0.0, attn_dropout: float = 0.0,
+                 patch_size: int = 8, in_channels: int = 3, image_size: int | Sequence[int] = 64,
+                 cls_token: bool = True, causal: bool = False,
+                 pretrained: str | Path | None = None, freeze: bool = False) -> None:
+        super().__init__()
+        self.config = record_config(locals())
+        check_transformer("VisionEncoder", dim=dim, depth=depth, num_heads=num_heads,
+                          num_kv_heads=num_kv_heads, dropout=dropout, attn_dropout=attn_dropout)
+        if patch_size < 1 or in_channels < 1:
+            raise ValueError(f"VisionEncoder: patch_size ({patch_size}) and in_channels "
+                             f"({in_channels}) must be >= 1; fix model.encoder.")
+        height, width = _pair(image_size)
+        if height < patch_size or width < patch_size or height % patch_size or width % patch_size:
+            raise ValueError(f"VisionEncoder: image_size ({height}, {width}) must be a positive "
+                             f"multiple of patch_size ({patch_size}); change "
+                             f"model.encoder.image_size or model.encoder.patch_size.")
+        self.dim, self.patch_size, self.in_channels = dim, patch_size, in_channels
+        self.grid = (height // patch_size, width // patch_size)
+        self.has_cls, self.num_prefix_tokens = cls_token, int(cls_token)
+        self.patch_embed = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+        self.pos_embed = nn.Parameter(torch.empty(1, self.grid[0] * self.grid[1], dim))
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        self.cls_token = None
+        if cls_token:
+            self.cls_token = nn.Parameter(torch.empty(1, 1, dim))
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        self.drop = nn.Dropout(dropout)
+        self.stack = TransformerStack(
+            depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
+            rope=False, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, dropout=dropout,
+            attn_dropout=attn_dropout)
+        self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
+
+    def position_table(self, gh: int, gw: int) -> Tensor:
+        """Position embeddings for a (gh, gw) grid, (1, gh * gw, c): the learned table as is at
+        its own grid, bicubically resampled (in float32, antialiased) at any other."""
+        if (gh, gw) == self.grid:
+            return self.pos_embed
+        table = rearrange(self.pos_embed, "1 (gh gw) c -> 1 c gh gw", gh=self.grid[0])
+        table = F.interpolate(table.float(), size=(gh, gw), mode="bicubic",
+                              align_corners=False, antialias=True)
+        return rearrange(table, "1 c gh gw -> 1 (gh gw) c").to(self.pos_embed.dtype)
+
+    def forward(self, inputs: Tensor, lengths: Tensor | None = None) -> EncoderOutput:
+        """Encode a batch of images.
+
+        Args:
+            inputs: (b, in_channels, H, W) float, H and W multiples of ``patch_size``.
+            lengths: ignored (every patch is valid); accepted for the common signature.
+
+        Returns:
+            EncoderOutput: memory (b, s, c), s = (H / patch) * (W / patch) (+1 with CLS first);
+            mask (b, s) all True.
+        """
+        self._check_inputs(inputs)
+        x = self.patch_embed(inputs.to(self.patch_embed.weight.dtype))   # (b, c, gh, gw)
+        gh, gw = x.shape[-2:]
+        x = rearrange(x, "b c gh gw -> b (gh gw) c") + self.position_table(gh, gw)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)   # (b, s, c)
+        x = self.stack(self.drop(x))
+        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        return EncoderOutput(x, mask)
+
+    def _check_inputs(self, images: Tensor) -> None:
+        if images.dim() != 4 or images.shape[1] != self.in_channels:
+            raise ValueError(f"VisionEncoder: inputs must be (batch, {self.in_channels}, H, W), "
+                             f"got {tuple(images.shape)}; check the data transforms or "
+                             f"model.encoder.in_channels.")
+        if not images.is_floating_point():
+            raise ValueError(f"VisionEncoder: inputs must be float images, got {images.dtype}; "
+                             f"convert with transforms.v2.ToDtype(torch.float32, scale=True).")
+        h, w = images.shape[-2:]
+        p = self.patch_size
+        if h < p or w < p or h % p or w % p:
+            raise ValueError(f"VisionEncoder: image size ({h}, {w}) must be divisible by "
+                             f"patch_size ({p}); resize or pad the images (data transforms) or "
+                             f"change model.encoder.patch_size.")
+
+
+def _pair(size: int | Sequence[int]) -> tuple[int, int]:
+    """``64`` or ``(64, 96)`` (Hydra: ListConfig) -> (height, width)."""
+    if isinstance(size, int):
+        return size, size
+    values = [int(v) for v in size]
+    if len(values) != 2:
+        raise ValueError(f"VisionEncoder: image_size ({values}) must be an int or [height, "
+                         f"width]; fix model.encoder.image_size.")
+    return values[0], values[1]
