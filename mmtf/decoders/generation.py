@@ -1,0 +1,397 @@
+"""Autoregressive generation from an encoder memory: greedy, beam search and sampling.
+
+Every strategy runs on the decoder's static KV cache: the caller encodes once, the cache is
+allocated once per call (``decoder.make_cache``), the cross-attention K/V are projected from the
+memory on the first step and reused, and every new token costs one decoder step (one position
+through the stack). ``use_cache=False`` recomputes the whole prefix every step; it exists only as
+the reference for tests and benchmarks.
+
+Conventions: rows start from ``bos``; ``pad`` and ``bos`` are never generated (their logits are
+masked); a row stops at its first ``eos`` and is padded afterwards while the other rows continue;
+the loop ends when every row has stopped or after ``max_new_tokens``. ``min_new_tokens`` masks
+``eos`` for the first steps (benchmarks force a fixed length with
+``min_new_tokens = max_new_tokens``).
+
+Scores are sums of the model's log-probabilities (after masking pad/bos, before temperature or
+top-k/top-p filtering) over the generated tokens, eos included. Beam search divides the sum by
+``length ** length_penalty`` (Hugging Face's convention; length counts the generated tokens,
+eos included), and ranks hypotheses by that.
+
+Shapes: b batch, k beams, r = b * k (or b * num_return_sequences) decoder rows, t generated
+tokens, m memory length, v vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Protocol
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, repeat
+from torch import Tensor
+
+Strategy = Literal["greedy", "beam", "sample"]
+StepCallback = Callable[[int, Tensor, Tensor], None]
+
+
+@dataclass
+class GenerationConfig:
+    """Decoding options, flat plain values so that YAML can hold them.
+
+    ``GenerationConfig(**cfg.generation)`` builds one from a config node and
+    ``model.generate(x, lengths, **dataclasses.asdict(cfg))`` passes one on.
+
+    Args:
+        strategy: "greedy", "beam" or "sample".
+        max_new_tokens: most tokens generated per row (eos included); at most the decoder's
+            ``max_len``.
+        min_new_tokens: eos is masked for the first ``min_new_tokens`` steps.
+        num_beams: beam width (strategy "beam").
+        length_penalty: beam hypotheses rank by ``logprob_sum / length ** length_penalty``;
+            > 0 favours longer, < 0 shorter sequences, 0 = raw log-prob.
+        early_stopping: beam search stops a batch item once it has ``num_beams`` finished
+            hypotheses (Hugging Face's ``early_stopping=True``). False: continue until no running
+            beam can still beat the worst kept hypothesis (an exact bound).
+        num_return_sequences: hypotheses returned per input: the n best beams (n <= num_beams)
+            or n independent samples. Greedy returns 1.
+        temperature: sampling temperature (> 0).
+        top_k: sample among the k most likely tokens; 0 = no limit.
+        top_p: nucleus sampling: smallest set of tokens whose probability reaches top_p;
+            1.0 = no limit.
+        use_cache: False recomputes the whole prefix each step (reference only: slow).
+    """
+
+    strategy: Strategy = "greedy"
+    max_new_tokens: int = 32
+    min_new_tokens: int = 0
+    num_beams: int = 4
+    length_penalty: float = 1.0
+    early_stopping: bool = True
+    num_return_sequences: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("greedy", "beam", "sample"):
+            raise ValueError(f"GenerationConfig: strategy ({self.strategy!r}) must be 'greedy', "
+                             f"'beam' or 'sample'.")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"GenerationConfig: max_new_tokens ({self.max_new_tokens}) must be "
+                             f">= 1.")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"GenerationConfig: min_new_tokens ({self.min_new_tokens}) must be "
+                             f"in [0, max_new_tokens={self.max_new_tokens}].")
+        if self.num_beams < 1:
+            raise ValueError(f"GenerationConfig: num_beams ({self.num_beams}) must be >= 1.")
+        if self.num_return_sequences < 1:
+            raise ValueError(f"GenerationConfig: num_return_sequences "
+                             f"({self.num_return_sequences}) must be >= 1.")
+        if self.strategy == "beam" and self.num_return_sequences > self.num_beams:
+            raise ValueError(f"GenerationConfig: num_return_sequences "
+                             f"({self.num_return_sequences}) > num_beams ({self.num_beams}); "
+                             f"beam search returns at most num_beams hypotheses.")
+        if self.strategy == "greedy" and self.num_return_sequences != 1:
+            raise ValueError(f"GenerationConfig: num_return_sequences "
+                             f"({self.num_return_sequences}) > 1 with strategy 'greedy', which "
+                             f"has one answer; use strategy 'beam' or 'sample'.")
+        if not self.temperature > 0:
+            raise ValueError(f"GenerationConfig: temperature ({self.temperature}) must be > 0; "
+                             f"use strategy 'greedy' for the argmax.")
+        if self.top_k < 0:
+            raise ValueError(f"GenerationConfig: top_k ({self.top_k}) must be >= 0 (0 = off).")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"GenerationConfig: top_p ({self.top_p}) must be in (0, 1] "
+                             f"(1.0 = off).")
+
+    @classmethod
+    def build(cls, config: GenerationConfig | None = None, **overrides) -> GenerationConfig:
+        """``config`` (default: the defaults) with ``overrides`` applied, validated."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(f"generate: unknown option(s) {unknown}; valid options are "
+                            f"{sorted(names)} (see GenerationConfig).")
+        return dataclasses.replace(config or cls(), **overrides)
+
+
+class GenerationOutput(NamedTuple):
+    """Generated tokens (without bos; eos-terminated, then pad) and their scores.
+
+    tokens: (b, t) long, or (b, n, t) when ``num_return_sequences`` n > 1.
+    scores: (b,) or (b, n) float sequence scores (length-penalised for beam search), best first.
+    lengths: (b,) or (b, n) long, generated tokens per sequence, eos included.
+    """
+
+    tokens: Tensor
+    scores: Tensor
+    lengths: Tensor
+
+
+class StepDecoder(Protocol):
+    """What generation needs from a decoder (:class:`mmtf.decoders.TextDecoder` has it)."""
+
+    max_len: int
+
+    def make_cache(self, *, batch_size: int, context_len: int, max_len: int | None = None,
+                   ) -> object: ...
+
+    def step(self, tokens: Tensor, cache, *, memory: Tensor | None = None,
+             memory_mask: Tensor | None = None) -> Tensor: ...
+
+    def __call__(self, tokens: Tensor, memory: Tensor, memory_mask: Tensor | None = None,
+                 ) -> Tensor: ...
+
+
+class _Stepper:
+    """Next-token logits (r, v) for every row, cached (one position) or uncached (whole prefix)."""
+
+    def __init__(self, decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None, *,
+                 max_new_tokens: int, bos_id: int, use_cache: bool) -> None:
+        self.decoder, self.memory, self.memory_mask = decoder, memory, memory_mask
+        self.cache = None
+        if use_cache:
+            # The only allocation of K/V memory in a generate call: every position it will hold.
+            self.cache = decoder.make_cache(batch_size=memory.shape[0],
+                                            context_len=memory.shape[1], max_len=max_new_tokens)
+        else:
+            self.bos = torch.full((memory.shape[0], 1), bos_id, dtype=torch.long,
+                                  device=memory.device)
+
+    def __call__(self, last: Tensor, generated: Tensor) -> Tensor:
+        """last: (r,) latest token of each row (bos first); generated: (r, t) tokens so far."""
+        if self.cache is not None:
+            memory = None if self.cache.filled else self.memory
+            logits = self.decoder.step(last[:, None], self.cache, memory=memory,
+                                       memory_mask=self.memory_mask)
+        else:
+            prefix = torch.cat([self.bos, generated], dim=1)             # (r, t + 1)
+            logits = self.decoder(prefix, self.memory, self.memory_mask)
+        return logits[:, -1]                                             # (r, v)
+
+    def reorder(self, index: Tensor) -> None:
+        # Uncached decoding recomputes from the (already reordered) prefix: nothing to follow.
+        if self.cache is not None:
+            self.cache.reorder(index)
+
+
+def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
+             config: GenerationConfig, *, bos_id: int, eos_id: int, pad_id: int,
+             generator: torch.Generator | None = None, callback: StepCallback | None = None,
+             ) -> GenerationOutput:
+    """Decode from an encoder memory (use :meth:`EncoderDecoder.generate` for raw inputs).
+
+    Args:
+        decoder: a :class:`TextDecoder` or anything with its step API.
+        memory: (b, m, c_ctx) encoder output.
+        memory_mask: (b, m) bool, True = real position, or None.
+        config: decoding options.
+        bos_id, eos_id, pad_id: special token ids.
+        generator: random generator for sampling (reproducible draws).
+        callback: called after every step as ``callback(step, tokens, logits)`` with the chosen
+            tokens (r,) and the raw logits (r, v) of that step (timing, streaming, tests).
+
+    Returns:
+        A :class:`GenerationOutput`.
+    """
+    if config.max_new_tokens > decoder.max_len:
+        raise ValueError(f"generate: max_new_tokens ({config.max_new_tokens}) > "
+                         f"model.decoder.max_len ({decoder.max_len}); lower max_new_tokens or "
+                         f"raise model.decoder.max_len.")
+    if memory_mask is not None and bool(memory_mask.all()):
+        memory_mask = None               # one check per call; no mask is built in any step then
+    b = memory.shape[0]
+    rows = config.num_beams if config.strategy == "beam" else config.num_return_sequences
+    if rows > 1:
+        # Expanded once, before the first step, so the cross K/V are projected for every row.
+        memory = repeat(memory, "b m c -> (b k) m c", k=rows)
+        if memory_mask is not None:
+            memory_mask = repeat(memory_mask, "b m -> (b k) m", k=rows)
+    stepper = _Stepper(decoder, memory, memory_mask, max_new_tokens=config.max_new_tokens,
+                       bos_id=bos_id, use_cache=config.use_cache)
+    vocab = decoder.vocab_size
+    suppress = torch.zeros(vocab, device=memory.device)
+    suppress[[pad_id, bos_id]] = -math.inf
+    suppress_eos = suppress.clone()
+    suppress_eos[eos_id] = -math.inf
+    biases = (suppress_eos, suppress)    # built once; step t adds biases[t >= min_new_tokens]
+    ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    if config.strategy == "beam":
+        return _beam_search(stepper, config, b, biases, callback=callback, **ids)
+    out = _greedy_or_sample(stepper, config, b * rows, biases, generator=generator,
+                            callback=callback, **ids)
+    if rows > 1:
+        out = GenerationOutput(*(rearrange(x, "(b n) ... -> b n ...", n=rows) for x in out))
+    return out
+
+
+def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
+                      biases: tuple[Tensor, Tensor], *, bos_id: int, eos_id: int, pad_id: int,
+                      generator: torch.Generator | None, callback: StepCallback | None,
+                      ) -> GenerationOutput:
+    device = biases[0].device
+    max_t = config.max_new_tokens
+    tokens = torch.full((rows, max_t), pad_id, dtype=torch.long, device=device)
+    scores = torch.zeros(rows, device=device)
+    lengths = torch.zeros(rows, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    last = torch.full((rows,), bos_id, dtype=torch.long, device=device)
+    t = 0
+    for t in range(max_t):
+        logits = stepper(last, tokens[:, :t])                            # (r, v)
+        scaled = logits.float() + biases[t >= config.min_new_tokens]
+        logprobs = scaled.log_softmax(dim=-1)
+        if config.strategy == "greedy":
+            nxt = scaled.argmax(dim=-1)                                  # (r,)
+        else:
+            nxt = sample_next(scaled, temperature=config.temperature, top_k=config.top_k,
+                              top_p=config.top_p, generator=generator)
+        step_logprob = logprobs.gather(1, nxt[:, None]).squeeze(1)
+        nxt = nxt.masked_fill(finished, pad_id)                         # stopped rows: pad
+        scores += step_logprob.masked_fill(finished, 0.0)
+        lengths += ~finished
+        tokens[:, t] = nxt
+        finished |= nxt == eos_id
+        last = nxt
+        if callback is not None:
+            callback(t, nxt, logits)
+        # The one host sync per step: stop as soon as every row has emitted eos.
+        if t + 1 >= config.min_new_tokens and bool(finished.all()):
+            break
+    return GenerationOutput(tokens[:, : t + 1], scores, lengths)
+
+
+def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                generator: torch.Generator | None = None) -> Tensor:
+    """Draw one token per row from ``softmax(logits / temperature)`` after top-k/top-p filtering.
+
+    Args:
+        logits: (r, v) float.
+        temperature, top_k, top_p: as in :class:`GenerationConfig` (0 / 1.0 = off).
+        generator: for reproducible draws.
+
+    Returns:
+        (r,) long token ids.
+    """
+    logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set logits outside the top-k and outside the top-p nucleus to -inf.
+
+    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``
+    (Holtzman et al. 2020, arXiv:1904.09751); the most likely token is always kept.
+
+    Args:
+        logits: (r, v) float.
+
+    Returns:
+        (r, v), a new tensor.
+    """
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]                  # (r, 1)
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs    # probability of the more likely tokens
+        drop_sorted = before >= top_p            # the set already reached top_p without it
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return logits
+
+
+def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
+                 biases: tuple[Tensor, Tensor], *, bos_id: int, eos_id: int, pad_id: int,
+                 callback: StepCallback | None) -> GenerationOutput:
+    """Vectorised beam search over r = b * k rows (no Python loop over the batch)."""
+    k, max_t, lp = config.num_beams, config.max_new_tokens, config.length_penalty
+    device = biases[0].device
+    rows = b * k
+    seqs = torch.full((rows, max_t), pad_id, dtype=torch.long, device=device)   # running beams
+    beam_scores = torch.zeros(b, k, device=device)
+    beam_scores[:, 1:] = -math.inf       # all beams start equal: expand only the first one
+    beam_scores = beam_scores.view(rows)
+    # Finished hypotheses, k per item, best first; score = logprob_sum / length ** lp.
+    done_tokens = torch.full((b, k, max_t), pad_id, dtype=torch.long, device=device)
+    done_scores = torch.full((b, k), -math.inf, device=device)
+    done_lengths = torch.zeros(b, k, dtype=torch.long, device=device)
+    item_done = torch.zeros(b, dtype=torch.bool, device=device)
+    row_base = torch.arange(b, device=device)[:, None] * k                       # (b, 1)
+    top_rank_ok = torch.arange(2 * k, device=device) < k                         # (2k,)
+    last = torch.full((rows,), bos_id, dtype=torch.long, device=device)
+    t = 0
+    for t in range(max_t):
+        logits = stepper(last, seqs[:, :t])                                      # (r, v)
+        logprobs = (logits.float() + biases[t >= config.min_new_tokens]).log_softmax(dim=-1)
+        vocab = logprobs.shape[-1]
+        cand = rearrange(beam_scores[:, None] + logprobs, "(b k) v -> b (k v)", k=k)
+        # 2k candidates guarantee k that do not end in eos.
+        top_scores, top_index = cand.topk(2 * k, dim=1)                          # (b, 2k)
+        top_tokens, src_rows = top_index % vocab, row_base + top_index // vocab
+        is_eos = top_tokens == eos_id
+        length = t + 1
+        # Finished hypotheses: eos among the k best candidates (as in Hugging Face: with k = 1
+        # this is greedy search) of items that are still open.
+        finish = is_eos & top_rank_ok & ~item_done[:, None]
+        new_scores = torch.where(finish, top_scores / length ** lp, -math.inf)  # (b, 2k)
+        new_tokens = seqs[src_rows.view(-1)].view(b, 2 * k, max_t)
+        new_tokens[:, :, t] = eos_id
+        done_tokens, done_scores, done_lengths = _keep_best(
+            k, (done_tokens, done_scores, done_lengths),
+            (new_tokens, new_scores, torch.full_like(src_rows, length)))
+        # Running beams: the k best candidates that do not end in eos.
+        run_scores, pick = top_scores.masked_fill(is_eos, -math.inf).topk(k, dim=1)   # (b, k)
+        src = src_rows.gather(1, pick).view(rows)
+        last = top_tokens.gather(1, pick).view(rows)
+        beam_scores = run_scores.view(rows)
+        seqs = seqs[src]
+        seqs[:, t] = last
+        stepper.reorder(src)
+        if callback is not None:
+            callback(t, last, logits)
+        worst_kept = done_scores[:, -1]                                          # (b,)
+        if config.early_stopping:
+            item_done |= worst_kept > -math.inf
+        else:
+            # Log-probs only add negative terms, so the best a running beam can still reach is
+            # its current sum over the most favourable length it can still have.
+            best_len = max_t if lp > 0 else length + 1
+            item_done |= (worst_kept > -math.inf) & (run_scores[:, 0] / best_len ** lp
+                                                     <= worst_kept)
+        if bool(item_done.all()):
+            break
+    else:
+        # Out of steps: open items also consider their running beams (not eos-terminated).
+        open_scores = torch.where(item_done[:, None], -math.inf,
+                                  run_scores / (t + 1) ** lp)                    # (b, k)
+        done_tokens, done_scores, done_lengths = _keep_best(
+            k, (done_tokens, done_scores, done_lengths),
+            (seqs.view(b, k, max_t), open_scores, torch.full_like(open_scores, t + 1,
+                                                                  dtype=torch.long)))
+    n = config.num_return_sequences
+    width = int(done_lengths[:, :n].max())
+    tokens, scores, lengths = done_tokens[:, :n, :width], done_scores[:, :n], done_lengths[:, :n]
+    if n == 1:
+        return GenerationOutput(tokens[:, 0], scores[:, 0], lengths[:, 0])
+    return GenerationOutput(tokens, scores, lengths)
+
+
+def _keep_best(k: int, kept: tuple[Tensor, Tensor, Tensor], new: tuple[Tensor, Tensor, Tensor],
+               ) -> tuple[Tensor, Tensor, Tensor]:
+    """Merge hypotheses (tokens (b, j, t), scores (b, j), lengths (b, j)) and keep the k best."""
+    tokens, scores, lengths = (torch.cat([a, c], dim=1) for a, c in zip(kept, new))
+    scores, index = scores.topk(k, dim=1)                                        # sorted
+    tokens = tokens.gather(1, repeat(index, "b k -> b k t", t=tokens.shape[-1]))
+    return tokens, scores, lengths.gather(1, index)
+
+
+__all__ = ["GenerationConfig", "GenerationOutput", "StepCallback", "filter_logits", "generate",
+           "sample_next"]
