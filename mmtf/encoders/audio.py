@@ -11,7 +11,7 @@ Padding never leaks into valid positions. Waveform samples past ``lengths`` are 
 STFT, which is centred by hand (``n_fft // 2`` zeros each side, ``center=False``) so the last
 valid frame of a padded clip sees exactly the zeros an unpadded clip sees. A clip of ``L`` samples
 has ``L // hop_length + 1`` valid frames; per-utterance statistics use valid frames only; invalid
-frames are zeroed before and after each convolution (``(t - 1) // 2 + 1`` valid after each); the
+frames are zeroed before each convolution (``(t - 1) // 2 + 1`` valid after each); the
 transformer gets the key mask, and memory at padded positions is zero.
 
 SpecAugment (Park et al. 2019, arXiv:1904.08779) masks mel bands and frame spans of the
@@ -186,12 +186,13 @@ class ConvStem(nn.Module):
     def forward(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """x: (b, f, t) features, lengths: (b,) valid frames -> (b, s, c) and (b,) valid tokens."""
         for conv in (self.conv1, self.conv2):
-            # Zero invalid frames before the conv (its right neighbour may be one) and after
-            # it (the bias and GELU make them non-zero), as an unpadded clip has zeros there.
+            # Zero invalid frames before each conv: the kernel's right tap may reach one, and an
+            # unpadded clip has zeros (the conv's padding) there. Conv1's bias and GELU made them
+            # non-zero, so this also zeroes conv1's invalid outputs before conv2.
             x = x.masked_fill(~_lengths_mask(lengths, x.shape[-1])[:, None], 0.0)
             x = F.gelu(conv(x))                                  # (b, c, ceil(t / 2))
             lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
-            x = x.masked_fill(~_lengths_mask(lengths, x.shape[-1])[:, None], 0.0)
+        x = x.masked_fill(~_lengths_mask(lengths, x.shape[-1])[:, None], 0.0)   # clean padding
         return rearrange(x, "b c s -> b s c"), lengths
 
 

@@ -1,0 +1,202 @@
+"""AudioEncoder: the log-mel front end against an independent float64 computation, exact padding
+invariance, mask lengths, SpecAugment only in training, input limits and config errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torchaudio
+
+from mmtf.encoders import AudioEncoder, LogMelFrontEnd, SpecAugment
+
+from .conftest import TINY_AUDIO
+
+
+def reference_logmel(wave: torch.Tensor, *, sample_rate: int, n_mels: int, n_fft: int,
+                     hop_length: int, win_length: int, f_min: float, f_max: float) -> torch.Tensor:
+    """Per-utterance normalised log-mel of one unpadded clip, in float64, from torch.stft with
+    built-in centring and torchaudio's filterbank function: (f, t)."""
+    window = torch.hann_window(win_length, dtype=torch.float64)
+    spec = torch.stft(wave.double(), n_fft, hop_length, win_length, window=window, center=True,
+                      pad_mode="constant", return_complex=True).abs().square()   # (freq, t)
+    fb = torchaudio.functional.melscale_fbanks(n_fft // 2 + 1, f_min, f_max, n_mels,
+                                               sample_rate).double()             # (freq, f)
+    logmel = torch.log(fb.T @ spec + 1e-6)
+    return (logmel - logmel.mean()) / logmel.std(unbiased=False)
+
+
+@pytest.mark.parametrize("win_length, f_min, f_max, n", [(400, 0.0, 8000.0, 8000),
+                                                         (320, 50.0, 7000.0, 8037)])
+def test_front_end_matches_independent_stft(win_length, f_min, f_max, n):
+    front = LogMelFrontEnd(sample_rate=16000, n_mels=16, n_fft=400, hop_length=160,
+                           win_length=win_length, f_min=f_min, f_max=f_max)
+    t = torch.arange(n) / 16000
+    wave = 0.1 * torch.randn(n) + 0.3 * torch.sin(2 * torch.pi * 440 * t)
+    feats, frames = front(wave[None], torch.tensor([n]))
+    ref = reference_logmel(wave, sample_rate=16000, n_mels=16, n_fft=400, hop_length=160,
+                           win_length=win_length, f_min=f_min, f_max=f_max)
+    assert feats.shape == (1, 16, n // 160 + 1) == (1, *ref.shape)
+    assert frames.tolist() == [n // 160 + 1]
+    torch.testing.assert_close(feats[0].double(), ref, atol=2e-4, rtol=0)
+
+
+def test_global_normalisation_uses_config_constants():
+    n = 4000
+    wave = 0.1 * torch.randn(n)
+    kw = dict(sample_rate=16000, n_mels=8, n_fft=256, hop_length=128)
+    utt = LogMelFrontEnd(**kw)
+    glob = LogMelFrontEnd(**kw, feature_norm="global", feature_mean=-2.0, feature_std=4.0)
+    per_band = LogMelFrontEnd(**kw, feature_norm="global", feature_mean=list(range(8)),
+                              feature_std=[2.0] * 8)
+    raw = reference_logmel(wave, sample_rate=16000, n_mels=8, n_fft=256, hop_length=128,
+                           win_length=256, f_min=0.0, f_max=8000.0)
+    lengths = torch.tensor([n])
+    window = torch.hann_window(256, dtype=torch.float64)
+    spec = torch.stft(wave.double(), 256, 128, window=window, center=True, pad_mode="constant",
+                      return_complex=True).abs().square()
+    fb = torchaudio.functional.melscale_fbanks(129, 0.0, 8000.0, 8, 16000).double()
+    logmel = torch.log(fb.T @ spec + 1e-6)                                   # (f, t)
+    torch.testing.assert_close(utt(wave[None], lengths)[0][0].double(), raw, atol=2e-4, rtol=0)
+    torch.testing.assert_close(glob(wave[None], lengths)[0][0].double(), (logmel + 2.0) / 4.0,
+                               atol=1e-4, rtol=0)
+    expected = (logmel - torch.arange(8.0, dtype=torch.float64)[:, None]) / 2.0
+    torch.testing.assert_close(per_band(wave[None], lengths)[0][0].double(), expected,
+                               atol=1e-4, rtol=0)
+
+
+def test_output_lengths_and_mask_follow_the_frame_arithmetic():
+    enc = AudioEncoder(**TINY_AUDIO).eval()
+    lengths = torch.tensor([16000, 8000, 8037, 159, 0])
+    out = enc(torch.randn(5, 16000), lengths)
+    # frames = L // 160 + 1 = 101, 51, 51, 1, 1; two convs (t - 1) // 2 + 1: 101->51->26, 51->26->13
+    expected = [26, 13, 13, 1, 1]
+    assert out.memory.shape == (5, 26, 32) and out.mask.dtype == torch.bool
+    assert out.mask.sum(dim=1).tolist() == expected
+    assert enc.output_lengths(lengths).tolist() == expected
+    for i, n in enumerate(expected):
+        assert out.mask[i, :n].all() and not out.mask[i, n:].any()
+        assert (out.memory[i, n:] == 0).all()
+    assert torch.isfinite(out.memory).all()
+
+
+@pytest.mark.parametrize("feature_norm", ["utterance", "global"])
+@pytest.mark.parametrize("junk", ["noise", "large", "nan"])
+@pytest.mark.parametrize("n", [8037, 7717])   # 51 and 49 frames: 26 (even) / 25 (odd) after conv1
+def test_padding_never_changes_valid_memory(feature_norm, junk, n):
+    # dropout set but off in eval; SpecAugment configured but off in eval.
+    enc = AudioEncoder(**TINY_AUDIO, feature_norm=feature_norm, feature_mean=-3.0, feature_std=2.5,
+                       dropout=0.1, attn_dropout=0.1).eval()
+    clip = 0.1 * torch.randn(n)                # n is not a multiple of the hop
+    with torch.no_grad():
+        ref = enc(clip[None]).memory[0]        # unpadded, lengths=None
+        valid = ref.shape[0]
+        for pad in (0, 7, 160, 3000, 16000):
+            filler = {"noise": 100 * torch.randn(pad), "large": torch.full((pad,), 1e4),
+                      "nan": torch.full((pad,), float("nan"))}[junk]
+            other = 0.1 * torch.randn(n + pad + 500)          # a longer clip pads the batch further
+            batch = torch.full((2, n + pad + 500), 7.0)
+            batch[0, :n + pad] = torch.cat([clip, filler])
+            batch[1] = other
+            out = enc(batch, torch.tensor([n, n + pad + 500]))
+            assert out.mask[0].sum() == valid
+            torch.testing.assert_close(out.memory[0, :valid], ref, atol=1e-5, rtol=0)
+            assert (out.memory[0, valid:] == 0).all()
+            alone = enc(other[None]).memory[0]
+            torch.testing.assert_close(out.memory[1], alone, atol=1e-5, rtol=0)
+    if junk == "noise":   # the check can fail: read as signal, the same junk changes the memory
+        with torch.no_grad():
+            leaked = enc(batch[:1, :n + 3000]).memory[0, :valid]
+        assert (leaked - ref).abs().max() > 1e-2
+
+
+def test_spec_augment_masks_bands_and_spans_only_in_training():
+    aug = SpecAugment(freq_masks=1, freq_mask_width=6, time_masks=1, time_mask_width=12)
+    feats = torch.randn(64, 16, 40) + 5.0                     # no natural zeros
+    assert torch.equal(aug.eval()(feats), feats)
+    out = aug.train()(feats)
+    zero = out == 0
+    band = zero.all(dim=2)                                      # (b, f): a whole band masked
+    span = zero.all(dim=1)                                      # (b, t): a whole frame masked
+    assert (zero == (band[:, :, None] | span[:, None, :])).all()   # nothing else is touched
+    assert (band.sum(1) <= 6).all() and (span.sum(1) <= 12).all()
+    assert band.any() and span.any()
+    assert not torch.equal(band[0], band[1]) or not torch.equal(span[0], span[1])   # per item
+    assert torch.equal(out[~zero], feats[~zero])
+
+
+def test_encoder_spec_augment_only_in_train_mode():
+    wave, lengths = 0.1 * torch.randn(2, 8000), torch.tensor([8000, 6000])
+    enc = AudioEncoder(**{**TINY_AUDIO, "freq_masks": 2, "time_masks": 2})
+    plain = AudioEncoder(**{**TINY_AUDIO, "freq_masks": 0, "time_masks": 0})
+    plain.load_state_dict(enc.state_dict())
+    with torch.no_grad():
+        a, b = enc.train()(wave, lengths).memory, enc(wave, lengths).memory
+        assert not torch.allclose(a, b)                            # fresh masks each call
+        reference = plain.train()(wave, lengths).memory            # dropout is 0: deterministic
+        evaluated = enc.eval()(wave, lengths).memory
+    torch.testing.assert_close(evaluated, reference)
+
+
+def test_too_long_input_raises_naming_the_limit():
+    enc = AudioEncoder(**TINY_AUDIO, max_seconds=0.5)
+    enc(torch.randn(1, 8000))
+    with pytest.raises(ValueError, match=r"8001 samples .* max_seconds=0\.5 allows 8000"):
+        enc(torch.randn(1, 8001), torch.tensor([100]))
+
+
+@pytest.mark.parametrize("wave, lengths, match", [
+    (torch.randn(2, 1, 800), None, r"float waveforms \(batch, samples\), got .*\(2, 1, 800\)"),
+    (torch.zeros(2, 800, dtype=torch.int16), None, r"float waveforms"),
+    (torch.randn(2, 800), torch.tensor([800, 801]), r"lengths \[800, 801\] must be in \[0, 800\]"),
+    (torch.randn(2, 800), torch.tensor([800.0, 10.0]), r"lengths must be integer"),
+    (torch.randn(2, 800), torch.tensor([800]), r"lengths must be integer \(batch=2,\)"),
+])
+def test_bad_inputs_raise(wave, lengths, match):
+    with pytest.raises(ValueError, match=match):
+        AudioEncoder(**TINY_AUDIO)(wave, lengths)
+
+
+@pytest.mark.parametrize("override, match", [
+    (dict(dim=30), r"dim \(30\) must be divisible by num_heads \(4\).*model\.encoder\.dim"),
+    (dict(dim=36, num_heads=12), r"head size dim // num_heads \(3\) must be even"),
+    (dict(num_kv_heads=3), r"num_heads \(4\) must be a multiple of num_kv_heads \(3\)"),
+    (dict(depth=0), r"depth \(0\) must be >= 1"),
+    (dict(dropout=1.0), r"dropout \(1\.0\) must be in \[0, 1\)"),
+    (dict(n_fft=401), r"n_fft \(401\) must be a positive even number"),
+    (dict(win_length=512), r"win_length \(512\) must be in \[1, n_fft=400\]"),
+    (dict(hop_length=0), r"hop_length \(0\) must be > 0"),
+    (dict(f_max=9000.0), r"f_max \(9000\.0\) <= sample_rate / 2 \(8000\.0\)"),
+    (dict(feature_norm="batch"), r"feature_norm \('batch'\) must be 'utterance' or 'global'"),
+    (dict(feature_mean=[0.0, 1.0]), r"feature_mean has 2 values; give one number or n_mels \(16\)"),
+    (dict(feature_std=0.0), r"feature_std \(0\.0\) must be > 0"),
+    (dict(freq_mask_width=17), r"freq_mask_width \(17\) must be <= n_mels \(16\)"),
+    (dict(time_masks=-1), r"time_masks \(-1\) must be >= 0"),
+    (dict(max_seconds=0), r"max_seconds \(0\) must be > 0"),
+])
+def test_config_errors_name_the_key(override, match):
+    with pytest.raises(ValueError, match=match):
+        AudioEncoder(**{**TINY_AUDIO, **override})
+
+
+def test_causal_is_never_silent():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        enc = AudioEncoder(**TINY_AUDIO)                         # the default warns about nothing
+    assert not any(block.self_attn.causal for block in enc.stack.blocks)
+    with pytest.warns(UserWarning, match=r"AudioEncoder built with causal=True"):
+        causal = AudioEncoder(**TINY_AUDIO, causal=True)
+    assert all(block.self_attn.causal for block in causal.stack.blocks)
+
+
+def test_half_precision_keeps_the_front_end_in_float32():
+    enc = AudioEncoder(**TINY_AUDIO).eval()
+    wave = 0.1 * torch.randn(2, 4000)
+    ref = enc(wave).memory
+    enc = enc.to(torch.bfloat16)
+    assert enc.frontend.mel.spectrogram.window.dtype == torch.float32
+    assert enc.frontend.mel.mel_scale.fb.dtype == torch.float32
+    out = enc(wave).memory
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=0.15, rtol=0)   # bf16 has 8 mantissa bits

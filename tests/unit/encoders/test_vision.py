@@ -1,0 +1,105 @@
+"""VisionEncoder: shapes, patch-size errors, other image sizes through the interpolated position
+table, and CLS pooling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmtf.encoders import VisionEncoder, pool
+
+from .conftest import TINY_VISION
+
+
+@pytest.mark.parametrize("cls_token, tokens", [(True, 17), (False, 16)])
+def test_shapes_and_mask(cls_token, tokens):
+    enc = VisionEncoder(**TINY_VISION, cls_token=cls_token)
+    out = enc(torch.randn(2, 3, 32, 32), lengths=torch.tensor([5, 7]))   # lengths are ignored
+    assert out.memory.shape == (2, tokens, 32) and enc.dim == 32
+    assert out.mask.dtype == torch.bool and out.mask.shape == (2, tokens) and out.mask.all()
+    assert enc.has_cls is cls_token and enc.num_prefix_tokens == int(cls_token)
+
+
+def test_patches_are_the_conv_of_each_block():
+    # Patch i (row-major) must hold exactly pixels [r*8:(r+1)*8, c*8:(c+1)*8]: compare to a
+    # hand-written dot product with the conv weight.
+    enc = VisionEncoder(**{**TINY_VISION, "image_size": (16, 24)}, cls_token=False)
+    images = torch.randn(1, 3, 16, 24)
+    seen = {}
+    enc.stack.register_forward_pre_hook(lambda mod, args: seen.setdefault("x", args[0]))
+    enc(images)
+    w, b = enc.patch_embed.weight, enc.patch_embed.bias               # (c, 3, 8, 8), (c,)
+    for r in range(2):
+        for c in range(3):
+            block = images[0, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8]
+            expected = (w * block).sum(dim=(1, 2, 3)) + b + enc.pos_embed[0, r * 3 + c]
+            torch.testing.assert_close(seen["x"][0, r * 3 + c], expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("size", [(30, 32), (32, 36), (4, 8)])
+def test_image_size_not_a_multiple_of_patch_raises(size):
+    with pytest.raises(ValueError, match=rf"image size \({size[0]}, {size[1]}\) must be divisible "
+                                         r"by patch_size \(8\); resize or pad"):
+        VisionEncoder(**TINY_VISION)(torch.randn(1, 3, *size))
+
+
+def test_bad_inputs_and_config_raise():
+    enc = VisionEncoder(**TINY_VISION)
+    with pytest.raises(ValueError, match=r"inputs must be \(batch, 3, H, W\), got \(1, 1, 32, 32\)"):
+        enc(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"must be float images, got torch\.uint8"):
+        enc(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"image_size \(36, 36\) must be a positive multiple of "
+                                         r"patch_size \(8\)"):
+        VisionEncoder(**{**TINY_VISION, "image_size": 36})
+    with pytest.raises(ValueError, match=r"dim \(30\) must be divisible by num_heads \(4\)"):
+        VisionEncoder(**{**TINY_VISION, "dim": 30})
+    with pytest.raises(ValueError, match=r"image_size \(\[32, 32, 3\]\) must be an int or"):
+        VisionEncoder(**{**TINY_VISION, "image_size": [32, 32, 3]})
+
+
+@pytest.mark.parametrize("size", [(48, 64), (16, 16), (32, 40)])
+def test_other_image_sizes_use_interpolated_positions(size):
+    enc = VisionEncoder(**TINY_VISION).eval()
+    out = enc(torch.randn(2, 3, *size))
+    gh, gw = size[0] // 8, size[1] // 8
+    assert out.memory.shape == (2, 1 + gh * gw, 32) and torch.isfinite(out.memory).all()
+    assert enc.position_table(gh, gw).shape == (1, gh * gw, 32)
+
+
+def test_position_table_resampling():
+    enc = VisionEncoder(**TINY_VISION)                       # 4 x 4 grid
+    assert enc.position_table(4, 4) is enc.pos_embed         # native grid: the table itself
+    with torch.no_grad():
+        # value = row index in channel 0, constant 3 in channel 1
+        rows = torch.arange(4.0).repeat_interleave(4)
+        enc.pos_embed.zero_()
+        enc.pos_embed[0, :, 0] = rows
+        enc.pos_embed[0, :, 1] = 3.0
+    for gh, gw in [(8, 8), (6, 2), (2, 5)]:
+        table = enc.position_table(gh, gw)[0].detach().reshape(gh, gw, 32)
+        torch.testing.assert_close(table[..., 1], torch.full((gh, gw), 3.0))   # weights sum to 1
+        ramp = table[..., 0]
+        torch.testing.assert_close(ramp, ramp[:, :1].expand(gh, gw))          # constant per row
+        assert (ramp[1:, 0] >= ramp[:-1, 0] - 1e-6).all()                     # still increasing
+        assert abs(ramp.mean().item() - 1.5) < 0.1
+    # The table is used: changing it changes the output.
+    images = torch.randn(1, 3, 48, 48)
+    before = enc(images).memory
+    with torch.no_grad():
+        enc.pos_embed.add_(1.0)
+    assert not torch.allclose(before, enc(images).memory)
+
+
+def test_cls_and_mean_pooling():
+    enc = VisionEncoder(**TINY_VISION)
+    out = enc(torch.randn(3, 3, 32, 32))
+    torch.testing.assert_close(pool(out.memory, out.mask, "cls", encoder=enc), out.memory[:, 0])
+    torch.testing.assert_close(enc.pool(out, "cls"), out.memory[:, 0])
+    # mean leaves out the CLS token when the encoder is known (timm's avg pool), not otherwise
+    torch.testing.assert_close(enc.pool(out, "mean"), out.memory[:, 1:].mean(dim=1))
+    torch.testing.assert_close(pool(out.memory, out.mask), out.memory.mean(dim=1))
+    plain = VisionEncoder(**TINY_VISION, cls_token=False)
+    out = plain(torch.randn(1, 3, 32, 32))
+    with pytest.raises(ValueError, match=r"mode='cls' but VisionEncoder has no CLS token"):
+        plain.pool(out, "cls")
