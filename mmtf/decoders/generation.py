@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor
 
