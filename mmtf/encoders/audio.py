@@ -125,10 +125,11 @@ class LogMelFrontEnd(nn.Module):
         return feats, frames
 
     def _apply(self, fn, recurse: bool = True):   # torch's (private) signature
-        # Keep the STFT window and filterbank in float32 under model.half() / bf16-true
-        # precision: torch.stft has no bf16 kernel and fp16 mel energies overflow.
+        # Keep the STFT window, filterbank and statistics in float32 under model.half() /
+        # bf16-true precision: torch.stft has no bf16 kernel and fp16 mel energies overflow.
         super()._apply(fn, recurse)
         self.mel.float()
+        self.feature_mean, self.feature_std = self.feature_mean.float(), self.feature_std.float()
         return self
 
 

@@ -133,12 +133,13 @@ class Encoder(nn.Module):
     def load_pretrained(self, path: str | Path) -> None:
         """Load ``path/weights.safetensors`` (or a ``.safetensors`` file) into this encoder.
 
-        Every key and shape is compared with ``self.state_dict()`` before anything is copied.
+        Every key and shape is compared with ``self.state_dict()`` before anything is copied,
+        and the values of persistent buffers (derived from the config, e.g. the mel filterbank).
 
         Raises:
             FileNotFoundError: the folder or the weights file does not exist.
-            ValueError: missing, unexpected or differently shaped tensors; the message names them
-                and the config to rebuild the encoder with.
+            ValueError: missing, unexpected or differently shaped tensors, or config-derived
+                buffers that differ; the message names them and the config to rebuild with.
         """
         name = type(self).__name__
         path = Path(path)
@@ -163,6 +164,15 @@ class Encoder(nn.Module):
         if unexpected:
             problems.append(f"{len(unexpected)} tensor(s) in {file} are not in this model: "
                             f"{_clip(unexpected)}")
+        if not problems:
+            # Persistent buffers (mel filterbank, STFT window, feature statistics) are computed
+            # from the config, not learned: different values mean a different front-end config,
+            # which loading would otherwise override without a word.
+            buffers = {k for k, _ in self.named_buffers() if k in own}
+            problems = [f"buffer {k!r} (computed from the config) differs between {file} and "
+                        f"this model" for k in sorted(buffers)
+                        if not own[k].is_meta and not torch.allclose(
+                            weights[k].to(own[k]), own[k], rtol=1e-4, atol=1e-6)]
         if problems:
             raise ValueError(f"{name}.load_pretrained: " + "; ".join(problems[:5])
                              + f"{'; ...' if len(problems) > 5 else ''}. "

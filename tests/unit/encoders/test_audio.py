@@ -197,6 +197,8 @@ def test_half_precision_keeps_the_front_end_in_float32():
     enc = enc.to(torch.bfloat16)
     assert enc.frontend.mel.spectrogram.window.dtype == torch.float32
     assert enc.frontend.mel.mel_scale.fb.dtype == torch.float32
+    assert enc.frontend.feature_std.dtype == torch.float32
+    assert enc.stem.conv1.weight.dtype == torch.bfloat16
     out = enc(wave).memory
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, atol=0.15, rtol=0)   # bf16 has 8 mantissa bits

@@ -118,6 +118,18 @@ def test_load_pretrained_shape_mismatch_names_tensor_shapes_and_config(tmp_path)
     assert "config.yaml: dim=32" in message and "this model was built with dim=64" in message
 
 
+def test_load_pretrained_rejects_a_different_front_end(tmp_path):
+    src = make("audio")
+    _export(src, tmp_path / "enc", {"_target_": "mmtf.encoders.AudioEncoder", **src.config})
+    # Same shapes, different filterbank values: must not be overridden silently.
+    with pytest.raises(ValueError, match=r"buffer 'frontend\.mel\.mel_scale\.fb' \(computed from "
+                                         r"the config\) differs.*config\.yaml: f_min=0\.0\); "
+                                         r"this model was built with f_min=100\.0"):
+        make("audio", f_min=100.0, pretrained=tmp_path / "enc")
+    with pytest.raises(ValueError, match=r"buffer 'frontend\.feature_std'"):
+        make("audio", feature_std=2.0, pretrained=tmp_path / "enc")
+
+
 def test_load_pretrained_missing_and_unexpected_keys(tmp_path):
     src = make("vision")
     weights = src.state_dict()
