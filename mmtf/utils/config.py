@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import rich
 import rich.syntax
@@ -44,3 +47,114 @@ def find_missing(cfg: DictConfig, prefix: str = "") -> list[str]:
         if isinstance(value, DictConfig):
             missing += find_missing(value, f"{path}.")
     return missing
+
+
+# ---------------------------------------------------------------------------- signature checks
+_HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
+
+
+class ConfigError(ValueError):
+    """A config that cannot work, found before anything is built; one readable sentence."""
+
+
+def _resolve_target(target: str) -> Any:
+    from hydra._internal.utils import _locate
+
+    try:
+        return _locate(target)
+    except Exception as err:
+        raise ConfigError(f"_target_ {target!r} cannot be imported ({err}); check the spelling "
+                          f"of the class path.") from None
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    """Loose check of a config value against a simple annotation (unknown -> accept)."""
+    if value is None or annotation is inspect.Parameter.empty or isinstance(value, dict):
+        return True
+    if isinstance(annotation, str):
+        names = {a.strip() for a in annotation.split("|")}
+        if "None" in names and value is None:
+            return True
+        simple = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+        allowed = [simple[n] for n in names if n in simple]
+        if len(allowed) != len(names - {"None"}):
+            return True                               # something richer: do not guess
+        if isinstance(value, bool) and "bool" not in names:
+            return False
+        return any(isinstance(value, t) for t in allowed)
+    return True
+
+
+def check_target_signatures(cfg: Any, path: str = "") -> None:
+    """Every key under a ``_target_`` must be a parameter of that target, with a plausible type.
+
+    Hydra's struct mode catches a misspelt key on the command line, but a misspelt key inside an
+    experiment YAML is merged silently and only fails (or is ignored) much later, inside
+    ``instantiate``. This walks the composed config first and names the key and the fix.
+    """
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=False)
+    if isinstance(cfg, list):
+        for i, item in enumerate(cfg):
+            check_target_signatures(item, f"{path}[{i}]")
+        return
+    if not isinstance(cfg, dict):
+        return
+    target = cfg.get("_target_")
+    if isinstance(target, str):
+        obj = _resolve_target(target)
+        try:
+            params = inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            params = None
+        if params is not None and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            names = [n for n, p in params.items() if p.kind is not p.VAR_POSITIONAL]
+            for key, value in cfg.items():
+                if key in _HYDRA_KEYS:
+                    continue
+                where = f"{path}.{key}" if path else key
+                if key not in params:
+                    close = difflib.get_close_matches(key, names, n=1)
+                    hint = f" Did you mean {close[0]!r}?" if close else ""
+                    raise ConfigError(f"config key '{where}' is not an argument of {target}."
+                                      f"{hint} Fix the key in your experiment YAML or override.")
+                if isinstance(value, str) and "${" in value:
+                    continue
+                if not _type_ok(value, params[key].annotation):
+                    raise ConfigError(
+                        f"config key '{where}' = {value!r} ({type(value).__name__}) does not fit "
+                        f"{target}'s {key}: {params[key].annotation}.")
+    for key, value in cfg.items():
+        if key not in _HYDRA_KEYS:
+            check_target_signatures(value, f"{path}.{key}" if path else key)
+
+
+def user_error_message(err: BaseException) -> str | None:
+    """The one-line message of a user error (config, checkpoint, data), unwrapping Hydra's
+    ``InstantiationException``; None for anything else (a bug: keep the traceback)."""
+    from hydra.errors import ConfigCompositionException, InstantiationException
+
+    seen = err
+    while isinstance(seen, InstantiationException) and seen.__cause__ is not None:
+        seen = seen.__cause__
+    if isinstance(seen, (ValueError, FileNotFoundError, ConfigCompositionException)):
+        return f"{type(seen).__name__}: {seen}"
+    return None
+
+
+def run_cli(fn: Any, cfg: DictConfig) -> Any:
+    """Run a CLI body; a user error exits with status 2 and one readable line, not a traceback.
+
+    ``MMTF_TRACEBACK=1`` re-raises for debugging.
+    """
+    import os
+    import sys
+
+    try:
+        return fn(cfg)
+    except Exception as err:
+        message = user_error_message(err)
+        if message is None or os.environ.get("MMTF_TRACEBACK") == "1":
+            raise
+        print(f"mmtf: error: {message}", file=sys.stderr)
+        sys.exit(2)

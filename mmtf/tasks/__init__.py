@@ -1,0 +1,6 @@
+"""Lightning glue: tasks that wrap mmtf models for training, evaluation and prediction."""
+
+from mmtf.tasks.captioning import CaptioningTask
+from mmtf.tasks.classification import ClassificationTask
+
+__all__ = ["CaptioningTask", "ClassificationTask"]

@@ -1,0 +1,113 @@
+"""Downstream classification: any mmtf encoder + pooling + a linear or MLP head."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+from mmtf.tasks.common import batch_inputs, configure_adamw_cosine
+
+
+class ClassificationTask(L.LightningModule):
+    """Encoder -> pooled features (b, c) -> head -> class logits (b, k).
+
+    Args:
+        encoder: any mmtf encoder; load exported weights with its ``pretrained`` argument and
+            freeze it with ``freeze=True``.
+        num_classes: k.
+        optimizer: partial optimizer (Hydra ``_partial_: true``).
+        pooling: "mean" (masked mean over valid positions) or "cls".
+        head: "linear" (a linear probe) or "mlp" (one hidden layer of ``hidden_dim``).
+        unfreeze_encoder_at_epoch: unfreeze a frozen encoder at the start of this epoch
+            (None = keep it as built).
+        weight_decay, warmup_steps, min_lr_ratio, label_smoothing: as in captioning.
+    """
+
+    def __init__(self, *, encoder: nn.Module, num_classes: int, optimizer: Callable,
+                 pooling: Literal["mean", "cls"] = "mean", head: Literal["linear", "mlp"] = "linear",
+                 hidden_dim: int | None = None, dropout: float = 0.0,
+                 unfreeze_encoder_at_epoch: int | None = None, weight_decay: float = 0.05,
+                 warmup_steps: int = 100, min_lr_ratio: float = 0.05,
+                 label_smoothing: float = 0.0) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"ClassificationTask: num_classes ({num_classes}) must be >= 2.")
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"ClassificationTask: pooling ({pooling!r}) must be 'mean' or 'cls'.")
+        if head not in ("linear", "mlp"):
+            raise ValueError(f"ClassificationTask: head ({head!r}) must be 'linear' or 'mlp'.")
+        self.save_hyperparameters(ignore=["encoder", "optimizer"])
+        self.encoder = encoder
+        self.optimizer = optimizer
+        dim = encoder.dim
+        if head == "linear":
+            self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, num_classes))
+        else:
+            hidden = hidden_dim or dim
+            self.head = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout),
+                                      nn.Linear(hidden, num_classes))
+        self.run_config: dict | None = None
+        self.metrics = nn.ModuleDict({
+            split: nn.ModuleDict({
+                "accuracy": MulticlassAccuracy(num_classes, average="micro"),
+                "macro_f1": MulticlassF1Score(num_classes, average="macro"),
+            }) for split in ("train_", "val", "test")})   # "train" is a reserved ModuleDict key
+
+    def features(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Pooled encoder features, (b, c)."""
+        return self.encoder.pool(self.encoder(inputs, lengths), mode=self.hparams.pooling)
+
+    def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Class logits, (b, k)."""
+        return self.head(self.features(inputs, lengths))
+
+    def on_train_epoch_start(self) -> None:
+        at = self.hparams.unfreeze_encoder_at_epoch
+        if at is not None and self.current_epoch == at and hasattr(self.encoder, "unfreeze"):
+            self.encoder.unfreeze()
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        # A frozen encoder that unfreezes later must already be in the optimizer; until then its
+        # parameters get no gradient and AdamW leaves them untouched.
+        return configure_adamw_cosine(self, self.optimizer, [self.head, self.encoder],
+                                      hp.weight_decay, hp.warmup_steps, hp.min_lr_ratio,
+                                      include_frozen=hp.unfreeze_encoder_at_epoch is not None)
+
+    def _step(self, batch: dict[str, Any], split: str) -> torch.Tensor:
+        inputs, lengths = batch_inputs(batch)
+        logits = self(inputs, lengths)
+        loss = F.cross_entropy(logits, batch["label"],
+                               label_smoothing=self.hparams.label_smoothing)
+        key = "train_" if split == "train" else split
+        b = inputs.shape[0]
+        self.log(f"{split}/loss", loss, prog_bar=True, sync_dist=split != "train", batch_size=b)
+        for name, metric in self.metrics[key].items():
+            metric(logits.detach(), batch["label"])
+            self.log(f"{split}/{name}", metric, prog_bar=name == "accuracy", batch_size=b)
+        return loss
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._step(batch, "test")
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        inputs, lengths = batch_inputs(batch)
+        return self(inputs, lengths).argmax(-1)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["mmtf"] = {"config": self.run_config, "tokenizer": None}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.run_config = (checkpoint.get("mmtf") or {}).get("config")

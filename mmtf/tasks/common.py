@@ -1,0 +1,43 @@
+"""Glue shared by the Lightning tasks: batch unpacking, optimizer/schedule wiring, DDP gathering."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from mmtf.tasks.optim import build_optimizer, warmup_cosine
+
+
+def batch_inputs(batch: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
+    """The encoder input of a batch: waveforms (b, samples) + lengths, or images (b, 3, h, w)."""
+    if "audio" in batch:
+        return batch["audio"], batch["audio_lengths"]
+    if "image" in batch:
+        return batch["image"], None
+    raise KeyError(f"batch has neither 'audio' nor 'image' (keys: {sorted(batch)}); the data "
+                   f"module's collate must provide one of them.")
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """All ranks' ``obj`` in rank order (a one-element list when not distributed)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def configure_adamw_cosine(module: L.LightningModule, optimizer: Callable, modules: list[nn.Module],
+                           weight_decay: float, warmup_steps: int, min_lr_ratio: float,
+                           include_frozen: bool = False) -> dict[str, Any]:
+    """Optimizer over decay/no-decay groups plus warmup+cosine stepped every optimizer step."""
+    opt = build_optimizer(optimizer, modules, weight_decay, include_frozen)
+    total = int(module.trainer.estimated_stepping_batches) if module._trainer is not None else 1
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, warmup_cosine(warmup_steps, max(1, total), min_lr_ratio))
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,166 @@
+"""`python -m mmtf.train experiment=...`: compose, seed, train, test the best checkpoint, report.
+
+Writes into the Hydra run dir: the resolved config (``config.yaml``), checkpoints, TensorBoard and
+CSV logs, validation sample tables, and ``metrics.json`` (flat keys such as ``test/cider_d``).
+Returns the metric named by ``optimized_metric`` so Hydra sweepers can optimise it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from mmtf.utils.checkpoint import CheckpointError
+from mmtf.utils.config import (
+    ConfigError,
+    check_target_signatures,
+    find_missing,
+    print_config_tree,
+    run_cli,
+)
+
+log = logging.getLogger("mmtf.train")
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def instantiate_group(cfg: DictConfig | None) -> list[Any]:
+    """Instantiate every ``_target_`` entry of a callbacks/logger group (None -> [])."""
+    if not cfg:
+        return []
+    return [instantiate(c) for c in cfg.values() if isinstance(c, DictConfig) and "_target_" in c]
+
+
+def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
+    """``last`` -> run_dir/checkpoints/last.ckpt, which must exist (Lightning only warns)."""
+    if ckpt_path in (None, ""):
+        return None
+    if ckpt_path == "last":
+        path = run_dir / "checkpoints" / "last.ckpt"
+        if not path.is_file():
+            raise CheckpointError(
+                f"ckpt_path=last but {path} does not exist: nothing to resume. Pass "
+                f"hydra.run.dir=<the run dir to resume> or ckpt_path=<file.ckpt>, or drop "
+                f"ckpt_path to start fresh.")
+        return str(path)
+    if not Path(ckpt_path).is_file():
+        raise CheckpointError(f"ckpt_path={ckpt_path} does not exist; pass an existing .ckpt file.")
+    return ckpt_path
+
+
+def _pin_ddp_children_to_this_run(output_dir: str) -> None:
+    """Make Lightning's DDP child processes join this job instead of re-running the app.
+
+    Lightning re-launches ``sys.argv`` for ranks > 0 with ``hydra.run.dir=<HydraConfig.run.dir>``.
+    In a multirun that argv still holds ``-m`` and the sweep lists (each child would run the whole
+    sweep), and ``run.dir`` holds a ``${now:}`` that resolves to a new time (a duplicate dir). So
+    rank 0 rewrites both once: argv = this job's own overrides, run.dir = this job's output dir.
+    """
+    if not HydraConfig.initialized() or int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return
+    hc = HydraConfig.get()
+    sys.argv = [sys.argv[0], *hc.overrides.task]
+    with read_write(hc.run):
+        hc.run.dir = output_dir
+
+
+def train(cfg: DictConfig) -> float | None:
+    """Train and test one configuration; return ``cfg.optimized_metric`` (None if not logged)."""
+    missing = find_missing(cfg)
+    if missing:
+        raise ConfigError(f"missing required config value(s): {', '.join(missing)}; set them on "
+                          f"the command line, e.g. {missing[0]}=...")
+    check_target_signatures(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
+    L.seed_everything(cfg.seed, workers=True)
+    print_config_tree(cfg, save_to=output_dir / "config.yaml")
+
+    # The model first: a bad size fails here, before any data is generated.
+    task: L.LightningModule = instantiate(cfg.model)
+    datamodule: L.LightningDataModule = instantiate(cfg.data)
+    task.run_config = OmegaConf.to_container(cfg, resolve=True)
+    callbacks = instantiate_group(cfg.get("callbacks"))
+    loggers = instantiate_group(cfg.get("logger"))
+    _pin_ddp_children_to_this_run(str(output_dir))
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    if cfg.get("train", True):
+        trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    train_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    test_metrics: dict[str, float] = {}
+    if cfg.get("test", False):
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if not best or trainer.fast_dev_run:
+            log.warning("No best checkpoint; testing the current weights.")
+            trainer.test(task, datamodule=datamodule)
+        else:
+            log.info("Testing the best checkpoint %s", best)
+            trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=True)
+        test_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    metrics = {**train_metrics, **test_metrics}
+    if trainer.is_global_zero:
+        report(metrics, task, output_dir)
+    value = metrics.get(cfg.get("optimized_metric") or "")
+    return value
+
+
+def report(metrics: dict[str, float], task: L.LightningModule, output_dir: Path) -> None:
+    """Print the final metrics and a few sample captions; write ``metrics.json``."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    clean = {k: v for k, v in sorted(metrics.items()) if not k.endswith("_step")}
+    (output_dir / "metrics.json").write_text(json.dumps(clean, indent=2) + "\n")
+    lines = [f"  {k:<28} {v:.4f}" for k, v in clean.items()]
+    print("Final metrics:\n" + "\n".join(lines))
+    samples = getattr(task, "last_predictions", {}) or {}
+    for split, rows in samples.items():
+        print(f"Sample {split} captions (prediction | reference):")
+        for row in rows[:5]:
+            ref = row["references"][0] if row["references"] else ""
+            print(f"  {row['id']}: {row['prediction']} | {ref}")
+    print(f"Run dir: {output_dir}")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
+def _hydra_main(cfg: DictConfig) -> float | None:
+    with open_dict(cfg):
+        cfg.paths.output_dir = HydraConfig.get().runtime.output_dir
+    return run_cli(train, cfg)
+
+
+def _resume_in_its_run_dir(argv: list[str]) -> list[str]:
+    """``ckpt_path=<run>/checkpoints/x.ckpt`` continues in ``<run>`` (not a new run dir)."""
+    args = argv[1:]
+    if {"-m", "--multirun"} & set(args) or any(a.startswith("hydra.run.dir=") for a in args):
+        return argv
+    values = [a.split("=", 1)[1] for a in args if a.startswith("ckpt_path=")]
+    if not values or values[-1] in ("", "null", "last"):
+        return argv
+    ckpt = Path(values[-1]).expanduser().resolve()
+    run_dir = ckpt.parent.parent
+    if ckpt.parent.name == "checkpoints" and (run_dir / ".hydra").is_dir():
+        return [*argv, f"hydra.run.dir={run_dir}"]
+    return argv
+
+
+def main() -> None:
+    """Console entry point (``mmtf-train``)."""
+    torch.set_float32_matmul_precision("high")
+    sys.argv = _resume_in_its_run_dir(sys.argv)
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()
