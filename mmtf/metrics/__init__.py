@@ -1,0 +1,33 @@
+"""Captioning metrics as in the COCO caption evaluation: BLEU, ROUGE-L, CIDEr-D, METEOR, SPICE.
+
+``caption_metrics(candidates, references)`` scores a corpus; ``CaptionMetrics`` accumulates
+captions during an epoch (DDP-aware). Metrics that need missing Java jars are reported in
+``scores.unavailable`` with the reason, never as 0.
+"""
+
+from mmtf.metrics.bleu import corpus_bleu
+from mmtf.metrics.caption import (
+    ALL_METRICS,
+    FAST_METRICS,
+    CaptionMetrics,
+    CaptionScores,
+    caption_metrics,
+)
+from mmtf.metrics.cider import cider_d_scores, corpus_cider_d
+from mmtf.metrics.java import MetricUnavailable
+from mmtf.metrics.rouge import corpus_rouge_l
+from mmtf.metrics.tokenizer import coco_tokenize
+
+__all__ = [
+    "ALL_METRICS",
+    "FAST_METRICS",
+    "CaptionMetrics",
+    "CaptionScores",
+    "MetricUnavailable",
+    "caption_metrics",
+    "cider_d_scores",
+    "coco_tokenize",
+    "corpus_bleu",
+    "corpus_cider_d",
+    "corpus_rouge_l",
+]

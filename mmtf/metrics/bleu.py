@@ -1,0 +1,69 @@
+"""Corpus BLEU-1..4 as computed by the COCO caption evaluation (Papineni et al., 2002).
+
+Follows pycocoevalcap's ``Bleu(4)`` with ``option="closest"``:
+
+* per candidate, clipped n-gram matches against the max count over its references, and the
+  effective reference length is the reference length closest to the candidate's (ties go to
+  the shorter reference);
+* matches, guesses and lengths are summed over the corpus, then
+  ``BLEU-k = (prod_{j<=k} (correct_j + 1e-15) / (guess_j + 1e-9)) ** (1/k)`` times the
+  corpus-level brevity penalty ``exp(1 - r/c)`` when ``c < r``. The 1e-15 / 1e-9 terms are
+  pycocoevalcap's: a zero precision gives a tiny positive score instead of a log(0) error.
+
+Inputs are tokenised captions: each caption a ``list[str]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+_TINY, _SMALL = 1e-15, 1e-9
+
+
+def ngram_counts(tokens: Sequence[str], n: int) -> Counter[tuple[str, ...]]:
+    """Counts of every 1..n-gram of a token list."""
+    return Counter(tuple(tokens[i:i + k]) for k in range(1, n + 1)
+                   for i in range(len(tokens) - k + 1))
+
+
+def corpus_bleu(
+    candidates: Sequence[Sequence[str]],
+    references: Sequence[Sequence[Sequence[str]]],
+    max_n: int = 4,
+) -> list[float]:
+    """BLEU-1..max_n of a corpus.
+
+    Args:
+        candidates: one tokenised caption per item.
+        references: the tokenised reference captions of each item (at least one each).
+        max_n: the largest n-gram order.
+
+    Returns:
+        ``[BLEU-1, ..., BLEU-max_n]``.
+    """
+    correct, guess = [0] * max_n, [0] * max_n
+    test_len = ref_len = 0
+    for cand, refs in zip(candidates, references):
+        max_ref: dict[tuple[str, ...], int] = {}
+        for ref in refs:
+            for gram, count in ngram_counts(ref, max_n).items():
+                max_ref[gram] = max(max_ref.get(gram, 0), count)
+        c = len(cand)
+        test_len += c
+        ref_len += min((abs(len(r) - c), len(r)) for r in refs)[1]  # closest, ties -> shorter
+        for k in range(max_n):
+            guess[k] += max(0, c - k)
+        for gram, count in ngram_counts(cand, max_n).items():
+            correct[len(gram) - 1] += min(max_ref.get(gram, 0), count)
+
+    scores, prod = [], 1.0
+    for k in range(max_n):
+        prod *= (correct[k] + _TINY) / (guess[k] + _SMALL)
+        scores.append(prod ** (1.0 / (k + 1)))
+    ratio = (test_len + _TINY) / (ref_len + _SMALL)
+    if ratio < 1:
+        penalty = math.exp(1 - 1 / ratio)
+        scores = [s * penalty for s in scores]
+    return scores

@@ -1,0 +1,294 @@
+"""Captioning metrics for a corpus: BLEU-1..4, ROUGE-L, CIDEr-D, METEOR, SPICE, SPIDEr.
+
+:func:`caption_metrics` scores candidates against references the way the COCO caption
+evaluation (pycocoevalcap) does: captions are tokenised (:func:`coco_tokenize`, lower-case,
+punctuation removed), then BLEU, ROUGE-L and CIDEr-D are computed in Python (bit-for-bit the
+pycocoevalcap formulas, see the modules) and METEOR / SPICE by their Java jars when present.
+
+A metric that cannot be computed here is never reported as 0: it is left out of the scores and
+listed in ``scores.unavailable`` (metric -> reason). SPIDEr = (CIDEr-D + SPICE) / 2 needs SPICE;
+SPIDEr-FL additionally needs the FENSE fluency-error detector, a downloaded neural model, so it is
+always unavailable in mmtf.
+
+:class:`CaptionMetrics` accumulates (candidate, references) pairs over an epoch and gathers them
+across DDP ranks before scoring. Usage from a LightningModule::
+
+    self.val_caption_metrics = CaptionMetrics(metrics=["bleu", "rouge_l", "cider_d"])
+    # validation_step:
+    self.val_caption_metrics.update(decoded_texts, batch_references, keys=batch_ids)
+    # on_validation_epoch_end (call on every rank: compute() is collective under DDP):
+    self.log_dict({f"val/{k}": v for k, v in self.val_caption_metrics.compute().items()})
+    self.val_caption_metrics.reset()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Sequence
+from typing import Any, Literal, overload
+
+import torch.distributed as dist
+
+from mmtf.metrics import java
+from mmtf.metrics.bleu import corpus_bleu
+from mmtf.metrics.cider import corpus_cider_d
+from mmtf.metrics.rouge import corpus_rouge_l
+from mmtf.metrics.tokenizer import coco_tokenize
+
+log = logging.getLogger(__name__)
+
+ALL_METRICS: tuple[str, ...] = ("bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "cider_d",
+                                "meteor", "spice", "spider", "spider_fl")
+_GROUPS = {"bleu": ("bleu_1", "bleu_2", "bleu_3", "bleu_4")}
+FAST_METRICS: tuple[str, ...] = ("bleu", "rouge_l", "cider_d")  # no Java, no subprocess
+SPIDER_FL_REASON = (
+    "SPIDEr-FL needs the FENSE fluency-error detector, a neural checkpoint that aac-metrics "
+    "downloads at run time; mmtf never downloads models"
+)
+_warned: set[str] = set()
+
+
+class CaptionScores(dict):
+    """The scores (metric -> float) plus ``unavailable``: metric -> why it was not computed."""
+
+    def __init__(self, scores: dict[str, float], unavailable: dict[str, str]) -> None:
+        super().__init__(scores)
+        self.unavailable = dict(unavailable)
+
+
+def resolve_metrics(metrics: Sequence[str] | None) -> list[str]:
+    """Expand metric names (``"bleu"`` -> ``bleu_1..bleu_4``; None -> all) and check them."""
+    if metrics is None:
+        return list(ALL_METRICS)
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    out: list[str] = []
+    for name in metrics:
+        names = _GROUPS.get(name, (name,))
+        if names[0] not in ALL_METRICS:
+            raise ValueError(
+                f"caption_metrics: metrics contains unknown name ({name!r}); choose from "
+                f"{['bleu', *ALL_METRICS]} or pass metrics=None for all."
+            )
+        out += [n for n in names if n not in out]
+    return out
+
+
+def check_inputs(candidates: Sequence[str], references: Sequence[Sequence[str]]) -> None:
+    """Raise a ValueError/TypeError naming the argument when the inputs are malformed."""
+    if isinstance(candidates, str) or isinstance(references, str):
+        raise TypeError("caption_metrics: candidates and references must be lists, not one str.")
+    if len(candidates) != len(references):
+        raise ValueError(
+            f"caption_metrics: len(candidates) ({len(candidates)}) != len(references) "
+            f"({len(references)}); pass one list of references per candidate."
+        )
+    if len(candidates) == 0:
+        raise ValueError("caption_metrics: candidates is empty; there is nothing to score.")
+    for i, (cand, refs) in enumerate(zip(candidates, references)):
+        if not isinstance(cand, str):
+            raise TypeError(
+                f"caption_metrics: candidates[{i}] must be a str, got {type(cand).__name__}."
+            )
+        if isinstance(refs, str):
+            raise TypeError(
+                f"caption_metrics: references[{i}] must be a list of strings, got a str; "
+                f"wrap a single reference as [ref]."
+            )
+        if len(refs) == 0:
+            raise ValueError(f"caption_metrics: references[{i}] is empty; each candidate "
+                             f"needs at least one reference.")
+        for j, ref in enumerate(refs):
+            if not isinstance(ref, str):
+                raise TypeError(f"caption_metrics: references[{i}][{j}] must be a str, got "
+                                f"{type(ref).__name__}.")
+
+
+@overload
+def caption_metrics(candidates: Sequence[str], references: Sequence[Sequence[str]], *,
+                    metrics: Sequence[str] | None = ..., tokenize: bool = ...,
+                    return_unavailable: Literal[False] = ...,
+                    java_timeout_s: float = ...) -> CaptionScores: ...
+@overload
+def caption_metrics(candidates: Sequence[str], references: Sequence[Sequence[str]], *,
+                    metrics: Sequence[str] | None = ..., tokenize: bool = ...,
+                    return_unavailable: Literal[True],
+                    java_timeout_s: float = ...) -> tuple[CaptionScores, dict[str, str]]: ...
+
+
+def caption_metrics(
+    candidates: Sequence[str],
+    references: Sequence[Sequence[str]],
+    *,
+    metrics: Sequence[str] | None = None,
+    tokenize: bool = True,
+    return_unavailable: bool = False,
+    java_timeout_s: float = 900.0,
+) -> CaptionScores | tuple[CaptionScores, dict[str, str]]:
+    """Score a corpus of captions.
+
+    Args:
+        candidates: one generated caption per item.
+        references: the reference captions of each item (one or more each).
+        metrics: names to compute (``bleu`` or ``bleu_1..bleu_4``, ``rouge_l``, ``cider_d``,
+            ``meteor``, ``spice``, ``spider``, ``spider_fl``); None computes all. METEOR costs
+            ~10-30 s per call (a JVM loading its paraphrase table); use :data:`FAST_METRICS`
+            for per-epoch validation.
+        tokenize: run :func:`coco_tokenize` on every caption; False means the captions are
+            already tokenised and are split on whitespace.
+        return_unavailable: also return the ``unavailable`` dict as a second value.
+        java_timeout_s: time limit for each Java metric.
+
+    Returns:
+        A :class:`CaptionScores` (a dict metric -> float with ``.unavailable``: metric ->
+        reason), or ``(scores, scores.unavailable)`` with ``return_unavailable=True``.
+
+    Raises:
+        ValueError, TypeError: malformed inputs or an unknown metric name.
+    """
+    names = resolve_metrics(metrics)
+    check_inputs(candidates, references)
+    split = coco_tokenize if tokenize else str.split
+    cand_tok = [split(c) for c in candidates]
+    refs_tok = [[split(r) for r in refs] for refs in references]
+
+    scores: dict[str, float] = {}
+    unavailable: dict[str, str] = {}
+    if any(n.startswith("bleu_") for n in names):
+        bleu = corpus_bleu(cand_tok, refs_tok, max_n=4)
+        scores.update({f"bleu_{k + 1}": bleu[k] for k in range(4)})
+    if "rouge_l" in names:
+        scores["rouge_l"] = corpus_rouge_l(cand_tok, refs_tok)
+    if {"cider_d", "spider"} & set(names):
+        scores["cider_d"] = corpus_cider_d(cand_tok, refs_tok)
+
+    # The Java metrics read the same tokenised text, joined by spaces (as in pycocoevalcap).
+    cand_str = [" ".join(t) for t in cand_tok]
+    refs_str = [[" ".join(t) for t in refs] for refs in refs_tok]
+    if "meteor" in names:
+        try:
+            scores["meteor"] = java.meteor(cand_str, refs_str, timeout_s=java_timeout_s)
+        except java.MetricUnavailable as exc:
+            unavailable["meteor"] = str(exc)
+    if {"spice", "spider"} & set(names):
+        try:
+            scores["spice"] = java.spice(cand_str, refs_str, timeout_s=java_timeout_s)
+        except java.MetricUnavailable as exc:
+            unavailable["spice"] = str(exc)
+    if "spider" in names:
+        if "spice" in scores:
+            scores["spider"] = (scores["cider_d"] + scores["spice"]) / 2
+        else:
+            unavailable["spider"] = f"SPIDEr = (CIDEr-D + SPICE) / 2 needs SPICE: {unavailable['spice']}"
+    if "spider_fl" in names:
+        unavailable["spider_fl"] = SPIDER_FL_REASON
+
+    for name, reason in unavailable.items():
+        if name not in _warned:
+            _warned.add(name)
+            log.warning("caption_metrics: %s unavailable: %s", name, reason)
+    result = CaptionScores({n: float(scores[n]) for n in names if n in scores},
+                           {n: unavailable[n] for n in names if n in unavailable})
+    return (result, result.unavailable) if return_unavailable else result
+
+
+class CaptionMetrics:
+    """Accumulates captions over an epoch; gathers them across DDP ranks and scores them.
+
+    A plain class rather than a ``torchmetrics.Metric``: its state is python strings, which
+    torchmetrics' tensor-only sync cannot carry, so :meth:`gather` uses
+    ``torch.distributed.all_gather_object`` itself. Without an initialised process group
+    :meth:`gather` is a no-op and everything is local.
+
+    Args:
+        metrics: which metrics :meth:`compute` returns (see :func:`caption_metrics`); None = all.
+        tokenize: forwarded to :func:`caption_metrics`.
+        java_timeout_s: forwarded to :func:`caption_metrics`.
+    """
+
+    def __init__(self, *, metrics: Sequence[str] | None = None, tokenize: bool = True,
+                 java_timeout_s: float = 900.0) -> None:
+        self.metrics = resolve_metrics(metrics)
+        self.tokenize = tokenize
+        self.java_timeout_s = java_timeout_s
+        self.unavailable: dict[str, str] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every accumulated caption (call at the end of each epoch)."""
+        self._items: list[tuple[Hashable | None, str, list[str]]] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def update(self, candidates: Sequence[str], references: Sequence[Sequence[str]],
+               keys: Sequence[Hashable] | None = None) -> None:
+        """Add a batch.
+
+        Args:
+            candidates: generated captions of the batch.
+            references: the reference captions of each item.
+            keys: optional item ids (file names, or ints / a 1-D tensor). Under DDP a DistributedSampler pads
+                the last batch with repeated items; with keys, :meth:`gather` keeps one copy of
+                each key, so every item is scored once.
+        """
+        if len(candidates) or len(references):  # an empty batch is allowed and adds nothing
+            check_inputs(candidates, references)
+        if keys is not None and len(keys) != len(candidates):
+            raise ValueError(f"CaptionMetrics.update: len(keys) ({len(keys)}) != "
+                             f"len(candidates) ({len(candidates)}).")
+        if hasattr(keys, "tolist"):  # a tensor of ids: tensors hash by identity, ints by value
+            keys = keys.tolist()
+        keys = keys if keys is not None else [None] * len(candidates)
+        self._items += [(k, c, list(r)) for k, c, r in zip(keys, candidates, references)]
+
+    def gather(self) -> tuple[list[str], list[list[str]]]:
+        """All ranks' (candidates, references), in rank order, duplicates by key removed.
+
+        Collective under DDP (every rank must call it); a local read otherwise.
+        """
+        items = self._items
+        if dist.is_available() and dist.is_initialized():
+            parts: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, items)
+            items = [item for part in parts for item in part]
+        seen: set[Hashable] = set()
+        cands, refs = [], []
+        for key, cand, ref in items:
+            if key is not None:
+                if key in seen:
+                    continue
+                seen.add(key)
+            cands.append(cand)
+            refs.append(ref)
+        return cands, refs
+
+    def compute(self) -> dict[str, float]:
+        """Gather, score on rank 0, and return the same scores on every rank.
+
+        Sets :attr:`unavailable` (metric -> reason). Collective under DDP.
+
+        Raises:
+            ValueError: nothing was accumulated (on any rank).
+        """
+        cands, refs = self.gather()
+        distributed = dist.is_available() and dist.is_initialized()
+        result: list[Any] = [None]
+        if not distributed or dist.get_rank() == 0:
+            try:
+                scores = caption_metrics(cands, refs, metrics=self.metrics,
+                                         tokenize=self.tokenize,
+                                         java_timeout_s=self.java_timeout_s)
+                result[0] = (dict(scores), scores.unavailable, None)
+            except Exception as exc:  # re-raised on every rank below, so no rank hangs
+                result[0] = (None, None, exc)
+        if distributed:
+            dist.broadcast_object_list(result, src=0)  # every rank logs the same numbers
+        scores, unavailable, error = result[0]
+        if error is not None:
+            if len(cands) == 0:
+                raise ValueError("CaptionMetrics.compute: no captions were accumulated; call "
+                                 "update() before compute().") from error
+            raise error
+        self.unavailable = unavailable
+        return scores
