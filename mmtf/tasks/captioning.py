@@ -14,7 +14,12 @@ import torch
 from torch import nn
 
 from mmtf.decoders import EncoderDecoder
-from mmtf.tasks.common import batch_inputs, configure_adamw_cosine, gather_objects
+from mmtf.tasks.common import (
+    batch_inputs,
+    broadcast_object,
+    configure_adamw_cosine,
+    gather_objects,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +37,18 @@ class CaptioningTask(L.LightningModule):
         generation: keyword arguments of ``EncoderDecoder.generate`` for validation and test
             (``strategy: greedy | beam | sample`` ...).
         val_generate: generate and score captions in validation (loss only when False).
+        val_metrics, test_metrics: metric names for ``mmtf.metrics.caption_metrics`` (None = every
+            available metric). METEOR starts a JVM (10-50 s), so validation defaults to the fast
+            ones (BLEU, ROUGE-L, CIDEr-D) and test to all.
         num_logged_samples: reference-vs-prediction rows logged per validation epoch.
     """
 
     def __init__(self, *, encoder: nn.Module, decoder: nn.Module, optimizer: Callable,
                  weight_decay: float = 0.05, warmup_steps: int = 200, min_lr_ratio: float = 0.05,
                  label_smoothing: float = 0.1, generation: dict | None = None,
-                 val_generate: bool = True, num_logged_samples: int = 8) -> None:
+                 val_generate: bool = True, num_logged_samples: int = 8,
+                 val_metrics: list[str] | None = ("bleu", "rouge_l", "cider_d"),
+                 test_metrics: list[str] | None = None) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["encoder", "decoder", "optimizer"])
         self.model = EncoderDecoder(encoder=encoder, decoder=decoder,
@@ -146,12 +156,20 @@ class CaptioningTask(L.LightningModule):
                 seen.add(row[0])
                 unique.append(row)
         ids, predictions, references = (list(col) for col in zip(*unique))
-        scores = caption_metrics(predictions, references)
-        if self.caption_parser is not None:
-            from mmtf.data import event_sequence_accuracy
+        scores: dict[str, float] | None = None
+        if self.global_rank == 0:        # score once (METEOR runs a JVM), then share
+            names = self.hparams.val_metrics if split == "val" else self.hparams.test_metrics
+            result = caption_metrics(predictions, references,
+                                     metrics=None if names is None else list(names))
+            scores = dict(result)
+            for name, reason in result.unavailable.items():
+                log.info("%s/%s unavailable: %s", split, name, reason)
+            if self.caption_parser is not None:
+                from mmtf.data import event_sequence_accuracy
 
-            scores["event_accuracy"] = event_sequence_accuracy(predictions, references,
-                                                               self.caption_parser)
+                scores["event_accuracy"] = event_sequence_accuracy(predictions, references,
+                                                                   self.caption_parser)
+        scores = broadcast_object(scores)
         for name, value in scores.items():
             # Every rank holds the same gathered score: log without a second reduction.
             self.log(f"{split}/{name}", float(value), prog_bar=name in ("cider_d", "event_accuracy"),

@@ -32,6 +32,15 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (``obj`` itself when not distributed)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
 def configure_adamw_cosine(module: L.LightningModule, optimizer: Callable, modules: list[nn.Module],
                            weight_decay: float, warmup_steps: int, min_lr_ratio: float,
                            include_frozen: bool = False) -> dict[str, Any]:
