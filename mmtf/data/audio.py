@@ -1,0 +1,209 @@
+"""Audio decoding shared by every mmtf dataset: soundfile -> mono -> resample -> crop.
+
+WAV, FLAC, OGG/Vorbis and MP3 are decoded by ``soundfile`` (libsndfile); torchaudio is used only
+for resampling (``torchaudio.transforms.Resample``, whose sinc kernel is built once per
+``(orig, new)`` rate pair and cached). Multichannel audio is averaged to mono. What counts as a
+"wrong channel count" is a choice: ``channels=None`` (default) accepts any count and mixes it
+down; ``channels=1`` (or 2, ...) makes any other count a :class:`DataError` (reason
+``channels``), for corpora that must be mono (or stereo) by construction.
+
+Cropping happens in the file's own rate before resampling, so a 10-minute file with
+``max_seconds=10`` decodes 10 s, not 10 min. Crop policies: ``random`` (training), ``center`` and
+``start`` (evaluation), ``full`` (never crop).
+
+Shapes: s samples at the model rate; f frames at the file's rate; c channels.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import soundfile as sf
+import torch
+import torchaudio
+from torch import Tensor
+
+from mmtf.data.errors import DataError
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".opus", ".aiff", ".aif")
+Crop = Literal["random", "center", "start", "full"]
+CROP_CHOICES = ("random", "center", "start", "full")
+
+# libsndfile's header log says e.g. "data : 128000 (should be 63956)" for a cut-off WAV.
+_SHOULD_BE = re.compile(r"^\s*data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)
+_STREAMING_SIZES = {0, 0xFFFFFFFF, 0x7FFFFFFF}  # placeholder sizes written by streaming encoders
+_FIX_DECODE = "re-encode it (e.g. `ffmpeg -i in -ar 16000 out.wav`) or remove it from the index"
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    """What the header says about one file."""
+
+    frames: int
+    sample_rate: int
+    channels: int
+
+    @property
+    def duration(self) -> float:
+        """Length in seconds."""
+        return self.frames / self.sample_rate
+
+
+def _check_file(path: Path, where: str | None) -> None:
+    if not path.is_file():
+        raise DataError.make("missing_file", path, "file not found",
+                             "check the path and data.root", where)
+    if path.stat().st_size == 0:
+        raise DataError.make("empty_file", path, "file is empty (0 bytes)",
+                             "re-copy or re-download it", where)
+
+
+def _check_header(path: Path, info: AudioInfo, log: str, channels: int | None,
+                  where: str | None) -> None:
+    if info.frames <= 0:
+        raise DataError.make("zero_length", path, "audio has no samples (0 frames)",
+                             "remove it from the index", where)
+    for declared, actual in _SHOULD_BE.findall(log):
+        if int(declared) > int(actual) and int(declared) not in _STREAMING_SIZES:
+            raise DataError.make(
+                "truncated", path,
+                f"file is truncated (header promises {declared} data bytes, file holds {actual})",
+                "re-copy or re-download it", where)
+    if channels is not None and info.channels != channels:
+        raise DataError.make(
+            "channels", path, f"has {info.channels} channel(s) but data.channels={channels}",
+            "set data.channels=null to mix any channel count down to mono, or re-encode the file",
+            where)
+
+
+def audio_info(path: str | os.PathLike, *, channels: int | None = None,
+               where: str | None = None) -> AudioInfo:
+    """Read and validate the header of one audio file (no samples are decoded).
+
+    Args:
+        path: the audio file.
+        channels: required channel count, or None to accept any.
+        where: the index entry that points to the file, for the error message.
+
+    Returns:
+        Frames, sample rate and channel count.
+
+    Raises:
+        DataError: missing, empty, undecodable, truncated (WAV), zero-length or wrong channels.
+    """
+    path = Path(path)
+    _check_file(path, where)
+    try:
+        raw = sf.info(str(path))
+    except (sf.LibsndfileError, RuntimeError, TypeError) as e:
+        raise DataError.make("undecodable", path, f"cannot be decoded ({e})", _FIX_DECODE,
+                             where) from None
+    info = AudioInfo(frames=int(raw.frames), sample_rate=int(raw.samplerate),
+                     channels=int(raw.channels))
+    _check_header(path, info, raw.extra_info, channels, where)
+    return info
+
+
+@functools.lru_cache(maxsize=32)
+def get_resampler(orig: int, new: int) -> torchaudio.transforms.Resample:
+    """The cached resampler for one rate pair (its sinc kernel is computed once)."""
+    return torchaudio.transforms.Resample(orig_freq=orig, new_freq=new)
+
+
+def resample(wave: Tensor, orig: int, new: int) -> Tensor:
+    """Resample ``wave`` (..., s) from ``orig`` Hz to ``new`` Hz (no-op when equal)."""
+    if orig == new:
+        return wave
+    with torch.no_grad():
+        return get_resampler(int(orig), int(new))(wave)
+
+
+def crop_window(frames: int, want: int | None, crop: Crop,
+                rng: np.random.Generator | None = None) -> tuple[int, int]:
+    """Start and length (in frames) of the part of a ``frames``-long file to decode.
+
+    Args:
+        frames: file length.
+        want: the most frames to keep (None = all).
+        crop: ``random`` | ``center`` | ``start`` | ``full``.
+        rng: the generator for ``random`` (a fresh unseeded one if None).
+    """
+    if crop not in CROP_CHOICES:
+        raise ValueError(f"crop ({crop!r}) must be one of {CROP_CHOICES}.")
+    if want is None or crop == "full" or frames <= want:
+        return 0, frames
+    slack = frames - want
+    if crop == "random":
+        rng = rng if rng is not None else np.random.default_rng()
+        return int(rng.integers(0, slack + 1)), want
+    if crop == "center":
+        return slack // 2, want
+    return 0, want
+
+
+def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
+               max_seconds: float | None = None, crop: Crop = "center",
+               channels: int | None = None, rng: np.random.Generator | None = None,
+               where: str | None = None, check_header: bool = True) -> Tensor:
+    """Decode one audio file to a mono float32 waveform at ``sample_rate``.
+
+    Args:
+        path: WAV, FLAC, OGG or MP3 file.
+        sample_rate: the model's rate; other rates are resampled (None: keep the file's).
+        max_seconds: keep at most this much audio (None = all); see ``crop``.
+        crop: which part to keep when the file is longer: ``random`` | ``center`` | ``start``,
+            or ``full`` to ignore ``max_seconds``.
+        channels: required channel count, or None to accept any (mixed down to mono).
+        rng: generator for ``crop="random"``.
+        where: the index entry that points to the file, for error messages.
+        check_header: also run the header checks of :func:`audio_info` (e.g. truncated WAV).
+
+    Returns:
+        The waveform, (s,) float32.
+
+    Raises:
+        DataError: the file is missing, empty, truncated, undecodable, has no samples, has
+            NaN/inf samples or the wrong channel count.
+    """
+    path = Path(path)
+    _check_file(path, where)
+    if max_seconds is not None and max_seconds <= 0:
+        raise ValueError(f"max_seconds ({max_seconds}) must be > 0 or None (no limit).")
+    try:
+        with sf.SoundFile(str(path)) as f:
+            info = AudioInfo(frames=int(f.frames), sample_rate=int(f.samplerate),
+                             channels=int(f.channels))
+            if check_header:
+                _check_header(path, info, f.extra_info, channels, where)
+            elif info.frames <= 0:
+                _check_header(path, info, "", channels, where)
+            want = None if max_seconds is None else max(1, math.ceil(max_seconds * info.sample_rate))
+            start, count = crop_window(info.frames, want, crop, rng)
+            if start:
+                f.seek(start)
+            data = f.read(count, dtype="float32", always_2d=True)  # (f, c)
+    except (sf.LibsndfileError, RuntimeError, TypeError) as e:
+        raise DataError.make("undecodable", path, f"cannot be decoded ({e})", _FIX_DECODE,
+                             where) from None
+    # Lossy decoders may return a frame or so less than the header says; a big gap is a cut file.
+    if count - data.shape[0] > max(2048, 0.01 * count):
+        raise DataError.make("truncated", path,
+                             f"file is truncated (decoded {data.shape[0]} of {count} frames)",
+                             "re-copy or re-download it", where)
+    if data.shape[0] == 0:
+        raise DataError.make("zero_length", path, "audio has no samples after decoding",
+                             "remove it from the index", where)
+    if not np.isfinite(data).all():
+        bad = int((~np.isfinite(data)).sum())
+        raise DataError.make("non_finite", path, f"has {bad} NaN/inf sample(s)",
+                             "re-encode it as integer PCM or remove it from the index", where)
+    wave = torch.from_numpy(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0])  # (f,)
+    wave = resample(wave, info.sample_rate, sample_rate or info.sample_rate)  # (s,)
+    return wave.contiguous()

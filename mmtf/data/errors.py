@@ -1,0 +1,164 @@
+"""Bad input: one exception type, and a counter for what was skipped.
+
+Every problem the data code finds in a file raises :class:`DataError` (a ``ValueError``) whose
+message names the file, the CSV line or JSON element that pointed to it, what is wrong and how to
+fix it. With ``data.on_error=skip`` the same error is caught instead, counted under its
+``reason`` in an :class:`ErrorCounter`, and the item is left out; nothing is skipped silently.
+
+Reasons (the keys of the counter):
+
+================== =========================================================================
+missing_file       the file a row points to does not exist
+empty_file         the file has 0 bytes
+undecodable        the decoder cannot read it (random bytes, unknown format, corrupt stream)
+truncated          the header promises more data than the file holds
+zero_length        audio with no samples
+non_finite         audio with NaN or inf samples
+channels           channel count differs from ``data.channels``
+unreadable_image   PIL cannot open or fully load the image
+empty_caption      a caption that is empty or whitespace only (the caption is dropped)
+caption_truncated  a caption longer than ``max_caption_tokens`` (truncated, a warning)
+bad_row            a row/line that cannot be parsed (bad JSON, bad number, unknown class)
+missing_columns    a CSV/JSON without a required column/key (always raised: the whole file)
+missing_split      the file of a split does not exist (always raised)
+================== =========================================================================
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+OnError = Literal["raise", "skip"]
+ON_ERROR_CHOICES = ("raise", "skip")
+
+SKIP_HINT = "set data.on_error=skip to skip such items and count them instead"
+
+
+class DataError(ValueError):
+    """A problem with one input file or one row of an index file.
+
+    Takes one positional message (so DataLoader workers can re-raise it in the main process).
+
+    Args:
+        message: the full sentence shown to the user.
+        reason: short key for counting (see the module docstring).
+        path: the offending file.
+        where: the index entry that pointed to it, e.g. ``"clotho_captions_development.csv
+            line 17"``.
+    """
+
+    def __init__(self, message: str, *, reason: str = "invalid", path: str | Path | None = None,
+                 where: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.path = None if path is None else str(path)
+        self.where = where
+
+    @classmethod
+    def make(cls, reason: str, path: str | Path | None, problem: str, fix: str,
+             where: str | None = None, skippable: bool = True) -> DataError:
+        """Build the standard message: ``<file> (<where>): <problem>; <fix>[ (or skip)].``"""
+        loc = str(path) if path is not None else "<no file>"
+        if where:
+            loc += f" ({where})"
+        hint = f" (or {SKIP_HINT})" if skippable else ""
+        return cls(f"{loc}: {problem}; {fix}{hint}.", reason=reason, path=path, where=where)
+
+    def location(self) -> str:
+        """The file and row, for counting examples."""
+        loc = self.path or "<no file>"
+        return f"{loc} ({self.where})" if self.where else loc
+
+
+def check_on_error(on_error: str) -> None:
+    """Validate ``data.on_error``."""
+    if on_error not in ON_ERROR_CHOICES:
+        raise ValueError(f"on_error ({on_error!r}) must be one of {ON_ERROR_CHOICES}; "
+                         f"use data.on_error=raise (stop at the first bad item) or skip.")
+
+
+class ErrorCounter:
+    """Counts skipped items per reason and keeps a few examples of each.
+
+    Args:
+        max_examples: how many locations to keep per reason for the report.
+    """
+
+    def __init__(self, max_examples: int = 3) -> None:
+        self.max_examples = max_examples
+        self.counts: Counter[str] = Counter()
+        self.examples: dict[str, list[str]] = {}
+
+    def add(self, reason: str, where: str, n: int = 1) -> None:
+        """Count ``n`` problems of kind ``reason`` found at ``where`` (file and row)."""
+        self.counts[reason] += n
+        ex = self.examples.setdefault(reason, [])
+        if len(ex) < self.max_examples and where not in ex:
+            ex.append(where)
+
+    def add_error(self, err: DataError) -> None:
+        """Count one :class:`DataError`."""
+        self.add(err.reason, err.location())
+
+    def update(self, records: Iterable[tuple[str, str]]) -> None:
+        """Count ``(reason, where)`` records (what a DataLoader batch carries back)."""
+        for reason, where in records:
+            self.add(reason, where)
+
+    def merge(self, other: ErrorCounter) -> None:
+        """Add another counter's counts and examples to this one."""
+        for reason, n in other.counts.items():
+            self.counts[reason] += n
+            ex = self.examples.setdefault(reason, [])
+            for where in other.examples.get(reason, []):
+                if len(ex) < self.max_examples and where not in ex:
+                    ex.append(where)
+
+    @property
+    def total(self) -> int:
+        """Number of problems counted."""
+        return sum(self.counts.values())
+
+    def __getitem__(self, reason: str) -> int:
+        return self.counts[reason]
+
+    def __bool__(self) -> bool:
+        return self.total > 0
+
+    def as_dict(self) -> dict[str, int]:
+        """Counts per reason, most frequent first."""
+        return dict(self.counts.most_common())
+
+    def summary(self) -> str:
+        """One line: ``"3 problems: non_finite=2 (e.g. a.wav), undecodable=1 (e.g. b.wav)"``."""
+        if not self.counts:
+            return "no problems"
+        parts = [f"{r}={n} (e.g. {', '.join(self.examples.get(r, [])[:2]) or '?'})"
+                 for r, n in self.counts.most_common()]
+        return f"{self.total} problem(s): " + "; ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"ErrorCounter({self.as_dict()})"
+
+
+class ErrorPolicy:
+    """Raise or count: the one place that applies ``data.on_error``.
+
+    Args:
+        on_error: ``"raise"`` or ``"skip"``.
+        counter: where skipped problems are counted (a new one if not given).
+    """
+
+    def __init__(self, on_error: OnError = "raise", counter: ErrorCounter | None = None) -> None:
+        check_on_error(on_error)
+        self.on_error = on_error
+        self.counter = counter if counter is not None else ErrorCounter()
+
+    def __call__(self, err: DataError) -> None:
+        """Raise ``err`` (``on_error=raise``) or count it (``skip``)."""
+        if self.on_error == "raise":
+            raise err
+        self.counter.add_error(err)

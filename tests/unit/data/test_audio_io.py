@@ -1,0 +1,182 @@
+"""Audio decoding: formats, mono mixing, resampling, cropping and every kind of bad file."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from mmtf.data import DataError, audio_info, load_audio
+from mmtf.data.audio import crop_window, get_resampler, resample
+from tests.unit.data.conftest import sine, write_audio
+
+
+def _dominant_hz(x: np.ndarray, sr: int) -> float:
+    spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+    return float(np.argmax(spec) * sr / len(x))
+
+
+@pytest.mark.parametrize("ext,kw", [("wav", {"subtype": "PCM_16"}), ("flac", {}),
+                                    ("wav", {"subtype": "FLOAT"})])
+def test_lossless_round_trip(tmp_path, ext, kw):
+    ref = sine(0.5, 16000)
+    path = write_audio(tmp_path / f"a.{ext}", ref, **kw)
+    out = load_audio(path, sample_rate=16000)
+    assert out.dtype == torch.float32 and out.shape == (8000,)
+    np.testing.assert_allclose(out.numpy(), ref, atol=1.0 / 32768 + 1e-7)
+
+
+@pytest.mark.parametrize("ext,kw", [("ogg", {"subtype": "VORBIS"}),
+                                    ("mp3", {"subtype": "MPEG_LAYER_III"})])
+def test_lossy_formats_decode_to_the_same_tone(tmp_path, ext, kw):
+    path = write_audio(tmp_path / f"a.{ext}", sine(1.0, 16000, hz=440.0), **kw)
+    out = load_audio(path, sample_rate=16000).numpy()
+    assert abs(len(out) - 16000) <= 1152 * 2  # codec frame padding at most
+    assert abs(_dominant_hz(out, 16000) - 440.0) < 3.0
+
+
+def test_channels_are_averaged_to_mono(tmp_path):
+    left, right = sine(0.25, 16000, 440.0), sine(0.25, 16000, 1000.0, amp=0.25)
+    third = np.full_like(left, 0.1)
+    path = write_audio(tmp_path / "s.wav", np.stack([left, right, third], 1), subtype="FLOAT")
+    out = load_audio(path, sample_rate=16000)
+    np.testing.assert_allclose(out.numpy(), (left + right + third) / 3, atol=1e-6)
+
+
+def test_required_channel_count(tmp_path):
+    path = write_audio(tmp_path / "st.wav", np.zeros((1600, 2), np.float32) + 0.1)
+    assert load_audio(path, channels=2).shape == (1600,)
+    with pytest.raises(DataError, match=r"st\.wav.*2 channel\(s\) but data\.channels=1") as e:
+        load_audio(path, channels=1)
+    assert e.value.reason == "channels"
+    with pytest.raises(DataError, match="data.channels=1"):
+        audio_info(path, channels=1)
+
+
+def test_resampling_matches_the_analytic_signal(tmp_path):
+    path = write_audio(tmp_path / "hi.wav", sine(1.0, 44100, hz=1000.0), 44100, subtype="FLOAT")
+    out = load_audio(path, sample_rate=16000).numpy()
+    assert len(out) == 16000
+    ref = sine(1.0, 16000, hz=1000.0)
+    # Away from the edges (the sinc kernel sees zeros beyond them) it is the same sine.
+    np.testing.assert_allclose(out[200:-200], ref[200:-200], atol=5e-3)
+
+
+def test_resampler_kernel_is_cached_per_rate_pair():
+    assert get_resampler(44100, 16000) is get_resampler(44100, 16000)
+    assert get_resampler(44100, 16000) is not get_resampler(22050, 16000)
+    x = torch.randn(100)
+    assert resample(x, 16000, 16000) is x
+
+
+def test_keep_native_rate(tmp_path):
+    path = write_audio(tmp_path / "n.wav", sine(0.1, 22050), 22050)
+    assert load_audio(path, sample_rate=None).shape == (2205,)
+
+
+@pytest.mark.parametrize("crop,start", [("center", 3000), ("start", 0)])
+def test_deterministic_crops(tmp_path, crop, start):
+    ref = np.linspace(-0.5, 0.5, 16000, dtype=np.float32)
+    path = write_audio(tmp_path / "r.wav", ref, subtype="FLOAT")
+    out = load_audio(path, max_seconds=0.625, crop=crop).numpy()  # 10000 samples
+    np.testing.assert_array_equal(out, ref[start:start + 10000])
+
+
+def test_random_crop_is_seeded_and_in_range(tmp_path):
+    ref = np.linspace(-0.5, 0.5, 16000, dtype=np.float32)
+    path = write_audio(tmp_path / "r.wav", ref, subtype="FLOAT")
+    starts = []
+    for seed in range(6):
+        out = load_audio(path, max_seconds=0.25, crop="random",
+                         rng=np.random.default_rng(seed)).numpy()
+        start = int(np.argmin(np.abs(ref - out[0])))
+        np.testing.assert_array_equal(out, ref[start:start + 4000])
+        again = load_audio(path, max_seconds=0.25, crop="random", rng=np.random.default_rng(seed))
+        np.testing.assert_array_equal(out, again.numpy())
+        starts.append(start)
+    assert len(set(starts)) > 1 and all(0 <= s <= 12000 for s in starts)
+
+
+def test_full_crop_and_short_files_are_not_cut(tmp_path):
+    path = write_audio(tmp_path / "r.wav", sine(1.0, 16000))
+    assert load_audio(path, max_seconds=0.5, crop="full").shape == (16000,)
+    assert load_audio(path, max_seconds=5.0, crop="random").shape == (16000,)
+    assert crop_window(100, 40, "center") == (30, 40)
+    with pytest.raises(ValueError, match=r"crop \('middle'\)"):
+        crop_window(100, 40, "middle")
+
+
+# ------------------------------------------------------------------ bad input
+def test_missing_file_names_file_and_row(tmp_path):
+    with pytest.raises(DataError, match=r"nope\.wav \(x\.csv line 7\): file not found") as e:
+        load_audio(tmp_path / "nope.wav", where="x.csv line 7")
+    assert e.value.reason == "missing_file" and isinstance(e.value, ValueError)
+
+
+def test_empty_file(tmp_path):
+    (tmp_path / "e.wav").write_bytes(b"")
+    with pytest.raises(DataError, match=r"e\.wav: file is empty \(0 bytes\)") as e:
+        audio_info(tmp_path / "e.wav")
+    assert e.value.reason == "empty_file"
+
+
+def test_random_bytes_are_undecodable(tmp_path):
+    (tmp_path / "r.wav").write_bytes(np.random.default_rng(0).bytes(4000))
+    for fn in (audio_info, load_audio):
+        with pytest.raises(DataError, match=r"r\.wav: cannot be decoded.*re-encode") as e:
+            fn(tmp_path / "r.wav")
+        assert e.value.reason == "undecodable"
+
+
+def test_truncated_wav_is_detected_from_the_header(tmp_path):
+    path = write_audio(tmp_path / "t.wav", sine(1.0, 16000))
+    path.write_bytes(path.read_bytes()[:12000])
+    for fn in (audio_info, load_audio):
+        with pytest.raises(DataError, match=r"t\.wav: file is truncated") as e:
+            fn(path)
+        assert e.value.reason == "truncated"
+
+
+@pytest.mark.parametrize("ext", ["flac", "mp3"])
+def test_truncated_compressed_files_fail_on_decode(tmp_path, ext):
+    path = write_audio(tmp_path / f"t.{ext}", np.random.default_rng(0).normal(0, .1, 32000)
+                       .astype(np.float32))
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    with pytest.raises(DataError, match=rf"t\.{ext}") as e:
+        load_audio(path)
+    assert e.value.reason in ("truncated", "undecodable")
+
+
+def test_zero_length_audio(tmp_path):
+    path = write_audio(tmp_path / "z.wav", np.zeros((0, 1), np.float32))
+    with pytest.raises(DataError, match="no samples") as e:
+        audio_info(path)
+    assert e.value.reason == "zero_length"
+    with pytest.raises(DataError, match="no samples"):
+        load_audio(path)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_samples(tmp_path, bad):
+    x = sine(0.1, 16000)
+    x[10] = bad
+    path = write_audio(tmp_path / "n.wav", x, subtype="FLOAT")
+    with pytest.raises(DataError, match=r"n\.wav: has 1 NaN/inf sample") as e:
+        load_audio(path)
+    assert e.value.reason == "non_finite"
+
+
+def test_data_error_survives_a_worker_reraise():
+    # DataLoader workers re-raise as exc_type(message): one positional arg must work.
+    err = DataError("Caught DataError in DataLoader worker process 0.")
+    assert str(err).startswith("Caught") and err.reason == "invalid"
+
+
+def test_info_reports_duration(tmp_path):
+    path = write_audio(tmp_path / "d.flac", sine(1.5, 8000), 8000)
+    info = audio_info(path)
+    assert (info.frames, info.sample_rate, info.channels) == (12000, 8000, 1)
+    assert info.duration == pytest.approx(1.5)
+    assert os.path.exists(path)
