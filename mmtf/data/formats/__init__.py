@@ -1,0 +1,31 @@
+"""Dataset index readers (and the writers the synthetic generators use).
+
+Caption formats: ``clotho`` and ``audiocaps`` (audio), ``coco`` (images), ``manifest`` (either).
+Label formats: ``esc50`` (audio), ``image_folder`` (images).
+"""
+
+from mmtf.data.formats.audiocaps import read_audiocaps
+from mmtf.data.formats.base import SPLITS, CaptionItem, LabelItem, LabelSet
+from mmtf.data.formats.clotho import read_clotho, write_clotho_csv
+from mmtf.data.formats.coco import read_coco, write_coco_json
+from mmtf.data.formats.esc50 import read_esc50, write_esc50_csv
+from mmtf.data.formats.image_folder import read_image_folder
+from mmtf.data.formats.manifest import read_manifest
+
+# format -> (reader, modality); manifest's modality comes from config.
+CAPTION_FORMATS = {
+    "clotho": (read_clotho, "audio"),
+    "audiocaps": (read_audiocaps, "audio"),
+    "coco": (read_coco, "image"),
+    "manifest": (read_manifest, None),
+}
+LABEL_FORMATS = {
+    "esc50": (read_esc50, "audio"),
+    "image_folder": (read_image_folder, "image"),
+}
+
+__all__ = [
+    "CAPTION_FORMATS", "LABEL_FORMATS", "SPLITS", "CaptionItem", "LabelItem", "LabelSet",
+    "read_audiocaps", "read_clotho", "read_coco", "read_esc50", "read_image_folder",
+    "read_manifest", "write_clotho_csv", "write_coco_json", "write_esc50_csv",
+]

@@ -1,0 +1,91 @@
+"""A plain JSONL manifest for any captioned audio or images.
+
+Layout: ``root/train.jsonl``, ``root/val.jsonl``, ``root/test.jsonl``; one JSON object a line::
+
+    {"audio": "clips/a.flac", "caption": "a dog barks"}
+    {"image": "img/b.png", "caption": ["a red car", "a car parked outside"], "id": "b"}
+
+The media key is ``audio`` or ``image`` (``path`` is accepted too, for DESIGN.md's
+``{"path": ..., "caption": ...}``); relative paths are relative to the manifest's folder.
+``caption`` (or ``captions``) is a string or a list of strings; ``id`` is optional (default: the
+path without extension). Blank lines are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from mmtf.data.formats.base import (
+    CaptionItem,
+    Report,
+    bad_row,
+    clean_captions,
+    missing_split,
+    split_name,
+)
+
+SPLIT_NAMES = {"train": "train", "val": "val", "test": "test"}
+
+
+def read_manifest(root: Path, split: str, *, report: Report, modality: str = "audio",
+                  splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
+    """Read one split of a JSONL manifest dataset.
+
+    Args:
+        root: the folder holding ``<split>.jsonl``.
+        split: ``train`` | ``val`` | ``test``.
+        report: called with each problem (raises or counts, per ``data.on_error``).
+        modality: ``audio`` | ``image``; a line with the other media key is a bad line.
+        splits: our split -> manifest file stem (default train / val / test).
+
+    Returns:
+        One item per valid line.
+    """
+    name = split_name(split, splits or SPLIT_NAMES, "manifest")
+    index = root / f"{name}.jsonl"
+    if not index.is_file():
+        raise missing_split(index, split, "manifest", f" (expected {name}.jsonl)")
+    other = "image" if modality == "audio" else "audio"
+    items = []
+    with open(index, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{index.name} line {line_no}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                report(bad_row(index, line_no, f"is not valid JSON ({e.msg})",
+                               "fix the line or delete it"))
+                continue
+            if not isinstance(obj, dict):
+                report(bad_row(index, line_no, "must be a JSON object", "fix the line"))
+                continue
+            if other in obj and modality not in obj:
+                report(bad_row(index, line_no, f"has an {other!r} path but data.modality is "
+                               f"{modality!r}", f"set data.modality={other} or fix the line"))
+                continue
+            rel = obj.get(modality, obj.get("path"))
+            if not isinstance(rel, str) or not rel:
+                report(bad_row(index, line_no, f"needs a {modality!r} path",
+                               f'add "{modality}": "relative/path"'))
+                continue
+            raw = obj.get("caption", obj.get("captions"))
+            if raw is None:
+                report(bad_row(index, line_no, "needs a 'caption' (string or list)",
+                               'add "caption": "..."'))
+                continue
+            raw = [raw] if isinstance(raw, str) else raw
+            if not isinstance(raw, list):
+                report(bad_row(index, line_no, "'caption' must be a string or a list of "
+                               "strings", "fix the line"))
+                continue
+            captions = clean_captions(raw, index, where, report)
+            if not captions:
+                continue
+            path = Path(rel) if Path(rel).is_absolute() else index.parent / rel
+            item_id = str(obj.get("id") or Path(rel).with_suffix("").as_posix())
+            items.append(CaptionItem(id=item_id, path=path, captions=captions, where=where))
+    return items

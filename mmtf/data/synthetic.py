@@ -1,0 +1,167 @@
+"""The built-in datasets: generated once into a cache folder, then read like real data.
+
+``ensure_synthetic(root, kind, **params)`` writes a synthetic set in its real-world layout
+(Clotho, COCO captions, ESC-50, ImageFolder) unless ``root`` already holds the same set. The
+set's identity is a hash of ``(kind, generator version, params)`` kept in ``root/.mmtf_synthetic
+.json``; change a size or the seed and the set is regenerated, change nothing and it is reused.
+Writing is atomic: the set is generated in a temporary folder next to ``root`` and renamed into
+place, so processes racing to create it (DDP ranks, parallel sweeps) are safe — the first rename
+wins and the others discard their copy.
+
+Also here: :func:`event_sequence_accuracy`, the exact-match score of the synthetic sets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mmtf.data import synthetic_audio, synthetic_image
+from mmtf.data.errors import DataError
+
+log = logging.getLogger(__name__)
+
+MARKER = ".mmtf_synthetic.json"
+# kind -> (writer, generator version, caption parser or None)
+GENERATORS: dict[str, tuple[Callable[..., None], int, Callable[[str], Any] | None]] = {
+    "audio_captions": (synthetic_audio.write_caption_set, synthetic_audio.VERSION,
+                       synthetic_audio.parse_caption),
+    "audio_labels": (synthetic_audio.write_label_set, synthetic_audio.VERSION, None),
+    "image_captions": (synthetic_image.write_caption_set, synthetic_image.VERSION,
+                       synthetic_image.parse_caption),
+    "image_labels": (synthetic_image.write_label_set, synthetic_image.VERSION, None),
+}
+_NOT_HASHED = {"num_workers"}  # does not change the output
+
+
+def _generator(kind: str) -> tuple[Callable[..., None], int, Callable[[str], Any] | None]:
+    if kind not in GENERATORS:
+        raise ValueError(f"synthetic kind ({kind!r}) must be one of {sorted(GENERATORS)}; "
+                         f"check data.synthetic.kind.")
+    return GENERATORS[kind]
+
+
+def caption_parser(kind: str) -> Callable[[str], Any] | None:
+    """The caption -> sequence parser of a synthetic kind (None for label sets)."""
+    return _generator(kind)[2]
+
+
+def config_hash(kind: str, params: dict[str, Any]) -> str:
+    """Identity of a generated set: kind, generator version and the output-changing params."""
+    _, version, _ = _generator(kind)
+    payload = {"kind": kind, "version": version,
+               "params": {k: v for k, v in sorted(params.items()) if k not in _NOT_HASHED}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+
+def _marker_hash(root: Path) -> str | None:
+    try:
+        return json.loads((root / MARKER).read_text())["hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def ensure_synthetic(root: str | os.PathLike, kind: str, **params: Any) -> Path:
+    """Make sure ``root`` holds the synthetic set ``kind`` generated with ``params``.
+
+    Args:
+        root: the set's folder (created, or replaced if it holds a different synthetic set).
+        kind: ``audio_captions`` | ``audio_labels`` | ``image_captions`` | ``image_labels``.
+        **params: the writer's keyword arguments (sizes, seed, ...).
+
+    Returns:
+        ``root`` as an absolute path.
+
+    Raises:
+        DataError: ``root`` exists, is not empty and was not written by this function (it is
+            never overwritten).
+    """
+    writer, version, _ = _generator(kind)
+    root = Path(root).expanduser().resolve()
+    want = config_hash(kind, params)
+    if _marker_hash(root) == want:
+        return root
+    if root.is_dir() and not (root / MARKER).exists() and any(root.iterdir()):
+        raise DataError.make(
+            "bad_root", root, f"holds files but no {MARKER}, so it is not an mmtf synthetic "
+            f"set and will not be overwritten", "point data.root (or paths.data_dir / "
+            "MMTF_DATA_DIR) at an empty or new folder", skippable=False)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    log.info("Generating the synthetic %s set into %s (first use or changed config)", kind, root)
+    t0 = time.perf_counter()
+    try:
+        writer(tmp, **params)
+        seconds = time.perf_counter() - t0
+        meta = {"kind": kind, "version": version, "hash": want, "seconds": round(seconds, 2),
+                "params": {k: v for k, v in params.items() if k not in _NOT_HASHED}}
+        (tmp / MARKER).write_text(json.dumps(meta, indent=2, default=list))
+        _install(tmp, root, want)
+        log.info("Synthetic %s set ready in %.1f s: %s", kind, seconds, root)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def _install(tmp: Path, root: Path, want: str) -> None:
+    """Rename ``tmp`` to ``root``; if another process got there first with the same set, keep
+    theirs; if ``root`` holds a stale set, move it aside and retry."""
+    for _ in range(10):
+        try:
+            os.rename(tmp, root)  # atomic; fails if root is a non-empty folder
+            return
+        except OSError:
+            if _marker_hash(root) == want:
+                return  # a racing process installed the same set
+            trash = root.parent / f".{root.name}.old-{uuid.uuid4().hex[:8]}"
+            try:
+                os.rename(root, trash)
+            except FileNotFoundError:
+                continue
+            shutil.rmtree(trash, ignore_errors=True)
+    raise OSError(f"could not install the synthetic set at {root}; is another process "
+                  f"rewriting it with a different config?")
+
+
+def event_sequence_accuracy(predictions: Sequence[str], references: Sequence[Sequence[str]],
+                            parser: Callable[[str], Any]) -> float:
+    """Share of predictions whose parsed sequence equals the references' parsed sequence.
+
+    Args:
+        predictions: one generated caption per item.
+        references: all reference captions per item (they all parse to the same sequence).
+        parser: e.g. :func:`mmtf.data.synthetic_audio.parse_caption`
+            (``datamodule.caption_parser``).
+
+    Returns:
+        Accuracy in [0, 1]; an unparsable prediction counts as wrong; 0.0 for no items.
+
+    Raises:
+        ValueError: the lists differ in length, or no reference of an item parses (wrong parser
+            for this dataset).
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"event_sequence_accuracy: {len(predictions)} predictions but "
+                         f"{len(references)} reference lists; pass one of each per item.")
+    if not predictions:
+        return 0.0
+    correct = 0
+    for i, (pred, refs) in enumerate(zip(predictions, references)):
+        parsed = Counter(p for p in map(parser, refs) if p is not None)
+        if not parsed:
+            raise ValueError(f"event_sequence_accuracy: no reference of item {i} parses "
+                             f"({list(refs)[:2]}...); is {getattr(parser, '__module__', parser)}"
+                             f" the parser of this dataset?")
+        target = parsed.most_common(1)[0][0]
+        correct += parser(pred) == target
+    return correct / len(predictions)
