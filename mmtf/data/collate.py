@@ -1,0 +1,81 @@
+"""Collate: pad a list of examples into one batch dict.
+
+Batch keys (the Lightning tasks rely on them):
+
+=================  =============================================================
+``audio``          float32 (b, s), zero-padded to the longest clip in the batch
+``audio_lengths``  long (b,), real samples per clip
+``image``          float32 (b, 3, h, w)
+``tokens``         long (b, n): ``[bos, ..., eos]`` then pad (0) — captioning
+``token_lengths``  long (b,) — captioning
+``references``     list[list[str]], every caption of each item — captioning
+``label``          long (b,) — classification
+``ids``            list[str]
+=================  =============================================================
+
+Plus ``_skipped``: ``(reason, where)`` of items skipped under ``data.on_error=skip`` while
+building this batch. :class:`mmtf.data.loader.DataLoader` removes it (and counts it) before the
+batch reaches the model.
+
+Shapes: b batch, s samples (longest clip), n tokens (longest caption), h/w image size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def pad_1d(seqs: Sequence[Tensor | Sequence[int]], pad_value: float = 0.0,
+           dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """Right-pad 1-D sequences to the longest; return ``(padded (b, t), lengths (b,))``."""
+    tensors = [s if isinstance(s, Tensor) else torch.as_tensor(s, dtype=dtype) for s in seqs]
+    lengths = torch.tensor([t.shape[0] for t in tensors], dtype=torch.long)
+    longest = int(lengths.max()) if len(tensors) else 0
+    out = torch.full((len(tensors), longest), pad_value, dtype=dtype or tensors[0].dtype)
+    for i, t in enumerate(tensors):
+        out[i, : t.shape[0]] = t
+    return out, lengths
+
+
+class Collate:
+    """Batch examples of one modality and task (picklable, for DataLoader workers).
+
+    Args:
+        modality: ``audio`` | ``image``.
+        task: ``caption`` | ``label``.
+        pad_id: token padding id (0 in every mmtf tokenizer).
+    """
+
+    def __init__(self, *, modality: str, task: str, pad_id: int = 0) -> None:
+        if modality not in ("audio", "image"):
+            raise ValueError(f"modality ({modality!r}) must be 'audio' or 'image'.")
+        if task not in ("caption", "label"):
+            raise ValueError(f"task ({task!r}) must be 'caption' or 'label'.")
+        self.modality, self.task, self.pad_id = modality, task, pad_id
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        batch: dict[str, Any] = {}
+        if self.modality == "audio":
+            batch["audio"], batch["audio_lengths"] = pad_1d([e["audio"] for e in examples],
+                                                           dtype=torch.float32)  # (b, s)
+        else:
+            shapes = {tuple(e["image"].shape) for e in examples}
+            if len(shapes) > 1:
+                raise ValueError(
+                    f"images in one batch have different sizes {sorted(shapes)}; add a resize "
+                    f"and crop to a fixed size to data.train_transforms and data.eval_transforms "
+                    f"(e.g. Resize(64) + CenterCrop(64)).")
+            batch["image"] = torch.stack([e["image"] for e in examples])  # (b, 3, h, w)
+        if self.task == "caption":
+            batch["tokens"], batch["token_lengths"] = pad_1d(
+                [e["tokens"] for e in examples], self.pad_id, dtype=torch.long)  # (b, n)
+            batch["references"] = [list(e["references"]) for e in examples]
+        else:
+            batch["label"] = torch.tensor([e["label"] for e in examples], dtype=torch.long)
+        batch["ids"] = [e["id"] for e in examples]
+        batch["_skipped"] = [s for e in examples for s in e.get("_skipped", ())]
+        return batch

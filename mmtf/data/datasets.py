@@ -1,0 +1,188 @@
+"""Map-style datasets over the items a format reader returns: decode on access.
+
+An example is looked up by the key the batch sampler yields, ``(item, caption, epoch)`` (a plain
+``int`` means caption 0, epoch 0). The caption index picks the training caption; the epoch
+seeds the random crop, so every example is a pure function of ``(seed, key)``.
+
+Bad files: under ``on_error="raise"`` the :class:`DataError` (file, index line, fix) propagates
+(DataLoader workers re-raise it in the main process). Under ``"skip"`` the item is replaced by the
+next good one (``item + 1``, ``item + 2``, ...) and the skip is recorded in the example's
+``_skipped`` list, so a batch is never short or empty and every DDP rank still sees the same
+number of batches; :class:`mmtf.data.loader.DataLoader` counts the records.
+
+:func:`probe` checks files up front (headers only) so missing, empty, truncated and undecodable
+audio is found at ``setup()``, not mid-epoch; it also returns the durations used for bucketing.
+
+Shapes: audio (s,) float32; images (3, h, w) float32 after the transform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from mmtf.data.audio import Crop, audio_info, load_audio
+from mmtf.data.errors import DataError, ErrorPolicy, check_on_error
+from mmtf.data.formats.base import CaptionItem, LabelItem
+from mmtf.data.image import load_image
+
+Key = tuple[int, int, int]
+
+
+def _probe_one(item: CaptionItem | LabelItem, modality: str,
+               channels: int | None) -> float | DataError:
+    try:
+        if modality == "audio":
+            return audio_info(item.path, channels=channels, where=item.where).duration
+        if not item.path.is_file():
+            raise DataError.make("missing_file", item.path, "file not found",
+                                 "check the path and data.root", item.where)
+        if item.path.stat().st_size == 0:
+            raise DataError.make("empty_file", item.path, "file is empty (0 bytes)",
+                                 "re-copy or re-download it", item.where)
+        return 1.0
+    except DataError as e:
+        return e
+
+
+def probe(items: Sequence[CaptionItem | LabelItem], *, modality: str, policy: ErrorPolicy,
+          channels: int | None = None, threads: int = 8) -> tuple[list, list[float]]:
+    """Check every item's file without decoding it; drop (or raise on) the bad ones.
+
+    Args:
+        items: from a format reader.
+        modality: ``audio`` (header checks of :func:`mmtf.data.audio.audio_info`) or ``image``
+            (exists and is not empty; decoding errors surface when loaded).
+        policy: raises or counts each problem.
+        channels: required audio channel count, or None for any.
+        threads: parallel header reads (I/O bound).
+
+    Returns:
+        The good items and their durations in seconds (1.0 for images).
+    """
+    if len(items) > 256 and threads > 1:
+        with ThreadPoolExecutor(threads) as ex:
+            results = list(ex.map(lambda it: _probe_one(it, modality, channels), items,
+                                  chunksize=64))
+    else:
+        results = [_probe_one(it, modality, channels) for it in items]
+    kept, durations = [], []
+    for item, res in zip(items, results):
+        if isinstance(res, DataError):
+            policy(res)
+        else:
+            kept.append(item)
+            durations.append(res)
+    return kept, durations
+
+
+class MediaDataset(Dataset):
+    """Decodes the audio or image of each item; subclasses add captions or labels.
+
+    Args:
+        items: from a format reader (after :func:`probe`).
+        modality: ``audio`` | ``image``.
+        sample_rate: audio is resampled to this rate.
+        max_seconds: audio longer than this is cropped (None = never).
+        crop: ``random`` | ``center`` | ``start`` | ``full`` (see :func:`load_audio`).
+        channels: required audio channel count, or None for any (mixed to mono).
+        transform: image pipeline (uint8 (3, h, w) -> float32), e.g. from
+            :func:`mmtf.data.image.build_transform`.
+        on_error: ``raise`` | ``skip`` (replace by the next good item and record it).
+        seed: seeds random crops together with the key's epoch and item.
+        max_retries: how many following items to try before giving up under ``skip``.
+    """
+
+    def __init__(self, items: Sequence[CaptionItem | LabelItem], *, modality: str,
+                 sample_rate: int = 16000, max_seconds: float | None = None, crop: Crop = "center",
+                 channels: int | None = None, transform: Callable[[Tensor], Tensor] | None = None,
+                 on_error: str = "raise", seed: int = 0, max_retries: int = 16) -> None:
+        check_on_error(on_error)
+        if modality not in ("audio", "image"):
+            raise ValueError(f"modality ({modality!r}) must be 'audio' or 'image'.")
+        self.items = list(items)
+        self.modality, self.sample_rate, self.max_seconds = modality, sample_rate, max_seconds
+        self.crop, self.channels, self.transform = crop, channels, transform
+        self.on_error, self.seed, self.max_retries = on_error, seed, max_retries
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def load(self, index: int, epoch: int = 0) -> Tensor:
+        """The decoded media of item ``index``: audio (s,) or image (3, h, w)."""
+        item = self.items[index]
+        if self.modality == "audio":
+            rng = np.random.default_rng([self.seed, epoch, index]) if self.crop == "random" \
+                else None
+            return load_audio(item.path, sample_rate=self.sample_rate,
+                              max_seconds=self.max_seconds, crop=self.crop,
+                              channels=self.channels, rng=rng, where=item.where,
+                              check_header=False)  # headers were checked by probe()
+        image = load_image(item.path, where=item.where)
+        return self.transform(image) if self.transform is not None else image
+
+    def example(self, index: int, caption: int, media: Tensor) -> dict[str, Any]:
+        """The example dict of one item (subclasses add their targets)."""
+        return {self.modality: media, "id": self.items[index].id}
+
+    def __getitem__(self, key: Key | int) -> dict[str, Any]:
+        item, caption, epoch = (key, 0, 0) if isinstance(key, int) else key
+        if not self.items:
+            raise IndexError("dataset is empty")
+        skipped: list[tuple[str, str]] = []
+        last: DataError | None = None
+        for attempt in range(self.max_retries + 1):
+            index = (item + attempt) % len(self.items)
+            try:
+                media = self.load(index, epoch)
+            except DataError as e:
+                if self.on_error == "raise":
+                    raise
+                skipped.append((e.reason, e.location()))
+                last = e
+                continue
+            out = self.example(index, caption, media)
+            out["_skipped"] = skipped
+            return out
+        raise DataError(f"{self.max_retries + 1} items in a row (from {self.items[item].path}) "
+                        f"failed to load; the last error: {last}. Most of this dataset looks "
+                        f"broken: run `python -m mmtf.data.check` on it.",
+                        reason=last.reason if last else "invalid")
+
+
+class CaptionDataset(MediaDataset):
+    """Media + one tokenized training caption + all references per item.
+
+    Args:
+        items: caption items.
+        tokens: token ids per item per caption (``tokens[i][k]`` for ``items[i].captions[k]``).
+        **kwargs: see :class:`MediaDataset`.
+    """
+
+    def __init__(self, items: Sequence[CaptionItem], *, tokens: Sequence[Sequence[Sequence[int]]],
+                 **kwargs: Any) -> None:
+        super().__init__(items, **kwargs)
+        if len(tokens) != len(self.items):
+            raise ValueError(f"tokens has {len(tokens)} entries for {len(self.items)} items.")
+        self.tokens = [[np.asarray(t, dtype=np.int64) for t in per] for per in tokens]
+
+    def example(self, index: int, caption: int, media: Tensor) -> dict[str, Any]:
+        out = super().example(index, caption, media)
+        per_item = self.tokens[index]
+        out["tokens"] = per_item[caption % len(per_item)]
+        out["references"] = self.items[index].captions
+        return out
+
+
+class LabelDataset(MediaDataset):
+    """Media + class index per item."""
+
+    def example(self, index: int, caption: int, media: Tensor) -> dict[str, Any]:
+        out = super().example(index, caption, media)
+        out["label"] = self.items[index].label
+        return out
