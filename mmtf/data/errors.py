@@ -62,6 +62,8 @@ class DataError(ValueError):
              where: str | None = None, skippable: bool = True) -> DataError:
         """Build the standard message: ``<file> (<where>): <problem>; <fix>[ (or skip)].``"""
         loc = str(path) if path is not None else "<no file>"
+        if where and path is not None and where.startswith(f"{Path(path).name} "):
+            where = where[len(Path(path).name) + 1:]  # "x.csv (line 5)", not "x.csv (x.csv line 5)"
         if where:
             loc += f" ({where})"
         hint = f" (or {SKIP_HINT})" if skippable else ""

@@ -37,7 +37,7 @@ from mmtf.data.formats.clotho import SPLIT_NAMES, write_clotho_csv
 from mmtf.data.formats.esc50 import write_esc50_csv
 from mmtf.data.parallel import parallel_map
 
-VERSION = 1
+VERSION = 2
 EVENTS: tuple[tuple[str, str], ...] = (
     ("tone", "low"), ("tone", "middle"), ("tone", "high"),
     ("chirp", "rising"), ("chirp", "falling"),
@@ -91,13 +91,16 @@ class Scene:
 
 def sample_scene(rng: np.random.Generator, *, min_seconds: float = 2.0, max_seconds: float = 6.0,
                  min_events: int = 1, max_events: int = 3,
-                 snr_db: Sequence[float] = (10.0, 30.0)) -> Scene:
+                 snr_db: Sequence[float] = (10.0, 30.0), first: int | None = None) -> Scene:
     """Draw one scene: 1-3 events with gaps, fitted into a clip of min..max seconds.
 
-    Events longer than the clip allows (tiny test clips) are shrunk proportionally.
+    Events longer than the clip allows (tiny test clips) are shrunk proportionally. ``first``
+    fixes the class (index into :data:`EVENTS`) of the first event (balanced label sets).
     """
     n = int(rng.integers(min_events, max_events + 1))
     classes = [EVENTS[int(k)] for k in rng.integers(0, len(EVENTS), size=n)]
+    if first is not None:
+        classes[0] = EVENTS[first]
     durs = np.array([rng.uniform(*DURATIONS[kind]) for kind, _ in classes])
     gaps = rng.uniform(*GAP_SECONDS, size=n - 1)
     need = durs.sum() + gaps.sum() + 2 * EDGE_SECONDS
@@ -403,7 +406,8 @@ def write_label_set(root: str | Path, *, num_clips: int = 2000, num_folds: int =
     """Write a sound-event classification set in the ESC-50 layout under ``root``.
 
     The label of a clip is the class of its first event (one event per clip by default), one of
-    :data:`CLASS_NAMES`; clip ``i`` goes to fold ``i % num_folds + 1``.
+    :data:`CLASS_NAMES`; clip ``i`` has class ``i % 9`` (balanced, every class present from 9
+    clips on) and goes to fold ``i % num_folds + 1``.
 
     Args:
         root: output folder (created).
@@ -429,7 +433,7 @@ def write_label_set(root: str | Path, *, num_clips: int = 2000, num_folds: int =
         # ESC-50 names files {fold}-{source id}-{take}-{target}; the target is known only after
         # sampling, so the file is renamed below.
         tasks.append((str(root / "audio" / f"{fold}-{i:05d}-A.wav"), (seed, 3, i), sample_rate,
-                      scene_kw, 0))
+                      {**scene_kw, "first": i % len(EVENTS)}, 0))
     rows = []
     for i, (fn, _, target) in enumerate(parallel_map(_clip, tasks, num_workers)):
         fold = i % num_folds + 1

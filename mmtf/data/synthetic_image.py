@@ -26,7 +26,7 @@ from PIL import Image, ImageDraw
 from mmtf.data.formats.coco import write_coco_json
 from mmtf.data.parallel import parallel_map
 
-VERSION = 1
+VERSION = 2
 SHAPES = ("circle", "square", "triangle", "cross")
 COLORS = {"red": (220, 30, 30), "green": (30, 170, 40), "blue": (30, 70, 230),
           "yellow": (235, 215, 20), "purple": (150, 40, 190), "orange": (245, 135, 0)}
@@ -57,13 +57,15 @@ class Picture:
         return self.layout, tuple((o.size, o.color, o.shape) for o in self.objects)
 
 
-def sample_picture(rng: np.random.Generator, *, min_objects: int = 1,
-                   max_objects: int = 3) -> Picture:
-    """Draw the content of one image."""
+def sample_picture(rng: np.random.Generator, *, min_objects: int = 1, max_objects: int = 3,
+                   first: int | None = None) -> Picture:
+    """Draw the content of one image (``first`` fixes the first object's shape index)."""
     n = int(rng.integers(min_objects, max_objects + 1))
     objects = tuple(Shape(SHAPES[int(rng.integers(len(SHAPES)))],
                           list(COLORS)[int(rng.integers(len(COLORS)))],
                           list(SIZES)[int(rng.integers(len(SIZES)))]) for _ in range(n))
+    if first is not None:
+        objects = (Shape(SHAPES[first], objects[0].color, objects[0].size), *objects[1:])
     layout = "single" if n == 1 else ("row" if rng.random() < 0.5 else "column")
     return Picture(objects, layout)
 
@@ -273,7 +275,8 @@ def write_label_set(root: str | Path, *, num_train: int = 2000, num_val: int = 2
                     num_workers: int = 2) -> None:
     """Write a one-shape-per-image classification set (label = shape) as ImageFolder.
 
-    Writes ``{train,val,test}/<shape>/*.png`` with the classes of :data:`SHAPES`.
+    Writes ``{train,val,test}/<shape>/*.png`` with the classes of :data:`SHAPES`; image ``i`` of
+    a split shows shape ``i % 4`` (balanced classes).
 
     Args:
         root: output folder (created).
@@ -291,7 +294,8 @@ def write_label_set(root: str | Path, *, num_train: int = 2000, num_val: int = 2
         for shape in SHAPES:  # every class folder exists, even in tiny sets
             (root / split / shape).mkdir(parents=True, exist_ok=True)
         tasks = [(str(root / split / f"img_{i:05d}.png"), (seed, 10 + split_idx, i), image_size,
-                  dict(min_objects=1, max_objects=1), 0) for i in range(count)]
+                  dict(min_objects=1, max_objects=1, first=i % len(SHAPES)), 0)
+                 for i in range(count)]
         for fn, _, label in parallel_map(_image, tasks, num_workers):
             (root / split / fn).rename(root / split / SHAPES[label] / fn)
 

@@ -146,8 +146,8 @@ def test_coco_bad_entries(tmp_path):
                             {"id": 3, "file_name": "c.jpg"}],
                  [{"image_id": 1, "caption": "ok"}, {"image_id": 1},
                   {"image_id": 99, "caption": "orphan"}], name="train")
-    with pytest.raises(DataError, match=r"captions_train\.json \(captions_train\.json "
-                                        r"images\[1\]\): image entry needs 'id'"):
+    with pytest.raises(DataError, match=r"captions_train\.json \(images\[1\]\): image entry "
+                                        r"needs 'id'"):
         read_coco(root, "train", report=RAISE)
     policy = _skip()
     items = read_coco(root, "train", report=policy)

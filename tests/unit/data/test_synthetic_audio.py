@@ -187,6 +187,7 @@ def test_label_set_is_esc50(tmp_path):
     for i, row in enumerate(rows):
         fold, target = int(row["fold"]), int(row["target"])
         assert fold == i % 5 + 1 and row["category"] == sa.CLASS_NAMES[target]
+        assert target == i % len(sa.EVENTS)  # balanced: every class present
         assert row["filename"] == f"{fold}-{i:05d}-A-{target}.wav"
         assert (tmp_path / "audio" / row["filename"]).is_file()
 

@@ -94,6 +94,8 @@ def test_written_label_set_is_image_folder(tmp_path):
     assert labels.class_names == sorted(si.SHAPES) and len(labels.items) == 8
     for item in labels.items:
         assert item.path.parent.name == labels.class_names[item.label]
+    counts = [sum(i.label == k for i in labels.items) for k in range(4)]
+    assert counts == [2, 2, 2, 2]  # balanced
 
 
 def test_image_size_is_checked(tmp_path):

@@ -1,0 +1,423 @@
+"""LightningDataModules for captioning and classification, over any supported format.
+
+One code path for built-in and real data: a synthetic set is first written to ``root`` in its
+real-world layout (``synthetic={kind: audio_captions, ...}``), then read by the same format
+reader as a downloaded corpus (``format=clotho``, ``coco``, ``esc50``, ``image_folder``, ...).
+
+Pipeline per split: format reader (index -> items) -> :func:`~mmtf.data.datasets.probe` (header
+checks, durations) -> dataset (decode, crop, transform, tokens) -> :class:`BucketBatchSampler`
+-> :class:`~mmtf.data.collate.Collate` -> :class:`~mmtf.data.loader.DataLoader` (skip counts,
+padding stats). Problems are raised or, with ``on_error=skip``, counted in
+``datamodule.error_counts`` and logged at setup and at the end of every epoch.
+
+Shapes: see :mod:`mmtf.data.collate` for the batch dict.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+
+from mmtf.data.collate import Collate
+from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
+from mmtf.data.errors import DataError, ErrorCounter, ErrorPolicy, check_on_error
+from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS
+from mmtf.data.image import build_transform
+from mmtf.data.loader import DataLoader
+from mmtf.data.sampler import BucketBatchSampler, padding_fraction
+from mmtf.data.synthetic import caption_parser, ensure_synthetic
+from mmtf.data.tokenizer import build_tokenizer
+
+log = logging.getLogger("mmtf.data")
+
+SYNTHETIC_FORMAT = {"audio_captions": "clotho", "image_captions": "coco",
+                    "audio_labels": "esc50", "image_labels": "image_folder"}
+_STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",),
+                 "predict": ("test",), None: SPLITS}
+
+
+def _plain(x: Any) -> Any:
+    """DictConfig/ListConfig -> dict/list (when Hydra's _convert_ was not set)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(x, DictConfig | ListConfig):
+            return OmegaConf.to_container(x, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return x
+
+
+class MediaDataModule(L.LightningDataModule):
+    """What captioning and classification share: reading, probing, batching, reporting.
+
+    Args:
+        format: the index format (see the subclasses).
+        root: the dataset folder (relative paths resolve against the working directory).
+        modality: ``audio`` | ``image``; fixed by the format except for ``manifest``.
+        synthetic: generate a built-in set into ``root`` first: ``{kind: audio_captions |
+            image_captions | audio_labels | image_labels, **generator args}``.
+        splits: our split -> the format's split name (e.g. COCO ``{train: train2017, ...}``).
+        sample_rate: audio is resampled to this rate (Hz).
+        max_seconds: longer audio is cropped: randomly in training, per ``eval_crop`` otherwise.
+        eval_crop: ``full`` (never crop in val/test), ``center`` or ``start``.
+        channels: required audio channel count; None accepts any and mixes to mono.
+        train_transforms: image transforms (``transforms.v2`` list) for training.
+        eval_transforms: image transforms for val/test.
+        batch_size: training batch size.
+        eval_batch_size: val/test batch size (None: ``batch_size``, read when the loader is
+            built, so setting ``datamodule.batch_size`` later changes both).
+        num_workers: DataLoader worker processes.
+        pin_memory: pin batches (for GPU training).
+        persistent_workers: keep workers between epochs (only with ``num_workers > 0``).
+        bucketing: batch similar audio lengths together.
+        bucket_size: batches per length-sorting pool.
+        drop_last: drop the last incomplete training batch.
+        seed: shuffling, caption sampling and random crops are functions of it and the epoch.
+        on_error: ``raise`` at the first bad file/row, or ``skip`` and count.
+    """
+
+    task = "label"
+
+    def __init__(self, *, format: str, root: str, modality: str | None = None,
+                 synthetic: Mapping[str, Any] | None = None,
+                 splits: Mapping[str, str] | None = None, sample_rate: int = 16000,
+                 max_seconds: float | None = None,
+                 eval_crop: Literal["full", "center", "start"] = "full",
+                 channels: int | None = None, train_transforms: Sequence[Any] | None = None,
+                 eval_transforms: Sequence[Any] | None = None, batch_size: int = 32,
+                 eval_batch_size: int | None = None, num_workers: int = 0,
+                 pin_memory: bool = False, persistent_workers: bool = False,
+                 bucketing: bool = True, bucket_size: int = 50, drop_last: bool = False,
+                 seed: int = 0, on_error: Literal["raise", "skip"] = "raise") -> None:
+        super().__init__()
+        formats = CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS
+        if format not in formats:
+            raise ValueError(f"{type(self).__name__}: format ({format!r}) must be one of "
+                             f"{sorted(formats)}; set data.format.")
+        fixed = formats[format][1]
+        modality = modality or fixed
+        if fixed and modality != fixed:
+            raise ValueError(f"{type(self).__name__}: modality ({modality!r}) must be {fixed!r} "
+                             f"for format {format!r}; remove data.modality.")
+        if modality not in ("audio", "image"):
+            raise ValueError(f"{type(self).__name__}: modality ({modality!r}) must be 'audio' "
+                             f"or 'image'; set data.modality.")
+        synthetic = dict(_plain(synthetic)) if synthetic else None
+        if synthetic is not None:
+            kind = synthetic.get("kind")
+            if SYNTHETIC_FORMAT.get(kind) != format:
+                raise ValueError(f"{type(self).__name__}: synthetic.kind ({kind!r}) does not "
+                                 f"write format {format!r}; kinds: {SYNTHETIC_FORMAT}.")
+        if eval_crop not in ("full", "center", "start"):
+            raise ValueError(f"eval_crop ({eval_crop!r}) must be 'full', 'center' or 'start'.")
+        if max_seconds is not None and max_seconds <= 0:
+            raise ValueError(f"max_seconds ({max_seconds}) must be > 0, or null for no limit.")
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} ({value!r}) must be a positive int.")
+        if num_workers < 0:
+            raise ValueError(f"num_workers ({num_workers}) must be >= 0.")
+        check_on_error(on_error)
+        self.format, self.modality, self.synthetic = format, modality, synthetic
+        self.root = Path(root).expanduser().resolve()
+        self.splits = dict(_plain(splits)) if splits else None
+        self.sample_rate, self.max_seconds, self.eval_crop = sample_rate, max_seconds, eval_crop
+        self.channels = channels
+        self.train_transforms, self.eval_transforms = train_transforms, eval_transforms
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.bucketing, self.bucket_size, self.drop_last = bucketing, bucket_size, drop_last
+        self.seed, self.on_error = seed, on_error
+        self.error_counts = ErrorCounter()
+        self.policy = ErrorPolicy(on_error, self.error_counts)
+        self._items: dict[str, list] = {}
+        self._durations: dict[str, list[float]] = {}
+        self._loaders: dict[str, DataLoader] = {}
+
+    # ------------------------------------------------------------------ reading
+    def prepare_data(self) -> None:
+        """Generate the synthetic set on first use (Lightning calls this on one process)."""
+        if self.synthetic is not None:
+            params = {k: v for k, v in self.synthetic.items() if k != "kind"}
+            ensure_synthetic(self.root, self.synthetic["kind"], **params)
+
+    def _reader_kwargs(self) -> dict[str, Any]:
+        return {"splits": self.splits} if self.splits else {}
+
+    def _read(self, split: str) -> list:
+        reader = (CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS)[self.format][0]
+        return reader(self.root, split, report=self.policy, **self._reader_kwargs())
+
+    def items(self, split: str) -> list:
+        """The usable items of a split (read and probed on first call)."""
+        if split not in SPLITS:
+            raise ValueError(f"split ({split!r}) must be one of {SPLITS}.")
+        if split not in self._items:
+            self.prepare_data()  # a no-op once the synthetic set exists
+            before = self.error_counts.total
+            raw = self._read(split)
+            kept, durations = probe(raw, modality=self.modality, policy=self.policy,
+                                    channels=self.channels)
+            self._items[split], self._durations[split] = kept, durations
+            problems = self.error_counts.total - before
+            log.info("[data] %s %s: %d items from %s%s", self.format, split, len(kept),
+                     self.root, f" ({problems} problem(s) skipped)" if problems else "")
+            if problems:
+                log.warning("[data] %s %s: %s", self.format, split, self.error_counts.summary())
+        return self._items[split]
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read the splits ``stage`` needs (``fit``: train + val, ``test``: test, ...)."""
+        for split in _STAGE_SPLITS.get(stage, SPLITS):
+            self.items(split)
+
+    # ------------------------------------------------------------------ loading
+    def _dataset(self, split: str, crop: str) -> Any:
+        raise NotImplementedError
+
+    def _num_captions(self, split: str) -> list[int] | None:
+        return None
+
+    def _policy(self, split: str) -> str:
+        return "first"
+
+    def _transform(self, split: str) -> Any:
+        if self.modality != "image":
+            return None
+        return build_transform(self.train_transforms if split == "train"
+                               else self.eval_transforms)
+
+    def _media_kwargs(self, split: str, crop: str) -> dict[str, Any]:
+        return dict(modality=self.modality, sample_rate=self.sample_rate,
+                    max_seconds=self.max_seconds, crop=crop, channels=self.channels,
+                    transform=self._transform(split), on_error=self.on_error, seed=self.seed)
+
+    def batch_sampler(self, split: str, *, bucketing: bool | None = None) -> BucketBatchSampler:
+        """The batch sampler of a split (training: shuffled buckets; eval: sorted by length)."""
+        train = split == "train"
+        items = self.items(split)
+        crop = "random" if train else self.eval_crop
+        limit = self.max_seconds if crop != "full" else None
+        lengths = [min(d, limit) if limit else d for d in self._durations[split]]
+        if not items:
+            raise DataError.make("missing_split", self.root, f"split {split!r} has no usable items "
+                                 f"({self.error_counts.summary()})", "check data.root and the "
+                                 "index files, or run python -m mmtf.data.check",
+                                 skippable=False)
+        return BucketBatchSampler(
+            batch_size=self.batch_size if train else (self.eval_batch_size or self.batch_size),
+            drop_last=self.drop_last and train, lengths=lengths,
+            num_captions=self._num_captions(split), caption_policy=self._policy(split),
+            shuffle=train, bucket_size=self.bucket_size, seed=self.seed,
+            bucketing=(self.bucketing and self.modality == "audio") if bucketing is None
+            else bucketing)
+
+    def _loader(self, split: str) -> DataLoader:
+        train = split == "train"
+        sampler = self.batch_sampler(split)
+        if train and sampler.bucketing:
+            plain = self.batch_sampler(split, bucketing=False)
+            lengths = sampler.lengths
+            log.info("[data] %s: length bucketing pads %.1f%% of audio samples (%.1f%% without)",
+                     split, 100 * padding_fraction(sampler.batches(0), lengths),
+                     100 * padding_fraction(plain.batches(0), lengths))
+        dataset = self._dataset(split, "random" if train else self.eval_crop)
+        loader = DataLoader(
+            dataset, batch_sampler=sampler, collate_fn=Collate(modality=self.modality,
+                                                               task=self.task),
+            num_workers=self.num_workers, pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers, counter=self.error_counts, split=split)
+        self._loaders[split] = loader
+        return loader
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    @property
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per split, the last epoch's loader stats (``padding_fraction``, ``skipped``, ...)."""
+        return {split: loader.last_epoch for split, loader in self._loaders.items()}
+
+    def teardown(self, stage: str | None = None) -> None:
+        if self.error_counts:
+            log.warning("[data] %s at %s, all epochs so far: %s", self.format, self.root,
+                        self.error_counts.summary())
+
+
+class CaptionDataModule(MediaDataModule):
+    """Captioning data: audio or images with reference captions.
+
+    Formats: ``clotho``, ``audiocaps`` (audio), ``coco`` (images), ``manifest`` (either).
+    Besides :class:`MediaDataModule`'s arguments:
+
+    Args:
+        tokenizer: ``{kind: bpe | char, **training args}``; trained in ``setup()`` on every
+            training reference, unless ``tokenizer_path`` is given or ``datamodule.tokenizer``
+            was set before.
+        tokenizer_path: a tokenizer JSON saved by ``Tokenizer.save`` (skips training).
+        max_caption_tokens: longer captions are truncated (keeping ``eos``) and counted as
+            ``caption_truncated`` (a warning). Default: ``tokenizer.max_len``, else 64.
+        caption_policy: ``random`` (one reference per item per epoch) or ``all`` (every
+            (item, reference) pair per epoch). Evaluation always keeps every reference.
+        **kwargs: see :class:`MediaDataModule`.
+
+    Attributes:
+        tokenizer: the ``mmtf.text.Tokenizer`` (after ``setup``).
+        caption_parser: caption -> event sequence for synthetic sets (None for real data).
+    """
+
+    task = "caption"
+
+    def __init__(self, *, tokenizer: Mapping[str, Any] | None = None,
+                 tokenizer_path: str | None = None, max_caption_tokens: int | None = None,
+                 caption_policy: Literal["random", "all"] = "random", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        spec = dict(_plain(tokenizer)) if tokenizer else {"kind": "bpe", "vocab_size": 1000}
+        spec_max = spec.get("max_len")
+        if max_caption_tokens is not None and spec_max is not None and \
+                max_caption_tokens != spec_max:
+            raise ValueError(f"max_caption_tokens ({max_caption_tokens}) != tokenizer.max_len "
+                             f"({spec_max}); set only one of data.max_caption_tokens and "
+                             f"data.tokenizer.max_len.")
+        self.max_caption_tokens = int(max_caption_tokens or spec_max or 64)
+        if self.max_caption_tokens < 2:
+            raise ValueError(f"max_caption_tokens ({self.max_caption_tokens}) must be >= 2 to "
+                             f"hold <bos> and <eos>.")
+        if caption_policy not in ("random", "all"):
+            raise ValueError(f"caption_policy ({caption_policy!r}) must be 'random' or 'all'.")
+        self.tokenizer_spec, self.tokenizer_path = spec, tokenizer_path
+        self.caption_policy = caption_policy
+        self.tokenizer: Any = None
+        self.caption_parser = caption_parser(self.synthetic["kind"]) if self.synthetic else None
+        self._tokens: dict[str, list[list[list[int]]]] = {}
+
+    def _reader_kwargs(self) -> dict[str, Any]:
+        kw = super()._reader_kwargs()
+        if self.format == "manifest":
+            kw["modality"] = self.modality
+        return kw
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read the needed splits and build (or load) the tokenizer."""
+        super().setup(stage)
+        self._ensure_tokenizer()
+
+    def _ensure_tokenizer(self) -> None:
+        if self.tokenizer is None:
+            if self.tokenizer_path:
+                from mmtf.text import load_tokenizer
+
+                self.tokenizer = load_tokenizer(self.tokenizer_path)
+            else:
+                texts = [c for item in self.items("train") for c in item.captions]
+                self.tokenizer = build_tokenizer(self.tokenizer_spec, texts)
+                log.info("[data] trained a %s tokenizer on %d training captions: %d tokens",
+                         self.tokenizer_spec.get("kind", "bpe"), len(texts),
+                         self.tokenizer.vocab_size)
+
+    def tokens(self, split: str) -> list[list[list[int]]]:
+        """Token ids of every caption of every item of a split, truncated to the limit."""
+        if split not in self._tokens:
+            self._ensure_tokenizer()
+            items = self.items(split)
+            flat = [c for item in items for c in item.captions]
+            ids = self.tokenizer.encode_batch(flat) if hasattr(self.tokenizer, "encode_batch") \
+                else [self.tokenizer.encode(c) for c in flat]
+            limit, eos = self.max_caption_tokens, self.tokenizer.eos_id
+            truncated = ErrorCounter()
+            out, k = [], 0
+            for item in items:
+                per = []
+                for _ in item.captions:
+                    t = list(ids[k])
+                    k += 1
+                    if len(t) > limit:
+                        truncated.add("caption_truncated", f"{item.where} ({len(t)} tokens)")
+                        t = t[: limit - 1] + [eos]
+                    per.append(t)
+                out.append(per)
+            if truncated:
+                self.error_counts.merge(truncated)
+                log.warning("[data] %s %s: %d of %d captions exceed max_caption_tokens=%d and "
+                            "were truncated (e.g. %s); raise data.max_caption_tokens to keep "
+                            "them whole", self.format, split, truncated.total, len(flat), limit,
+                            truncated.examples["caption_truncated"][0])
+            self._tokens[split] = out
+        return self._tokens[split]
+
+    def _num_captions(self, split: str) -> list[int] | None:
+        return [len(item.captions) for item in self.items(split)]
+
+    def _policy(self, split: str) -> str:
+        return self.caption_policy if split == "train" else "first"
+
+    def _dataset(self, split: str, crop: str) -> CaptionDataset:
+        return CaptionDataset(self.items(split), tokens=self.tokens(split),
+                              **self._media_kwargs(split, crop))
+
+
+class ClassificationDataModule(MediaDataModule):
+    """Classification data: audio or images with one class label each.
+
+    Formats: ``esc50`` (audio), ``image_folder`` (images). Besides :class:`MediaDataModule`'s
+    arguments:
+
+    Args:
+        folds: ESC-50 only: our split -> list of folds (default train 1-3, val 4, test 5).
+        val_fraction: ImageFolder without split folders: share of each class for val.
+        test_fraction: ImageFolder without split folders: share of each class for test.
+        **kwargs: see :class:`MediaDataModule`.
+
+    Attributes:
+        class_names: names by label index (after ``setup``).
+        num_classes: ``len(class_names)`` (after ``setup``).
+    """
+
+    task = "label"
+
+    def __init__(self, *, folds: Mapping[str, Sequence[int]] | None = None,
+                 val_fraction: float = 0.1, test_fraction: float = 0.1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.folds = dict(_plain(folds)) if folds else None
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.class_names: list[str] | None = None
+        self.num_classes: int | None = None
+
+    def _reader_kwargs(self) -> dict[str, Any]:
+        kw = super()._reader_kwargs()
+        if self.format == "esc50":
+            kw.pop("splits", None)
+            if self.folds:
+                kw["folds"] = self.folds
+        else:
+            kw.update(val_fraction=self.val_fraction, test_fraction=self.test_fraction,
+                      seed=self.seed)
+        return kw
+
+    def _read(self, split: str) -> list:
+        reader = LABEL_FORMATS[self.format][0]
+        label_set = reader(self.root, split, report=self.policy, **self._reader_kwargs())
+        if self.class_names is None:
+            self.class_names = list(label_set.class_names)
+            self.num_classes = len(self.class_names)
+        elif list(label_set.class_names) != self.class_names:
+            raise DataError.make("bad_row", self.root, f"split {split!r} has classes "
+                                 f"{label_set.class_names} but earlier splits have "
+                                 f"{self.class_names}", "use the same classes in every split",
+                                 skippable=False)
+        return label_set.items
+
+    def _dataset(self, split: str, crop: str) -> LabelDataset:
+        return LabelDataset(self.items(split), **self._media_kwargs(split, crop))

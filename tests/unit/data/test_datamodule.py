@@ -1,0 +1,246 @@
+"""CaptionDataModule / ClassificationDataModule on tiny generated sets: batches, tokenizer,
+caption policies, determinism, and bad files under on_error=raise and skip."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from torchvision.transforms import v2
+
+from mmtf.data import (
+    CaptionDataModule,
+    ClassificationDataModule,
+    DataError,
+    build_tokenizer,
+    synthetic_audio,
+    synthetic_image,
+)
+from tests.unit.data.conftest import TINY_AUDIO, TINY_IMAGE
+
+
+def _audio_dm(root, **kw) -> CaptionDataModule:
+    args = dict(format="clotho", root=str(root), batch_size=4, max_seconds=1.5, seed=0,
+                tokenizer={"kind": "bpe", "vocab_size": 200})
+    return CaptionDataModule(**{**args, **kw})
+
+
+def test_audio_caption_batches(tiny_audio_captions):
+    dm = _audio_dm(tiny_audio_captions, batch_size=3)
+    dm.setup("fit")
+    assert dm.modality == "audio" and dm.sample_rate == 16000 and dm.caption_parser is None
+    batch = next(iter(dm.train_dataloader()))
+    assert set(batch) == {"audio", "audio_lengths", "tokens", "token_lengths", "references", "ids"}
+    assert batch["audio"].dtype == torch.float32 and batch["audio"].shape[0] == 3
+    assert batch["audio"].shape[1] == int(batch["audio_lengths"].max()) <= 24000  # 1.5 s crop
+    for row, n in zip(batch["tokens"], batch["token_lengths"]):
+        assert row[0] == dm.tokenizer.bos_id and row[n - 1] == dm.tokenizer.eos_id
+        assert (row[n:] == 0).all()
+    for refs, row, n in zip(batch["references"], batch["tokens"], batch["token_lengths"]):
+        assert len(refs) == 5   # all references kept; tokens are one of them
+        assert dm.tokenizer.decode(row[:n].tolist()) in {dm.tokenizer.normalize(r) for r in refs}
+    val = next(iter(dm.val_dataloader()))
+    assert val["audio"].shape[1] == int(val["audio_lengths"].max()) > 24000  # eval: full clips
+
+
+def test_synthetic_config_generates_and_exposes_the_parser(tmp_path):
+    dm = _audio_dm(tmp_path / "set", synthetic={"kind": "audio_captions", **TINY_AUDIO})
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.caption_parser is synthetic_audio.parse_caption
+    refs = [r for b in dm.val_dataloader() for r in b["references"]]
+    assert len(refs) == 3 and all(dm.caption_parser(c) for rr in refs for c in rr)
+
+
+def test_image_caption_batches(tiny_image_captions):
+    norm = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)]
+    dm = CaptionDataModule(format="coco", root=str(tiny_image_captions), batch_size=3,
+                           train_transforms=norm, eval_transforms=norm,
+                           synthetic={"kind": "image_captions", **TINY_IMAGE})
+    dm.setup("fit")
+    assert dm.caption_parser is synthetic_image.parse_caption and dm.modality == "image"
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["image"].shape == (3, 3, 32, 32) and batch["image"].dtype == torch.float32
+    assert float(batch["image"].min()) >= -1.0 and float(batch["image"].max()) <= 1.0
+    assert "audio" not in batch and batch["tokens"].dtype == torch.long
+
+
+def test_classification_audio(tiny_audio_labels):
+    dm = ClassificationDataModule(format="esc50", root=str(tiny_audio_labels), batch_size=4)
+    dm.setup("fit")
+    assert dm.num_classes == 9 and dm.class_names == list(synthetic_audio.CLASS_NAMES)
+    labels = []
+    for batch in dm.train_dataloader():
+        assert set(batch) == {"audio", "audio_lengths", "label", "ids"}
+        labels += batch["label"].tolist()
+    assert len(labels) == 12 and set(labels) <= set(range(9))  # folds 1-3 of 20 clips
+    assert [i.id.split("-")[0] for i in dm.items("test")] == ["5"] * 4
+
+
+def test_classification_images(tiny_image_labels):
+    dm = ClassificationDataModule(format="image_folder", root=str(tiny_image_labels),
+                                  batch_size=8)
+    dm.setup()
+    assert dm.num_classes == 4 and dm.class_names == ["circle", "cross", "square", "triangle"]
+    batch = next(iter(dm.test_dataloader()))
+    assert batch["image"].shape == (4, 3, 32, 32) and sorted(batch["label"].tolist()) == [0, 1, 2, 3]
+
+
+def test_caption_policy_all_and_random(tiny_audio_captions):
+    dm = _audio_dm(tiny_audio_captions, caption_policy="all", batch_size=5)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert len(loader) == 6 and sum(len(b["ids"]) for b in loader) == 30
+    dm = _audio_dm(tiny_audio_captions, caption_policy="random", batch_size=5)
+    dm.setup("fit")
+    assert sum(len(b["ids"]) for b in dm.train_dataloader()) == 6
+
+
+def test_same_seed_same_batches_new_epoch_new_batches(tiny_audio_captions):
+    def first_batches(seed, epoch):
+        dm = _audio_dm(tiny_audio_captions, seed=seed, max_seconds=0.5, batch_size=6)
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+        loader.batch_sampler.set_epoch(epoch)
+        return next(iter(loader))
+    a, b, c = first_batches(0, 0), first_batches(0, 0), first_batches(0, 1)
+    assert torch.equal(a["audio"], b["audio"]) and torch.equal(a["tokens"], b["tokens"])
+    assert not torch.equal(a["audio"], c["audio"])  # new crops (and order) each epoch
+
+
+def test_plain_iteration_advances_the_epoch(tiny_audio_captions):
+    dm = _audio_dm(tiny_audio_captions)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    epochs = []
+    for _ in range(3):
+        epochs.append(loader.batch_sampler.epoch)
+        list(loader)
+    assert epochs == [0, 1, 2] and dm.stats["train"]["complete"]
+
+
+def test_truncated_captions_are_counted(tiny_audio_captions, caplog):
+    dm = _audio_dm(tiny_audio_captions, max_caption_tokens=4)
+    with caplog.at_level(logging.WARNING, logger="mmtf.data"):
+        dm.setup("fit")
+        batch = next(iter(dm.train_dataloader()))
+    assert batch["tokens"].shape[1] == 4 and (batch["tokens"][:, -1] == 2).all()
+    assert dm.error_counts["caption_truncated"] == 30
+    assert "30 of 30 captions exceed max_caption_tokens=4" in caplog.text
+
+
+def test_tokenizer_path_and_specs(tiny_audio_captions, tmp_path):
+    dm = _audio_dm(tiny_audio_captions, tokenizer={"kind": "char"})
+    dm.setup("fit")
+    path = tmp_path / "tok.json"
+    dm.tokenizer.save(path)
+    other = _audio_dm(tiny_audio_captions, tokenizer_path=str(path))
+    other.setup("test")
+    text = "A high beep."
+    assert other.tokenizer.encode(text) == dm.tokenizer.encode(text)
+    with pytest.raises(ValueError, match=r"max_caption_tokens \(10\) != tokenizer\.max_len"):
+        _audio_dm(tiny_audio_captions, max_caption_tokens=10,
+                  tokenizer={"kind": "bpe", "max_len": 20})
+    assert _audio_dm(tiny_audio_captions, tokenizer={"kind": "bpe", "vocab_size": 50,
+                                                     "max_len": 20}).max_caption_tokens == 20
+
+
+def test_build_tokenizer():
+    texts = ["a high beep", "a low tone"] * 5
+    assert build_tokenizer({"kind": "char"}, texts).decode(
+        build_tokenizer({"kind": "char"}, texts).encode("a beep")) == "a beep"
+    bpe = build_tokenizer({"kind": "bpe", "vocab_size": 40, "max_len": 8}, texts)
+    assert bpe.vocab_size <= 40 and bpe.pad_id == 0
+    with pytest.raises(ValueError, match=r"tokenizer kind \('wordpiece'\)"):
+        build_tokenizer({"kind": "wordpiece"}, texts)
+    with pytest.raises(ValueError, match=r"rejected the options \['vocab_sise'\]"):
+        build_tokenizer({"kind": "bpe", "vocab_sise": 10}, texts)
+
+
+def test_constructor_checks(tmp_path):
+    with pytest.raises(ValueError, match=r"format \('clothoo'\) must be one of"):
+        CaptionDataModule(format="clothoo", root=str(tmp_path))
+    with pytest.raises(ValueError, match=r"modality \('image'\) must be 'audio' for format"):
+        CaptionDataModule(format="clotho", root=str(tmp_path), modality="image")
+    with pytest.raises(ValueError, match=r"synthetic\.kind \('image_captions'\) does not write"):
+        CaptionDataModule(format="clotho", root=str(tmp_path),
+                          synthetic={"kind": "image_captions"})
+    with pytest.raises(ValueError, match=r"on_error \('ignore'\) must be one of"):
+        CaptionDataModule(format="clotho", root=str(tmp_path), on_error="ignore")
+    with pytest.raises(ValueError, match=r"caption_policy \('first'\)"):
+        CaptionDataModule(format="clotho", root=str(tmp_path), caption_policy="first")
+
+
+# ------------------------------------------------------------------ bad files
+@pytest.fixture
+def broken_clotho(tiny_audio_captions, tmp_path):
+    """The tiny set with: undecodable, missing and NaN clips and an empty caption (train)."""
+    root = tmp_path / "broken"
+    shutil.copytree(tiny_audio_captions, root)
+    dev = root / "development"
+    files = sorted(dev.glob("*.wav"))
+    files[0].write_bytes(np.random.default_rng(0).bytes(3000))          # undecodable
+    files[1].unlink()                                                    # missing
+    x = np.full(16000, 0.1, dtype=np.float32)
+    x[100] = np.nan
+    sf.write(str(files[2]), x, 16000, subtype="FLOAT")                   # NaN (found on decode)
+    csv = root / "clotho_captions_development.csv"
+    lines = csv.read_text().splitlines()
+    head, *cells = lines[5].split(",")
+    lines[5] = ",".join([head, "", *cells[1:]])                          # empty caption_1
+    csv.write_text("\n".join(lines) + "\n")
+    return root, files
+
+
+def test_raise_names_file_and_line(broken_clotho):
+    root, files = broken_clotho
+    with pytest.raises(DataError, match=r"broken/clotho_captions_development\.csv \(line 6\): "
+                                        r"caption_1 is empty; fill it in or delete it \(or set "
+                                        r"data.on_error=skip"):
+        _audio_dm(root).setup("fit")
+    csv = root / "clotho_captions_development.csv"
+    csv.write_text(csv.read_text().replace(",,", ",x,", 1))
+    with pytest.raises(DataError, match=rf"{files[0].name} \(clotho_captions_development\.csv "
+                                        rf"line 2\): cannot be decoded"):
+        _audio_dm(root).setup("fit")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skip_counts_every_problem_and_keeps_batches_full(broken_clotho, num_workers, caplog):
+    root, files = broken_clotho
+    dm = _audio_dm(root, on_error="skip", num_workers=num_workers, batch_size=2)
+    with caplog.at_level(logging.WARNING, logger="mmtf.data"):
+        dm.setup("fit")
+        assert dm.error_counts.as_dict() == {"undecodable": 1, "missing_file": 1,
+                                             "empty_caption": 1}
+        assert len(dm.items("train")) == 4
+        sizes = [len(b["ids"]) for b in dm.train_dataloader()]
+    assert sizes == [2, 2]                                  # the NaN clip was replaced, not dropped
+    assert dm.error_counts["non_finite"] == 1
+    assert dm.stats["train"]["skipped"] == {"non_finite": 1}
+    assert files[2].name in str(dm.error_counts.examples["non_finite"])
+    assert "skipped 1 problem(s): non_finite=1" in caplog.text
+
+
+def test_decode_errors_raise_through_workers(broken_clotho):
+    root, files = broken_clotho
+    dm = _audio_dm(root, on_error="skip", num_workers=2)
+    dm.setup("fit")
+    dm.on_error = "raise"  # header problems were skipped at setup; decode problems now raise
+    with pytest.raises(DataError, match=rf"{files[2].name} \(clotho_captions_development\.csv "
+                                        rf"line 4\): has 1 NaN/inf sample"):
+        list(dm.train_dataloader())
+
+
+def test_empty_split_is_a_clear_error(tiny_audio_captions, tmp_path):
+    root = tmp_path / "empty"
+    shutil.copytree(tiny_audio_captions, root)
+    (root / "clotho_captions_validation.csv").write_text("file_name,caption_1\n")
+    dm = _audio_dm(root)
+    dm.setup("fit")
+    with pytest.raises(DataError, match="split 'val' has no usable items"):
+        dm.val_dataloader()
