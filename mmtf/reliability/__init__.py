@@ -1,0 +1,46 @@
+"""Reliability: runs that die resume exactly where they stopped.
+
+* :class:`AtomicCheckpointIO`: Trainer plugin; checkpoints are written beside the target,
+  fsynced and renamed (never a half-written ``last.ckpt``), and loaded weights-only.
+* :class:`ResumeState`: callback; RNG states (python, numpy, torch, CUDA; per rank) in every
+  checkpoint and back on resume; validation does not shift the training stream; keeps the
+  batch sampler's epoch in step.
+* :class:`EpochShuffleBatchSampler` + :func:`make_stateful_dataloader`: a train loader that
+  Lightning resumes mid-epoch (torchdata ``StatefulDataLoader``).
+* :func:`resolve_resume`: ``ckpt_path=last|auto|<file>`` -> a verified checkpoint or a clear
+  error (nothing to resume, truncated file, weights-only file).
+* :class:`PreemptionCheckpoint`: callback; SIGTERM -> ``last.ckpt`` at the end of the current
+  batch, exit status 143. :class:`DDPFailFast`: a failing launcher rank kills its DDP children.
+* :class:`NonFiniteLossGuard` / :func:`check_finite_loss`: NaN/inf loss -> a clear error naming
+  step, batch and ids, or a skipped optimizer step, agreed on by all DDP ranks.
+"""
+
+from mmtf.reliability.checkpoint_io import AtomicCheckpointIO, atomic_torch_save, fsync_dir
+from mmtf.reliability.nonfinite import NonFiniteLossError, NonFiniteLossGuard, check_finite_loss
+from mmtf.reliability.preemption import PREEMPTED_EXIT_CODE, DDPFailFast, PreemptionCheckpoint
+from mmtf.reliability.resume import ResumeError, find_checkpoints, resolve_resume, verify_resumable
+from mmtf.reliability.resume_state import ResumeState
+from mmtf.reliability.rng import capture_rng_state, restore_rng_state, sample_rng
+from mmtf.reliability.sampler import EpochShuffleBatchSampler, make_stateful_dataloader
+
+__all__ = [
+    "PREEMPTED_EXIT_CODE",
+    "AtomicCheckpointIO",
+    "DDPFailFast",
+    "EpochShuffleBatchSampler",
+    "NonFiniteLossError",
+    "NonFiniteLossGuard",
+    "PreemptionCheckpoint",
+    "ResumeError",
+    "ResumeState",
+    "atomic_torch_save",
+    "capture_rng_state",
+    "check_finite_loss",
+    "find_checkpoints",
+    "fsync_dir",
+    "make_stateful_dataloader",
+    "resolve_resume",
+    "restore_rng_state",
+    "sample_rng",
+    "verify_resumable",
+]

@@ -1,0 +1,116 @@
+"""Pick the checkpoint to resume from, and fail early and clearly when there is none.
+
+``ckpt_path`` values:
+
+* ``None`` / ``""``: start fresh.
+* ``last``: resume the newest checkpoint of the run dir; *nothing there is an error* (Lightning's
+  own ``ckpt_path="last"`` only warns and silently starts from scratch).
+* ``auto``: the same, but nothing there means a fresh start (for a job script that is re-run
+  after preemption unchanged: the first run starts, every requeue resumes).
+* a path: that file.
+
+"Newest" is by modification time over ``<run_dir>/checkpoints/*.ckpt`` and Lightning's SLURM
+``<run_dir>/hpc_ckpt_*.ckpt``; on equal times ``last.ckpt`` wins (a ``save_last="link"``
+symlink has its target's time). The chosen file is opened with ``weights_only=True`` and
+``mmap=True`` (cheap: tensors are not read) to catch a truncated or foreign file *before* any
+model or data is built, and must hold the training state a resume needs.
+
+Shapes: none.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmtf.utils.checkpoint import CheckpointError
+
+__all__ = ["ResumeError", "find_checkpoints", "resolve_resume", "verify_resumable"]
+
+# What Lightning's fit needs besides the weights (a save_weights_only file lacks these).
+_RESUME_KEYS = ("state_dict", "loops", "optimizer_states", "global_step", "epoch")
+
+
+class ResumeError(CheckpointError):
+    """Nothing to resume, or a checkpoint that cannot be resumed; names the path and the fix."""
+
+
+def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Resumable candidates of a run dir, newest first (``last.ckpt`` first among equals)."""
+    run_dir = Path(run_dir)
+    found = [*(run_dir / "checkpoints").glob("*.ckpt"), *run_dir.glob("hpc_ckpt_*.ckpt")]
+    found = [p for p in found if p.is_file()]          # drops dangling symlinks
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"),
+                  reverse=True)
+
+
+def verify_resumable(path: str | os.PathLike, others: list[Path] | None = None,
+                     ) -> dict[str, Any]:
+    """Open ``path`` cheaply (weights-only, memory-mapped) and check it can resume a fit.
+
+    Returns:
+        ``{"global_step": int, "epoch": int}`` of the checkpoint.
+
+    Raises:
+        ResumeError: missing, unreadable/truncated, or weights-only file; the message names the
+            path, suggests an older checkpoint from ``others`` if there is one, and the fix.
+    """
+    path = Path(path)
+    alt = next((p for p in (others or []) if p != path), None)
+    fallback = (f" An older checkpoint exists: pass ckpt_path={alt}." if alt is not None
+                else " Start fresh by dropping ckpt_path.")
+    if not path.is_file():
+        raise ResumeError(f"checkpoint {path} does not exist; pass ckpt_path=<file.ckpt>, "
+                          f"ckpt_path=last inside the run dir to resume, or drop ckpt_path.")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:   # truncated zip, pickled code, not a torch file at all
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ResumeError(
+            f"checkpoint {path} ({path.stat().st_size} bytes) is corrupt or not a weights-only "
+            f"checkpoint ({type(err).__name__}: {first}); it was probably cut off by a crash "
+            f"while being written without mmtf.reliability.AtomicCheckpointIO.{fallback}"
+        ) from None
+    missing = [k for k in _RESUME_KEYS if not (isinstance(ckpt, dict) and k in ckpt)]
+    if missing:
+        raise ResumeError(
+            f"checkpoint {path} cannot resume training: it lacks {missing} (a weights-only or "
+            f"exported file?). Load its weights with model.encoder.pretrained=... in a fresh "
+            f"run instead, or pick a full checkpoint.{fallback}")
+    return {"global_step": int(ckpt["global_step"]), "epoch": int(ckpt["epoch"])}
+
+
+def resolve_resume(ckpt_path: str | os.PathLike | None, run_dir: str | os.PathLike,
+                   ) -> str | None:
+    """The checkpoint file a fit should resume from, or None to start fresh.
+
+    Args:
+        ckpt_path: None | "" | "last" | "auto" | a file path (see the module docstring).
+        run_dir: the run's output dir (``paths.output_dir``), holding ``checkpoints/``.
+
+    Raises:
+        ResumeError: ``last`` with no checkpoint in ``run_dir``; a path that does not exist; a
+            corrupt/truncated or weights-only checkpoint (also for ``auto``).
+    """
+    if ckpt_path is None or str(ckpt_path) == "":
+        return None
+    run_dir = Path(run_dir)
+    if str(ckpt_path) in ("last", "auto"):
+        candidates = find_checkpoints(run_dir)
+        if not candidates:
+            if str(ckpt_path) == "auto":
+                return None
+            raise ResumeError(
+                f"ckpt_path=last but {run_dir / 'checkpoints'} holds no *.ckpt (nor "
+                f"{run_dir}/hpc_ckpt_*.ckpt): nothing to resume. Pass hydra.run.dir=<the run "
+                f"dir to resume> or ckpt_path=<file.ckpt>; ckpt_path=auto starts fresh when "
+                f"there is nothing; drop ckpt_path to start fresh.")
+        verify_resumable(candidates[0], candidates[1:])
+        return str(candidates[0])
+    path = Path(ckpt_path).expanduser()
+    verify_resumable(path, [p for p in find_checkpoints(path.parent.parent) if p != path]
+                     if path.parent.name == "checkpoints" else None)
+    return str(path)

@@ -1,0 +1,98 @@
+"""Random-number-generator state as plain, ``weights_only=True``-loadable data.
+
+Lightning's own ``_collect_rng_states`` returns numpy's state as a tuple holding an ``ndarray``,
+which ``torch.load(..., weights_only=True)`` refuses. Here every generator's state becomes
+tensors, ints, floats, strs and ``None`` in dicts and lists, so it can live in a ``.ckpt``.
+
+Covered generators: python ``random``, numpy's legacy global generator (``np.random.*``), torch
+CPU and, when CUDA has been initialised, every CUDA device's generator.
+
+For randomness drawn inside DataLoader *workers* (caption choice, random crops), global state
+cannot be resumed exactly (workers restart and their streams restart with them); derive it per
+sample from ``(seed, epoch, index)`` with :func:`sample_rng` instead.
+
+Shapes: the MT19937 key of python and numpy is a ``(624,)`` int64 tensor; torch's states are
+byte tensors as torch returns them.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["capture_rng_state", "restore_rng_state", "sample_rng"]
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The state of python ``random``, numpy, torch CPU and (initialised) CUDA generators.
+
+    Returns:
+        A dict of tensors / ints / floats / None that round-trips through
+        ``torch.save`` + ``torch.load(weights_only=True)`` and :func:`restore_rng_state`.
+    """
+    version, internal, gauss_next = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": int(version),
+                   "internal": torch.tensor(internal, dtype=torch.int64),   # (625,) key + pos
+                   "gauss_next": None if gauss_next is None else float(gauss_next)},
+        "numpy": {"kind": str(np_kind),
+                  "keys": torch.from_numpy(np_keys.astype(np.int64)),       # (624,)
+                  "pos": int(np_pos), "has_gauss": int(np_has_gauss),
+                  "cached_gaussian": float(np_cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": None,
+    }
+    # Only read CUDA when something already initialised it: a CPU run on a GPU host must not
+    # create a CUDA context just to save a checkpoint.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Set every generator captured by :func:`capture_rng_state` back to that state.
+
+    CUDA states are restored for ``min(saved, visible)`` devices (lazily if CUDA is not yet
+    initialised); a checkpoint written on a CPU machine leaves CUDA generators alone.
+
+    Raises:
+        ValueError: ``state`` is not a dict written by :func:`capture_rng_state`.
+    """
+    missing = {"python", "numpy", "torch"} - set(state or {})
+    if missing:
+        raise ValueError(f"restore_rng_state: the RNG state lacks {sorted(missing)}; it was not "
+                         f"written by mmtf.reliability.capture_rng_state.")
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["internal"].tolist()),
+                     py["gauss_next"]))
+    npst = state["numpy"]
+    np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
+                         npst["has_gauss"], npst["cached_gaussian"]))
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available():
+        for device, device_state in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state.cpu(), device)
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """A numpy generator that depends only on ``(seed, epoch, index)``.
+
+    Use it for per-sample randomness in a Dataset (which caption of five, where to crop):
+    the draw is then the same whichever worker runs the sample and whether or not the run was
+    resumed, unlike the worker's global generators. Different epochs give different draws.
+
+    Args:
+        seed: the run's data seed (non-negative).
+        epoch: the epoch the sample is drawn in, e.g. from ``EpochShuffleBatchSampler``
+            (``yield_epoch=True`` makes it pass ``(epoch, index)`` keys to ``__getitem__``).
+        index: the sample index in the dataset.
+    """
+    if min(seed, epoch, index) < 0:
+        raise ValueError(f"sample_rng: seed ({seed}), epoch ({epoch}) and index ({index}) must "
+                         f"be >= 0.")
+    return np.random.default_rng([seed, epoch, index])
