@@ -1,0 +1,67 @@
+"""Tiny versions of the real experiments: the same YAML users run, shrunk to seconds."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+EXPERIMENTS = sorted(p.relative_to(CONF / "experiment").with_suffix("").as_posix()
+                     for p in (CONF / "experiment").rglob("*.yaml"))
+
+COMMON = [
+    "trainer.max_epochs=1", "logger=csv", "callbacks.rich_progress_bar=null",
+    "callbacks.model_summary=null", "data.num_workers=0", "data.persistent_workers=false",
+    "data.batch_size=4", "trainer.log_every_n_steps=1",
+]
+AUDIO = ["model/encoder=audio_tiny", "data.synthetic.min_seconds=1.0",
+         "data.synthetic.max_seconds=1.5", "data.synthetic.num_workers=0"]
+CAPTION = ["model/decoder=text_tiny", "data.tokenizer.vocab_size=128",
+           "model.test_metrics=[bleu,rouge_l,cider_d]", "model.generation.max_new_tokens=12"]
+TINY = {
+    "audio_captioning": [*AUDIO, *CAPTION, "data.synthetic.num_train=12",
+                         "data.synthetic.num_val=4", "data.synthetic.num_test=4"],
+    "image_captioning": ["model/encoder=vision_tiny", *CAPTION, "data.synthetic.num_train=12",
+                         "data.synthetic.num_val=4", "data.synthetic.num_test=4",
+                         "data.synthetic.num_workers=0"],
+    "audio_classification": [*AUDIO, "data.synthetic.num_clips=30"],
+    "image_classification": ["model/encoder=vision_tiny", "data.synthetic.num_train=16",
+                             "data.synthetic.num_val=8", "data.synthetic.num_test=8",
+                             "data.synthetic.num_workers=0"],
+}
+
+
+def tiny_overrides(experiment: str, data_dir: Path, *extra: str) -> list[str]:
+    """Overrides that shrink ``experiment`` to a few tiny batches, data under ``data_dir``."""
+    return [f"experiment={experiment}", f"paths.data_dir={data_dir}", *COMMON,
+            *TINY[experiment], *extra]
+
+
+def compose_train(overrides: list[str], output_dir: Path) -> DictConfig:
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(output_dir)
+    return copy.deepcopy(cfg)
+
+
+def run_cli(module: str, args: list[str], cwd: Path, timeout: float = 300,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m module args`` as a user runs it; output captured for assertions."""
+    full_env = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """One synthetic-data cache per test worker: each tiny set is generated once."""
+    return tmp_path_factory.mktemp("data")

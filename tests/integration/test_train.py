@@ -1,0 +1,92 @@
+"""The training path end to end on tiny versions of every experiment."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from mmtf.train import train
+from mmtf.utils.checkpoint import load_checkpoint
+
+from .conftest import EXPERIMENTS, TINY, compose_train, tiny_overrides
+
+REAL_DATA = {  # real-format experiments read the tiny synthetic sets, written in those formats
+    "audio_captioning_clotho": ("audio_captioning", "synth_audio_captions", []),
+    "image_captioning_coco": ("image_captioning", "synth_image_captions", ["data.splits=null"]),
+}
+
+
+def test_every_experiment_is_covered():
+    assert set(EXPERIMENTS) == set(TINY) | set(REAL_DATA) | {"audio_captioning_audiocaps"}
+
+
+@pytest.mark.parametrize("experiment", sorted(TINY))
+def test_experiment_fast_dev_run(experiment, data_dir, tmp_path):
+    cfg = compose_train(tiny_overrides(experiment, data_dir, "trainer.fast_dev_run=true"),
+                        tmp_path)
+    train(cfg)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert any(k.startswith("test/") for k in metrics), metrics
+    assert all(v == v for v in metrics.values())       # no NaN
+
+
+@pytest.mark.parametrize("experiment", sorted(REAL_DATA))
+def test_real_format_experiment_fast_dev_run(experiment, data_dir, tmp_path):
+    synthetic_experiment, folder, extra = REAL_DATA[experiment]
+    # Generate the tiny synthetic set (in the real layout), then read it as the real corpus.
+    train(compose_train(tiny_overrides(synthetic_experiment, data_dir, "trainer.fast_dev_run=true",
+                                       "train=false", "test=false"), tmp_path / "gen"))
+    prepared = compose_train(tiny_overrides(synthetic_experiment, data_dir), tmp_path / "x")
+    dm = instantiate(prepared.data)
+    dm.prepare_data()
+    root = dm.root
+    overrides = tiny_overrides(synthetic_experiment, data_dir, "trainer.fast_dev_run=true")
+    overrides = [o for o in overrides if not o.startswith(("experiment=", "data.synthetic."))]
+    cfg = compose_train([f"experiment={experiment}", *overrides, f"data.root={root}",
+                         "model/encoder=" + ("audio_tiny" if "audio" in experiment
+                                             else "vision_tiny"), *extra], tmp_path)
+    assert cfg.data.synthetic is None and folder in str(root)
+    train(cfg)
+    assert (tmp_path / "metrics.json").is_file()
+
+
+def test_optimizer_steps_reduce_the_loss(data_dir, tmp_path):
+    cfg = compose_train(tiny_overrides("audio_captioning", data_dir, "model.label_smoothing=0.0"),
+                        tmp_path)
+    task = instantiate(cfg.model)
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    opt = torch.optim.AdamW(task.parameters(), lr=1e-2)
+    task.train()
+    losses = []
+    for _ in range(40):
+        loss = task.model(batch["audio"], batch["audio_lengths"], batch["tokens"]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_resume_from_last_continues_the_step_count(data_dir, tmp_path):
+    first = compose_train(tiny_overrides("audio_captioning", data_dir, "test=false"), tmp_path)
+    train(first)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    steps_one_epoch = load_checkpoint(last)["global_step"]
+    assert steps_one_epoch == 3                          # 12 clips / batch 4
+    resumed = compose_train(tiny_overrides("audio_captioning", data_dir, "test=false",
+                                           "ckpt_path=last", "trainer.max_epochs=2"), tmp_path)
+    train(resumed)
+    state = load_checkpoint(last)
+    assert state["global_step"] == 2 * steps_one_epoch
+
+
+def test_ckpt_path_last_without_a_checkpoint_is_an_error(data_dir, tmp_path):
+    cfg = compose_train(tiny_overrides("audio_captioning", data_dir, "ckpt_path=last"), tmp_path)
+    with pytest.raises(ValueError, match=r"ckpt_path=last but .*last.ckpt does not exist"):
+        train(cfg)
