@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmtf.tasks.captioning import dump_predictions
 from mmtf.utils.checkpoint import build_task, check_targets, load_checkpoint
+from mmtf.utils.config import run_cli
 
 log = logging.getLogger("mmtf.evaluate")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -49,12 +50,15 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     checkpoint = load_checkpoint(cfg.ckpt_path)
     task, stored = build_task(checkpoint, cfg.ckpt_path)
     if hasattr(task, "generation") and cfg.get("generation"):
-        task.generation.update(OmegaConf.to_container(cfg.generation, resolve=True))
+        overrides = OmegaConf.to_container(cfg.generation, resolve=True)
+        task.generation.update({k: v for k, v in overrides.items() if v is not None})
     datamodule = build_datamodule(stored, cfg.get("data"), task, output_dir)
     if cfg.get("batch_size") and hasattr(datamodule, "batch_size"):
         datamodule.batch_size = cfg.batch_size
     datamodule.setup("validate" if cfg.split == "val" else "test")
     loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
+    if hasattr(task, "caption_parser"):      # the loaders come without their data module
+        task.caption_parser = getattr(datamodule, "caption_parser", None)
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False,
                         enable_checkpointing=False, default_root_dir=str(output_dir))
     trainer.test(task, dataloaders=loader)
@@ -76,7 +80,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
     with open_dict(cfg):
         cfg.paths.output_dir = HydraConfig.get().runtime.output_dir
-    evaluate(cfg)
+    run_cli(evaluate, cfg)
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import save_file
 
 from mmtf.utils.checkpoint import build_task, load_checkpoint
+from mmtf.utils.config import run_cli
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 PARTS = ("encoder", "decoder")
@@ -50,7 +51,7 @@ def export_part(ckpt_path: str | Path, part: str, out: str | Path) -> Path:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")
 def _hydra_main(cfg: DictConfig) -> None:
-    export_part(cfg.ckpt_path, cfg.part, cfg.out)
+    run_cli(lambda c: export_part(c.ckpt_path, c.part, c.out), cfg)
 
 
 def main() -> None:

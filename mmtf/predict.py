@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mmtf.utils.checkpoint import build_task, load_checkpoint
+from mmtf.utils.config import run_cli
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
@@ -70,7 +71,7 @@ def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = Non
     task, stored = build_task(checkpoint, ckpt_path)
     task = task.to(device).eval()
     if generation and hasattr(task, "generation"):
-        task.generation.update(generation)
+        task.generation.update({k: v for k, v in generation.items() if v is not None})
     encoder = task.model.encoder if hasattr(task, "model") else task.encoder
     is_audio = hasattr(encoder, "sample_rate")
     files = expand_inputs(inputs, AUDIO_SUFFIXES if is_audio else IMAGE_SUFFIXES)
@@ -98,8 +99,7 @@ def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = Non
     return results
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")
-def _hydra_main(cfg: DictConfig) -> None:
+def _print_predictions(cfg: DictConfig) -> None:
     inputs = cfg.inputs if OmegaConf.is_list(cfg.inputs) else [cfg.inputs]
     device = "cuda" if cfg.accelerator in ("auto", "gpu") and torch.cuda.is_available() else "cpu"
     generation = OmegaConf.to_container(cfg.generation, resolve=True) if cfg.generation else None
@@ -108,6 +108,11 @@ def _hydra_main(cfg: DictConfig) -> None:
             print(json.dumps(row))
         else:
             print(f"{row['path']}\t{row.get('caption', row.get('class'))}")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")
+def _hydra_main(cfg: DictConfig) -> None:
+    run_cli(_print_predictions, cfg)
 
 
 def main() -> None:

@@ -120,9 +120,23 @@ def sample_scene(rng: np.random.Generator, *, min_seconds: float = 2.0, max_seco
 
 
 # ----------------------------------------------------------------------------- rendering
+def _fast_len(n: int) -> int:
+    """The smallest 2^a 3^b 5^c >= n: FFT sizes pocketfft handles fast (a prime n is 10x slower)."""
+    best = 1 << max(0, n - 1).bit_length()
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            m = p35 << max(0, (n - 1) // p35).bit_length()  # times the power of 2 that reaches n
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
 def _colored_noise(rng: np.random.Generator, n: int, exponent: float) -> np.ndarray:
     """Unit-RMS noise with a 1/f^exponent power spectrum (0 = white, 1 = pink)."""
-    m = 1 << max(0, n - 1).bit_length()  # power-of-two FFT: odd lengths are 10x slower
+    m = _fast_len(n)
     spec = np.fft.rfft(rng.standard_normal(m))
     f = np.arange(spec.shape[0], dtype=np.float64)
     f[0] = 1.0

@@ -51,6 +51,12 @@ def check_targets(cfg: Any, where: str) -> None:
     """Refuse any ``_target_`` outside :data:`ALLOWED_TARGET_PREFIXES` (recursively)."""
     if isinstance(cfg, dict):
         target = cfg.get("_target_")
+        if target == "hydra.utils.get_object":
+            # Data configs name dtypes this way (torch.float32); import nothing else.
+            if not str(cfg.get("path", "")).startswith("torch."):
+                raise CheckpointError(f"{where}: hydra.utils.get_object may only name torch "
+                                      f"objects, not {cfg.get('path')!r}.")
+            return
         if target is not None and not str(target).startswith(ALLOWED_TARGET_PREFIXES):
             raise CheckpointError(f"{where}: _target_ {target!r} is not an mmtf/torch class; "
                                   f"refusing to instantiate a stored config that names it.")
@@ -67,7 +73,9 @@ def stored_config(checkpoint: dict[str, Any], path: str | os.PathLike) -> dict[s
     if not isinstance(cfg, dict) or "model" not in cfg:
         raise CheckpointError(f"checkpoint {path} carries no mmtf config (checkpoint['mmtf']"
                               f"['config']); it was not written by mmtf.train.")
-    check_targets(cfg, "config")
+    # Only these parts are ever instantiated from a stored config.
+    for part in ("model", "data"):
+        check_targets(cfg.get(part), f"config.{part}")
     return cfg
 
 

@@ -75,5 +75,8 @@ def test_stored_targets_are_allowlisted():
                              "optimizer": {"_target_": "torch.optim.AdamW"}}}, "config")
     with pytest.raises(CheckpointError, match=r"config.model.encoder: _target_ 'os.system'"):
         check_targets({"model": {"encoder": {"_target_": "os.system"}}}, "config")
+    check_targets({"dtype": {"_target_": "hydra.utils.get_object", "path": "torch.float32"}}, "c")
+    with pytest.raises(CheckpointError, match=r"only name torch objects, not 'os.system'"):
+        check_targets({"dtype": {"_target_": "hydra.utils.get_object", "path": "os.system"}}, "c")
     with pytest.raises(CheckpointError, match=r"builtins.eval"):
         check_targets({"x": [{"_target_": "builtins.eval"}]}, "config")
