@@ -193,7 +193,8 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
         bos_id, eos_id, pad_id: special token ids.
         generator: random generator for sampling (reproducible draws).
         callback: called after every step as ``callback(step, tokens, logits)`` with the chosen
-            tokens (r,) and the raw logits (r, v) of that step (timing, streaming, tests).
+            tokens (r,) and the logits (r, v) of that step, banned tokens already at -inf
+            (timing, streaming, tests).
 
     Returns:
         A :class:`GenerationOutput`.
@@ -213,16 +214,14 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
             memory_mask = repeat(memory_mask, "b m -> (b k) m", k=rows)
     stepper = _Stepper(decoder, memory, memory_mask, max_new_tokens=config.max_new_tokens,
                        bos_id=bos_id, use_cache=config.use_cache)
-    vocab = decoder.vocab_size
-    suppress = torch.zeros(vocab, device=memory.device)
-    suppress[[pad_id, bos_id]] = -math.inf
-    suppress_eos = suppress.clone()
-    suppress_eos[eos_id] = -math.inf
-    biases = (suppress_eos, suppress)    # built once; step t adds biases[t >= min_new_tokens]
+    # Never generated: pad and bos, and eos during the first min_new_tokens steps. Built once;
+    # step t masks banned[t >= min_new_tokens] in place (a few elements, no full-vocab pass).
+    banned = (torch.tensor([pad_id, bos_id, eos_id], device=memory.device),
+              torch.tensor([pad_id, bos_id], device=memory.device))
     ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     if config.strategy == "beam":
-        return _beam_search(stepper, config, b, biases, callback=callback, **ids)
-    out = _greedy_or_sample(stepper, config, b * rows, biases, generator=generator,
+        return _beam_search(stepper, config, b, banned, callback=callback, **ids)
+    out = _greedy_or_sample(stepper, config, b * rows, banned, generator=generator,
                             callback=callback, **ids)
     if rows > 1:
         out = GenerationOutput(*(rearrange(x, "(b n) ... -> b n ...", n=rows) for x in out))
@@ -230,10 +229,10 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
 
 
 def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
-                      biases: tuple[Tensor, Tensor], *, bos_id: int, eos_id: int, pad_id: int,
+                      banned: tuple[Tensor, Tensor], *, bos_id: int, eos_id: int, pad_id: int,
                       generator: torch.Generator | None, callback: StepCallback | None,
                       ) -> GenerationOutput:
-    device = biases[0].device
+    device = banned[0].device
     max_t = config.max_new_tokens
     tokens = torch.full((rows, max_t), pad_id, dtype=torch.long, device=device)
     scores = torch.zeros(rows, device=device)
@@ -242,15 +241,15 @@ def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
     last = torch.full((rows,), bos_id, dtype=torch.long, device=device)
     t = 0
     for t in range(max_t):
-        logits = stepper(last, tokens[:, :t])                            # (r, v)
-        scaled = logits.float() + biases[t >= config.min_new_tokens]
-        logprobs = scaled.log_softmax(dim=-1)
+        logits = stepper(last, tokens[:, :t]).float()                    # (r, v)
+        logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
         if config.strategy == "greedy":
-            nxt = scaled.argmax(dim=-1)                                  # (r,)
+            nxt = logits.argmax(dim=-1)                                  # (r,)
         else:
-            nxt = sample_next(scaled, temperature=config.temperature, top_k=config.top_k,
+            nxt = sample_next(logits, temperature=config.temperature, top_k=config.top_k,
                               top_p=config.top_p, generator=generator)
-        step_logprob = logprobs.gather(1, nxt[:, None]).squeeze(1)
+        # log p(token) without materialising the (r, v) log-softmax.
+        step_logprob = logits.gather(1, nxt[:, None]).squeeze(1) - logits.logsumexp(dim=-1)
         nxt = nxt.masked_fill(finished, pad_id)                         # stopped rows: pad
         scores += step_logprob.masked_fill(finished, 0.0)
         lengths += ~finished
@@ -308,11 +307,11 @@ def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tens
 
 
 def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
-                 biases: tuple[Tensor, Tensor], *, bos_id: int, eos_id: int, pad_id: int,
+                 banned: tuple[Tensor, Tensor], *, bos_id: int, eos_id: int, pad_id: int,
                  callback: StepCallback | None) -> GenerationOutput:
     """Vectorised beam search over r = b * k rows (no Python loop over the batch)."""
     k, max_t, lp = config.num_beams, config.max_new_tokens, config.length_penalty
-    device = biases[0].device
+    device = banned[0].device
     rows = b * k
     seqs = torch.full((rows, max_t), pad_id, dtype=torch.long, device=device)   # running beams
     beam_scores = torch.zeros(b, k, device=device)
@@ -328,8 +327,9 @@ def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
     last = torch.full((rows,), bos_id, dtype=torch.long, device=device)
     t = 0
     for t in range(max_t):
-        logits = stepper(last, seqs[:, :t])                                      # (r, v)
-        logprobs = (logits.float() + biases[t >= config.min_new_tokens]).log_softmax(dim=-1)
+        logits = stepper(last, seqs[:, :t]).float()                              # (r, v)
+        logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
+        logprobs = logits.log_softmax(dim=-1)
         vocab = logprobs.shape[-1]
         cand = rearrange(beam_scores[:, None] + logprobs, "(b k) v -> b (k v)", k=k)
         # 2k candidates guarantee k that do not end in eos.
