@@ -19,7 +19,14 @@ from pathlib import Path
 import numpy as np
 from torchvision.datasets.folder import find_classes, make_dataset
 
-from mmtf.data.formats.base import LabelItem, LabelSet, Report, bad_row, split_name
+from mmtf.data.formats.base import (
+    LabelItem,
+    LabelSet,
+    Report,
+    bad_row,
+    missing_split,
+    split_name,
+)
 from mmtf.data.image import IMAGE_EXTENSIONS
 
 SPLIT_NAMES = {"train": "train", "val": "val", "test": "test"}
@@ -51,7 +58,7 @@ def read_image_folder(root: Path, split: str, *, report: Report,
     sub = split_name(split, names, "image_folder")
     train_dir = root / split_name("train", names, "image_folder")
     if not root.is_dir():
-        raise FileNotFoundError(f"image_folder: data.root ({root}) is not a folder.")
+        raise missing_split(root, split, "image_folder", " (data.root is not a folder)")
     if train_dir.is_dir():
         classes, class_to_idx = find_classes(str(train_dir))
         directory = root / sub

@@ -247,6 +247,8 @@ def test_image_folder_with_split_folders(tmp_path):
     val = read_image_folder(tmp_path, "val", report=policy)
     assert [i.id for i in val.items] == ["val/dog/0"] and policy.counter["bad_row"] == 1
     assert read_image_folder(tmp_path, "test", report=RAISE).items == []
+    with pytest.raises(DataError, match=r"nowhere.*data\.root is not a folder"):
+        read_image_folder(tmp_path / "nowhere", "train", report=RAISE)
 
 
 def test_image_folder_without_splits_is_split_deterministically(tmp_path):
