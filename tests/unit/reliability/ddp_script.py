@@ -1,0 +1,84 @@
+"""Two-rank CPU DDP (gloo) toy fit for the subprocess tests; Lightning re-launches this file for
+rank 1 (``_SubprocessScriptLauncher``), as it does for ``python -m mmtf.train trainer=ddp_cpu``.
+
+Usage: ``python ddp_script.py MODE RANK STEP OUT_DIR``
+
+* ``raise``: rank RANK raises at the start of global step STEP.
+* ``sigterm``: rank RANK's loss is NaN at step STEP (NonFiniteLossGuard skips that step on
+  both ranks); training runs on until the test sends SIGTERM.
+
+Ranks print ``rank R done step N`` after each batch. Every mode has ResumeState,
+PreemptionCheckpoint, DDPFailFast, NonFiniteLossGuard(skip) and AtomicCheckpointIO attached, as
+train.py will.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
+
+from mmtf.reliability import (  # noqa: E402
+    AtomicCheckpointIO,
+    DDPFailFast,
+    NonFiniteLossGuard,
+    PreemptionCheckpoint,
+    ResumeState,
+)
+from tests.unit.reliability.toy import ToyData, ToyModule  # noqa: E402
+
+
+class Script(Callback):
+    def __init__(self, mode: str, rank: int, step: int) -> None:
+        self.mode, self.rank, self.step = mode, rank, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if (self.mode == "raise" and trainer.global_rank == self.rank
+                and trainer.global_step == self.step):
+            raise RuntimeError(f"boom on rank {trainer.global_rank} at step {trainer.global_step}")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        print(f"rank {trainer.global_rank} done step {trainer.global_step}", flush=True)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        total = sum(float(p.double().sum()) for p in pl_module.parameters())
+        print(f"rank {trainer.global_rank} finished step {trainer.global_step} "
+              f"weights {total:.10f}", flush=True)
+
+
+class NanOnRank(ToyModule):
+    def __init__(self, rank: int, step: int) -> None:
+        super().__init__()
+        self.nan_rank, self.nan_step = rank, step
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.global_rank == self.nan_rank and self.global_step == self.nan_step:
+            loss = loss * float("nan")
+        return loss
+
+
+def main() -> None:
+    mode, rank, step, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    torch.set_num_threads(1)
+    L.seed_everything(0, verbose=False)
+    callbacks = [Script(mode, rank, step), ResumeState(), PreemptionCheckpoint(), DDPFailFast(),
+                 NonFiniteLossGuard(policy="skip"),
+                 ModelCheckpoint(dirpath=out / "checkpoints", every_n_train_steps=2,
+                                 save_last=True, save_top_k=0)]
+    model = NanOnRank(rank, step) if mode == "sigterm" else ToyModule()
+    max_steps = 400 if mode == "sigterm" else 8
+    trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=2, max_steps=max_steps,
+                        logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=out, callbacks=callbacks, plugins=[AtomicCheckpointIO()],
+                        use_distributed_sampler=False)
+    trainer.fit(model, datamodule=ToyData(noise="none"), weights_only=True)
+
+
+if __name__ == "__main__":
+    main()
