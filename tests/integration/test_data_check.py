@@ -31,6 +31,7 @@ def clotho(tmp_path_factory) -> Path:
                             **TINY_AUDIO)
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch + lightning: 5-50 s on a shared 2-core box
 def test_clean_dataset_passes(clotho, tmp_path):
     res = _check(["data=clotho", f"data.root={clotho}"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -41,6 +42,7 @@ def test_clean_dataset_passes(clotho, tmp_path):
     assert list(tmp_path.iterdir()) == []  # a check writes nothing
 
 
+@pytest.mark.slow
 def test_broken_dataset_lists_every_problem(clotho, tmp_path):
     root = tmp_path / "broken"
     shutil.copytree(clotho, root)
