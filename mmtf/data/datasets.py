@@ -2,7 +2,8 @@
 
 An example is looked up by the key the batch sampler yields, ``(item, caption, epoch)`` (a plain
 ``int`` means caption 0, epoch 0). The caption index picks the training caption; the epoch
-seeds the random crop, so every example is a pure function of ``(seed, key)``.
+seeds the random audio crop and the image transform's RNG, so every example is a pure function
+of ``(seed, key)``, whatever the number of DataLoader workers.
 
 Bad files: under ``on_error="raise"`` the :class:`DataError` (file, index line, fix) propagates
 (DataLoader workers re-raise it in the main process). Under ``"skip"`` the item is replaced by the
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -124,7 +126,14 @@ class MediaDataset(Dataset):
                               channels=self.channels, rng=rng, where=item.where,
                               check_header=False)  # headers were checked by probe()
         image = load_image(item.path, where=item.where)
-        return self.transform(image) if self.transform is not None else image
+        if self.transform is None:
+            return image
+        # Random transforms draw from torch's global RNG; seed it per (seed, epoch, item) so
+        # augmentations, like audio crops, do not depend on the number of workers.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(np.random.SeedSequence([self.seed, epoch, index])
+                                  .generate_state(1)[0]))
+            return self.transform(image)
 
     def example(self, index: int, caption: int, media: Tensor) -> dict[str, Any]:
         """The example dict of one item (subclasses add their targets)."""

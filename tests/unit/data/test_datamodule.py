@@ -69,6 +69,20 @@ def test_image_caption_batches(tiny_image_captions):
     assert "audio" not in batch and batch["tokens"].dtype == torch.long
 
 
+def test_image_augmentation_is_a_function_of_seed_epoch_and_item(tiny_image_labels):
+    crop = [v2.RandomResizedCrop(16, scale=(0.1, 0.5), antialias=True)]
+    dm = ClassificationDataModule(format="image_folder", root=str(tiny_image_labels),
+                                  train_transforms=crop, seed=3)
+    dm.setup("fit")
+    ds = dm._dataset("train", "random")
+    torch.manual_seed(123)
+    a = ds[(0, 0, 0)]["image"]
+    torch.manual_seed(456)                      # the global RNG state does not matter
+    assert torch.equal(a, ds[(0, 0, 0)]["image"])
+    assert not torch.equal(a, ds[(0, 0, 1)]["image"])      # a new epoch, a new crop
+    assert a.shape == (3, 16, 16)
+
+
 def test_classification_audio(tiny_audio_labels):
     dm = ClassificationDataModule(format="esc50", root=str(tiny_audio_labels), batch_size=4)
     dm.setup("fit")
