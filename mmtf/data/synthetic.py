@@ -14,6 +14,7 @@ Also here: :func:`event_sequence_accuracy`, the exact-match score of the synthet
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -55,9 +56,23 @@ def caption_parser(kind: str) -> Callable[[str], Any] | None:
     return _generator(kind)[2]
 
 
+def full_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with the writer's defaults filled in (so equal sets hash equal)."""
+    writer, _, _ = _generator(kind)
+    sig = inspect.signature(writer)
+    accepted = [n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"data.synthetic: {unknown} not understood by the {kind!r} generator; "
+                         f"it takes {accepted}.")
+    defaults = {n: sig.parameters[n].default for n in accepted}
+    return {**defaults, **params}
+
+
 def config_hash(kind: str, params: dict[str, Any]) -> str:
     """Identity of a generated set: kind, generator version and the output-changing params."""
     _, version, _ = _generator(kind)
+    params = full_params(kind, params)
     payload = {"kind": kind, "version": version,
                "params": {k: v for k, v in sorted(params.items()) if k not in _NOT_HASHED}}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()[:16]
@@ -87,6 +102,7 @@ def ensure_synthetic(root: str | os.PathLike, kind: str, **params: Any) -> Path:
     """
     writer, version, _ = _generator(kind)
     root = Path(root).expanduser().resolve()
+    params = full_params(kind, params)
     want = config_hash(kind, params)
     if _marker_hash(root) == want:
         return root

@@ -24,6 +24,7 @@ def test_generated_once_and_reused(tmp_path):
     root = ensure_synthetic(tmp_path / "set", "audio_captions", **KW)
     meta = json.loads((root / MARKER).read_text())
     assert meta["hash"] == config_hash("audio_captions", KW) and meta["kind"] == "audio_captions"
+    assert meta["params"]["captions_per_clip"] == 5  # defaults are recorded too
     before = _snapshot(root)
     assert ensure_synthetic(tmp_path / "set", "audio_captions", **KW, num_workers=1) == root
     assert _snapshot(root) == before          # num_workers does not change the output
@@ -36,6 +37,15 @@ def test_changed_config_regenerates(tmp_path):
     assert (root / "clotho_captions_development.csv").read_text() != first
     assert json.loads((root / MARKER).read_text())["params"]["seed"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["set"]  # no temp or old folders left
+
+
+def test_defaults_spelled_out_hash_the_same():
+    explicit = {**KW, "seed": 0, "min_events": 1, "snr_db": [10.0, 30.0]}
+    assert config_hash("audio_captions", KW) == config_hash("audio_captions", explicit)
+    assert config_hash("audio_captions", KW) != config_hash("audio_captions", {**KW, "seed": 1})
+    with pytest.raises(ValueError, match=r"data\.synthetic: \['num_clips'\] not understood by "
+                                         r"the 'audio_captions' generator"):
+        config_hash("audio_captions", {"num_clips": 3})
 
 
 def test_foreign_folder_is_never_overwritten(tmp_path):
