@@ -14,12 +14,21 @@ caption choice with ``num_workers=0``) differ from the uninterrupted run. This c
   (including the random base seed a DataLoader iterator draws) never shifts the training
   stream; a checkpoint written during or after validation therefore resumes identically, and
   changing the validation schedule does not change the training trajectory;
-* calls ``set_epoch(epoch)`` on the train loader's batch sampler at each epoch start (Lightning
-  calls it only on ``dl.sampler`` and ``dl.batch_sampler.sampler``).
+* calls ``set_epoch(epoch)`` on the train loader's batch sampler at each epoch start and at
+  ``on_train_start`` (Lightning calls it only on ``dl.sampler`` and ``dl.batch_sampler.sampler``,
+  and, after a resume, only after it has created the first iterator).
 
-Exactness assumes nothing else draws from the global generators between the end of a training
-batch and the fetch of the next one (other callbacks' batch-end hooks), and that the train
-DataLoader has its own ``generator`` (``make_stateful_dataloader`` gives it one).
+Exactness assumes: nothing else draws from the global generators between the end of a training
+batch and the fetch of the next one (other callbacks' batch-end hooks); every DataLoader that
+Lightning iterates during fit has its own ``generator`` (each ``iter()`` of one without it draws
+from the global torch generator, and a resumed run re-creates the val iterator when it skips
+the validation already done; ResumeState warns about such loaders); and dataset randomness in
+worker processes comes from ``sample_rng(seed, epoch, index)``.
+
+Known inexact case (warned about): epoch-based training (``max_steps=-1``) resumed from a
+checkpoint written at an epoch end *without* validation in that epoch, with ``num_workers>0``:
+Lightning 2.6 then does not restore the train loader, and the workers have already requested
+the first batches in epoch 0's order before any hook can set the epoch.
 
 Shapes: none.
 """

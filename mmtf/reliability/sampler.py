@@ -24,7 +24,9 @@ How Lightning 2.6 resumes a train dataloader mid-epoch (read from the installed 
 
 So a batch sampler that resumes exactly has ``__iter__``, ``__len__``, ``set_epoch(epoch)``,
 ``state_dict()`` -> plain data and ``load_state_dict(state)``; its order depends only on
-``(seed, epoch)``; and it counts a batch as consumed *before* yielding it.
+``(seed, epoch)``; and it counts a batch as consumed *before* yielding it. The easiest way to
+get all of that for another batching (length buckets) is to subclass
+:class:`EpochShuffleBatchSampler` and override ``epoch_batches(epoch)`` and ``__len__``.
 
 Shapes: none (indices only).
 """
@@ -118,6 +120,17 @@ class EpochShuffleBatchSampler:
         order += (order * math.ceil(total / len(order)))[: total - len(order)]   # wrap-pad
         return order[self.rank:total:self.num_replicas]
 
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of ``epoch``, in order.
+
+        Override it (and ``__len__``) for another batching, e.g. length bucketing: the resume
+        logic only needs the result to depend on nothing but the constructor arguments and
+        ``epoch``, and to hold ``len(self)`` batches (the same number on every rank).
+        """
+        indices, size = self._indices(epoch), self.batch_size
+        stop = len(self) * size if self.drop_last else len(indices)
+        return [indices[i:i + size] for i in range(0, stop, size)]
+
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch``.
 
@@ -148,9 +161,10 @@ class EpochShuffleBatchSampler:
             self._offset, self._advanced_from_restore = 0, False
         self._restored = False
         self.pass_epoch = self.epoch
-        epoch, indices, size = self.epoch, self._indices(self.epoch), self.batch_size
-        while self._offset < len(self):
-            batch = indices[self._offset * size:(self._offset + 1) * size]
+        epoch = self.epoch
+        batches = self.epoch_batches(epoch)
+        while self._offset < len(batches):
+            batch = batches[self._offset]
             # Count the batch before handing it out: StatefulDataLoader reads state_dict()
             # right after receiving it, and that state must say "this batch is consumed".
             self._offset += 1

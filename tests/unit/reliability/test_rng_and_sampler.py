@@ -178,3 +178,36 @@ def test_stateful_dataloader_resumes_mid_epoch(num_workers):
 def test_loader_needs_a_stateful_batch_sampler():
     with pytest.raises(ValueError, match=r"batch_sampler BatchSampler has no state_dict\(\)"):
         make_stateful_dataloader(Squares(), torch.utils.data.BatchSampler(range(20), 2, False))
+
+
+class ByLength(EpochShuffleBatchSampler):
+    """A bucketing sampler in the shape the data pipeline needs: only the batches change."""
+
+    def __init__(self, *, lengths: list[int], batch_size: int, seed: int = 0) -> None:
+        super().__init__(num_samples=len(lengths), batch_size=batch_size, seed=seed)
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths) // self.batch_size
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        order = sorted(range(len(self.lengths)), key=lambda i: self.lengths[i])   # buckets
+        batches = [order[i:i + self.batch_size] for i in range(0, len(self) * self.batch_size,
+                                                                self.batch_size)]
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        return [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+
+
+def test_a_subclass_with_its_own_batches_resumes_mid_epoch():
+    lengths = [5, 1, 9, 3, 7, 2, 8, 4, 6]
+    s = ByLength(lengths=lengths, batch_size=2, seed=4)
+    s.set_epoch(2)
+    full = list(s)
+    assert len(full) == 4 and all(abs(lengths[a] - lengths[b]) == 1 for a, b in full)
+    s.set_epoch(0)
+    s.set_epoch(2)
+    it = iter(s)
+    head = [next(it)]
+    resumed = ByLength(lengths=lengths, batch_size=2, seed=4)
+    resumed.load_state_dict(s.state_dict())
+    assert head + list(resumed) == full
