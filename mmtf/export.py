@@ -49,6 +49,34 @@ def export_part(ckpt_path: str | Path, part: str, out: str | Path) -> Path:
     return out
 
 
+def load_exported(path: str | Path, *, freeze: bool = False):
+    """Rebuild an exported encoder/decoder from ``path/config.yaml`` and load its weights.
+
+    The stored ``_target_`` must be an mmtf class (allowlist); weights come from safetensors.
+    """
+    from hydra.utils import instantiate
+
+    from mmtf.utils.checkpoint import check_targets
+
+    path = Path(path)
+    config_file = path / "config.yaml"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} does not exist; pass the folder written by "
+                                f"python -m mmtf.export.")
+    cfg = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
+    check_targets(cfg, str(config_file))
+    if "pretrained" in cfg:                       # encoders load their own weights
+        module = instantiate({**cfg, "pretrained": str(path), "freeze": freeze})
+    else:
+        from safetensors.torch import load_file
+
+        module = instantiate(cfg)
+        module.load_state_dict(load_file(str(path / "weights.safetensors")), strict=True)
+        if freeze:
+            module.requires_grad_(False).eval()
+    return module
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")
 def _hydra_main(cfg: DictConfig) -> None:
     run_cli(lambda c: export_part(c.ckpt_path, c.part, c.out), cfg)

@@ -25,6 +25,10 @@ from torch import Tensor, nn
 
 PoolMode = Literal["mean", "cls"]
 WEIGHTS_FILE = "weights.safetensors"
+# Settings a downstream run may change on a pretrained encoder (regularisation, input limits);
+# every other constructor value must equal the exported one.
+TUNABLE_KEYS = frozenset({"dropout", "attn_dropout", "freq_masks", "freq_mask_width", "time_masks",
+                          "time_mask_width", "max_seconds"})
 CONFIG_FILE = "config.yaml"
 
 
@@ -173,6 +177,14 @@ class Encoder(nn.Module):
                         f"this model" for k in sorted(buffers)
                         if not own[k].is_meta and not torch.allclose(
                             weights[k].to(own[k]), own[k], rtol=1e-4, atol=1e-6)]
+        if not problems:
+            # Same shapes can still mean a different model (hop_length, patch grid, feature
+            # normalisation): every setting that shapes the features must match the export.
+            exported = _read_encoder_config(folder / CONFIG_FILE) or {}
+            differ = sorted(k for k in self.config if k in exported and k not in TUNABLE_KEYS
+                            and _plain(exported[k]) != self.config[k])
+            problems = [f"config {k}={self.config[k]!r} but the export has {k}="
+                        f"{_plain(exported[k])!r}" for k in differ]
         if problems:
             raise ValueError(f"{name}.load_pretrained: " + "; ".join(problems[:5])
                              + f"{'; ...' if len(problems) > 5 else ''}. "

@@ -11,6 +11,7 @@ import soundfile as sf
 import torch
 from hydra.utils import instantiate
 
+from mmtf.export import load_exported
 from mmtf.utils.checkpoint import build_task, load_checkpoint
 
 from .conftest import compose_train, run_cli, tiny_overrides
@@ -90,6 +91,8 @@ def test_exported_encoder_gives_identical_features_in_a_classifier(tiny_run, dat
     torch.testing.assert_close(got.memory, expected.memory, rtol=0, atol=0)
     torch.testing.assert_close(classifier.features(wave, lengths),
                                captioner.model.encoder.pool(expected), rtol=0, atol=0)
+    standalone = load_exported(tmp_path / "enc", freeze=True)
+    torch.testing.assert_close(standalone(wave, lengths).memory, expected.memory, rtol=0, atol=0)
 
 
 def test_multirun_two_jobs_into_one_sweep_dir(data_dir, tmp_path):

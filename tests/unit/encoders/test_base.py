@@ -130,6 +130,19 @@ def test_load_pretrained_rejects_a_different_front_end(tmp_path):
         make("audio", feature_std=2.0, pretrained=tmp_path / "enc")
 
 
+def test_load_pretrained_rejects_same_shapes_but_a_different_config(tmp_path):
+    src = make("audio")
+    _export(src, tmp_path / "enc", {"_target_": "mmtf.encoders.AudioEncoder", **src.config})
+    # hop_length changes no tensor shape, only what every memory position means.
+    with pytest.raises(ValueError, match=r"config hop_length=320 but the export has "
+                                         r"hop_length=160.*config\.yaml: hop_length=160"):
+        make("audio", hop_length=320, pretrained=tmp_path / "enc")
+    # Regularisation may differ downstream.
+    loaded = make("audio", dropout=0.2, time_masks=0, pretrained=tmp_path / "enc").eval()
+    wave, lengths = example("audio")
+    assert torch.equal(loaded(wave, lengths).memory, src.eval()(wave, lengths).memory)
+
+
 def test_load_pretrained_missing_and_unexpected_keys(tmp_path):
     src = make("vision")
     weights = src.state_dict()
