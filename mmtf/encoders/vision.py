@@ -1,8 +1,11 @@
 """Vision encoder: a ViT (Dosovitskiy et al. 2021, arXiv:2010.11929) on the shared attention core.
 
 Images are cut into non-overlapping ``patch_size`` patches by a Conv2d with kernel = stride =
-patch_size, an optional CLS token is prepended, and a bidirectional ``TransformerStack`` runs over
-the sequence.
+patch_size (``stem="patch"``), or embedded by a small convolutional stem of log2(patch_size)
+stride-2 3x3 convolutions (``stem="conv"``; Xiao et al. 2021, "Early convolutions help
+transformers see better", arXiv:2106.14881) that gives the same patch grid but sees across patch
+borders, which trains much faster from scratch on small data. An optional CLS token is
+prepended, and a bidirectional ``TransformerStack`` runs over the sequence.
 
 Positions are learned absolute embeddings, one per patch of the ``image_size`` grid (the CLS
 token has none: it is learned itself). Images of another size (any multiple of ``patch_size``)
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +46,10 @@ class VisionEncoder(Encoder):
         image_size: size of the position table's grid, ``H`` or ``(H, W)``; other multiples of
             ``patch_size`` are accepted and use an interpolated table.
         cls_token: prepend a learned CLS token (position 0 of the memory; ``pool(mode="cls")``).
+        stem: "patch" (one Conv2d, kernel = stride = patch_size, as ViT) or "conv" (stride-2 3x3
+            convolutions with per-position LayerNorm and GELU, then a 1x1 projection; patch_size
+            must be a
+            power of two).
         causal: causal self-attention over the patch order (research only; warns).
         pretrained: export folder to load weights from (:meth:`Encoder.load_pretrained`).
         freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
@@ -51,7 +59,8 @@ class VisionEncoder(Encoder):
                  num_kv_heads: int | None = None, mlp_ratio: float = 4.0, mlp: MlpKind = "gelu",
                  norm: NormKind = "layernorm", dropout: float = 0.0, attn_dropout: float = 0.0,
                  patch_size: int = 8, in_channels: int = 3, image_size: int | Sequence[int] = 64,
-                 cls_token: bool = True, causal: bool = False,
+                 cls_token: bool = True, stem: Literal["patch", "conv"] = "patch",
+                 causal: bool = False,
                  pretrained: str | Path | None = None, freeze: bool = False) -> None:
         super().__init__()
         self.config = record_config(locals())
@@ -68,7 +77,15 @@ class VisionEncoder(Encoder):
         self.dim, self.patch_size, self.in_channels = dim, patch_size, in_channels
         self.grid = (height // patch_size, width // patch_size)
         self.has_cls, self.num_prefix_tokens = cls_token, int(cls_token)
-        self.patch_embed = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+        if stem not in ("patch", "conv"):
+            raise ValueError(f"VisionEncoder: stem ({stem!r}) must be 'patch' or 'conv'; fix "
+                             f"model.encoder.stem.")
+        if stem == "conv" and patch_size & (patch_size - 1):
+            raise ValueError(f"VisionEncoder: stem 'conv' halves the image log2(patch_size) "
+                             f"times, so patch_size ({patch_size}) must be a power of two; use "
+                             f"stem: patch or change model.encoder.patch_size.")
+        self.patch_embed = (conv_stem(in_channels, dim, patch_size) if stem == "conv" else
+                            nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size))
         self.pos_embed = nn.Parameter(torch.empty(1, self.grid[0] * self.grid[1], dim))
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         self.cls_token = None
@@ -104,7 +121,8 @@ class VisionEncoder(Encoder):
             mask (b, s) all True.
         """
         self._check_inputs(inputs)
-        x = self.patch_embed(inputs.to(self.patch_embed.weight.dtype))   # (b, c, gh, gw)
+        dtype = next(self.patch_embed.parameters()).dtype
+        x = self.patch_embed(inputs.to(dtype))                            # (b, c, gh, gw)
         gh, gw = x.shape[-2:]
         x = rearrange(x, "b c gh gw -> b (gh gw) c") + self.position_table(gh, gw)
         if self.cls_token is not None:
@@ -127,6 +145,30 @@ class VisionEncoder(Encoder):
             raise ValueError(f"VisionEncoder: image size ({h}, {w}) must be divisible by "
                              f"patch_size ({p}); resize or pad the images (data transforms) or "
                              f"change model.encoder.patch_size.")
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channels of each pixel, (b, c, h, w) -> (b, c, h, w): local, unlike
+    GroupNorm (whole-image statistics), and independent of the batch, unlike BatchNorm."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = rearrange(x, "b c h w -> b h w c")
+        return rearrange(super().forward(x), "b h w c -> b c h w")
+
+
+def conv_stem(in_channels: int, dim: int, patch_size: int) -> nn.Sequential:
+    """log2(patch_size) stride-2 3x3 convs (widths doubling up to ``dim``) + a 1x1 projection:
+    (b, in_channels, H, W) -> (b, dim, H / patch_size, W / patch_size)."""
+    steps = patch_size.bit_length() - 1
+    layers: list[nn.Module] = []
+    channels = in_channels
+    for i in range(steps):
+        width = max(16, dim // 2 ** (steps - 1 - i))
+        layers += [nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=False),
+                   LayerNorm2d(width), nn.GELU()]
+        channels = width
+    layers.append(nn.Conv2d(channels, dim, kernel_size=1))
+    return nn.Sequential(*layers)
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:

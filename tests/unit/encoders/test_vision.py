@@ -103,3 +103,24 @@ def test_cls_and_mean_pooling():
     out = plain(torch.randn(1, 3, 32, 32))
     with pytest.raises(ValueError, match=r"mode='cls' but VisionEncoder has no CLS token"):
         plain.pool(out, "cls")
+
+
+def test_conv_stem_gives_the_patch_grid_and_sees_across_patch_borders():
+    enc = VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32,
+                        cls_token=False, stem="conv").eval()
+    images = torch.randn(2, 3, 32, 48)
+    out = enc(images)
+    assert out.memory.shape == (2, (32 // 8) * (48 // 8), 32)
+    # A pixel just left of a patch border changes the token to its right (3x3 convs overlap);
+    # the plain patch embedding could not see it.
+    bumped = images.clone()
+    bumped[:, :, 3, 7] += 10.0
+    delta = (enc.patch_embed(bumped) - enc.patch_embed(images)).abs().amax(dim=(0, 1))   # (4, 6)
+    assert delta[0, 1] > 0 and delta[0, 3:].max() == 0
+
+
+def test_bad_stem_arguments():
+    with pytest.raises(ValueError, match=r"stem \('vit'\) must be 'patch' or 'conv'"):
+        VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="vit")
+    with pytest.raises(ValueError, match=r"patch_size \(6\) must be a power of two"):
+        VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=6, image_size=36, stem="conv")
