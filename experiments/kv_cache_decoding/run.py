@@ -10,7 +10,7 @@ is forced to exactly 128 tokens (``min_new_tokens = max_new_tokens``: eos is mas
 stops early. Only the decode is timed (the memory is given; no encoder runs). Runs of the
 different systems are interleaved and the medians taken, because the machine is shared.
 
-    python experiments/kv_cache_decoding/run.py            # full (a few minutes)
+    python experiments/kv_cache_decoding/run.py            # full (~10 min: the uncached run)
     python experiments/kv_cache_decoding/run.py --quick    # smoke run, under a minute
 
 Prints a table and, last, one JSON line:
