@@ -7,10 +7,12 @@ Returns the metric named by ``optimized_metric`` so Hydra sweepers can optimise 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from mmtf.utils.checkpoint import CheckpointError
+from mmtf.reliability import resolve_resume
 from mmtf.utils.config import (
     ConfigError,
     check_target_signatures,
@@ -41,21 +43,24 @@ def instantiate_group(cfg: DictConfig | None) -> list[Any]:
     return [instantiate(c) for c in cfg.values() if isinstance(c, DictConfig) and "_target_" in c]
 
 
-def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
-    """``last`` -> run_dir/checkpoints/last.ckpt, which must exist (Lightning only warns)."""
-    if ckpt_path in (None, ""):
-        return None
-    if ckpt_path == "last":
-        path = run_dir / "checkpoints" / "last.ckpt"
-        if not path.is_file():
-            raise CheckpointError(
-                f"ckpt_path=last but {path} does not exist: nothing to resume. Pass "
-                f"hydra.run.dir=<the run dir to resume> or ckpt_path=<file.ckpt>, or drop "
-                f"ckpt_path to start fresh.")
-        return str(path)
-    if not Path(ckpt_path).is_file():
-        raise CheckpointError(f"ckpt_path={ckpt_path} does not exist; pass an existing .ckpt file.")
-    return ckpt_path
+def restore_tokenizer(datamodule: Any, ckpt_path: str | None) -> None:
+    """Give the data module the tokenizer stored in the checkpoint a fit resumes from.
+
+    The model was trained on that tokenizer's ids: re-training it from the data (a changed
+    ``data.tokenizer`` spec, edited captions, another ``tokenizers`` version) could give other
+    ids for the same words. A data module without a ``tokenizer`` attribute is left alone.
+    """
+    if not ckpt_path or not hasattr(datamodule, "tokenizer"):
+        return
+    # mmap: reads the small "mmtf" entry, not the tensors.
+    stored = (torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+              .get("mmtf") or {}).get("tokenizer")
+    if not stored:
+        return
+    from mmtf.text import Tokenizer
+
+    datamodule.tokenizer = Tokenizer.from_json_str(stored)
+    log.info("Resuming: using the tokenizer stored in %s (not re-training it).", ckpt_path)
 
 
 def _pin_ddp_children_to_this_run(output_dir: str) -> None:
@@ -82,13 +87,17 @@ def train(cfg: DictConfig) -> float | None:
                           f"the command line, e.g. {missing[0]}=...")
     check_target_signatures(cfg)
     output_dir = Path(cfg.paths.output_dir)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
+    # last | auto | <file>: checked (complete, weights-only loadable) before anything is built.
+    ckpt_path = resolve_resume(cfg.get("ckpt_path"), output_dir)
+    if ckpt_path is not None:
+        log.info("Resuming from %s", ckpt_path)
     L.seed_everything(cfg.seed, workers=True)
     print_config_tree(cfg, save_to=output_dir / "config.yaml")
 
     # The model first: a bad size fails here, before any data is generated.
     task: L.LightningModule = instantiate(cfg.model)
     datamodule: L.LightningDataModule = instantiate(cfg.data)
+    restore_tokenizer(datamodule, ckpt_path)
     task.run_config = OmegaConf.to_container(cfg, resolve=True)
     callbacks = instantiate_group(cfg.get("callbacks"))
     loggers = instantiate_group(cfg.get("logger"))
@@ -133,20 +142,51 @@ def report(metrics: dict[str, float], task: L.LightningModule, output_dir: Path)
     print(f"Run dir: {output_dir}")
 
 
+# What Lightning's DDP launcher writes into the launching process's environment.
+_DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@contextlib.contextmanager
+def _isolated_ddp_job() -> Iterator[None]:
+    """Leave no DDP state behind a job, so the next job of a multirun starts its own.
+
+    Rank 0 runs every job of a sweep in one process. Lightning keeps the process group until
+    the process exits and leaves ``LOCAL_RANK`` (and the master address/port) in
+    ``os.environ``: the next job would find ``LOCAL_RANK`` set, conclude that someone else
+    launches the ranks, start none and wait forever in the rendezvous (or, with the old group
+    still initialised, talk to ranks that have exited). Undo both after each job.
+    """
+    before = {k: os.environ.get(k) for k in _DDP_ENV}
+    try:
+        yield
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def _hydra_main(cfg: DictConfig) -> float | None:
     with open_dict(cfg):
         cfg.paths.output_dir = HydraConfig.get().runtime.output_dir
-    return run_cli(train, cfg)
+    with _isolated_ddp_job():
+        return run_cli(train, cfg)
 
 
 def _resume_in_its_run_dir(argv: list[str]) -> list[str]:
-    """``ckpt_path=<run>/checkpoints/x.ckpt`` continues in ``<run>`` (not a new run dir)."""
+    """``ckpt_path=<run>/checkpoints/x.ckpt`` continues in ``<run>`` (not a new run dir).
+
+    ``last`` and ``auto`` name no file: they resume in the run dir given by ``hydra.run.dir``.
+    """
     args = argv[1:]
     if {"-m", "--multirun"} & set(args) or any(a.startswith("hydra.run.dir=") for a in args):
         return argv
     values = [a.split("=", 1)[1] for a in args if a.startswith("ckpt_path=")]
-    if not values or values[-1] in ("", "null", "last"):
+    if not values or values[-1] in ("", "null", "last", "auto"):
         return argv
     ckpt = Path(values[-1]).expanduser().resolve()
     run_dir = ckpt.parent.parent

@@ -7,7 +7,8 @@ reader as a downloaded corpus (``format=clotho``, ``coco``, ``esc50``, ``image_f
 Pipeline per split: format reader (index -> items) -> :func:`~mmtf.data.datasets.probe` (header
 checks, durations) -> dataset (decode, crop, transform, tokens) -> :class:`BucketBatchSampler`
 -> :class:`~mmtf.data.collate.Collate` -> :class:`~mmtf.data.loader.DataLoader` (skip counts,
-padding stats). Problems are raised or, with ``on_error=skip``, counted in
+padding stats; for training the resumable :class:`~mmtf.data.loader.StatefulDataLoader`, whose
+position Lightning checkpoints mid-epoch). Problems are raised or, with ``on_error=skip``, counted in
 ``datamodule.error_counts`` and logged at setup and at the end of every epoch.
 
 Shapes: see :mod:`mmtf.data.collate` for the batch dict.
@@ -21,16 +22,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
+import torch
 
 from mmtf.data.collate import Collate
 from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
 from mmtf.data.errors import DataError, ErrorCounter, ErrorPolicy, check_on_error
 from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS
 from mmtf.data.image import build_transform
-from mmtf.data.loader import DataLoader
+from mmtf.data.loader import DataLoader, StatefulDataLoader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.data.synthetic import caption_parser, ensure_synthetic
 from mmtf.data.tokenizer import build_tokenizer
+from mmtf.reliability.sampler import make_stateful_dataloader
 
 log = logging.getLogger("mmtf.data")
 
@@ -218,7 +221,7 @@ class MediaDataModule(L.LightningDataModule):
             bucketing=(self.bucketing and self.modality == "audio") if bucketing is None
             else bucketing)
 
-    def _loader(self, split: str) -> DataLoader:
+    def _loader(self, split: str) -> DataLoader | StatefulDataLoader:
         train = split == "train"
         sampler = self.batch_sampler(split)
         if train and sampler.bucketing:
@@ -228,15 +231,27 @@ class MediaDataModule(L.LightningDataModule):
                      split, 100 * padding_fraction(sampler.batches(0), lengths),
                      100 * padding_fraction(plain.batches(0), lengths))
         dataset = self._dataset(split, "random" if train else self.eval_crop)
-        loader = DataLoader(
-            dataset, batch_sampler=sampler, collate_fn=Collate(modality=self.modality,
-                                                               task=self.task),
-            num_workers=self.num_workers, pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers, counter=self.error_counts, split=split)
+        collate = Collate(modality=self.modality, task=self.task)
+        if train:
+            # Resumable mid-epoch: Lightning saves and restores the loader's position (the
+            # sampler's epoch and offset); its own generator keeps iter() off the global RNG.
+            loader = make_stateful_dataloader(
+                dataset, sampler, num_workers=self.num_workers, collate_fn=collate,
+                seed=self.seed, pin_memory=self.pin_memory,
+                persistent_workers=self.persistent_workers, loader_cls=StatefulDataLoader,
+                counter=self.error_counts, split=split)
+        else:
+            # Its own generator: each iter() would otherwise draw the workers' base seed from
+            # the global torch generator and shift the training stream (dropout) after it.
+            loader = DataLoader(
+                dataset, batch_sampler=sampler, collate_fn=collate,
+                num_workers=self.num_workers, pin_memory=self.pin_memory,
+                persistent_workers=self.persistent_workers, counter=self.error_counts,
+                split=split, generator=torch.Generator().manual_seed(self.seed))
         self._loaders[split] = loader
         return loader
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> StatefulDataLoader:
         return self._loader("train")
 
     def val_dataloader(self) -> DataLoader:

@@ -32,6 +32,7 @@ from mmtf.data.audio import Crop, audio_info, load_audio
 from mmtf.data.errors import DataError, ErrorPolicy, check_on_error
 from mmtf.data.formats.base import CaptionItem, LabelItem
 from mmtf.data.image import load_image
+from mmtf.reliability.rng import sample_rng
 
 Key = tuple[int, int, int]
 
@@ -119,8 +120,9 @@ class MediaDataset(Dataset):
         """The decoded media of item ``index``: audio (s,) or image (3, h, w)."""
         item = self.items[index]
         if self.modality == "audio":
-            rng = np.random.default_rng([self.seed, epoch, index]) if self.crop == "random" \
-                else None
+            # A pure function of (seed, epoch, item): the same crop in any worker, and again
+            # after a resume (a worker's global generators restart with the worker).
+            rng = sample_rng(self.seed, epoch, index) if self.crop == "random" else None
             return load_audio(item.path, sample_rate=self.sample_rate,
                               max_seconds=self.max_seconds, crop=self.crop,
                               channels=self.channels, rng=rng, where=item.where,

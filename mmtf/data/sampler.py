@@ -1,4 +1,4 @@
-"""Length-bucketing batch sampler: similar lengths batched together, DDP-aware, deterministic.
+"""Length-bucketing batch sampler: similar lengths batched together, DDP-aware, resumable.
 
 Each epoch the sampler (1) lists the epoch's examples — one per item, or per (item, caption)
 pair under ``caption_policy="all"``, with the caption drawn per item per epoch under
@@ -14,35 +14,57 @@ The sampler yields lists of ``(item, caption, epoch)`` keys; the datasets use th
 to pick the training caption and the epoch to seed random crops, so results never depend on the
 number of DataLoader workers.
 
-Under Lightning, ``set_epoch`` reaches the sampler through ``batch_sampler.sampler`` (the epoch
-holder below). Set ``trainer.use_distributed_sampler=false`` (mmtf's trainer configs do); if
-Lightning injects a ``DistributedSampler`` anyway, its rank, world size and epoch are used.
+Resuming: :class:`BucketBatchSampler` is a
+:class:`~mmtf.reliability.EpochShuffleBatchSampler` whose ``epoch_batches(epoch)`` is the
+bucketing above, a pure function of ``(seed, epoch, rank)``. It therefore has ``set_epoch``,
+``state_dict`` / ``load_state_dict`` (its position inside the epoch) and moves to the next epoch
+by itself when iterated again after a complete pass; inside
+:func:`~mmtf.reliability.make_stateful_dataloader` Lightning resumes it mid-epoch.
+
+The epoch reaches the sampler through ``set_epoch`` (called by
+:class:`~mmtf.reliability.ResumeState` at each epoch start) and, in a run that was not resumed,
+through ``batch_sampler.sampler.set_epoch`` (Lightning's own call). After a resume that second
+path is ignored: Lightning's epoch counter can run ahead of the epoch the restored position
+belongs to. Keep ``trainer.use_distributed_sampler=false`` (mmtf's trainer configs do); if
+Lightning injects a ``DistributedSampler`` anyway, its rank and world size are used.
+
+Shapes: none (keys only).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-import torch.distributed as dist
 from torch.utils.data import BatchSampler, DistributedSampler, Sampler
+
+from mmtf.reliability.sampler import EpochShuffleBatchSampler
 
 CaptionPolicy = Literal["random", "all", "first"]
 Key = tuple[int, int, int]
 
 
 class EpochHolder(Sampler[int]):
-    """The ``sampler`` of a :class:`BucketBatchSampler`: holds the epoch Lightning sets."""
+    """The ``sampler`` of a :class:`BucketBatchSampler`: receives Lightning's ``set_epoch``.
 
-    def __init__(self, size: int) -> None:
+    Args:
+        size: number of items (``len()``).
+        owner: the batch sampler to pass the epoch on to (unless it was restored from a
+            checkpoint, see the module docstring).
+    """
+
+    def __init__(self, size: int, owner: Any | None = None) -> None:
         self.size = size
+        self.owner = owner
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Called by Lightning at the start of every epoch."""
         self.epoch = int(epoch)
+        if self.owner is not None and not getattr(self.owner, "was_restored", False):
+            self.owner.set_epoch(self.epoch)
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.size))
@@ -51,12 +73,12 @@ class EpochHolder(Sampler[int]):
         return self.size
 
 
-class BucketBatchSampler(BatchSampler):
+class BucketBatchSampler(EpochShuffleBatchSampler, BatchSampler):
     """Batches of ``(item, caption, epoch)`` keys with similar lengths (see the module doc).
 
     Args:
         sampler: the epoch holder (default: a new :class:`EpochHolder`); Lightning may replace
-            it with a ``DistributedSampler``, whose rank/world/epoch are then used.
+            it with a ``DistributedSampler``, whose rank and world size are then used.
         batch_size: examples per batch.
         drop_last: drop incomplete batches (and the uneven tail of the DDP split).
         lengths: length of every item (seconds or samples; only the order matters).
@@ -85,41 +107,29 @@ class BucketBatchSampler(BatchSampler):
             raise ValueError(f"caption_policy={caption_policy!r} needs num_captions.")
         if bucket_size < 1:
             raise ValueError(f"bucket_size ({bucket_size}) must be >= 1.")
-        super().__init__(sampler if sampler is not None else EpochHolder(len(lengths)),
-                         batch_size, drop_last)
+        if num_replicas is not None and not 0 <= (rank or 0) < num_replicas:
+            raise ValueError(f"rank ({rank}) must be in [0, num_replicas={num_replicas}).")
+        if isinstance(sampler, DistributedSampler) and num_replicas is None:
+            num_replicas, rank = sampler.num_replicas, sampler.rank   # injected by Lightning
+        elif num_replicas is not None and rank is None:
+            rank = 0
         self.lengths = np.asarray(lengths, dtype=np.float64)
         self.num_captions = None if num_captions is None else np.asarray(num_captions, np.int64)
         if self.num_captions is not None and (self.num_captions < 1).any():
             raise ValueError("num_captions: every item needs at least one caption.")
         self.caption_policy = caption_policy
-        self.shuffle, self.bucketing, self.bucket_size = shuffle, bucketing, bucket_size
-        self.seed = seed
-        self.num_replicas, self.rank = num_replicas, rank
+        self.bucketing, self.bucket_size = bucketing, bucket_size
+        EpochShuffleBatchSampler.__init__(
+            self, num_samples=len(self.lengths), batch_size=batch_size, seed=seed,
+            shuffle=shuffle, drop_last=drop_last, num_replicas=num_replicas, rank=rank)
+        BatchSampler.__init__(self, sampler if sampler is not None
+                              else EpochHolder(len(self.lengths), owner=self),
+                              batch_size, drop_last)
 
-    # ------------------------------------------------------------------ epoch and world
-    @property
-    def epoch(self) -> int:
-        """The current epoch (set by Lightning through ``sampler.set_epoch``)."""
-        return int(getattr(self.sampler, "epoch", 0))
-
-    def set_epoch(self, epoch: int) -> None:
-        """Set the epoch (for use without Lightning)."""
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
+    # ------------------------------------------------------------------ world
     def world(self) -> tuple[int, int]:
-        """``(num_replicas, rank)`` in effect."""
-        if isinstance(self.sampler, DistributedSampler):
-            return self.sampler.num_replicas, self.sampler.rank
-        if self.num_replicas is not None:
-            rank = self.rank or 0
-            if not 0 <= rank < self.num_replicas:
-                raise ValueError(f"rank ({rank}) must be in [0, num_replicas="
-                                 f"{self.num_replicas}).")
-            return self.num_replicas, rank
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size(), dist.get_rank()
-        return 1, 0
+        """``(num_replicas, rank)`` in effect (fixed when the sampler is built)."""
+        return self.num_replicas, self.rank
 
     # ------------------------------------------------------------------ sizes
     def num_examples(self) -> int:
@@ -129,9 +139,8 @@ class BucketBatchSampler(BatchSampler):
         return len(self.lengths)
 
     def _shard_size(self) -> int:
-        world, _ = self.world()
         n = self.num_examples()
-        return n // world if self.drop_last else math.ceil(n / world)
+        return n // self.num_replicas if self.drop_last else math.ceil(n / self.num_replicas)
 
     def _pool_sizes(self, shard: int) -> list[int]:
         pool = self.batch_size * self.bucket_size if (self.bucketing and self.shuffle) else shard
@@ -144,7 +153,7 @@ class BucketBatchSampler(BatchSampler):
     def __len__(self) -> int:
         return sum(self._batches_in(p) for p in self._pool_sizes(self._shard_size()))
 
-    # ------------------------------------------------------------------ iteration
+    # ------------------------------------------------------------------ order
     def _examples(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(item, caption) arrays of this epoch, before shuffling."""
         n = len(self.lengths)
@@ -161,8 +170,9 @@ class BucketBatchSampler(BatchSampler):
         return items, caps
 
     def batches(self, epoch: int | None = None) -> list[list[Key]]:
-        """This rank's batches of one epoch (what ``__iter__`` yields)."""
-        epoch = self.epoch if epoch is None else epoch
+        """This rank's batches of one epoch (default: the current one), as iteration yields
+        them from the epoch's start."""
+        epoch = self.epoch if epoch is None else int(epoch)
         world, rank = self.world()
         items, caps = self._examples(epoch)
         order = np.arange(len(items))
@@ -190,8 +200,34 @@ class BucketBatchSampler(BatchSampler):
             out = [out[k] for k in perm]
         return out
 
-    def __iter__(self) -> Iterator[list[Key]]:
-        yield from self.batches()
+    def epoch_batches(self, epoch: int) -> list[list[Key]]:
+        """:meth:`batches` of ``epoch``: what the resumable iteration walks through."""
+        return self.batches(epoch)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Position (epoch, batches handed out) plus the settings that fix the order."""
+        return {**super().state_dict(), "caption_policy": self.caption_policy,
+                "bucketing": self.bucketing, "bucket_size": self.bucket_size,
+                "num_examples": self.num_examples()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position.
+
+        Raises:
+            ValueError: the position was saved with other data or batching settings.
+        """
+        mine = self.state_dict()
+        differ = [f"{k}={state[k]!r} (now {mine[k]!r})" for k in
+                  ("caption_policy", "bucketing", "bucket_size", "num_examples")
+                  if k in state and state[k] != mine[k]]
+        if differ:
+            raise ValueError(
+                f"BucketBatchSampler: the checkpoint's data position was saved with "
+                f"{', '.join(differ)}; resume with the same data settings (data.caption_policy, "
+                f"data.bucketing, data.bucket_size, the same dataset), or start a fresh run "
+                f"from the weights.")
+        super().load_state_dict(state)
 
 
 def padding_fraction(batches: Sequence[Sequence[Key | int]], lengths: Sequence[float]) -> float:

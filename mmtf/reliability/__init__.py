@@ -7,6 +7,8 @@
   batch sampler's epoch in step.
 * :class:`EpochShuffleBatchSampler` + :func:`make_stateful_dataloader`: a train loader that
   Lightning resumes mid-epoch (torchdata ``StatefulDataLoader``).
+* :class:`LastCheckpoint`: callback; ``last.ckpt`` after every validation run and every N
+  steps, whatever the monitored metric did (Lightning's ``save_last`` only copies improvements).
 * :func:`resolve_resume`: ``ckpt_path=last|auto|<file>`` -> a verified checkpoint or a clear
   error (nothing to resume, truncated file, weights-only file).
 * :class:`PreemptionCheckpoint`: callback; SIGTERM -> ``last.ckpt`` at the end of the current
@@ -16,6 +18,7 @@
 """
 
 from mmtf.reliability.checkpoint_io import AtomicCheckpointIO, atomic_torch_save, fsync_dir
+from mmtf.reliability.last_checkpoint import LastCheckpoint
 from mmtf.reliability.nonfinite import NonFiniteLossError, NonFiniteLossGuard, check_finite_loss
 from mmtf.reliability.preemption import PREEMPTED_EXIT_CODE, DDPFailFast, PreemptionCheckpoint
 from mmtf.reliability.resume import ResumeError, find_checkpoints, resolve_resume, verify_resumable
@@ -28,6 +31,7 @@ __all__ = [
     "AtomicCheckpointIO",
     "DDPFailFast",
     "EpochShuffleBatchSampler",
+    "LastCheckpoint",
     "NonFiniteLossError",
     "NonFiniteLossGuard",
     "PreemptionCheckpoint",

@@ -35,7 +35,9 @@ rank that dies is noticed by Lightning's ``_ChildProcessObserver`` (every 5 s it
 main process and all children). But when rank 0, the launching process, raises, nothing kills
 the children it spawned: over gloo they learn it when rank 0's sockets close; with NCCL they
 wait in their next collective until the process-group timeout (30 min by default in
-Lightning). ``DDPFailFast`` kills them from rank 0's ``on_exception``.
+Lightning). ``DDPFailFast`` kills them from rank 0's ``on_exception``. It also logs every failing
+rank's error with its rank at once, since a rank may be killed before its traceback would be
+printed.
 
 Shapes: none.
 """
@@ -167,12 +169,18 @@ class DDPFailFast(Callback):
                      exception: BaseException) -> None:
         if isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             return
+        if trainer.world_size > 1:
+            # Say it now, with the rank: this process may be killed (by the launcher's
+            # observer or by rank 0 here) before its error would reach the console.
+            log.error("Rank %d of %d failed: %s: %s", trainer.global_rank, trainer.world_size,
+                      type(exception).__name__, exception, exc_info=exception)
         procs: list[Any] = getattr(trainer.strategy.launcher, "procs", None) or []
         alive = [p for p in procs if p.poll() is None]
         if not alive:
             return
         log.error("Rank %d failed (%s); killing %d DDP child process(es) so the job ends now "
-                  "instead of at the process-group timeout.", trainer.global_rank,
+                  "instead of at the process-group timeout (a connection error here usually "
+                  "means another rank failed first: see its error above).", trainer.global_rank,
                   type(exception).__name__, len(alive))
         for proc in alive:
             proc.send_signal(self.signum)

@@ -103,10 +103,12 @@ def resolve_resume(ckpt_path: str | os.PathLike | None, run_dir: str | os.PathLi
         if not candidates:
             if str(ckpt_path) == "auto":
                 return None
+            ckpts = run_dir / "checkpoints"
             raise ResumeError(
-                f"ckpt_path=last but {run_dir / 'checkpoints'} holds no *.ckpt (nor "
-                f"{run_dir}/hpc_ckpt_*.ckpt): nothing to resume. Pass hydra.run.dir=<the run "
-                f"dir to resume> or ckpt_path=<file.ckpt>; ckpt_path=auto starts fresh when "
+                f"ckpt_path=last but {ckpts / 'last.ckpt'} does not exist and {ckpts} holds no "
+                f"*.ckpt (nor {run_dir}/hpc_ckpt_*.ckpt): nothing to resume. Pass "
+                f"hydra.run.dir=<the run dir to resume> or ckpt_path=<file.ckpt>; "
+                f"ckpt_path=auto starts fresh when "
                 f"there is nothing; drop ckpt_path to start fresh.")
         verify_resumable(candidates[0], candidates[1:])
         return str(candidates[0])

@@ -14,6 +14,9 @@ caption choice with ``num_workers=0``) differ from the uninterrupted run. This c
   (including the random base seed a DataLoader iterator draws) never shifts the training
   stream; a checkpoint written during or after validation therefore resumes identically, and
   changing the validation schedule does not change the training trajectory;
+* hands the train loader its saved mid-epoch position when Lightning built the loader before
+  restoring the loops (``estimated_stepping_batches`` in ``configure_optimizers``) and so
+  never passed it on;
 * calls ``set_epoch(epoch)`` on the train loader's batch sampler at each epoch start and at
   ``on_train_start`` (Lightning calls it only on ``dl.sampler`` and ``dl.batch_sampler.sampler``,
   and, after a resume, only after it has created the first iterator).
@@ -101,6 +104,7 @@ class ResumeState(Callback):
         # Tell a restored batch sampler which epoch the loop is in *before* the first fetch:
         # after a checkpoint written at an epoch end, Lightning either finishes that epoch
         # (the sampler must then yield nothing) or starts the next (a new order).
+        self._load_pending_loader_state(trainer)
         self._check_loaders(trainer)
         self._sync_sampler_epoch(trainer)
         if self._pending is not None:
@@ -111,6 +115,28 @@ class ResumeState(Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._sync_sampler_epoch(trainer)
+
+    @staticmethod
+    def _load_pending_loader_state(trainer: L.Trainer) -> None:
+        """Give the train loader the position stored in the checkpoint if Lightning did not.
+
+        ``trainer.estimated_stepping_batches`` (an LR schedule's length, read in
+        ``configure_optimizers``) makes Lightning 2.6 build the train loader *before* the
+        checkpoint's loop state is restored; ``FitLoop.setup_data`` then returns early and
+        never passes the saved position to the loader, so a mid-epoch resume starts the epoch
+        over. This does what ``setup_data`` would have done: load the state, re-create the
+        iterator (``on_train_start`` comes before the first fetch).
+        """
+        fit_loop = trainer.fit_loop
+        pending = getattr(fit_loop, "_combined_loader_states_to_load", None)
+        if not pending or not fit_loop.restarting or fit_loop._combined_loader is None:
+            return
+        fetcher = getattr(fit_loop, "_data_fetcher", None)
+        if fetcher is None:
+            return
+        fit_loop._load_combined_loader_states()
+        iter(fetcher)            # the loader's new iterator starts from the loaded position
+        log.info("ResumeState: restored the train loader's position from the checkpoint.")
 
     def _check_loaders(self, trainer: L.Trainer) -> None:
         """Warn about loaders that make a resume inexact (once per fit)."""

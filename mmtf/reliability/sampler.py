@@ -203,7 +203,9 @@ def make_stateful_dataloader(dataset: Dataset, batch_sampler: Any, *, num_worker
                              collate_fn: Any | None = None, seed: int = 0,
                              pin_memory: bool = False, persistent_workers: bool = False,
                              prefetch_factor: int | None = None,
-                             rank: int | None = None) -> StatefulDataLoader:
+                             rank: int | None = None,
+                             loader_cls: type[StatefulDataLoader] = StatefulDataLoader,
+                             **loader_kwargs: Any) -> StatefulDataLoader:
     """A ``StatefulDataLoader`` over ``batch_sampler`` that Lightning can resume mid-epoch.
 
     * Its own ``torch.Generator`` (seeded by ``seed``) supplies the workers' base seed, so
@@ -221,6 +223,9 @@ def make_stateful_dataloader(dataset: Dataset, batch_sampler: Any, *, num_worker
             ``torch.utils.data.DataLoader``.
         seed: seed of the loader's generator.
         rank: global rank mixed into worker seeds; None = from ``torch.distributed``.
+        loader_cls: ``StatefulDataLoader`` or a subclass (e.g.
+            :class:`mmtf.data.loader.StatefulDataLoader`, which adds per-epoch reports).
+        **loader_kwargs: further keyword arguments of ``loader_cls``.
     """
     for name in ("__len__", "state_dict", "load_state_dict"):
         if not hasattr(batch_sampler, name):
@@ -237,6 +242,10 @@ def make_stateful_dataloader(dataset: Dataset, batch_sampler: Any, *, num_worker
         kwargs["persistent_workers"] = persistent_workers
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
-    return StatefulDataLoader(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
-                              collate_fn=collate_fn, pin_memory=pin_memory,
-                              generator=torch.Generator().manual_seed(seed), **kwargs)
+    if not issubclass(loader_cls, StatefulDataLoader):
+        raise ValueError(f"make_stateful_dataloader: loader_cls ({loader_cls.__name__}) must be "
+                         f"a torchdata StatefulDataLoader (sub)class; Lightning only resumes "
+                         f"loaders that have state_dict/load_state_dict.")
+    return loader_cls(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
+                      collate_fn=collate_fn, pin_memory=pin_memory,
+                      generator=torch.Generator().manual_seed(seed), **kwargs, **loader_kwargs)

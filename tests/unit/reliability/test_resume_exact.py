@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 
+import lightning as L
 import pytest
 import torch
 
 from mmtf.reliability import ResumeState
-from tests.unit.reliability.toy import fit, max_abs_diff, run_forked
+from tests.unit.reliability.toy import ToyModule, fit, max_abs_diff, run_forked
 
 
 def kill_and_resume(tmp_path, *, kill_at: int, ckpt: dict, run: dict, resume_state=True,
@@ -119,3 +120,37 @@ def test_validation_isolation_keeps_training_independent_of_validation(tmp_path)
     _, leaky = fit(tmp_path / "c", **STEPS, val=True, val_check_interval=3, val_generator=False,
                    resume_state=ResumeState(isolate_validation=False))
     assert max_abs_diff(no_val, leaky) > 1e-3
+
+
+class ScheduleLengthToy(ToyModule):
+    """Reads ``trainer.estimated_stepping_batches`` in ``configure_optimizers`` (the length of
+    an LR schedule), as mmtf's tasks do. Lightning then builds the train loader before it
+    restores the loops' state and never hands the loader its saved position."""
+
+    def configure_optimizers(self):
+        self.total_steps = self.trainer.estimated_stepping_batches
+        return super().configure_optimizers()
+
+
+def _toy(seed: int = 0) -> ScheduleLengthToy:
+    L.seed_everything(seed, verbose=False)      # the same initial weights for every run
+    return ScheduleLengthToy()
+
+
+@pytest.mark.parametrize("num_workers, noise", [(0, "global"), (2, "sample")])
+def test_mid_epoch_resume_when_configure_optimizers_reads_the_schedule_length(
+        tmp_path, num_workers, noise):
+    # epoch-based (estimated_stepping_batches needs the loader's length): 3 x 6 steps;
+    # checkpoint at step 8 (epoch 1, batch 2 of 6); killed at the start of step 10
+    data = {"num_workers": num_workers, "noise": noise}
+    ref_trainer, ref = fit(tmp_path / "ref", module=_toy(), **EPOCHS, **data)
+    assert ref.total_steps == 18
+    code = run_forked(fit, tmp_path / "run", module=_toy(), kill_at=10, every_n_train_steps=4,
+                      **EPOCHS, **data)
+    assert code == -9
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 8
+    trainer, resumed = fit(tmp_path / "run", module=_toy(), ckpt_path=str(last),
+                           every_n_train_steps=4, **EPOCHS, **data)
+    assert trainer.global_step == ref_trainer.global_step == 18
+    assert max_abs_diff(ref, resumed) <= 1e-6
