@@ -3,6 +3,12 @@
 Writes into the Hydra run dir: the resolved config (``config.yaml``), checkpoints, TensorBoard and
 CSV logs, validation sample tables, and ``metrics.json`` (flat keys such as ``test/cider_d``).
 Returns the metric named by ``optimized_metric`` so Hydra sweepers can optimise it.
+
+Resume: ``ckpt_path=last`` (the newest checkpoint of the run dir; nothing there is an error),
+``ckpt_path=auto`` (the same, or a fresh start) or ``ckpt_path=<file>``, with
+``hydra.run.dir=<the run dir>``; see :func:`mmtf.reliability.resolve_resume`. The default
+callbacks (``conf/callbacks/default.yaml``) make that resume exact and save ``last.ckpt`` on
+SIGTERM (exit status 143).
 """
 
 from __future__ import annotations

@@ -397,7 +397,7 @@ def test_multirun_of_ddp_jobs_runs_each_job_once_in_one_sweep_dir(data_dir, tmp_
                                                        "trainer=ddp_cpu"),
                                  "model.decoder.depth=1,2", f"hydra.sweep.dir={sweep}",
                                  *cb("rec", Recorder, path=str(starts))],
-                  cwd=tmp_path, env=ENV, timeout=400)
+                  cwd=tmp_path, env=ENV, timeout=280)
     assert out.returncode == 0, out.stderr[-3000:]
     records = [json.loads(x) for x in starts.read_text().splitlines()]
     assert sorted((r["dir"], r["rank"]) for r in records) == [
@@ -472,7 +472,9 @@ def test_default_callbacks_include_the_reliability_set(data_dir, tmp_path):
     assert targets["ddp_fail_fast"] == "mmtf.reliability.DDPFailFast"
     assert targets["nonfinite_loss"] == "mmtf.reliability.NonFiniteLossGuard"
     assert cfg.callbacks.nonfinite_loss.policy == "raise"
-    assert cfg.callbacks.periodic_checkpoint.save_last and cfg.callbacks.model_checkpoint.save_last
+    assert targets["periodic_checkpoint"] == "mmtf.reliability.LastCheckpoint"
+    assert cfg.callbacks.periodic_checkpoint.every_n_train_steps > 0
+    assert cfg.callbacks.model_checkpoint.save_last
     assert cfg.callbacks.model_checkpoint.save_on_train_epoch_end is False
     assert [p["_target_"] for p in cfg.trainer.plugins] == ["mmtf.reliability.AtomicCheckpointIO"]
     assert cfg.trainer.use_distributed_sampler is False
