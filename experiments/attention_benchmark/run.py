@@ -308,8 +308,8 @@ def main() -> None:
     if args.memory_worker is not None:
         memory_worker([tuple(map(int, c.split(","))) for c in args.memory_worker])
         return
-    timing = (dict(budget_s=3.0, min_repeats=3, max_repeats=15, min_sample_s=0.05,
-                   naive_repeats=3) if args.quick
+    timing = (dict(budget_s=2.0, min_repeats=2, max_repeats=9, min_sample_s=0.05,
+                   naive_repeats=2) if args.quick
               else dict(budget_s=20.0, min_repeats=7, max_repeats=41, min_sample_s=0.1,
                         naive_repeats=7))
     wall0, load0 = time.perf_counter(), os.getloadavg()
@@ -326,7 +326,7 @@ def main() -> None:
     matmul, times = [], {}
     for n, b in TIME_CONFIGS:
         for mode in ("fwd", "fwdbwd"):
-            matmul.append(matmul_gflops(repeats=3))
+            matmul.append(matmul_gflops(repeats=1 if args.quick else 3))
             times[(n, b, mode)] = time_config(mods, b, n, mode, **timing)
     peak = max(matmul)
     print(f"float32 matmul 2048x2048 @ 2048x2048: {peak:.1f} GFLOP/s (best of {len(matmul)}x3, "
