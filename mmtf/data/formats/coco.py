@@ -47,6 +47,11 @@ def _load(index: Path) -> dict:
         raise DataError.make("missing_columns", index, f"COCO JSON has no {absent} key(s)",
                              'it must be {"images": [...], "annotations": [...]}',
                              skippable=False)
+    not_lists = [k for k in ("images", "annotations") if not isinstance(data[k], list)]
+    if not_lists:
+        raise DataError.make("missing_columns", index, f"COCO JSON key(s) {not_lists} are not "
+                             f"lists", 'it must be {"images": [...], "annotations": [...]}',
+                             skippable=False)
     return data
 
 
@@ -72,7 +77,8 @@ def read_coco(root: Path, split: str, *, report: Report,
     images: dict[object, tuple[str, str]] = {}
     for i, img in enumerate(data["images"]):
         where = f"{index.name} images[{i}]"
-        if not isinstance(img, dict) or "id" not in img or not img.get("file_name"):
+        if (not isinstance(img, dict) or not isinstance(img.get("id"), (int, str))
+                or not img.get("file_name")):
             report(bad_row(index, where, "image entry needs 'id' and 'file_name'",
                            "fix or delete the entry"))
             continue
@@ -80,7 +86,8 @@ def read_coco(root: Path, split: str, *, report: Report,
     captions: dict[object, list[str]] = {k: [] for k in images}
     for i, ann in enumerate(data["annotations"]):
         where = f"{index.name} annotations[{i}]"
-        if not isinstance(ann, dict) or "image_id" not in ann or "caption" not in ann:
+        if (not isinstance(ann, dict) or not isinstance(ann.get("image_id"), (int, str))
+                or "caption" not in ann):
             report(bad_row(index, where, "annotation needs 'image_id' and 'caption'",
                            "fix or delete the entry"))
             continue
