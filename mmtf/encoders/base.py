@@ -155,7 +155,11 @@ class Encoder(nn.Module):
         if not file.is_file():
             raise FileNotFoundError(f"{name}.load_pretrained: {str(file)!r} not found; the export "
                                     f"folder must contain {WEIGHTS_FILE} (written by mmtf-export).")
-        weights = load_file(str(file), device="cpu")
+        try:
+            weights = load_file(str(file), device="cpu")
+        except Exception as err:  # SafetensorError (a plain Exception): not a safetensors file
+            raise ValueError(f"{name}.load_pretrained: {str(file)!r} is not a valid safetensors "
+                             f"file ({err}); re-export it with python -m mmtf.export.") from None
         own = self.state_dict()
         problems = [f"tensor {k!r} has shape {tuple(v.shape)} in {file} but "
                     f"{tuple(own[k].shape)} in this model"
