@@ -17,6 +17,7 @@ from mmtf.decoders import EncoderDecoder
 from mmtf.tasks.common import (
     batch_inputs,
     broadcast_object,
+    check_limits,
     configure_adamw_cosine,
     gather_objects,
 )
@@ -67,6 +68,8 @@ class CaptioningTask(L.LightningModule):
             if getattr(dm, "tokenizer", None) is not None:
                 self.tokenizer = dm.tokenizer
             self.caption_parser = getattr(dm, "caption_parser", None)
+            check_limits(dm, self.model.encoder, self.model.decoder,
+                         self.generation.get("max_new_tokens"))
         if self.tokenizer is None:
             raise ValueError("CaptioningTask: no tokenizer; the data module must build one in "
                              "setup() or the checkpoint must carry it.")

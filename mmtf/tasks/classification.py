@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
-from mmtf.tasks.common import batch_inputs, configure_adamw_cosine
+from mmtf.tasks.common import batch_inputs, check_limits, configure_adamw_cosine
 
 
 class ClassificationTask(L.LightningModule):
@@ -58,6 +58,16 @@ class ClassificationTask(L.LightningModule):
                 "accuracy": MulticlassAccuracy(num_classes, average="micro"),
                 "macro_f1": MulticlassF1Score(num_classes, average="macro"),
             }) for split in ("train_", "val", "test")})   # "train" is a reserved ModuleDict key
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is None:
+            return
+        check_limits(dm, self.encoder)
+        classes = getattr(dm, "num_classes", None)
+        if classes is not None and classes != self.hparams.num_classes:
+            raise ValueError(f"the data has {classes} classes but model.num_classes is "
+                             f"{self.hparams.num_classes}; set model.num_classes={classes}.")
 
     def features(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Pooled encoder features, (b, c)."""

@@ -50,3 +50,28 @@ def configure_adamw_cosine(module: L.LightningModule, optimizer: Callable, modul
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, warmup_cosine(warmup_steps, max(1, total), min_lr_ratio))
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def check_limits(datamodule: Any, encoder: nn.Module, decoder: nn.Module | None = None,
+                 max_new_tokens: int | None = None) -> None:
+    """Reject data settings the model cannot hold, at setup, instead of an index or shape error
+    deep in the model: captions longer than the decoder's positions, audio longer than the
+    encoder accepts."""
+    enc_seconds = getattr(encoder, "max_seconds", None)
+    data_seconds = getattr(datamodule, "max_seconds", None)
+    audio = getattr(datamodule, "modality", None) == "audio"
+    if audio and enc_seconds is not None and (data_seconds is None or data_seconds > enc_seconds):
+        raise ValueError(f"data.max_seconds ({data_seconds}) exceeds model.encoder.max_seconds "
+                         f"({enc_seconds}); set data.max_seconds <= {enc_seconds} (clips are "
+                         f"cropped to it) or raise model.encoder.max_seconds.")
+    if decoder is None:
+        return
+    caption_tokens = getattr(datamodule, "max_caption_tokens", None)
+    if caption_tokens is not None and caption_tokens > decoder.max_len:
+        raise ValueError(f"data.max_caption_tokens ({caption_tokens}) exceeds "
+                         f"model.decoder.max_len ({decoder.max_len}); lower "
+                         f"data.max_caption_tokens (longer captions are truncated and counted) "
+                         f"or raise model.decoder.max_len.")
+    if max_new_tokens is not None and max_new_tokens + 1 > decoder.max_len:
+        raise ValueError(f"model.generation.max_new_tokens ({max_new_tokens}) + bos exceeds "
+                         f"model.decoder.max_len ({decoder.max_len}); lower max_new_tokens.")
