@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 from collections import Counter
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from mmtf.data.formats.clotho import read_clotho
 from mmtf.data.formats.coco import read_coco
 from mmtf.data.formats.manifest import read_manifest
 
-EXAMPLES = Counter()  # examples run per kind, checked in the last test
+EXAMPLES = Counter()  # examples run per kind, checked by _run_fuzz
 FUZZ = settings(max_examples=50, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
@@ -46,6 +45,15 @@ def _valid_bytes(kind: str) -> bytes:
 
 
 VALID = {kind: _valid_bytes(kind) for kind in ("WAV", "FLAC", "PNG")}
+
+
+def _run_fuzz(fuzz, kind: str, tmp_path: Path) -> None:
+    """Run one hypothesis fuzzer and check it really tried its examples."""
+    before = EXAMPLES[kind]
+    fuzz(tmp_path=tmp_path)
+    ran = EXAMPLES[kind] - before
+    print(f"\nfuzz {kind}: {ran} examples")
+    assert ran >= FUZZ.max_examples * 0.8, ran
 
 
 def _check_load(load, path: Path) -> None:
@@ -65,18 +73,16 @@ def _fuzz_file(tmp_path: Path, name: str, data: bytes) -> Path:
     return path
 
 
-@pytest.mark.timeout(120)
 @FUZZ
 @given(data=st.binary(max_size=2048), ext=st.sampled_from([".wav", ".flac", ".mp3", ".ogg"]))
-def test_random_bytes_as_audio(tmp_path, data, ext):
+def _random_bytes_as_audio(tmp_path, data, ext):
     EXAMPLES["audio_random"] += 1
     _check_load(load_audio, _fuzz_file(tmp_path, f"clip{ext}", data))
 
 
-@pytest.mark.timeout(120)
 @FUZZ
 @given(kind=st.sampled_from(["WAV", "FLAC"]), cut=st.floats(0, 1), flip=st.integers(0, 10**6))
-def test_truncated_or_corrupted_audio(tmp_path, kind, cut, flip):
+def _truncated_or_corrupted_audio(tmp_path, kind, cut, flip):
     data = bytearray(VALID[kind][: int(cut * len(VALID[kind]))])
     if data and flip % 3 == 0:  # also flip one byte now and then
         data[flip % len(data)] ^= 0xFF
@@ -84,11 +90,10 @@ def test_truncated_or_corrupted_audio(tmp_path, kind, cut, flip):
     _check_load(load_audio, _fuzz_file(tmp_path, f"cut.{kind.lower()}", bytes(data)))
 
 
-@pytest.mark.timeout(120)
 @FUZZ
 @given(data=st.binary(max_size=2048) | st.integers(0, len(VALID["PNG"])).map(
     lambda n: VALID["PNG"][:n]), ext=st.sampled_from([".png", ".jpg", ".bmp"]))
-def test_random_or_truncated_images(tmp_path, data, ext):
+def _random_or_truncated_images(tmp_path, data, ext):
     EXAMPLES["image"] += 1
     _check_load(load_image, _fuzz_file(tmp_path, f"img{ext}", data))
 
@@ -114,12 +119,11 @@ def _read(reader, root: Path, **kw):
     return items
 
 
-@pytest.mark.timeout(120)
 @FUZZ
 @given(header=st.lists(st.sampled_from(["file_name", "caption_1", "caption_2", "x", ""]),
                        max_size=4),
        rows=st.lists(st.lists(TEXT, max_size=4), max_size=4), quote=st.booleans())
-def test_random_clotho_csv(tmp_path, header, rows, quote):
+def _random_clotho_csv(tmp_path, header, rows, quote):
     root = tmp_path / "fuzz_clotho"
     (root / "development").mkdir(parents=True, exist_ok=True)
     (root / "development" / "a.wav").write_bytes(VALID["WAV"])
@@ -140,11 +144,10 @@ JSON_VALUE = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | TEXT,
                                             kids, max_size=4), max_leaves=8)
 
 
-@pytest.mark.timeout(120)
 @FUZZ
 @given(doc=st.dictionaries(st.sampled_from(["images", "annotations", "x"]), JSON_VALUE,
                            max_size=3) | JSON_VALUE, raw=st.none() | TEXT)
-def test_random_coco_json(tmp_path, doc, raw):
+def _random_coco_json(tmp_path, doc, raw):
     root = tmp_path / "fuzz_coco"
     (root / "annotations").mkdir(parents=True, exist_ok=True)
     (root / "train").mkdir(exist_ok=True)
@@ -155,11 +158,10 @@ def test_random_coco_json(tmp_path, doc, raw):
     _read(read_coco, root)
 
 
-@pytest.mark.timeout(120)
 @FUZZ
 @given(lines=st.lists(JSON_VALUE.map(json.dumps) | TEXT, max_size=4),
        modality=st.sampled_from(["audio", "image"]))
-def test_random_manifest_jsonl(tmp_path, lines, modality):
+def _random_manifest_jsonl(tmp_path, lines, modality):
     root = tmp_path / "fuzz_manifest"
     root.mkdir(exist_ok=True)
     (root / "a.wav").write_bytes(VALID["WAV"])
@@ -167,6 +169,30 @@ def test_random_manifest_jsonl(tmp_path, lines, modality):
     EXAMPLES["manifest_jsonl"] += 1
     _read(read_manifest, root, modality=modality)
 
+
+@pytest.mark.timeout(120)
+def test_random_bytes_as_audio(tmp_path):
+    _run_fuzz(_random_bytes_as_audio, "audio_random", tmp_path)
+
+@pytest.mark.timeout(120)
+def test_truncated_or_corrupted_audio(tmp_path):
+    _run_fuzz(_truncated_or_corrupted_audio, "audio_truncated", tmp_path)
+
+@pytest.mark.timeout(120)
+def test_random_or_truncated_images(tmp_path):
+    _run_fuzz(_random_or_truncated_images, "image", tmp_path)
+
+@pytest.mark.timeout(120)
+def test_random_clotho_csv(tmp_path):
+    _run_fuzz(_random_clotho_csv, "clotho_csv", tmp_path)
+
+@pytest.mark.timeout(120)
+def test_random_coco_json(tmp_path):
+    _run_fuzz(_random_coco_json, "coco_json", tmp_path)
+
+@pytest.mark.timeout(120)
+def test_random_manifest_jsonl(tmp_path):
+    _run_fuzz(_random_manifest_jsonl, "manifest_jsonl", tmp_path)
 
 def _clotho_set(root: Path, broken: dict[str, bytes]) -> None:
     rng = np.random.default_rng(1)
@@ -208,12 +234,3 @@ def test_skip_policy_completes_an_epoch_and_counts_the_broken_files(tmp_path):
         for _ in strict.train_dataloader():
             pass
 
-
-def test_fuzz_examples_ran():
-    """All fuzz tests above ran their examples (fails if run alone: run the whole file)."""
-    if not EXAMPLES:
-        pytest.skip("run with the fuzz tests of this file")
-    total = sum(EXAMPLES.values())
-    print(f"\nfuzz examples: {dict(EXAMPLES)} total={total}")
-    assert all(n >= 20 for n in EXAMPLES.values()) and len(EXAMPLES) == 6, EXAMPLES
-    assert math.isfinite(total)
