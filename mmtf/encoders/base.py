@@ -138,7 +138,8 @@ class Encoder(nn.Module):
         """Load ``path/weights.safetensors`` (or a ``.safetensors`` file) into this encoder.
 
         Every key and shape is compared with ``self.state_dict()`` before anything is copied,
-        and the values of persistent buffers (derived from the config, e.g. the mel filterbank).
+        and the values of persistent buffers derived from the config (e.g. the mel filterbank;
+        learned BatchNorm statistics are loaded, not compared).
 
         Raises:
             FileNotFoundError: the folder or the weights file does not exist.
@@ -176,7 +177,12 @@ class Encoder(nn.Module):
             # Persistent buffers (mel filterbank, STFT window, feature statistics) are computed
             # from the config, not learned: different values mean a different front-end config,
             # which loading would otherwise override without a word.
-            buffers = {k for k, _ in self.named_buffers() if k in own}
+            # BatchNorm running statistics are persistent buffers too, but learned: skip them.
+            learned = {f"{m_name}.{b_name}" if m_name else b_name
+                       for m_name, module in self.named_modules()
+                       if isinstance(module, nn.modules.batchnorm._NormBase)
+                       for b_name, _ in module.named_buffers(recurse=False)}
+            buffers = {k for k, _ in self.named_buffers() if k in own and k not in learned}
             problems = [f"buffer {k!r} (computed from the config) differs between {file} and "
                         f"this model" for k in sorted(buffers)
                         if not own[k].is_meta and not torch.allclose(

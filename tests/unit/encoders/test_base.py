@@ -106,6 +106,19 @@ def test_load_pretrained_round_trip(kind, tmp_path):
                                          src(inputs, lengths).memory)
 
 
+def test_load_pretrained_carries_learned_batchnorm_statistics(tmp_path):
+    conv = dict(TINY_VISION, stem="conv", stem_convs=2, stem_norm="batch")
+    src = VisionEncoder(**conv)
+    src(torch.randn(4, 3, 32, 32) * 3 + 1)                  # train mode: running stats move
+    bn = next(m for m in src.modules() if isinstance(m, nn.BatchNorm2d))
+    assert not torch.allclose(bn.running_mean, torch.zeros_like(bn.running_mean))
+    src.eval()
+    _export(src, tmp_path / "enc", {"_target_": "mmtf.encoders.VisionEncoder", **src.config})
+    loaded = VisionEncoder(**conv, pretrained=tmp_path / "enc").eval()
+    images = torch.randn(2, 3, 32, 32)
+    assert torch.equal(loaded(images).memory, src(images).memory)
+
+
 def test_load_pretrained_shape_mismatch_names_tensor_shapes_and_config(tmp_path):
     src = make("audio")
     _export(src, tmp_path / "enc", {"_target_": "mmtf.encoders.AudioEncoder", **src.config})
