@@ -3,10 +3,14 @@ table, and CLS pooling."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from torch import nn
 
 from mmtf.encoders import VisionEncoder, pool
+from mmtf.encoders.vision import sincos_2d
 
 from .conftest import TINY_VISION
 
@@ -91,6 +95,37 @@ def test_position_table_resampling():
     assert not torch.allclose(before, enc(images).memory)
 
 
+def test_sincos_positions_match_a_float64_loop_and_fit_any_grid():
+    dim = 32
+    for gh, gw in [(4, 4), (3, 7)]:
+        table = sincos_2d(gh, gw, dim)
+        assert table.shape == (gh * gw, dim) and table.dtype == torch.float32
+        for index in range(gh * gw):
+            row, col = divmod(index, gw)                        # row-major, like the patches
+            for k in range(dim // 4):
+                w = 10000.0 ** (-k / (dim // 4))
+                expected = [math.sin(row * w), math.cos(row * w), math.sin(col * w),
+                            math.cos(col * w)]
+                got = [table[index, j * dim // 4 + k].item() for j in range(4)]
+                assert got == pytest.approx(expected, abs=1e-6)
+    enc = VisionEncoder(**TINY_VISION, pos_embed="sincos").eval()
+    assert enc.pos_embed is None and not any("pos" in k for k in enc.state_dict())
+    for h, w in [(32, 32), (48, 24)]:
+        out = enc(torch.randn(2, 3, h, w))
+        table = enc.position_table(h // 8, w // 8)
+        torch.testing.assert_close(table[0], sincos_2d(h // 8, w // 8, 32))
+        assert out.memory.shape == (2, 1 + (h // 8) * (w // 8), 32)
+    # Patches moved to another place give other tokens: the position reaches the memory.
+    images = torch.zeros(1, 3, 32, 32)
+    memory = enc(images).memory[0, 1:]
+    assert (memory[0] - memory[5]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match=r"pos_embed 'sincos' splits dim \(42\) into 4"):
+        VisionEncoder(dim=42, depth=1, num_heads=6, patch_size=8, image_size=32,
+                      pos_embed="sincos")
+    with pytest.raises(ValueError, match=r"pos_embed \('rope'\) must be 'learned'"):
+        VisionEncoder(**TINY_VISION, pos_embed="rope")
+
+
 def test_cls_and_mean_pooling():
     enc = VisionEncoder(**TINY_VISION)
     out = enc(torch.randn(3, 3, 32, 32))
@@ -119,7 +154,36 @@ def test_conv_stem_gives_the_patch_grid_and_sees_across_patch_borders():
     assert delta[0, 1] > 0 and delta[0, 3:].max() == 0
 
 
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_deeper_conv_stem_keeps_the_grid_and_widens_the_receptive_field(norm):
+    images = torch.randn(2, 3, 32, 64)
+    bumped = images.clone()
+    bumped[:, :, 3, 7] += 10.0                       # left of the first patch border
+    reach = {}
+    for convs in (1, 2):
+        torch.manual_seed(0)
+        enc = VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32,
+                            cls_token=False, stem="conv", stem_convs=convs, stem_norm=norm).eval()
+        strided = [m.stride[0] for m in enc.patch_embed if isinstance(m, nn.Conv2d)]
+        assert strided == [2, *[1] * (convs - 1)] * 3 + [1]          # + the 1x1 projection
+        norms = [m for m in enc.patch_embed if isinstance(m, (nn.BatchNorm2d, nn.LayerNorm))]
+        assert len(norms) == 3 * convs
+        assert all(isinstance(m, nn.BatchNorm2d) == (norm == "batch") for m in norms)
+        assert enc(images).memory.shape == (2, (32 // 8) * (64 // 8), 32)
+        delta = (enc.patch_embed(bumped) - enc.patch_embed(images)).abs().amax(dim=(0, 1))
+        reach[convs] = int((delta[0] > 0).nonzero().max())      # rightmost token that moved
+    # Receptive field of the stem: 15 pixels with one conv per stage, 43 with two, so the pixel
+    # at column 7 reaches token 1 (columns 8-15) only, or tokens up to 3 (columns 24-31).
+    assert reach == {1: 1, 2: 3}
+
+
 def test_bad_stem_arguments():
+    with pytest.raises(ValueError, match=r"stem_convs \(0\) must be >= 1"):
+        VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="conv",
+                      stem_convs=0)
+    with pytest.raises(ValueError, match=r"stem_norm \('group'\) 'batch' or 'layer'"):
+        VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="conv",
+                      stem_norm="group")
     with pytest.raises(ValueError, match=r"stem \('vit'\) must be 'patch' or 'conv'"):
         VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="vit")
     with pytest.raises(ValueError, match=r"patch_size \(6\) must be a power of two"):
