@@ -1,6 +1,6 @@
 """Plot the learning curve of a training run from its CSV log.
 
-    python experiments/audio_captioning_synth/plot.py outputs/audio_captioning/runs/<time> \
+    python experiments/plot_learning_curve.py outputs/audio_captioning/runs/<time> \
         --out experiments/audio_captioning_synth/learning_curve.png
 
 Reads ``<run>/csv/metrics.csv`` (Lightning's CSVLogger) and draws the training/validation loss
