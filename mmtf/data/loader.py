@@ -19,6 +19,7 @@ random numbers, so it changes neither the batches nor the loader's saved state.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,11 @@ import torchdata.stateful_dataloader
 from mmtf.data.errors import ErrorCounter
 
 log = logging.getLogger("mmtf.data")
+
+# torchdata 0.11 calls the deprecated torch.set_vital on every iterator: a UserWarning per epoch
+# that tells the user nothing they can act on.
+warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated", category=UserWarning,
+                        module=r"torchdata\.stateful_dataloader")
 
 __all__ = ["DataLoader", "StatefulDataLoader"]
 
@@ -72,7 +78,21 @@ def _watch(loader: Any, it: Iterator[Any]) -> Iterator[Any]:
             sampler.set_epoch(epoch + 1)
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class _Reporting:
+    """What both loaders add: the error counter, the split name and the per-pass report."""
+
+    def __init__(self, dataset: Any, *, counter: ErrorCounter | None = None, split: str = "",
+                 **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)  # type: ignore[call-arg]
+        self.counter = counter if counter is not None else ErrorCounter()
+        self.split = split
+        self.last_epoch: dict[str, Any] = {}
+
+    def __iter__(self) -> Iterator[Any]:
+        return _watch(self, super().__iter__())  # type: ignore[misc]
+
+
+class DataLoader(_Reporting, torch.utils.data.DataLoader):
     """``torch.utils.data.DataLoader`` plus per-epoch skip counts and padding stats.
 
     Args:
@@ -82,18 +102,8 @@ class DataLoader(torch.utils.data.DataLoader):
         **kwargs: passed to ``torch.utils.data.DataLoader``.
     """
 
-    def __init__(self, dataset: Any, *, counter: ErrorCounter | None = None, split: str = "",
-                 **kwargs: Any) -> None:
-        super().__init__(dataset, **kwargs)
-        self.counter = counter if counter is not None else ErrorCounter()
-        self.split = split
-        self.last_epoch: dict[str, Any] = {}
 
-    def __iter__(self) -> Iterator[Any]:
-        return _watch(self, super().__iter__())
-
-
-class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
+class StatefulDataLoader(_Reporting, torchdata.stateful_dataloader.StatefulDataLoader):
     """torchdata's ``StatefulDataLoader`` (mid-epoch ``state_dict``) with the same reports.
 
     ``state_dict()`` is the wrapped iterator's: it counts exactly the batches this loader
@@ -105,13 +115,3 @@ class StatefulDataLoader(torchdata.stateful_dataloader.StatefulDataLoader):
         split: for the log line.
         **kwargs: passed to ``StatefulDataLoader``.
     """
-
-    def __init__(self, dataset: Any, *, counter: ErrorCounter | None = None, split: str = "",
-                 **kwargs: Any) -> None:
-        super().__init__(dataset, **kwargs)
-        self.counter = counter if counter is not None else ErrorCounter()
-        self.split = split
-        self.last_epoch: dict[str, Any] = {}
-
-    def __iter__(self) -> Iterator[Any]:
-        return _watch(self, super().__iter__())
