@@ -12,6 +12,7 @@ different systems are interleaved and the medians taken, because the machine is 
 
     python experiments/kv_cache_decoding/run.py            # full (~10 min: the uncached run)
     python experiments/kv_cache_decoding/run.py --quick    # smoke run, under a minute
+    python experiments/kv_cache_decoding/run.py --dtype bfloat16   # both systems in bf16
 
 Prints a table and, last, one JSON line:
 {"cache_speedup": ..., "vs_peer_tokens_per_s": ..., "late_over_early_step": ...}
@@ -138,7 +139,8 @@ def bytes_per_step(dec: TextDecoder, batch: int, frames: int, position: int) -> 
         params.pop(id(dec.embed.weight))
     weight_bytes = sum(p.numel() * p.element_size() for p in params.values())
     stack = dec.stack
-    per_pos = 2 * batch * stack.num_kv_heads * stack.head_dim * 4 * stack.depth   # K and V
+    itemsize = next(dec.parameters()).element_size()          # the cache has the model's dtype
+    per_pos = 2 * batch * stack.num_kv_heads * stack.head_dim * itemsize * stack.depth  # K, V
     return weight_bytes, per_pos * (position + 1 + frames)
 
 
@@ -148,6 +150,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peers", default="bart,whisper")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="weights, memory and caches of both systems (bf16 uses AMX/AVX512 "
+                             "where the CPU has it)")
     args = parser.parse_args()
     args.batch, args.frames, args.dim, args.depth, args.heads = 8, 256, 512, 6, 8
     args.ffn, args.vocab, args.tokens = 2048, 8000, 128
@@ -155,9 +160,10 @@ def main() -> None:
         args.tokens, args.repeats, args.peers = 16, 1, "bart"
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    memory = torch.randn(args.batch, args.frames, args.dim)
-    dec = build_mmtf(args)
-    peers = {kind: build_peer(kind, args) for kind in args.peers.split(",") if kind}
+    dtype = getattr(torch, args.dtype)
+    memory = torch.randn(args.batch, args.frames, args.dim).to(dtype)
+    dec = build_mmtf(args).to(dtype)
+    peers = {kind: build_peer(kind, args).to(dtype) for kind in args.peers.split(",") if kind}
     window = args.tokens // 4              # 32 of 128: tokens 1-32 vs 97-128
 
     run_mmtf(dec, memory, 4, True)                                   # warm-up
@@ -210,7 +216,7 @@ def main() -> None:
     rows = [
         ("setting", f"B={args.batch}, memory {args.frames}, {args.tokens} tokens, depth "
                     f"{args.depth}, dim {args.dim}, vocab {args.vocab}, threads {args.threads}, "
-                    f"repeats {args.repeats} (medians)"),
+                    f"{args.dtype}, repeats {args.repeats} (medians)"),
         ("mmtf cached: s / tokens/s", f"{t_cached:.2f} s / {tps:.0f}"),
         ("mmtf uncached: s / tokens/s", f"{uncached:.2f} s / {n_tok / uncached:.0f}"),
         ("cached == uncached tokens", str(same_tokens)),
