@@ -32,6 +32,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from mmtf.reliability import NonFiniteLossError
 from mmtf.train import train
+from tests.unit.reliability.toy import run_forked
 
 from .conftest import REPO, compose_train, run_cli, tiny_overrides
 
@@ -169,24 +170,6 @@ def compare_runs(ref: Path, run: Path) -> float:
     return max_abs_diff(a["state_dict"], b["state_dict"])
 
 
-def forked(fn: Any, *args: Any, timeout: float = 180) -> int:
-    """Run ``fn(*args)`` in a forked child (the imports are inherited); its exit code."""
-    import multiprocessing as mp
-
-    def child() -> None:
-        torch.set_num_threads(1)      # OpenMP pools do not survive fork
-        fn(*args)
-
-    proc = mp.get_context("fork").Process(target=child)
-    proc.start()
-    proc.join(timeout)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-        raise TimeoutError(f"forked run did not finish in {timeout} s")
-    return proc.exitcode
-
-
 def stream(args: list[str], cwd: Path, *, on_line: Any, timeout: float
            ) -> tuple[int, str, float | None, float]:
     """``python -m mmtf.train args`` with output read line by line; ``on_line(line, proc)``
@@ -266,8 +249,9 @@ def test_sigkill_at_epoch_boundary_resumes_exactly_and_keeps_the_tokenizer(data_
     different data.tokenizer spec the checkpoint's tokenizer is still the one used."""
     ref, run = tmp_path / "ref", tmp_path / "run"
     train(compose_train(exact_overrides(data_dir), ref))
-    code = forked(train, compose_train(exact_overrides(data_dir, *cb("kill", KillAtStep, step=3)),
-                                       run))
+    code = run_forked(train, compose_train(exact_overrides(data_dir, *cb("kill", KillAtStep,
+                                                                         step=3)), run),
+                      timeout=180)
     assert code == -signal.SIGKILL
     killed = load(run / "checkpoints" / "last.ckpt")
     assert (killed["global_step"], killed["epoch"]) == (3, 0)
