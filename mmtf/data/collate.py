@@ -6,8 +6,10 @@ Batch keys (the Lightning tasks rely on them):
 ``audio``          float32 (b, s), zero-padded to the longest clip in the batch
 ``audio_lengths``  long (b,), real samples per clip
 ``image``          float32 (b, 3, h, w)
-``tokens``         long (b, n): ``[bos, ..., eos]`` then pad (0) — captioning
-``token_lengths``  long (b,) — captioning
+``tokens``         long (b * k, n): ``[bos, ..., eos]`` then pad (0) — captioning;
+                   k = ``data.captions_per_item`` training captions per item
+                   (item-major), 1 in evaluation
+``token_lengths``  long (b * k,) — captioning
 ``references``     list[list[str]], every caption of each item — captioning
 ``label``          long (b,) — classification
 ``ids``            list[str]
@@ -71,8 +73,12 @@ class Collate:
                     f"(e.g. Resize(64) + CenterCrop(64)).")
             batch["image"] = torch.stack([e["image"] for e in examples])  # (b, 3, h, w)
         if self.task == "caption":
+            # Several training captions per item (data.captions_per_item) come as a list each
+            # and are laid out item-major: rows i*k .. i*k+k-1 belong to item i.
+            captions = [t for e in examples
+                        for t in (e["tokens"] if isinstance(e["tokens"], list) else [e["tokens"]])]
             batch["tokens"], batch["token_lengths"] = pad_1d(
-                [e["tokens"] for e in examples], self.pad_id, dtype=torch.long)  # (b, n)
+                captions, self.pad_id, dtype=torch.long)                 # (b * k, n)
             batch["references"] = [list(e["references"]) for e in examples]
         else:
             batch["label"] = torch.tensor([e["label"] for e in examples], dtype=torch.long)

@@ -286,6 +286,11 @@ class CaptionDataModule(MediaDataModule):
             ``caption_truncated`` (a warning). Default: ``tokenizer.max_len``, else 64.
         caption_policy: ``random`` (one reference per item per epoch) or ``all`` (every
             (item, reference) pair per epoch). Evaluation always keeps every reference.
+        captions_per_item: training captions per item per step, sharing one encoder pass
+            (``seq_per_img`` of the neuraltalk2 / self-critical.pytorch lineage): the item's
+            references from the epoch's drawn one on, cycling when it has fewer. The batch's
+            ``tokens`` then hold ``batch_size * captions_per_item`` rows, item-major, and every
+            item keeps the same weight. Only with ``caption_policy: random``.
         **kwargs: see :class:`MediaDataModule`.
 
     Attributes:
@@ -297,7 +302,8 @@ class CaptionDataModule(MediaDataModule):
 
     def __init__(self, *, tokenizer: Mapping[str, Any] | None = None,
                  tokenizer_path: str | None = None, max_caption_tokens: int | None = None,
-                 caption_policy: Literal["random", "all"] = "random", **kwargs: Any) -> None:
+                 caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         spec = dict(_plain(tokenizer)) if tokenizer else {"kind": "bpe", "vocab_size": 1000}
         spec_max = spec.get("max_len")
@@ -312,6 +318,12 @@ class CaptionDataModule(MediaDataModule):
                              f"hold <bos> and <eos>.")
         if caption_policy not in ("random", "all"):
             raise ValueError(f"caption_policy ({caption_policy!r}) must be 'random' or 'all'.")
+        if captions_per_item < 1 or (captions_per_item > 1 and caption_policy != "random"):
+            raise ValueError(f"captions_per_item ({captions_per_item}) must be >= 1, and > 1 "
+                             f"only with caption_policy=random (caption_policy "
+                             f"{caption_policy!r} already visits every pair); fix "
+                             f"data.captions_per_item or data.caption_policy.")
+        self.captions_per_item = captions_per_item
         self.tokenizer_spec, self.tokenizer_path = spec, tokenizer_path
         self.caption_policy = caption_policy
         self.tokenizer: Any = None
@@ -380,6 +392,7 @@ class CaptionDataModule(MediaDataModule):
 
     def _dataset(self, split: str, crop: str) -> CaptionDataset:
         return CaptionDataset(self.items(split), tokens=self.tokens(split),
+                              captions_per_item=self.captions_per_item if split == "train" else 1,
                               **self._media_kwargs(split, crop))
 
 

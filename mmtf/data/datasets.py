@@ -131,10 +131,12 @@ class MediaDataset(Dataset):
         if self.transform is None:
             return image
         # Random transforms draw from torch's global RNG; seed it per (seed, epoch, item) so
-        # augmentations, like audio crops, do not depend on the number of workers.
+        # augmentations, like audio crops, do not depend on the number of workers. The CPU
+        # generator only: torch.manual_seed also queues a CUDA seed with a captured stack
+        # trace, which was half of the per-image loading time.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(np.random.SeedSequence([self.seed, epoch, index])
-                                  .generate_state(1)[0]))
+            torch.default_generator.manual_seed(
+                int(np.random.SeedSequence([self.seed, epoch, index]).generate_state(1)[0]))
             return self.transform(image)
 
     def example(self, index: int, caption: int, media: Tensor) -> dict[str, Any]:
@@ -167,25 +169,34 @@ class MediaDataset(Dataset):
 
 
 class CaptionDataset(MediaDataset):
-    """Media + one tokenized training caption + all references per item.
+    """Media + tokenized training caption(s) + all references per item.
 
     Args:
         items: caption items.
         tokens: token ids per item per caption (``tokens[i][k]`` for ``items[i].captions[k]``).
+        captions_per_item: 1: ``tokens`` is the key's caption; k > 1: a list of the k captions
+            from the key's one on, cycling through the item's references.
         **kwargs: see :class:`MediaDataset`.
     """
 
     def __init__(self, items: Sequence[CaptionItem], *, tokens: Sequence[Sequence[Sequence[int]]],
-                 **kwargs: Any) -> None:
+                 captions_per_item: int = 1, **kwargs: Any) -> None:
         super().__init__(items, **kwargs)
         if len(tokens) != len(self.items):
             raise ValueError(f"tokens has {len(tokens)} entries for {len(self.items)} items.")
+        if captions_per_item < 1:
+            raise ValueError(f"captions_per_item ({captions_per_item}) must be >= 1.")
         self.tokens = [[np.asarray(t, dtype=np.int64) for t in per] for per in tokens]
+        self.captions_per_item = captions_per_item
 
     def example(self, index: int, caption: int, media: Tensor) -> dict[str, Any]:
         out = super().example(index, caption, media)
         per_item = self.tokens[index]
-        out["tokens"] = per_item[caption % len(per_item)]
+        if self.captions_per_item == 1:
+            out["tokens"] = per_item[caption % len(per_item)]
+        else:
+            out["tokens"] = [per_item[(caption + j) % len(per_item)]
+                             for j in range(self.captions_per_item)]
         out["references"] = self.items[index].captions
         return out
 

@@ -93,17 +93,28 @@ class EncoderDecoder(nn.Module):
 
         Args:
             inputs, lengths: encoder inputs, as in :meth:`encode`.
-            tokens: (b, n) long targets, ``[bos, w1 .. wk, eos, pad ...]``.
+            tokens: (b * k, n) long targets, ``[bos, words .., eos, pad ...]``: k >= 1
+                captions per input, item-major (rows i*k .. i*k+k-1 describe input i), all
+                decoded against one encoder pass of their input.
 
         Returns:
-            :class:`Seq2SeqOutput` with logits (b, n - 1, v) and the mean loss over scored
+            :class:`Seq2SeqOutput` with logits (b * k, n - 1, v) and the mean loss over scored
             targets.
         """
         if tokens.dim() != 2 or tokens.shape[1] < 2:
             raise ValueError(f"EncoderDecoder: tokens must be (batch, length >= 2) ids "
                              f"[bos, ..., eos]; got shape {tuple(tokens.shape)}.")
         memory, mask = self.encode(inputs, lengths)
-        logits = self.decoder(tokens[:, :-1], memory, mask)              # (b, n - 1, v)
+        b, rows = memory.shape[0], tokens.shape[0]
+        if rows != b:
+            if rows % b:
+                raise ValueError(f"EncoderDecoder: {rows} caption rows for {b} inputs; tokens "
+                                 f"must hold k captions per input (item-major), k >= 1.")
+            # k captions per input share its encoder pass (data.captions_per_item)
+            memory = memory.repeat_interleave(rows // b, dim=0)           # (b * k, s, d)
+            if mask is not None:
+                mask = mask.repeat_interleave(rows // b, dim=0)           # (b * k, s)
+        logits = self.decoder(tokens[:, :-1], memory, mask)              # (b * k, n - 1, v)
         return Seq2SeqOutput(logits, self.loss(logits, tokens[:, 1:]))
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:

@@ -114,6 +114,32 @@ def test_caption_policy_all_and_random(tiny_audio_captions):
     assert sum(len(b["ids"]) for b in dm.train_dataloader()) == 6
 
 
+def test_captions_per_item_trains_on_several_references_of_each_item(tiny_audio_captions):
+    dm = _audio_dm(tiny_audio_captions, captions_per_item=3, batch_size=2)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    tokens = dm.tokens("train")
+    index = {item.id: i for i, item in enumerate(dm.items("train"))}
+    seen = 0
+    for batch in loader:
+        b = len(batch["ids"])
+        assert batch["audio"].shape[0] == b and batch["tokens"].shape[0] == 3 * b
+        for i, item_id in enumerate(batch["ids"]):
+            refs = tokens[index[item_id]]                        # every reference of the item
+            rows = [batch["tokens"][3 * i + j, : batch["token_lengths"][3 * i + j]].tolist()
+                    for j in range(3)]
+            start = refs.index(rows[0])                          # the epoch's drawn caption
+            assert rows == [refs[(start + j) % len(refs)] for j in range(3)]
+            seen += 1
+    assert seen == 6
+    val = next(iter(dm.val_dataloader()))                        # evaluation: one row per item
+    assert val["tokens"].shape[0] == len(val["ids"])
+    with pytest.raises(ValueError, match=r"captions_per_item \(2\).*caption_policy=random"):
+        _audio_dm(tiny_audio_captions, captions_per_item=2, caption_policy="all")
+    with pytest.raises(ValueError, match=r"captions_per_item \(0\)"):
+        _audio_dm(tiny_audio_captions, captions_per_item=0)
+
+
 def test_same_seed_same_batches_new_epoch_new_batches(tiny_audio_captions):
     def first_batches(seed, epoch):
         dm = _audio_dm(tiny_audio_captions, seed=seed, max_seconds=0.5, batch_size=6)

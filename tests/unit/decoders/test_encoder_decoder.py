@@ -55,6 +55,21 @@ def test_loss_matches_references(batch, eps):
     torch.testing.assert_close(out.loss.double(), manual_loss(logits, tokens[:, 1:], eps))
 
 
+def test_several_captions_per_input_share_one_encoder_pass(batch):
+    """k caption rows per input (item-major) score exactly like the inputs repeated k times."""
+    model = make_model(label_smoothing=0.1)
+    x, lengths = batch                                           # 3 inputs
+    tokens = torch.cat([targets(), targets().flip(0)])           # 6 rows of 3 lengths
+    tokens = tokens[torch.tensor([0, 3, 1, 4, 2, 5])]            # item-major: 2 per input
+    out = model(x, lengths, tokens)
+    reference = model(x.repeat_interleave(2, dim=0), lengths.repeat_interleave(2), tokens)
+    assert out.logits.shape == (6, 6, VOCAB)
+    torch.testing.assert_close(out.logits, reference.logits)
+    torch.testing.assert_close(out.loss, reference.loss)
+    with pytest.raises(ValueError, match=r"5 caption rows for 3 inputs"):
+        model(x, lengths, tokens[:5])
+
+
 def test_loss_ignores_everything_after_eos(batch):
     model = make_model()
     x, lengths = batch
