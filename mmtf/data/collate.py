@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -73,10 +74,10 @@ class Collate:
                     f"(e.g. Resize(64) + CenterCrop(64)).")
             batch["image"] = torch.stack([e["image"] for e in examples])  # (b, 3, h, w)
         if self.task == "caption":
-            # Several training captions per item (data.captions_per_item) come as a list each
-            # and are laid out item-major: rows i*k .. i*k+k-1 belong to item i.
+            # Several training captions per item (data.captions_per_item) come as a list of
+            # id sequences each and are laid out item-major: rows i*k .. i*k+k-1 are item i's.
             captions = [t for e in examples
-                        for t in (e["tokens"] if isinstance(e["tokens"], list) else [e["tokens"]])]
+                        for t in (e["tokens"] if _is_many(e["tokens"]) else [e["tokens"]])]
             batch["tokens"], batch["token_lengths"] = pad_1d(
                 captions, self.pad_id, dtype=torch.long)                 # (b * k, n)
             batch["references"] = [list(e["references"]) for e in examples]
@@ -85,3 +86,8 @@ class Collate:
         batch["ids"] = [e["id"] for e in examples]
         batch["_skipped"] = [s for e in examples for s in e.get("_skipped", ())]
         return batch
+
+
+def _is_many(tokens: Any) -> bool:
+    """A list of captions (1-D id sequences), not one caption (ids)."""
+    return isinstance(tokens, list) and len(tokens) > 0 and np.ndim(tokens[0]) == 1

@@ -27,6 +27,17 @@ def test_audio_caption_collate_pads_and_reports_lengths():
     assert batch["_skipped"] == [("non_finite", "b.wav")]
 
 
+def test_collate_lays_out_several_captions_per_item_item_major():
+    examples = [{"image": torch.zeros(3, 2, 2), "tokens": [np.array([1, 7, 2]), [1, 8, 9, 2]],
+                 "references": ("x", "y"), "id": "a"},
+                {"image": torch.ones(3, 2, 2), "tokens": [[1, 2], np.array([1, 5, 2])],
+                 "references": ("z", "w"), "id": "c"}]
+    batch = Collate(modality="image", task="caption")(examples)
+    assert batch["image"].shape == (2, 3, 2, 2)
+    assert batch["tokens"].tolist() == [[1, 7, 2, 0], [1, 8, 9, 2], [1, 2, 0, 0], [1, 5, 2, 0]]
+    assert batch["token_lengths"].tolist() == [3, 4, 2, 3]
+
+
 def test_image_label_collate():
     examples = [{"image": torch.zeros(3, 4, 4), "label": 2, "id": "a"},
                 {"image": torch.ones(3, 4, 4), "label": 0, "id": "b"}]
