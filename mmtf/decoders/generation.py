@@ -33,6 +33,8 @@ import torch
 from einops import rearrange, repeat
 from torch import Tensor
 
+from mmtf.decoders.compiled import MIN_COMPILED_LENGTH, compiled_decode_step
+
 Strategy = Literal["greedy", "beam", "sample"]
 StepCallback = Callable[[int, Tensor, Tensor], None]
 
@@ -62,6 +64,11 @@ class GenerationConfig:
         top_p: nucleus sampling: smallest set of tokens whose probability reaches top_p;
             1.0 = no limit.
         use_cache: False recomputes the whole prefix each step (reference only: slow).
+        compile: run every step after the first through ``torch.compile`` with frozen weights
+            (:mod:`mmtf.decoders.compiled`): several times fewer small ops per step, the same
+            tokens. The first call compiles (tens of seconds on a CPU, again after the weights
+            change), so it pays off for inference on fixed weights, not for validation during
+            training. Needs ``use_cache``.
     """
 
     strategy: Strategy = "greedy"
@@ -75,6 +82,7 @@ class GenerationConfig:
     top_k: int = 0
     top_p: float = 1.0
     use_cache: bool = True
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in ("greedy", "beam", "sample"):
@@ -99,6 +107,9 @@ class GenerationConfig:
             raise ValueError(f"GenerationConfig: num_return_sequences "
                              f"({self.num_return_sequences}) > 1 with strategy 'greedy', which "
                              f"has one answer; use strategy 'beam' or 'sample'.")
+        if self.compile and not self.use_cache:
+            raise ValueError("GenerationConfig: compile=True needs use_cache=True; the uncached "
+                             "path is the slow reference and is never compiled.")
         if not self.temperature > 0:
             raise ValueError(f"GenerationConfig: temperature ({self.temperature}) must be > 0; "
                              f"use strategy 'greedy' for the argmax.")
@@ -151,9 +162,11 @@ class _Stepper:
     """Next-token logits (r, v) for every row, cached (one position) or uncached (whole prefix)."""
 
     def __init__(self, decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None, *,
-                 max_new_tokens: int, bos_id: int, use_cache: bool) -> None:
+                 max_new_tokens: int, bos_id: int, use_cache: bool, compile: bool = False,
+                 ) -> None:
         self.decoder, self.memory, self.memory_mask = decoder, memory, memory_mask
         self.cache = None
+        self.compiled = compiled_decode_step(decoder) if compile else None
         if use_cache:
             # The only allocation of K/V memory in a generate call: every position it will hold.
             self.cache = decoder.make_cache(batch_size=memory.shape[0],
@@ -165,9 +178,14 @@ class _Stepper:
     def __call__(self, last: Tensor, generated: Tensor) -> Tensor:
         """last: (r,) latest token of each row (bos first); generated: (r, t) tokens so far."""
         if self.cache is not None:
-            memory = None if self.cache.filled else self.memory
-            logits = self.decoder.step(last[:, None], self.cache, memory=memory,
-                                       memory_mask=self.memory_mask)
+            if self.compiled is not None and self.cache.length >= MIN_COMPILED_LENGTH:
+                logits = self.compiled(last[:, None], self.cache,
+                                       same_call=self.cache.length > MIN_COMPILED_LENGTH)
+            else:
+                # The first step projects the cross-attention K/V from the memory.
+                memory = None if self.cache.filled else self.memory
+                logits = self.decoder.step(last[:, None], self.cache, memory=memory,
+                                           memory_mask=self.memory_mask)
         else:
             prefix = torch.cat([self.bos, generated], dim=1)             # (r, t + 1)
             logits = self.decoder(prefix, self.memory, self.memory_mask)
@@ -213,7 +231,7 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
         if memory_mask is not None:
             memory_mask = repeat(memory_mask, "b m -> (b k) m", k=rows)
     stepper = _Stepper(decoder, memory, memory_mask, max_new_tokens=config.max_new_tokens,
-                       bos_id=bos_id, use_cache=config.use_cache)
+                       bos_id=bos_id, use_cache=config.use_cache, compile=config.compile)
     # Never generated: pad and bos, and eos during the first min_new_tokens steps. Built once;
     # step t masks banned[t >= min_new_tokens] in place (a few elements, no full-vocab pass).
     banned = (torch.tensor([pad_id, bos_id, eos_id], device=memory.device),
@@ -248,8 +266,8 @@ def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
         else:
             nxt = sample_next(logits, temperature=config.temperature, top_k=config.top_k,
                               top_p=config.top_p, generator=generator)
-        # log p(token) without materialising the (r, v) log-softmax.
-        step_logprob = logits.gather(1, nxt[:, None]).squeeze(1) - logits.logsumexp(dim=-1)
+        # One fused kernel, where logsumexp is six small ones (each a thread wake-up on CPU).
+        step_logprob = logits.log_softmax(dim=-1).gather(1, nxt[:, None]).squeeze(1)
         nxt = nxt.masked_fill(finished, pad_id)                         # stopped rows: pad
         scores += step_logprob.masked_fill(finished, 0.0)
         lengths += ~finished

@@ -34,9 +34,9 @@ class DecoderCache:
     """Static per-generation state of a :class:`TextDecoder`, built by ``make_cache``.
 
     Attributes:
-        self_caches: one self-attention KVCache per block, (b, g, max_len, d) each.
-        cross_caches: one cross-attention KVCache per block, (b, g, m, d) each; filled from the
-            memory by the first ``step`` and read-only afterwards.
+        self_caches: one self-attention KVCache per block, holding (b, g, max_len, d) each.
+        cross_caches: one cross-attention KVCache per block, holding (b, g, m, d) each; filled
+            from the memory by the first ``step`` and read-only afterwards.
         memory_mask: (b, m) bool, True = real memory position, or None when every position is
             real (then no mask is built in the attention at all). Set by the first ``step``.
     """

@@ -8,7 +8,9 @@ keys/values between query heads; ``num_kv_heads=1`` is multi-query attention.
 The default path is ``torch.nn.functional.scaled_dot_product_attention`` (flash /
 memory-efficient / cuDNN kernels on GPU, the fused kernel on CPU). When ``is_causal`` can express
 the mask, no mask tensor is built. The explicit softmax path runs only for ``need_weights=True``
-and agrees with the fused path to float tolerance.
+and agrees with the fused path to float tolerance. Under ``torch.compile`` a single query position
+(a decode step) goes through :func:`single_query_attention`, which the compiler fuses into one
+pass over the cached K/V (see :mod:`mmtf.decoders.compiled`).
 
 Masking rules:
 * ``key_mask`` is bool, True = a real key to attend to.
@@ -142,7 +144,9 @@ class Attention(nn.Module):
 
         dropout_p = self.dropout if self.training else 0.0
         gqa = self.num_kv_heads != self.num_heads
-        if key_mask is None and (not self.causal or offset == 0 or n == 1):
+        if n == 1 and dropout_p == 0.0 and torch.compiler.is_compiling():
+            out = single_query_attention(q, k, v, key_mask)               # (b, h, 1, d)
+        elif key_mask is None and (not self.causal or offset == 0 or n == 1):
             # No mask tensor: is_causal covers a block that starts at position 0 (then n == m);
             # a single new token may see every cached key.
             out = F.scaled_dot_product_attention(
@@ -216,10 +220,44 @@ class Attention(nn.Module):
                              f"keys={m}); with a cache the mask covers cached plus new keys.")
 
 
+def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None,
+                           ) -> Tensor:
+    """Softmax attention of a single query position, as plain reductions.
+
+    Equals ``scaled_dot_product_attention`` (zeros for rows whose keys are all masked). Under
+    ``torch.compile`` these reductions fuse into one pass over K and V per layer: that is how a
+    compiled decode step reads the cache at memory bandwidth, where the fused SDPA kernel, built
+    for blocks of queries, reaches ~70% of it for one query. Eagerly it would materialise
+    (b, g, r, m, d) products, so :class:`Attention` calls it only while compiling.
+
+    Args:
+        q: (b, h, 1, d) queries.
+        k, v: (b, g, m, d) keys and values; g divides h (grouped-query heads).
+        key_mask: (b, m) bool, True = a real key, or None.
+
+    Returns:
+        (b, h, 1, d), in the dtype of ``q``; scores and softmax run in at least float32.
+    """
+    b, h, _, d = q.shape
+    g = k.shape[1]
+    q = rearrange(q, "b (g r) 1 d -> b g r 1 d", g=g)
+    acc = torch.promote_types(q.dtype, torch.float32)          # bf16/fp16 accumulate in fp32
+    scores = (q * k[:, :, None]).sum(-1, dtype=acc) * d ** -0.5          # (b, g, r, m)
+    if key_mask is not None:
+        scores = scores.masked_fill(~rearrange(key_mask, "b m -> b 1 1 m"), -math.inf)
+    weights = scores.softmax(dim=-1)
+    if key_mask is not None:
+        weights = weights.nan_to_num(0.0)                 # all keys masked: 0/0 -> zeros
+    out = (weights[..., None] * v[:, :, None]).sum(-2)                      # (b, g, r, d)
+    return rearrange(out.to(q.dtype), "b g r d -> b (g r) 1 d")
+
+
 def _guard_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor | None]:
     """Let fully masked query rows attend everywhere (finite softmax, finite gradients) and
     report them so the caller zeroes their output."""
     row_has_key = mask.any(dim=-1, keepdim=True)                          # (b|1, 1, n, 1)
+    if torch.compiler.is_compiling():
+        return mask | ~row_has_key, row_has_key        # no host sync inside a compiled graph
     if bool(row_has_key.all()):
         return mask, None
     return mask | ~row_has_key, row_has_key

@@ -4,16 +4,20 @@ Buffers are preallocated to ``max_len`` once, so a decoding step writes into the
 never reallocates. The same class holds the per-layer self-attention cache (grows by one or a few
 tokens per step) and the cross-attention cache (filled once with the projected encoder memory).
 
+A cache is a plain object, not an ``nn.Module``: ``torch.compile`` specialises on int attributes
+of modules (one compilation per cached length) but treats the ``length`` of a plain object as a
+symbolic size, so one compiled decode step serves every position (:mod:`mmtf.decoders.compiled`).
+
 Shapes: b batch (or batch * beams), g kv heads, m cached positions, d head_dim.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 
-class KVCache(nn.Module):
+class KVCache:
     """Preallocated keys and values of one attention layer.
 
     Args:
@@ -27,16 +31,19 @@ class KVCache(nn.Module):
     def __init__(self, *, batch_size: int, num_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
                  ) -> None:
-        super().__init__()
         for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads),
                             ("max_len", max_len), ("head_dim", head_dim)):
             if value < 1:
                 raise ValueError(f"KVCache: {name} ({value}) must be >= 1.")
-        shape = (batch_size, num_kv_heads, max_len, head_dim)
+        # One spare position: a view of the cached positions is then never the whole buffer, so
+        # its contiguity does not change at the last position (torch.compile would otherwise
+        # specialise on it and compile the decode step once more for that one step).
+        shape = (batch_size, num_kv_heads, max_len + 1, head_dim)
+        self._max_len = max_len
         # empty, not zeros: only the first `length` positions are ever read, and zero-filling
         # max_len positions per layer cost ~24 ms per generate() call at decoder-base size.
-        self.register_buffer("k", torch.empty(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.empty(shape, dtype=dtype, device=device), persistent=False)
+        self.k = torch.empty(shape, dtype=dtype, device=device)             # (b, g, max_len + 1, d)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0
 
     @property
@@ -49,7 +56,7 @@ class KVCache(nn.Module):
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self._max_len
 
     @property
     def head_dim(self) -> int:

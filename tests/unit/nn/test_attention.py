@@ -258,7 +258,8 @@ def test_cache_is_preallocated_and_written_in_place():
     for _ in range(8):
         attn(torch.randn(1, 1, 32), cache=cache)
     assert (cache.k.data_ptr(), cache.v.data_ptr()) == (k_ptr, v_ptr)
-    assert cache.k.shape == (1, 4, 8, 8)
+    assert cache.k.shape == (1, 4, 8 + 1, 8)               # one spare position, never written
+    assert cache.keys.shape == (1, 4, 8, 8)
 
 
 def test_cache_overflow_names_the_limit():

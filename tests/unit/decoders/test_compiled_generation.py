@@ -1,0 +1,110 @@
+"""generate(compile=True): the compiled decode step gives the eager step's tokens and scores
+(greedy over a padded memory, beam search, grouped-query heads), compiles once for every
+position, batch size and memory length, compiles again after a weight change, and explains a
+missing toolchain. The single-query attention it uses is checked against SDPA."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+from mmtf.decoders import GenerationConfig
+from mmtf.decoders.compiled import compiled_decode_step
+from mmtf.nn.attention import single_query_attention
+from tests.unit.decoders.conftest import IN_DIM, make_model
+
+needs_cxx = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+    reason="torch.compile on CPU needs a C++ compiler")
+
+
+def graphs_compiled() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(scope="module")
+def gqa_model():
+    return make_model(3, num_kv_heads=2)
+
+
+@needs_cxx
+def test_compiled_greedy_equals_eager_and_compiles_once(gqa_model):
+    # Sizes chosen apart from the model's (head_dim 8, dim 32): the compiler gives equal sizes
+    # one symbol ("duck sizing"), so a memory of 7 (+1 spare = 8 = head_dim) would be
+    # specialised and a later memory length would compile again.
+    batch = torch.randn(3, 10, IN_DIM), torch.tensor([10, 6, 2])
+    eager = gqa_model.generate(*batch, max_new_tokens=12, min_new_tokens=12)
+    before = graphs_compiled()
+    compiled = gqa_model.generate(*batch, max_new_tokens=12, min_new_tokens=12, compile=True)
+    assert graphs_compiled() - before == 1                  # 10 compiled positions, one graph
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert torch.equal(compiled.lengths, eager.lengths)
+    torch.testing.assert_close(compiled.scores, eager.scores, atol=1e-5, rtol=1e-5)
+
+    # Beam search: other rows (batch 2 x 3 beams), another memory length, reordered caches;
+    # the dynamic-shape graph serves it without compiling again.
+    x, lengths = torch.randn(2, 5, IN_DIM), torch.tensor([5, 3])
+    options = dict(strategy="beam", num_beams=3, num_return_sequences=2, max_new_tokens=9)
+    eager_beam = gqa_model.generate(x, lengths, **options)
+    before = graphs_compiled()
+    compiled_beam = gqa_model.generate(x, lengths, compile=True, **options)
+    assert graphs_compiled() == before
+    assert torch.equal(compiled_beam.tokens, eager_beam.tokens)
+    torch.testing.assert_close(compiled_beam.scores, eager_beam.scores, atol=1e-5, rtol=1e-5)
+
+
+@needs_cxx
+def test_weight_change_compiles_again():
+    model = make_model(4, depth=1)
+    x, lengths = torch.randn(2, 6, IN_DIM), torch.tensor([6, 4])
+    options = dict(max_new_tokens=8, min_new_tokens=8)
+    first = model.generate(x, lengths, compile=True, **options)
+    assert torch.equal(first.tokens, model.generate(x, lengths, **options).tokens)
+    with torch.no_grad():                       # what an optimizer step does: in place
+        torch.manual_seed(0)
+        model.decoder.embed.weight.add_(torch.randn_like(model.decoder.embed.weight))
+    eager_after = model.generate(x, lengths, **options)
+    assert not torch.equal(eager_after.tokens, first.tokens)  # stale weights would show
+    after = model.generate(x, lengths, compile=True, **options)
+    assert torch.equal(after.tokens, eager_after.tokens)
+    torch.testing.assert_close(after.scores, eager_after.scores, atol=1e-5, rtol=1e-5)
+    assert compiled_decode_step(model.decoder).compilations == 2
+
+
+@needs_cxx
+def test_missing_compiler_is_explained():
+    import torch._inductor.config as inductor_config
+
+    model = make_model(5, depth=1)
+    x, lengths = torch.randn(1, 4, IN_DIM), torch.tensor([4])
+    no_compiler = inductor_config.patch({"fx_graph_cache": False, "cpp.cxx": (None, "no-such-cxx")})
+    with no_compiler, pytest.raises(RuntimeError, match=r"C\+\+ compiler .* compile=False"):
+        model.generate(x, lengths, max_new_tokens=4, compile=True)
+
+
+def test_compile_needs_the_cache():
+    with pytest.raises(ValueError, match=r"compile=True needs use_cache=True"):
+        GenerationConfig(compile=True, use_cache=False)
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+def test_single_query_attention_matches_sdpa(num_kv_heads):
+    torch.manual_seed(0)
+    q = torch.randn(3, 4, 1, 8, dtype=torch.float64)
+    k, v = torch.randn(2, 3, num_kv_heads, 9, 8, dtype=torch.float64)
+    key_mask = torch.ones(3, 9, dtype=torch.bool)
+    key_mask[1, 5:] = False
+    key_mask[2] = False                                     # no key at all: zeros
+    ref = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=key_mask[:, None, None] | ~key_mask.any(-1)[:, None, None, None],
+        enable_gqa=num_kv_heads != 4)
+    ref[2] = 0.0
+    got = single_query_attention(q, k, v, key_mask)
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(single_query_attention(q, k, v),
+                               F.scaled_dot_product_attention(q, k, v,
+                                                              enable_gqa=num_kv_heads != 4))
