@@ -57,6 +57,21 @@ def test_evaluate_cli_scores_and_writes_predictions(tiny_run, tmp_path):
     assert len(rows) == 4 and all(len(r["references"]) == 5 for r in rows)
 
 
+@pytest.mark.slow
+def test_evaluate_cli_compiled_decoding_gives_the_eager_predictions(tiny_run, tmp_path):
+    predictions = {}
+    for compiled in ("false", "true"):
+        out_dir = tmp_path / f"eval_{compiled}"
+        out = run_cli("mmtf.evaluate", [f"ckpt_path={tiny_run / 'checkpoints' / 'last.ckpt'}",
+                                        f"hydra.run.dir={out_dir}", "generation.strategy=greedy",
+                                        f"generation.compile={compiled}"], cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        rows = (out_dir / "predictions.jsonl").read_text().splitlines()
+        predictions[compiled] = [json.loads(line)["prediction"] for line in rows]
+    assert len(predictions["true"]) == 4
+    assert predictions["true"] == predictions["false"]
+
+
 def test_predict_cli_captions_files_and_folders(tiny_run, tmp_path):
     folder = tmp_path / "clips"
     folder.mkdir()

@@ -5,7 +5,10 @@ missing toolchain. The single-query attention it uses is checked against SDPA.""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import shutil
+import traceback
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -26,13 +29,37 @@ def graphs_compiled() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-@pytest.fixture(scope="module")
-def gqa_model():
-    return make_model(3, num_kv_heads=2)
+def in_fresh_process(case: Callable[[], None]) -> None:
+    """Run the module-level function ``case`` in a spawned interpreter; fail with its traceback.
+
+    Not in the pytest worker: once inductor has compiled anything in a process, its next
+    backward pass starts autograd's device threads, after which forked children cannot run
+    autograd ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"), and the reliability tests train in the worker and then in forked
+    children. Not in a forked child either: compiled OpenMP kernels hang in a child forked from
+    a process whose OpenMP pool is running.
+    """
+    context = mp.get_context("spawn")
+    reader, writer = context.Pipe(duplex=False)
+    proc = context.Process(target=_run_case, args=(case, writer))
+    proc.start()
+    failure = reader.recv() if reader.poll(600) else "the child sent nothing in 600 s"
+    proc.join(60)
+    if failure:
+        pytest.fail(f"in the spawned process:\n{failure}", pytrace=False)
 
 
-@needs_cxx
-def test_compiled_greedy_equals_eager_and_compiles_once(gqa_model):
+def _run_case(case: Callable[[], None], writer) -> None:
+    torch.set_num_threads(1)                  # it shares the 2 cores with the other worker
+    try:
+        case()
+        writer.send("")
+    except BaseException:
+        writer.send(traceback.format_exc())
+
+
+def _greedy_and_beam_case() -> None:
+    gqa_model = make_model(3, num_kv_heads=2)
     # Sizes chosen apart from the model's (head_dim 8, dim 32): the compiler gives equal sizes
     # one symbol ("duck sizing"), so a memory of 7 (+1 spare = 8 = head_dim) would be
     # specialised and a later memory length would compile again.
@@ -57,8 +84,13 @@ def test_compiled_greedy_equals_eager_and_compiles_once(gqa_model):
     torch.testing.assert_close(compiled_beam.scores, eager_beam.scores, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @needs_cxx
-def test_weight_change_compiles_again():
+def test_compiled_greedy_equals_eager_and_compiles_once():
+    in_fresh_process(_greedy_and_beam_case)
+
+
+def _weight_change_case() -> None:
     model = make_model(4, depth=1)
     x, lengths = torch.randn(2, 6, IN_DIM), torch.tensor([6, 4])
     options = dict(max_new_tokens=8, min_new_tokens=8)
@@ -75,15 +107,27 @@ def test_weight_change_compiles_again():
     assert compiled_decode_step(model.decoder).compilations == 2
 
 
+@pytest.mark.slow
 @needs_cxx
-def test_missing_compiler_is_explained():
+def test_weight_change_compiles_again():
+    in_fresh_process(_weight_change_case)
+
+
+def _missing_compiler_case() -> None:
     import torch._inductor.config as inductor_config
 
     model = make_model(5, depth=1)
     x, lengths = torch.randn(1, 4, IN_DIM), torch.tensor([4])
-    no_compiler = inductor_config.patch({"fx_graph_cache": False, "cpp.cxx": (None, "no-such-cxx")})
+    no_compiler = inductor_config.patch({"fx_graph_cache": False,
+                                         "cpp.cxx": (None, "no-such-cxx")})
     with no_compiler, pytest.raises(RuntimeError, match=r"C\+\+ compiler .* compile=False"):
         model.generate(x, lengths, max_new_tokens=4, compile=True)
+
+
+@pytest.mark.slow
+@needs_cxx
+def test_missing_compiler_is_explained():
+    in_fresh_process(_missing_compiler_case)
 
 
 def test_compile_needs_the_cache():
