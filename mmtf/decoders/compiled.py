@@ -23,6 +23,9 @@ How it stays correct and compiles once:
   the function, so stale weights are never used. Compiling takes tens of seconds on a CPU: use
   ``compile=True`` for inference on fixed weights (evaluation, serving, benchmarks), not for
   validation during training.
+* A PyTorch limit to know: once inductor has compiled in a process, the next backward pass there
+  starts autograd's device threads, and children forked after that cannot run autograd. Train
+  before compiling, or in a fresh process (Lightning's default DDP launches fresh processes).
 
 Shapes: r decoder rows (batch * beams), v vocab.
 """
