@@ -143,7 +143,7 @@ class EncoderDecoder(nn.Module):
             inputs, lengths: encoder inputs, as in :meth:`encode`.
             config: a :class:`GenerationConfig`; ``options`` override its fields (strategy,
                 max_new_tokens, min_new_tokens, num_beams, length_penalty, early_stopping,
-                num_return_sequences, temperature, top_k, top_p, use_cache), so
+                num_return_sequences, temperature, top_k, top_p, use_cache, compile), so
                 ``generate(x, lengths, **asdict(cfg))`` and ``generate(x, config=cfg)`` agree.
             generator: random generator for sampling.
             callback: ``callback(step, tokens, logits)`` after every step.

@@ -3,8 +3,9 @@
 Every strategy runs on the decoder's static KV cache: the caller encodes once, the cache is
 allocated once per call (``decoder.make_cache``), the cross-attention K/V are projected from the
 memory on the first step and reused, and every new token costs one decoder step (one position
-through the stack). ``use_cache=False`` recomputes the whole prefix every step; it exists only as
-the reference for tests and benchmarks.
+through the stack). ``compile=True`` runs that step compiled (:mod:`mmtf.decoders.compiled`).
+``use_cache=False`` recomputes the whole prefix every step; it exists only as the reference for
+tests and benchmarks.
 
 Conventions: rows start from ``bos``; ``pad`` and ``bos`` are never generated (their logits are
 masked); a row stops at its first ``eos`` and is padded afterwards while the other rows continue;
@@ -64,11 +65,11 @@ class GenerationConfig:
         top_p: nucleus sampling: smallest set of tokens whose probability reaches top_p;
             1.0 = no limit.
         use_cache: False recomputes the whole prefix each step (reference only: slow).
-        compile: run every step after the first through ``torch.compile`` with frozen weights
-            (:mod:`mmtf.decoders.compiled`): several times fewer small ops per step, the same
-            tokens. The first call compiles (tens of seconds on a CPU, again after the weights
-            change), so it pays off for inference on fixed weights, not for validation during
-            training. Needs ``use_cache``.
+        compile: run every step after the second through ``torch.compile`` with frozen
+            weights (:mod:`mmtf.decoders.compiled`): fused small ops and prepacked GEMMs, the
+            same tokens. The first call compiles (tens of seconds on a CPU, again after the
+            weights change), so it pays off for inference on fixed weights, not for validation
+            during training. Needs ``use_cache``.
     """
 
     strategy: Strategy = "greedy"
@@ -182,7 +183,8 @@ class _Stepper:
                 logits = self.compiled(last[:, None], self.cache,
                                        same_call=self.cache.length > MIN_COMPILED_LENGTH)
             else:
-                # The first step projects the cross-attention K/V from the memory.
+                # The first step projects the cross-attention K/V from the memory; the first
+                # two run eagerly with compile too (mmtf.decoders.compiled says why).
                 memory = None if self.cache.filled else self.memory
                 logits = self.decoder.step(last[:, None], self.cache, memory=memory,
                                            memory_mask=self.memory_mask)
