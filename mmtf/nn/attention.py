@@ -256,8 +256,6 @@ def _guard_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor | None]:
     """Let fully masked query rows attend everywhere (finite softmax, finite gradients) and
     report them so the caller zeroes their output."""
     row_has_key = mask.any(dim=-1, keepdim=True)                          # (b|1, 1, n, 1)
-    if torch.compiler.is_compiling():
-        return mask | ~row_has_key, row_has_key        # no host sync inside a compiled graph
     if bool(row_has_key.all()):
         return mask, None
     return mask | ~row_has_key, row_has_key
