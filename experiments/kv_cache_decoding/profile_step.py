@@ -3,9 +3,12 @@
 Same shapes as run.py (B=8, memory 256, 6 x 512, vocab 8000), greedy, ``--tokens`` steps,
 torch.profiler self-CPU time grouped into GEMM, attention kernel, other ATen ops and the rest of
 the wall time (Python and dispatch). A second pass on a tiny model (dim 64, vocab 200, memory
-16: negligible arithmetic) measures the per-step framework overhead alone.
+16: negligible arithmetic) measures the per-step framework overhead alone. ``--compile`` adds a
+row for ``generate(compile=True)``: its MKL GEMMs count as GEMM, inductor's fused kernels that
+contain the softmax as attention and its other fused kernels as "other" (the kernels are
+profiled by name via ``torch._inductor.config.cpp.enable_kernel_profile``).
 
-    python experiments/kv_cache_decoding/profile_step.py [--threads 1] [--tokens 32]
+    python experiments/kv_cache_decoding/profile_step.py [--threads 1] [--tokens 32] [--compile]
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch.profiler import profile
 sys.path.insert(0, str(Path(__file__).parent))
 import run as bench  # noqa: E402
 
-GEMM = {"aten::mm", "aten::addmm", "aten::bmm"}
+GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "mkl::_mkl_linear"}
 ATTN = {"aten::_scaled_dot_product_flash_attention_for_cpu",
         "aten::_scaled_dot_product_attention_math"}
 
@@ -35,9 +38,11 @@ def breakdown(fn, steps: int) -> dict[str, float]:
     wall = (time.perf_counter() - start) * 1e3 / steps
     groups = {"gemm": 0.0, "attention": 0.0, "other aten": 0.0}
     for e in prof.key_averages():
-        if not e.key.startswith("aten::"):
+        fused = e.key.startswith("graph_") and "cpp_fused" in e.key      # an inductor kernel
+        if not (e.key.startswith("aten::") or e.key in GEMM or fused):
             continue
-        key = "gemm" if e.key in GEMM else "attention" if e.key in ATTN else "other aten"
+        attention = e.key in ATTN or (fused and "softmax" in e.key)
+        key = "gemm" if e.key in GEMM else "attention" if attention else "other aten"
         groups[key] += e.self_cpu_time_total / 1e3 / steps
     groups["python + dispatch"] = wall - sum(groups.values())
     return {"wall": wall, **groups}
@@ -67,21 +72,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--compile", action="store_true",
+                        help="also profile generate(compile=True) (compiles first, ~1 min)")
     cli = parser.parse_args()
     torch.set_num_threads(cli.threads)
+    if cli.compile:
+        import torch._inductor.config as inductor_config
+        inductor_config.cpp.enable_kernel_profile = True
     args = shapes(tokens=cli.tokens)
     memory = torch.randn(args.batch, args.frames, args.dim)
     dec, peer = bench.build_mmtf(args), bench.build_peer("bart", args)
     bench.run_mmtf(dec, memory, 4, True), bench.run_peer(peer, memory, 4)
     rows = {"mmtf": [], "HF bart": []}
+    if cli.compile:
+        bench.run_mmtf(dec, memory, cli.tokens, True, compile=True)      # compiles
+        rows["mmtf compiled"] = []
     for _ in range(2):                                   # interleaved, best of two
         rows["mmtf"].append(breakdown(lambda: bench.run_mmtf(dec, memory, cli.tokens, True),
                                       cli.tokens))
+        if cli.compile:
+            rows["mmtf compiled"].append(breakdown(
+                lambda: bench.run_mmtf(dec, memory, cli.tokens, True, compile=True), cli.tokens))
         rows["HF bart"].append(breakdown(lambda: bench.run_peer(peer, memory, cli.tokens),
                                          cli.tokens))
     print(f"ms per step, {cli.tokens} tokens, threads {cli.threads} (profiled run with the "
           f"lower wall time)")
-    print("| system | wall | gemm | attention | other aten | python + dispatch |")
+    print("| system | wall | gemm | attention | other aten (and fused) | python + dispatch |")
     print("|---|---|---|---|---|---|")
     for name, runs in rows.items():
         best = min(runs, key=lambda r: r["wall"])

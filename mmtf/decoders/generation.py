@@ -264,7 +264,7 @@ def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
         logits = stepper(last, tokens[:, :t]).float()                    # (r, v)
         logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
         if config.strategy == "greedy":
-            # max(dim).indices is argmax (first maximum) at half its cost on CPU.
+            # max(dim).indices: the first maximum, as argmax, one kernel cheaper on CPU.
             nxt = logits.max(dim=-1).indices                             # (r,)
         else:
             nxt = sample_next(logits, temperature=config.temperature, top_k=config.top_k,
