@@ -31,13 +31,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
+from mmtf.errors import UserError
+
 OnError = Literal["raise", "skip"]
 ON_ERROR_CHOICES = ("raise", "skip")
 
 SKIP_HINT = "set data.on_error=skip to skip such items and count them instead"
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A problem with one input file or one row of an index file.
 
     Takes one positional message (so DataLoader workers can re-raise it in the main process).

@@ -16,19 +16,27 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from mmtf.errors import UserError
+
 # Module prefixes a stored config may instantiate. Anything else is refused.
 ALLOWED_TARGET_PREFIXES = ("mmtf.", "torch.optim.", "torch.nn.", "torchvision.transforms.",
                            "torchaudio.transforms.", "lightning.pytorch.callbacks.",
                            "lightning.pytorch.loggers.")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be loaded safely, named with the reason and the fix."""
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                    ) -> dict[str, Any]:
+                    *, mmap: bool = False) -> dict[str, Any]:
     """Load a Lightning/mmtf checkpoint with ``weights_only=True``.
+
+    Args:
+        path: the ``.ckpt`` file.
+        map_location: where tensors go.
+        mmap: memory-map the file: tensors are read only when touched, so opening a large
+            checkpoint to read its small entries (``global_step``, ``mmtf``) is cheap.
 
     Raises:
         CheckpointError: missing file, or a file that is not a weights-only checkpoint (for
@@ -39,7 +47,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(f"checkpoint {path} does not exist; pass ckpt_path=<file.ckpt> or "
                               f"ckpt_path=last inside a run dir that has checkpoints/last.ckpt.")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # UnpicklingError, RuntimeError, EOFError, zip errors...
         raise CheckpointError(
             f"checkpoint {path} cannot be loaded safely (weights_only=True): "

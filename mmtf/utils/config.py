@@ -14,6 +14,8 @@ import rich.tree
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from mmtf.errors import UserError
+
 PRINT_ORDER = ("data", "model", "callbacks", "logger", "trainer", "paths")
 
 
@@ -53,7 +55,7 @@ def find_missing(cfg: DictConfig, prefix: str = "") -> list[str]:
 _HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A config that cannot work, found before anything is built; one readable sentence."""
 
 
