@@ -132,8 +132,8 @@ class MediaDataset(Dataset):
             return image
         # Random transforms draw from torch's global RNG; seed it per (seed, epoch, item) so
         # augmentations, like audio crops, do not depend on the number of workers. The CPU
-        # generator only: torch.manual_seed also queues a CUDA seed with a captured stack
-        # trace, which was half of the per-image loading time.
+        # generator only (torch.manual_seed also seeds CUDA, at a cost per call).
+        # Why: see docs/design/image-transform-seeding.md
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(
                 int(np.random.SeedSequence([self.seed, epoch, index]).generate_state(1)[0]))
