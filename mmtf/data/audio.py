@@ -30,7 +30,7 @@ import torch
 import torchaudio
 from torch import Tensor
 
-from mmtf.data.errors import DataError
+from mmtf.data.errors import DataError, check_media_file
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".opus", ".aiff", ".aif")
 Crop = Literal["random", "center", "start", "full"]
@@ -54,15 +54,6 @@ class AudioInfo:
     def duration(self) -> float:
         """Length in seconds."""
         return self.frames / self.sample_rate
-
-
-def _check_file(path: Path, where: str | None) -> None:
-    if not path.is_file():
-        raise DataError.make("missing_file", path, "file not found",
-                             "check the path and data.root", where)
-    if path.stat().st_size == 0:
-        raise DataError.make("empty_file", path, "file is empty (0 bytes)",
-                             "re-copy or re-download it", where)
 
 
 def _check_header(path: Path, info: AudioInfo, log: str, channels: int | None,
@@ -99,7 +90,7 @@ def audio_info(path: str | os.PathLike, *, channels: int | None = None,
         DataError: missing, empty, undecodable, truncated (WAV), zero-length or wrong channels.
     """
     path = Path(path)
-    _check_file(path, where)
+    check_media_file(path, where)
     try:
         raw = sf.info(str(path))
     except (sf.LibsndfileError, RuntimeError, TypeError) as e:
@@ -173,7 +164,7 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
             NaN/inf samples or the wrong channel count.
     """
     path = Path(path)
-    _check_file(path, where)
+    check_media_file(path, where)
     if max_seconds is not None and max_seconds <= 0:
         raise ValueError(f"max_seconds ({max_seconds}) must be > 0 or None (no limit).")
     try:

@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from mmtf.data.audio import Crop, audio_info, load_audio
-from mmtf.data.errors import DataError, ErrorPolicy, check_on_error
+from mmtf.data.errors import DataError, ErrorPolicy, check_media_file, check_on_error
 from mmtf.data.formats.base import CaptionItem, LabelItem
 from mmtf.data.image import load_image
 from mmtf.reliability.rng import sample_rng
@@ -42,12 +42,7 @@ def _probe_one(item: CaptionItem | LabelItem, modality: str,
     try:
         if modality == "audio":
             return audio_info(item.path, channels=channels, where=item.where).duration
-        if not item.path.is_file():
-            raise DataError.make("missing_file", item.path, "file not found",
-                                 "check the path and data.root", item.where)
-        if item.path.stat().st_size == 0:
-            raise DataError.make("empty_file", item.path, "file is empty (0 bytes)",
-                                 "re-copy or re-download it", item.where)
+        check_media_file(item.path, item.where)
         return 1.0
     except DataError as e:
         return e

@@ -77,6 +77,20 @@ class DataError(UserError):
         return f"{loc} ({self.where})" if self.where else loc
 
 
+def check_media_file(path: Path, where: str | None = None) -> None:
+    """The one existence check of a media file an index points to: present and not empty.
+
+    Raises:
+        DataError: ``missing_file`` or ``empty_file`` (skippable), naming the file and row.
+    """
+    if not path.is_file():
+        raise DataError.make("missing_file", path, "file not found",
+                             "check the path and data.root", where)
+    if path.stat().st_size == 0:
+        raise DataError.make("empty_file", path, "file is empty (0 bytes)",
+                             "re-copy or re-download it", where)
+
+
 def check_on_error(on_error: str) -> None:
     """Validate ``data.on_error``."""
     if on_error not in ON_ERROR_CHOICES:

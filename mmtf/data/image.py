@@ -23,7 +23,7 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torchvision.transforms import v2
 
-from mmtf.data.errors import DataError
+from mmtf.data.errors import DataError, check_media_file
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
                     ".gif")
@@ -61,12 +61,7 @@ def load_image(path: str | os.PathLike, *, where: str | None = None) -> Tensor:
         DataError: the file is missing, empty or cannot be decoded (also truncated files).
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError.make("missing_file", path, "file not found",
-                             "check the path and data.root", where)
-    if path.stat().st_size == 0:
-        raise DataError.make("empty_file", path, "file is empty (0 bytes)",
-                             "re-copy or re-download it", where)
+    check_media_file(path, where)
     try:
         with Image.open(path) as img:
             img.load()  # decode now: a truncated file fails here, not in the transform
