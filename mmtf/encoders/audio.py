@@ -22,7 +22,7 @@ Shapes: b batch, n samples, f mel bins, t frames, s memory length (= tokens), c 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
 from mmtf.nn import TransformerStack
 from mmtf.nn.transformer import MlpKind, NormKind
+from mmtf.utils.compat import module_apply
 
 FeatureNorm = Literal["utterance", "global"]
 LOG_EPS = 1e-6   # log(mel + 1e-6): a floor near 16-bit quantisation noise, finite for silence
@@ -124,10 +125,10 @@ class LogMelFrontEnd(nn.Module):
             feats = feats.masked_fill(~valid, 0.0)
         return feats, frames
 
-    def _apply(self, fn, recurse: bool = True):   # torch's (private) signature
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> LogMelFrontEnd:
         # Keep the STFT window, filterbank and statistics in float32 under model.half() /
         # bf16-true precision: torch.stft has no bf16 kernel and fp16 mel energies overflow.
-        super()._apply(fn, recurse)
+        module_apply(self, fn, recurse)
         self.mel.float()
         self.feature_mean, self.feature_std = self.feature_mean.float(), self.feature_std.float()
         return self

@@ -7,3 +7,20 @@ else in the package, or when an attribute named here disappears from the install
 """
 
 from __future__ import annotations
+
+# mmtf/nn, encoders, decoders (redesign-core): hoist these imports to the top when merging.
+from collections.abc import Callable  # noqa: E402
+
+from torch import Tensor, nn  # noqa: E402
+
+
+def module_apply(module: nn.Module, fn: Callable[[Tensor], Tensor], recurse: bool = True,
+                 ) -> nn.Module:
+    """torch's ``nn.Module._apply(fn, recurse)``: the one method ``.to()``, ``.half()`` and
+    ``.cuda()`` send every parameter and buffer through.
+
+    A module whose buffers must keep their dtype under ``.to(dtype)`` / ``.half()`` (the RoPE
+    tables, the mel filterbank) overrides ``_apply`` and calls this for the default behaviour;
+    torch has no public per-buffer dtype policy. Checked: torch 2.11 and 2.14.1 (same signature).
+    """
+    return nn.Module._apply(module, fn, recurse)
