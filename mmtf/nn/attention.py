@@ -175,10 +175,15 @@ class Attention(nn.Module):
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                   ) -> tuple[Tensor, Tensor]:
-        """Reference softmax path that also returns the weights (b, h, n, m)."""
+        """Reference softmax path that also returns the weights (b, h, n, m) in the dtype of q.
+
+        Scores and softmax run in at least float32 (float64 stays float64), and q is scaled
+        before the matmul, as in SDPA: unscaled float16 scores overflow from |q.k| > 65504.
+        """
         r = self.num_heads // self.num_kv_heads
         k, v = (t.repeat_interleave(r, dim=1) for t in (k, v))           # (b, h, m, d)
-        scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(self.head_dim)  # (b, h, n, m)
+        acc = torch.promote_types(q.dtype, torch.float32)
+        scores = (q.to(acc) * self.head_dim ** -0.5) @ k.to(acc).transpose(-2, -1)  # (b, h, n, m)
         row_has_key = None
         if mask is not None:
             mask, row_has_key = _guard_empty_rows(mask)
