@@ -33,6 +33,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
+from mmtf.errors import UserError
 from mmtf.nn import TransformerStack
 from mmtf.nn.transformer import MlpKind, NormKind
 from mmtf.utils.compat import module_apply
@@ -135,7 +136,10 @@ class LogMelFrontEnd(nn.Module):
 
 
 class SpecAugment(nn.Module):
-    """Frequency and time masking (torchaudio), a fresh mask per item, in training mode only.
+    """Frequency and time masking, a fresh mask per item, in training mode only.
+
+    Each time mask has a width drawn from ``[0, min(time_mask_width, L))`` and lies within the
+    item's ``L`` valid frames, so a short clip in a long padded batch is masked as much as alone.
 
     Args:
         freq_masks: bands masked per clip; freq_mask_width: max width of each, in mel bins.
@@ -148,26 +152,43 @@ class SpecAugment(nn.Module):
         for key, value in (("freq_masks", freq_masks), ("freq_mask_width", freq_mask_width),
                            ("time_masks", time_masks), ("time_mask_width", time_mask_width)):
             if value < 0:
-                raise ValueError(f"SpecAugment: {key} ({value}) must be >= 0; use 0 to switch "
-                                 f"that masking off (model.encoder.{key}).")
+                raise UserError(f"SpecAugment: {key} ({value}) must be >= 0; use 0 to switch "
+                                f"that masking off (model.encoder.{key}).")
         self.freq_masks, self.time_masks = freq_masks, time_masks
+        self.time_mask_width = time_mask_width
         self.freq = torchaudio.transforms.FrequencyMasking(freq_mask_width, iid_masks=True)
-        self.time = torchaudio.transforms.TimeMasking(time_mask_width, iid_masks=True)
 
     def extra_repr(self) -> str:
         return (f"freq_masks={self.freq_masks}, freq_mask_width={self.freq.mask_param}, "
-                f"time_masks={self.time_masks}, time_mask_width={self.time.mask_param}")
+                f"time_masks={self.time_masks}, time_mask_width={self.time_mask_width}")
 
-    def forward(self, feats: Tensor) -> Tensor:
-        """feats: (b, f, t) -> (b, f, t); the identity in eval mode."""
+    def forward(self, feats: Tensor, frames: Tensor | None = None) -> Tensor:
+        """Mask ``feats`` (b, f, t) -> (b, f, t); the identity in eval mode.
+
+        Args:
+            feats: normalised features, (b, f, t).
+            frames: (b,) valid frames per item; None = all t valid.
+        """
         if not self.training or (self.freq_masks == 0 and self.time_masks == 0):
             return feats
         x = rearrange(feats, "b f t -> b 1 f t")   # a 4-D input gets per-item (iid) masks
         for _ in range(self.freq_masks):
             x = self.freq(x)
-        for _ in range(self.time_masks):
-            x = self.time(x)
-        return rearrange(x, "b 1 f t -> b f t")
+        x = rearrange(x, "b 1 f t -> b f t")
+        if self.time_masks == 0 or self.time_mask_width == 0:
+            return x
+        b, _, t = x.shape
+        if frames is None:
+            frames = torch.full((b,), t, device=x.device)
+        valid = frames.to(device=x.device, dtype=torch.float32)[:, None]        # (b, 1)
+        # As torchaudio's TimeMasking, but within [0, L) of each item instead of [0, t).
+        width = torch.rand(b, self.time_masks, device=x.device) * valid.clamp(
+            max=self.time_mask_width)                                           # (b, k)
+        start = torch.rand(b, self.time_masks, device=x.device) * (valid - width)
+        position = torch.arange(t, device=x.device)                             # (t,)
+        inside = ((position >= start.long()[..., None])
+                  & (position < (start + width).long()[..., None]))             # (b, k, t)
+        return x.masked_fill(rearrange(inside.any(dim=1), "b t -> b 1 t"), 0.0)
 
 
 class ConvStem(nn.Module):
@@ -275,7 +296,7 @@ class AudioEncoder(Encoder):
         """
         lengths = self._check_inputs(inputs, lengths)
         feats, frames = self.frontend(inputs, lengths)           # (b, f, t), (b,)
-        feats = self.spec_augment(feats)
+        feats = self.spec_augment(feats, frames)
         x, tokens = self.stem(feats.to(self.stem.conv1.weight.dtype), frames)   # (b, s, c)
         mask = _lengths_mask(tokens, x.shape[1])                 # (b, s)
         x = self.stack(self.drop(x), key_mask=mask)
