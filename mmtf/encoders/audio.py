@@ -85,11 +85,11 @@ class LogMelFrontEnd(nn.Module):
         stats = {"feature_mean": _floats(feature_mean), "feature_std": _floats(feature_std)}
         for key, values in stats.items():   # checked as Python floats: works on meta too
             if len(values) not in (1, n_mels):
-                raise ValueError(f"LogMelFrontEnd: {key} has {len(values)} values; give one "
-                                 f"number or n_mels ({n_mels}) numbers (model.encoder.{key}).")
+                raise UserError(f"LogMelFrontEnd: {key} has {len(values)} values; give one "
+                                f"number or n_mels ({n_mels}) numbers (model.encoder.{key}).")
         if min(stats["feature_std"]) <= 0:
-            raise ValueError(f"LogMelFrontEnd: feature_std ({feature_std}) must be > 0; compute "
-                             f"it from the training set's log-mel features.")
+            raise UserError(f"LogMelFrontEnd: feature_std ({feature_std}) must be > 0; compute "
+                            f"it from the training set's log-mel features.")
         mean, std = (torch.tensor(v, dtype=torch.float32) for v in stats.values())
         self.register_buffer("feature_mean", mean)
         self.register_buffer("feature_std", std)
@@ -253,11 +253,11 @@ class AudioEncoder(Encoder):
                           num_kv_heads=num_kv_heads, dropout=dropout, attn_dropout=attn_dropout,
                           rope=True)
         if freq_mask_width > n_mels:
-            raise ValueError(f"AudioEncoder: freq_mask_width ({freq_mask_width}) must be <= "
-                             f"n_mels ({n_mels}); lower model.encoder.freq_mask_width.")
+            raise UserError(f"AudioEncoder: freq_mask_width ({freq_mask_width}) must be <= "
+                            f"n_mels ({n_mels}); lower model.encoder.freq_mask_width.")
         if max_seconds is not None and max_seconds <= 0:
-            raise ValueError(f"AudioEncoder: max_seconds ({max_seconds}) must be > 0 or null "
-                             f"(no limit).")
+            raise UserError(f"AudioEncoder: max_seconds ({max_seconds}) must be > 0 or null "
+                            f"(no limit).")
         self.dim, self.max_seconds = dim, max_seconds
         self.max_samples = None if max_seconds is None else int(round(max_seconds * sample_rate))
         self.frontend = LogMelFrontEnd(
@@ -309,7 +309,7 @@ class AudioEncoder(Encoder):
                              f"channel axis in the data pipeline.")
         b, n = wave.shape
         if self.max_samples is not None and n > self.max_samples:
-            raise ValueError(
+            raise UserError(
                 f"AudioEncoder: input is {n} samples ({n / self.sample_rate:.2f} s at "
                 f"{self.sample_rate} Hz) but max_seconds={self.max_seconds} allows "
                 f"{self.max_samples}; crop clips in the data pipeline or raise "
@@ -345,7 +345,7 @@ def _check_front_end(sample_rate: int, n_mels: int, n_fft: int, hop_length: int,
     ]
     for ok, message in rules:
         if not ok:
-            raise ValueError(f"LogMelFrontEnd: {message}; fix it in model.encoder.")
+            raise UserError(f"LogMelFrontEnd: {message}; fix it in model.encoder.")
 
 
 def _floats(value: float | Sequence[float]) -> list[float]:

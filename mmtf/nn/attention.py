@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from mmtf.errors import UserError
 from mmtf.nn.kv_cache import KVCache
 from mmtf.nn.rope import RotaryEmbedding
 
@@ -57,28 +58,28 @@ class Attention(nn.Module):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if dim < 1 or num_heads < 1 or num_kv_heads < 1:
-            raise ValueError(f"Attention: dim ({dim}), num_heads ({num_heads}) and num_kv_heads "
-                             f"({num_kv_heads}) must all be >= 1.")
+            raise UserError(f"Attention: dim ({dim}), num_heads ({num_heads}) and num_kv_heads "
+                            f"({num_kv_heads}) must all be >= 1.")
         if dim % num_heads != 0:
-            raise ValueError(f"Attention: dim ({dim}) must be divisible by num_heads ({num_heads}); "
-                             f"change dim or num_heads in the model config.")
+            raise UserError(f"Attention: dim ({dim}) must be divisible by num_heads ({num_heads}); "
+                            f"change dim or num_heads in the model config.")
         if num_heads % num_kv_heads != 0:
-            raise ValueError(f"Attention: num_heads ({num_heads}) must be a multiple of "
-                             f"num_kv_heads ({num_kv_heads}); use num_kv_heads=1 for multi-query "
-                             f"attention or num_kv_heads=num_heads for plain multi-head.")
+            raise UserError(f"Attention: num_heads ({num_heads}) must be a multiple of "
+                            f"num_kv_heads ({num_kv_heads}); use num_kv_heads=1 for multi-query "
+                            f"attention or num_kv_heads=num_heads for plain multi-head.")
         if kv_dim is not None and causal:
-            raise ValueError("Attention: causal=True with kv_dim set; cross-attention keys are the "
-                             "encoder memory and have no causal order. Build it with causal=False.")
+            raise UserError("Attention: causal=True with kv_dim set; cross-attention keys are the "
+                            "encoder memory and have no causal order. Build it with causal=False.")
         if kv_dim is not None and rope is not None:
-            raise ValueError("Attention: rope with kv_dim set; RoPE applies to self-attention only. "
-                             "Build the cross-attention layer with rope=None.")
+            raise UserError("Attention: rope with kv_dim set; RoPE applies to self-attention only. "
+                            "Build the cross-attention layer with rope=None.")
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"Attention: dropout ({dropout}) must be in [0, 1).")
+            raise UserError(f"Attention: dropout ({dropout}) must be in [0, 1).")
         self.dim, self.num_heads, self.num_kv_heads = dim, num_heads, num_kv_heads
         self.head_dim = dim // num_heads
         if rope is not None and rope.head_dim != self.head_dim:
-            raise ValueError(f"Attention: rope.head_dim ({rope.head_dim}) != dim // num_heads "
-                             f"({self.head_dim}); build RotaryEmbedding(head_dim={self.head_dim}).")
+            raise UserError(f"Attention: rope.head_dim ({rope.head_dim}) != dim // num_heads "
+                            f"({self.head_dim}); build RotaryEmbedding(head_dim={self.head_dim}).")
         self.causal, self.rope, self.kv_dim, self.dropout = causal, rope, kv_dim, dropout
         self.is_cross = kv_dim is not None
         self.to_q = nn.Linear(dim, dim, bias=bias)

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from mmtf.decoders import EncoderDecoder, GenerationConfig
 from mmtf.decoders.generation import filter_logits, sample_next
+from mmtf.errors import UserError
 from mmtf.nn import KVCache
 from tests.unit.decoders.conftest import IN_DIM, make_model
 from tests.unit.decoders.stubs import EOS, PAD, IdentityEncoder, ToyDecoder, toy_inputs
@@ -197,7 +198,7 @@ def test_generation_config_from_yaml_and_errors(batch):
     assert torch.equal(from_cfg.tokens, from_kwargs.tokens)
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['beams'\]"):
         model.generate(*batch, beams=2)
-    with pytest.raises(ValueError, match=r"max_new_tokens \(33\) > model.decoder.max_len \(32\)"):
+    with pytest.raises(UserError, match=r"max_new_tokens \(33\) > model.decoder.max_len \(32\)"):
         model.generate(*batch, max_new_tokens=33)
 
 
@@ -213,6 +214,6 @@ def test_generation_config_from_yaml_and_errors(batch):
     (dict(top_p=0.0), r"top_p \(0.0\) must be in \(0, 1\]"),
 ])
 def test_generation_config_validation(options, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         GenerationConfig(**options)
 

@@ -10,6 +10,7 @@ import torch
 import torchaudio
 
 from mmtf.encoders import AudioEncoder, LogMelFrontEnd, SpecAugment
+from mmtf.errors import UserError
 
 from .conftest import TINY_AUDIO
 
@@ -171,7 +172,7 @@ def test_encoder_spec_augment_only_in_train_mode():
 def test_too_long_input_raises_naming_the_limit():
     enc = AudioEncoder(**TINY_AUDIO, max_seconds=0.5)
     enc(torch.randn(1, 8000))
-    with pytest.raises(ValueError, match=r"8001 samples .* max_seconds=0\.5 allows 8000"):
+    with pytest.raises(UserError, match=r"8001 samples .* max_seconds=0\.5 allows 8000"):
         enc(torch.randn(1, 8001), torch.tensor([100]))
 
 
@@ -205,7 +206,7 @@ def test_bad_inputs_raise(wave, lengths, match):
     (dict(max_seconds=0), r"max_seconds \(0\) must be > 0"),
 ])
 def test_config_errors_name_the_key(override, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         AudioEncoder(**{**TINY_AUDIO, **override})
 
 

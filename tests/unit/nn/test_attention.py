@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from mmtf.errors import UserError
 from mmtf.nn import Attention, KVCache, RotaryEmbedding
 
 
@@ -413,7 +414,7 @@ def test_dropout_only_in_training():
     (dict(dim=32, num_heads=4, dropout=1.5), r"dropout \(1.5\)"),
 ])
 def test_bad_constructor_arguments(kwargs, pattern):
-    with pytest.raises(ValueError, match=pattern):
+    with pytest.raises(UserError, match=pattern):
         Attention(**kwargs)
 
 
@@ -435,5 +436,5 @@ def test_bad_call_arguments():
         self_attn(torch.randn(2, 5, 16))
     with pytest.raises(ValueError, match=r"cache has 2 kv heads"):
         self_attn(x, cache=KVCache(batch_size=2, num_kv_heads=2, max_len=8, head_dim=8))
-    with pytest.raises(ValueError, match=r"head_dim \(7\) must be even"):
+    with pytest.raises(UserError, match=r"head_dim \(7\) must be even"):
         RotaryEmbedding(head_dim=7)
