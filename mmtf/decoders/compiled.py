@@ -39,6 +39,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from mmtf.utils.compat import is_compiler_failure, tensor_version
+
 # Trace the step with a cache holding at least this many positions (see the module docstring).
 MIN_COMPILED_LENGTH = 2
 
@@ -55,14 +57,8 @@ def _fresh_copy(fn: Callable) -> Callable:
 
 
 def _fingerprint(module: nn.Module) -> tuple:
-    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in module.parameters())
-
-
-def _is_compiler_failure(error: Exception) -> bool:
-    from torch._dynamo.exc import BackendCompilerFailed
-
-    return (isinstance(error, BackendCompilerFailed)
-            or type(error).__module__.startswith("torch._inductor"))
+    return tuple((p.data_ptr(), tensor_version(p), p.dtype, p.device)
+                 for p in module.parameters())
 
 
 class CompiledDecodeStep:
@@ -84,7 +80,8 @@ class CompiledDecodeStep:
         """Build the compiled function, again if the weights changed since it was built."""
         weights = _fingerprint(self._decoder())
         if self._fn is None or weights != self._weights:
-            self._fn = torch.compile(_fresh_copy(_decode_step), fullgraph=True, dynamic=True)
+            self._fn = torch.compile(_fresh_copy(_decode_step), fullgraph=True, dynamic=True,
+                                     options={"freezing": True})
             self._weights = weights
             self.compilations += 1
 
@@ -99,10 +96,6 @@ class CompiledDecodeStep:
                 and shapes). Then only the guards that tell compiled variants apart are
                 evaluated, not all of them (a visible share of a step at decoder-base size).
         """
-        from contextlib import nullcontext
-
-        import torch._inductor.config as inductor_config
-
         if cache.length < MIN_COMPILED_LENGTH:
             raise ValueError(f"CompiledDecodeStep: the cache holds {cache.length} positions; run "
                              f"the first {MIN_COMPILED_LENGTH} steps with decoder.step (the first "
@@ -110,13 +103,10 @@ class CompiledDecodeStep:
         if self._fn is None:
             self.refresh()
         try:
-            # Freezing matters only when a call compiles; a later step of the same call reuses
-            # the graph its first compiled step found or built.
-            freezing = nullcontext() if same_call else inductor_config.patch(freezing=True)
-            with freezing, torch.compiler.set_stance(skip_guard_eval_unsafe=same_call):
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=same_call):
                 return self._fn(self._decoder(), tokens, cache)
         except Exception as error:
-            if not _is_compiler_failure(error):
+            if not is_compiler_failure(error):
                 raise
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise RuntimeError(

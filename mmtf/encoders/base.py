@@ -32,6 +32,9 @@ WEIGHTS_FILE = "weights.safetensors"
 TUNABLE_KEYS = frozenset({"dropout", "attn_dropout", "freq_masks", "freq_mask_width", "time_masks",
                           "time_mask_width", "max_seconds"})
 CONFIG_FILE = "config.yaml"
+# Norm layers whose buffers are learned running statistics: loaded from an export, not compared.
+RUNNING_STATS_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+                       nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 
 
 class EncoderOutput(NamedTuple):
@@ -178,7 +181,7 @@ class Encoder(nn.Module):
             # BatchNorm running statistics are persistent buffers too, but learned: skip them.
             learned = {f"{m_name}.{b_name}" if m_name else b_name
                        for m_name, module in self.named_modules()
-                       if isinstance(module, nn.modules.batchnorm._NormBase)
+                       if isinstance(module, RUNNING_STATS_NORMS)
                        for b_name, _ in module.named_buffers(recurse=False)}
             buffers = {k for k, _ in self.named_buffers() if k in own and k not in learned}
             problems = [f"buffer {k!r} (computed from the config) differs between {file} and "

@@ -24,3 +24,27 @@ def module_apply(module: nn.Module, fn: Callable[[Tensor], Tensor], recurse: boo
     torch has no public per-buffer dtype policy. Checked: torch 2.11 and 2.14.1 (same signature).
     """
     return nn.Module._apply(module, fn, recurse)
+
+
+def tensor_version(tensor: Tensor) -> int:
+    """torch's in-place version counter of ``tensor`` (``Tensor._version``).
+
+    It tells an in-place update (an optimizer step, ``load_state_dict``) from an untouched
+    tensor at the same address; the compiled decode step uses it to notice that the weights it
+    froze have changed. No public API exposes it. Checked: torch 2.11 and 2.14.1.
+    """
+    return tensor._version
+
+
+def is_compiler_failure(error: BaseException) -> bool:
+    """Whether ``error`` is torch.compile's backend failing to build code (no C++ compiler, no
+    Triton), as opposed to a bug in the traced function.
+
+    torch re-exports no public type for it: ``BackendCompilerFailed`` lives in
+    ``torch._dynamo.exc`` and inductor raises its own types from ``torch._inductor``.
+    Checked: torch 2.11 and 2.14.1.
+    """
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    return (isinstance(error, BackendCompilerFailed)
+            or type(error).__module__.startswith("torch._inductor"))
