@@ -101,13 +101,13 @@ def test_sampling_is_reproducible_and_top_k1_is_greedy(batch):
     model = make_model()
     kw = dict(strategy="sample", max_new_tokens=10)
     first = model.generate(*batch, generator=torch.Generator().manual_seed(5), **kw)
-    again = model.generate(*batch, generator=torch.Generator().manual_seed(5), **kw)
     other = model.generate(*batch, generator=torch.Generator().manual_seed(6), **kw)
-    assert torch.equal(first.tokens, again.tokens) and torch.equal(first.scores, again.scores)
     assert not torch.equal(first.tokens, other.tokens)
+    # The same seed through the other code path (whole prefix each step) draws the same tokens.
     uncached = model.generate(*batch, generator=torch.Generator().manual_seed(5),
                               use_cache=False, **kw)
     assert torch.equal(first.tokens, uncached.tokens)
+    torch.testing.assert_close(first.scores, uncached.scores, atol=1e-5, rtol=1e-5)
     greedy = model.generate(*batch, max_new_tokens=10)
     for filt in (dict(top_k=1), dict(top_p=1e-6), dict(top_k=1, temperature=3.0)):
         sampled = model.generate(*batch, generator=torch.Generator().manual_seed(0), **kw, **filt)
