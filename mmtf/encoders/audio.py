@@ -139,7 +139,8 @@ class SpecAugment(nn.Module):
     """Frequency and time masking, a fresh mask per item, in training mode only.
 
     Each time mask has a width drawn from ``[0, min(time_mask_width, L))`` and lies within the
-    item's ``L`` valid frames, so a short clip in a long padded batch is masked as much as alone.
+    item's ``L`` valid frames, so a short clip in a long padded batch is masked as much as alone
+    (docs/design/spec-augment-valid-frames.md).
 
     Args:
         freq_masks: bands masked per clip; freq_mask_width: max width of each, in mel bins.

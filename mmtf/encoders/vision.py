@@ -5,21 +5,19 @@ patch_size (``stem="patch"``), or embedded by a small convolutional stem of log2
 stride-2 3x3 convolutions with BatchNorm (``stem="conv"``; Xiao et al. 2021, "Early convolutions
 help transformers see better", arXiv:2106.14881), optionally followed at each resolution by more
 stride-1 3x3 convolutions (``stem_convs``), that gives the same patch grid but sees across patch
-borders and trains much faster from scratch on small data. On the built-in shapes set a stem
-of two convolutions per resolution with BatchNorm reached after 300 steps the training loss the
-one-conv LayerNorm stem had after 600 (``experiments/image_captioning_synth``). An optional CLS
-token is prepended, and a bidirectional ``TransformerStack`` runs over the sequence.
+borders and trains faster from scratch on small data (docs/design/vision-stem-and-positions.md).
+An optional CLS token is prepended, and a bidirectional ``TransformerStack`` runs over the
+sequence.
 
 Positions are added to the patch tokens (the CLS token has none: it is learned itself), either
 ``pos_embed="sincos"``: fixed 2-D sine-cosine embeddings (half the channels encode the row, half
 the column, as MAE and MoCo v3 do), computed for any grid; or ``pos_embed="learned"``: one
 learned vector per patch of the ``image_size`` grid, resampled bicubically for images of another
 size, as timm's ``resample_abs_pos_embed`` and DeiT/ViT fine-tuning at higher resolution do.
-A learned table starts as noise of std 0.02 beside O(1) patch features, so the model first has
-to learn *where* things are; on the built-in shapes set, whose captions are mostly about
-left/right/top/bottom, the fixed table is what lets a 15-minute CPU run learn the layout. Both
-were chosen over 2-D RoPE because the shared RoPE in ``mmtf.nn`` is 1-D: over flattened patches
-it would see a row break as a jump.
+A learned table starts as noise beside O(1) patch features, so the model first has to learn
+*where* things are; the fixed table knows it from the start. Both are absolute tables rather than
+RoPE because the shared RoPE in ``mmtf.nn`` is 1-D and would see a row break of the flattened
+patches as a jump (docs/design/vision-stem-and-positions.md).
 
 Inputs are float images already normalised by the data transforms; every position is valid, so
 the mask is all True and ``lengths`` is ignored.

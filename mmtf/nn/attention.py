@@ -94,7 +94,7 @@ class Attention(nn.Module):
     def project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of ``source`` (b, m, c_kv), each (b, g, m, d)."""
         # chunk, not one "(two g d)" rearrange: unpacking a stacked view makes autograd stack
-        # the two gradients and copy them back strided (1-3% of a backward pass).
+        # the two gradients and copy them back strided. Why: see docs/design/attention-core.md
         k, v = self.to_kv(source).chunk(2, dim=-1)                         # (b, m, g d) each
         return (rearrange(k, "b m (g d) -> b g m d", g=self.num_kv_heads),
                 rearrange(v, "b m (g d) -> b g m d", g=self.num_kv_heads))
@@ -231,10 +231,10 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | N
     """Softmax attention of a single query position, as plain reductions.
 
     Equals ``scaled_dot_product_attention`` (zeros for rows whose keys are all masked). Under
-    ``torch.compile`` these reductions fuse into one pass over K and V per layer: that is how a
-    compiled decode step reads the cache at memory bandwidth, where the fused SDPA kernel, built
-    for blocks of queries, reaches ~70% of it for one query. Eagerly it would materialise
-    (b, g, r, m, d) products, so :class:`Attention` calls it only while compiling.
+    ``torch.compile`` these reductions fuse into one pass over K and V per layer, which reads the
+    cache faster than the fused SDPA kernel does for one query (docs/design/attention-core.md).
+    Eagerly it would materialise (b, g, r, m, d) products, so :class:`Attention` calls it only
+    while compiling.
 
     Args:
         q: (b, h, 1, d) queries.

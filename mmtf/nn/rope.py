@@ -33,7 +33,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if head_dim % 2 != 0:
             raise UserError(f"RotaryEmbedding: head_dim ({head_dim}) must be even; "
-                             f"choose dim and num_heads so that dim // num_heads is even.")
+                            f"choose dim and num_heads so that dim // num_heads is even.")
         if max_len < 1:
             raise UserError(f"RotaryEmbedding: max_len ({max_len}) must be >= 1.")
         self.head_dim, self.base = head_dim, float(base)
@@ -44,9 +44,9 @@ class RotaryEmbedding(nn.Module):
         return self.cos.shape[0]
 
     def _build(self, max_len: int, device: torch.device | None = None) -> None:
-        # float64 frequencies and angles, float32 tables: at position 10^5 float32 angles lose
-        # ~1e-2 rad. Built outside inference mode: a table extended while generating is module
-        # state that a later training step saves for backward.
+        # float64 frequencies and angles, float32 tables; built outside inference mode, since a
+        # table extended while generating is later saved for backward by a training step.
+        # Why: see docs/design/rope-tables.md
         with torch.inference_mode(False):
             exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64)
             inv_freq = self.base ** (-exponent / self.head_dim)                  # (d/2,)
@@ -57,8 +57,8 @@ class RotaryEmbedding(nn.Module):
             self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> RotaryEmbedding:
-        # .to(dtype) / .half() would cast the tables; rebuild them in float32 from float64 angles
-        # on the new device instead (a cast back from bf16 would keep the bf16 rounding).
+        # .to(dtype) / .half() cast the tables: rebuild them in float32 from float64 angles (a
+        # cast back from bf16 would keep the bf16 rounding). Why: see docs/design/rope-tables.md
         module_apply(self, fn, recurse)
         if self.cos.dtype != torch.float32:
             self._build(self.max_len, device=self.cos.device)
