@@ -21,7 +21,8 @@ def module_apply(module: nn.Module, fn: Callable[[Tensor], Tensor], recurse: boo
 
     A module whose buffers must keep their dtype under ``.to(dtype)`` / ``.half()`` (the RoPE
     tables, the mel filterbank) overrides ``_apply`` and calls this for the default behaviour;
-    torch has no public per-buffer dtype policy. Checked: torch 2.11 and 2.14.1 (same signature).
+    torch has no public per-buffer dtype policy. Checked: torch 2.14.1 (mmtf supports 2.11 too;
+    not run there).
     """
     return nn.Module._apply(module, fn, recurse)
 
@@ -31,7 +32,7 @@ def tensor_version(tensor: Tensor) -> int:
 
     It tells an in-place update (an optimizer step, ``load_state_dict``) from an untouched
     tensor at the same address; the compiled decode step uses it to notice that the weights it
-    froze have changed. No public API exposes it. Checked: torch 2.11 and 2.14.1.
+    froze have changed. No public API exposes it. Checked: torch 2.14.1 (2.11: not run there).
     """
     return tensor._version
 
@@ -42,7 +43,7 @@ def is_compiler_failure(error: BaseException) -> bool:
 
     torch re-exports no public type for it: ``BackendCompilerFailed`` lives in
     ``torch._dynamo.exc`` and inductor raises its own types from ``torch._inductor``.
-    Checked: torch 2.11 and 2.14.1.
+    Checked: torch 2.14.1 (2.11: not run there).
     """
     from torch._dynamo.exc import BackendCompilerFailed
 
