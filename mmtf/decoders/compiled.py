@@ -1,31 +1,23 @@
 """The decode step compiled for inference: what ``generate(..., compile=True)`` runs.
 
-Why: at batch 8 a cached decode step of a 6 x 512 decoder is ~40 GEMMs of 8 rows, 12
-single-query attention reads and ~30 small norm/RoPE/residual ops. Eagerly, the small ops and
-their dispatch cost a third of the step. ``torch.compile`` (inductor) fuses them into a few C++
-(or Triton) loops, turns each single-query attention into one fused pass over the cached K/V
-(:func:`mmtf.nn.attention.single_query_attention`), and with ``freezing`` treats the weights as
-constants and prepacks them for MKL/oneDNN. The result is the same tokens, 1.3-1.6x faster than
-the eager step on CPU (``experiments/kv_cache_decoding``).
+``torch.compile`` (inductor, ``freezing`` on) fuses the many small ops of a cached decode step,
+turns each single-query attention into one pass over the cached K/V
+(:func:`mmtf.nn.attention.single_query_attention`) and prepacks the frozen weights; the tokens
+are the eager step's. Why and how much: see docs/design/compiled-decoding.md.
 
-How it stays correct and compiles once:
+Contract:
 
 * The compiled function is :meth:`TextDecoder.step` itself, on the same :class:`KVCache`, traced
-  whole (``fullgraph``) with dynamic shapes: the cached length (a plain int attribute), the batch
-  and the memory length are symbolic, so one compilation serves every position, batch size,
+  whole (``fullgraph``) with dynamic shapes: one compilation serves every position, batch size,
   beam width and memory length.
-* The first step of a call, which projects the cross-attention K/V from the memory, runs
-  eagerly, and so does the second: a length of 1 is always specialised by the compiler, so the
-  compiled step is first traced at length 2.
-* Frozen weights are baked into the compiled code. A fingerprint of every parameter (storage,
-  version counter, dtype, device) is checked once per ``generate`` call; when it changed (an
-  optimizer step, ``load_state_dict``, ``.to()``) the step is compiled again from a fresh copy of
-  the function, so stale weights are never used. Compiling takes tens of seconds on a CPU: use
-  ``compile=True`` for inference on fixed weights (evaluation, serving, benchmarks), not for
-  validation during training.
-* A PyTorch limit to know: once inductor has compiled in a process, the next backward pass there
-  starts autograd's device threads, and children forked after that cannot run autograd. Train
-  before compiling, or in a fresh process (Lightning's default DDP launches fresh processes).
+* The first two steps of a call run eagerly (the first fills the cross-attention cache; the
+  compiler specialises a length of 1), so the compiled step is first traced at length 2.
+* Weights are baked into the compiled code. A fingerprint of every parameter (storage, version
+  counter, dtype, device) is checked once per ``generate`` call; when it changed the step is
+  compiled again, so stale weights are never used. Compiling takes tens of seconds on a CPU:
+  use ``compile=True`` for inference on fixed weights, not for validation during training.
+* Once inductor has compiled in a process, children forked after its next backward pass cannot
+  run autograd: train before compiling, or in a fresh process.
 
 Shapes: r decoder rows (batch * beams), v vocab.
 """
@@ -38,6 +30,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+
+from mmtf.utils.compat import is_compiler_failure, tensor_version
 
 # Trace the step with a cache holding at least this many positions (see the module docstring).
 MIN_COMPILED_LENGTH = 2
@@ -55,14 +49,8 @@ def _fresh_copy(fn: Callable) -> Callable:
 
 
 def _fingerprint(module: nn.Module) -> tuple:
-    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in module.parameters())
-
-
-def _is_compiler_failure(error: Exception) -> bool:
-    from torch._dynamo.exc import BackendCompilerFailed
-
-    return (isinstance(error, BackendCompilerFailed)
-            or type(error).__module__.startswith("torch._inductor"))
+    return tuple((p.data_ptr(), tensor_version(p), p.dtype, p.device)
+                 for p in module.parameters())
 
 
 class CompiledDecodeStep:
@@ -84,7 +72,8 @@ class CompiledDecodeStep:
         """Build the compiled function, again if the weights changed since it was built."""
         weights = _fingerprint(self._decoder())
         if self._fn is None or weights != self._weights:
-            self._fn = torch.compile(_fresh_copy(_decode_step), fullgraph=True, dynamic=True)
+            self._fn = torch.compile(_fresh_copy(_decode_step), fullgraph=True, dynamic=True,
+                                     options={"freezing": True})
             self._weights = weights
             self.compilations += 1
 
@@ -97,12 +86,8 @@ class CompiledDecodeStep:
                 at least ``MIN_COMPILED_LENGTH`` positions.
             same_call: the previous call was a step of the same generation (same decoder, cache
                 and shapes). Then only the guards that tell compiled variants apart are
-                evaluated, not all of them (a visible share of a step at decoder-base size).
+                evaluated, not all of them (docs/design/compiled-decoding.md says why).
         """
-        from contextlib import nullcontext
-
-        import torch._inductor.config as inductor_config
-
         if cache.length < MIN_COMPILED_LENGTH:
             raise ValueError(f"CompiledDecodeStep: the cache holds {cache.length} positions; run "
                              f"the first {MIN_COMPILED_LENGTH} steps with decoder.step (the first "
@@ -110,13 +95,10 @@ class CompiledDecodeStep:
         if self._fn is None:
             self.refresh()
         try:
-            # Freezing matters only when a call compiles; a later step of the same call reuses
-            # the graph its first compiled step found or built.
-            freezing = nullcontext() if same_call else inductor_config.patch(freezing=True)
-            with freezing, torch.compiler.set_stance(skip_guard_eval_unsafe=same_call):
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=same_call):
                 return self._fn(self._decoder(), tokens, cache)
         except Exception as error:
-            if not _is_compiler_failure(error):
+            if not is_compiler_failure(error):
                 raise
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise RuntimeError(

@@ -24,6 +24,7 @@ from mmtf.decoders.generation import (
     generate,
 )
 from mmtf.decoders.text import TextDecoder
+from mmtf.errors import UserError
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -51,26 +52,26 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         enc_dim = getattr(encoder, "dim", None)
         if not isinstance(enc_dim, int):
-            raise ValueError(f"EncoderDecoder: model.encoder ({type(encoder).__name__}) must have "
-                             f"an int attribute dim (its output width); got {enc_dim!r}.")
+            raise UserError(f"EncoderDecoder: model.encoder ({type(encoder).__name__}) must have "
+                            f"an int attribute dim (its output width); got {enc_dim!r}.")
         if enc_dim != decoder.context_dim:
-            raise ValueError(f"EncoderDecoder: model.encoder.dim ({enc_dim}) != "
-                             f"model.decoder.context_dim ({decoder.context_dim}); set "
-                             f"model.decoder.context_dim: ${{model.encoder.dim}}.")
+            raise UserError(f"EncoderDecoder: model.encoder.dim ({enc_dim}) != "
+                            f"model.decoder.context_dim ({decoder.context_dim}); set "
+                            f"model.decoder.context_dim: ${{model.encoder.dim}}.")
         ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
         for name, value in ids.items():
             if not 0 <= value < decoder.vocab_size:
-                raise ValueError(f"EncoderDecoder: {name} ({value}) must be in [0, "
-                                 f"model.decoder.vocab_size={decoder.vocab_size}); set "
+                raise UserError(f"EncoderDecoder: {name} ({value}) must be in [0, "
+                                f"model.decoder.vocab_size={decoder.vocab_size}); set "
                                  f"model.decoder.vocab_size from the tokenizer.")
         if len(set(ids.values())) != 3:
-            raise ValueError(f"EncoderDecoder: pad_id, bos_id and eos_id must differ; got {ids}.")
+            raise UserError(f"EncoderDecoder: pad_id, bos_id and eos_id must differ; got {ids}.")
         if pad_id != decoder.pad_id:
-            raise ValueError(f"EncoderDecoder: pad_id ({pad_id}) != model.decoder.pad_id "
-                             f"({decoder.pad_id}); set both from the tokenizer.")
+            raise UserError(f"EncoderDecoder: pad_id ({pad_id}) != model.decoder.pad_id "
+                            f"({decoder.pad_id}); set both from the tokenizer.")
         if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"EncoderDecoder: label_smoothing ({label_smoothing}) must be in "
-                             f"[0, 1).")
+            raise UserError(f"EncoderDecoder: label_smoothing ({label_smoothing}) must be in "
+                            f"[0, 1).")
         self.encoder, self.decoder = encoder, decoder
         self.label_smoothing = label_smoothing
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id

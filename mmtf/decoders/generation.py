@@ -35,6 +35,7 @@ from einops import rearrange, repeat
 from torch import Tensor
 
 from mmtf.decoders.compiled import MIN_COMPILED_LENGTH, compiled_decode_step
+from mmtf.errors import UserError
 
 Strategy = Literal["greedy", "beam", "sample"]
 StepCallback = Callable[[int, Tensor, Tensor], None]
@@ -87,38 +88,38 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         if self.strategy not in ("greedy", "beam", "sample"):
-            raise ValueError(f"GenerationConfig: strategy ({self.strategy!r}) must be 'greedy', "
-                             f"'beam' or 'sample'.")
+            raise UserError(f"GenerationConfig: strategy ({self.strategy!r}) must be 'greedy', "
+                            f"'beam' or 'sample'.")
         if self.max_new_tokens < 1:
-            raise ValueError(f"GenerationConfig: max_new_tokens ({self.max_new_tokens}) must be "
-                             f">= 1.")
+            raise UserError(f"GenerationConfig: max_new_tokens ({self.max_new_tokens}) must be "
+                            f">= 1.")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(f"GenerationConfig: min_new_tokens ({self.min_new_tokens}) must be "
-                             f"in [0, max_new_tokens={self.max_new_tokens}].")
+            raise UserError(f"GenerationConfig: min_new_tokens ({self.min_new_tokens}) must be "
+                            f"in [0, max_new_tokens={self.max_new_tokens}].")
         if self.num_beams < 1:
-            raise ValueError(f"GenerationConfig: num_beams ({self.num_beams}) must be >= 1.")
+            raise UserError(f"GenerationConfig: num_beams ({self.num_beams}) must be >= 1.")
         if self.num_return_sequences < 1:
-            raise ValueError(f"GenerationConfig: num_return_sequences "
-                             f"({self.num_return_sequences}) must be >= 1.")
+            raise UserError(f"GenerationConfig: num_return_sequences "
+                            f"({self.num_return_sequences}) must be >= 1.")
         if self.strategy == "beam" and self.num_return_sequences > self.num_beams:
-            raise ValueError(f"GenerationConfig: num_return_sequences "
-                             f"({self.num_return_sequences}) > num_beams ({self.num_beams}); "
-                             f"beam search returns at most num_beams hypotheses.")
+            raise UserError(f"GenerationConfig: num_return_sequences "
+                            f"({self.num_return_sequences}) > num_beams ({self.num_beams}); "
+                            f"beam search returns at most num_beams hypotheses.")
         if self.strategy == "greedy" and self.num_return_sequences != 1:
-            raise ValueError(f"GenerationConfig: num_return_sequences "
-                             f"({self.num_return_sequences}) > 1 with strategy 'greedy', which "
-                             f"has one answer; use strategy 'beam' or 'sample'.")
+            raise UserError(f"GenerationConfig: num_return_sequences "
+                            f"({self.num_return_sequences}) > 1 with strategy 'greedy', which "
+                            f"has one answer; use strategy 'beam' or 'sample'.")
         if self.compile and not self.use_cache:
-            raise ValueError("GenerationConfig: compile=True needs use_cache=True; the uncached "
-                             "path is the slow reference and is never compiled.")
+            raise UserError("GenerationConfig: compile=True needs use_cache=True; the uncached "
+                            "path is the slow reference and is never compiled.")
         if not self.temperature > 0:
-            raise ValueError(f"GenerationConfig: temperature ({self.temperature}) must be > 0; "
-                             f"use strategy 'greedy' for the argmax.")
+            raise UserError(f"GenerationConfig: temperature ({self.temperature}) must be > 0; "
+                            f"use strategy 'greedy' for the argmax.")
         if self.top_k < 0:
-            raise ValueError(f"GenerationConfig: top_k ({self.top_k}) must be >= 0 (0 = off).")
+            raise UserError(f"GenerationConfig: top_k ({self.top_k}) must be >= 0 (0 = off).")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"GenerationConfig: top_p ({self.top_p}) must be in (0, 1] "
-                             f"(1.0 = off).")
+            raise UserError(f"GenerationConfig: top_p ({self.top_p}) must be in (0, 1] "
+                            f"(1.0 = off).")
 
     @classmethod
     def build(cls, config: GenerationConfig | None = None, **overrides) -> GenerationConfig:
@@ -220,9 +221,9 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
         A :class:`GenerationOutput`.
     """
     if config.max_new_tokens > decoder.max_len:
-        raise ValueError(f"generate: max_new_tokens ({config.max_new_tokens}) > "
-                         f"model.decoder.max_len ({decoder.max_len}); lower max_new_tokens or "
-                         f"raise model.decoder.max_len.")
+        raise UserError(f"generate: max_new_tokens ({config.max_new_tokens}) > "
+                        f"model.decoder.max_len ({decoder.max_len}); lower max_new_tokens or "
+                        f"raise model.decoder.max_len.")
     if memory_mask is not None and bool(memory_mask.all()):
         memory_mask = None               # one check per call; no mask is built in any step then
     b = memory.shape[0]

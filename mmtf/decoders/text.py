@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from mmtf.errors import UserError
 from mmtf.nn import KVCache, TransformerStack
 from mmtf.nn.transformer import MlpKind, NormKind
 
@@ -105,11 +106,11 @@ class TextDecoder(nn.Module):
                             ("num_heads", num_heads), ("context_dim", context_dim),
                             ("max_len", max_len)):
             if value < 1:
-                raise ValueError(f"TextDecoder: {name} ({value}) must be >= 1; "
-                                 f"check model.decoder.{name} in your config.")
+                raise UserError(f"TextDecoder: {name} ({value}) must be >= 1; "
+                                f"check model.decoder.{name} in your config.")
         if not 0 <= pad_id < vocab_size:
-            raise ValueError(f"TextDecoder: pad_id ({pad_id}) must be in [0, vocab_size="
-                             f"{vocab_size}); set model.decoder.pad_id to the tokenizer's pad id.")
+            raise UserError(f"TextDecoder: pad_id ({pad_id}) must be in [0, vocab_size="
+                            f"{vocab_size}); set model.decoder.pad_id to the tokenizer's pad id.")
         self.vocab_size, self.dim, self.depth = vocab_size, dim, depth
         self.context_dim, self.max_len, self.pad_id = context_dim, max_len, pad_id
         self.tie_embeddings = tie_embeddings
@@ -166,9 +167,9 @@ class TextDecoder(nn.Module):
         """
         max_len = self.max_len if max_len is None else max_len
         if not 1 <= max_len <= self.max_len:
-            raise ValueError(f"TextDecoder: cache max_len ({max_len}) must be in [1, "
-                             f"model.decoder.max_len={self.max_len}]; raise "
-                             f"model.decoder.max_len or generate fewer tokens.")
+            raise UserError(f"TextDecoder: cache max_len ({max_len}) must be in [1, "
+                            f"model.decoder.max_len={self.max_len}]; raise "
+                            f"model.decoder.max_len or generate fewer tokens.")
         weight = self.embed.weight
         self_caches, cross_caches = self.stack.make_cache(
             batch_size=batch_size, max_len=max_len, context_len=context_len,
@@ -209,10 +210,10 @@ class TextDecoder(nn.Module):
             raise ValueError(f"TextDecoder: tokens must be (batch, length) ids; got shape "
                              f"{tuple(tokens.shape)}.")
         if offset + tokens.shape[1] > max_len:
-            raise ValueError(f"TextDecoder: {offset} + {tokens.shape[1]} target positions exceed "
-                             f"max_len={max_len}; truncate the targets (tokenizer max length) "
-                             f"or raise model.decoder.max_len.")
+            raise UserError(f"TextDecoder: {offset} + {tokens.shape[1]} target positions exceed "
+                            f"max_len={max_len}; truncate the targets (tokenizer max length) "
+                            f"or raise model.decoder.max_len.")
         if memory is not None and (memory.dim() != 3 or memory.shape[-1] != self.context_dim):
-            raise ValueError(f"TextDecoder: memory must be (batch, length, context_dim="
-                             f"{self.context_dim}); got shape {tuple(memory.shape)}. Set "
-                             f"model.decoder.context_dim to the encoder's dim.")
+            raise UserError(f"TextDecoder: memory must be (batch, length, context_dim="
+                            f"{self.context_dim}); got shape {tuple(memory.shape)}. Set "
+                            f"model.decoder.context_dim to the encoder's dim.")

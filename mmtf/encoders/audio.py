@@ -22,7 +22,7 @@ Shapes: b batch, n samples, f mel bins, t frames, s memory length (= tokens), c 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -33,8 +33,10 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
+from mmtf.errors import UserError
 from mmtf.nn import TransformerStack
 from mmtf.nn.transformer import MlpKind, NormKind
+from mmtf.utils.compat import module_apply
 
 FeatureNorm = Literal["utterance", "global"]
 LOG_EPS = 1e-6   # log(mel + 1e-6): a floor near 16-bit quantisation noise, finite for silence
@@ -83,11 +85,11 @@ class LogMelFrontEnd(nn.Module):
         stats = {"feature_mean": _floats(feature_mean), "feature_std": _floats(feature_std)}
         for key, values in stats.items():   # checked as Python floats: works on meta too
             if len(values) not in (1, n_mels):
-                raise ValueError(f"LogMelFrontEnd: {key} has {len(values)} values; give one "
-                                 f"number or n_mels ({n_mels}) numbers (model.encoder.{key}).")
+                raise UserError(f"LogMelFrontEnd: {key} has {len(values)} values; give one "
+                                f"number or n_mels ({n_mels}) numbers (model.encoder.{key}).")
         if min(stats["feature_std"]) <= 0:
-            raise ValueError(f"LogMelFrontEnd: feature_std ({feature_std}) must be > 0; compute "
-                             f"it from the training set's log-mel features.")
+            raise UserError(f"LogMelFrontEnd: feature_std ({feature_std}) must be > 0; compute "
+                            f"it from the training set's log-mel features.")
         mean, std = (torch.tensor(v, dtype=torch.float32) for v in stats.values())
         self.register_buffer("feature_mean", mean)
         self.register_buffer("feature_std", std)
@@ -124,17 +126,21 @@ class LogMelFrontEnd(nn.Module):
             feats = feats.masked_fill(~valid, 0.0)
         return feats, frames
 
-    def _apply(self, fn, recurse: bool = True):   # torch's (private) signature
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> LogMelFrontEnd:
         # Keep the STFT window, filterbank and statistics in float32 under model.half() /
         # bf16-true precision: torch.stft has no bf16 kernel and fp16 mel energies overflow.
-        super()._apply(fn, recurse)
+        module_apply(self, fn, recurse)
         self.mel.float()
         self.feature_mean, self.feature_std = self.feature_mean.float(), self.feature_std.float()
         return self
 
 
 class SpecAugment(nn.Module):
-    """Frequency and time masking (torchaudio), a fresh mask per item, in training mode only.
+    """Frequency and time masking, a fresh mask per item, in training mode only.
+
+    Each time mask has a width drawn from ``[0, min(time_mask_width, L))`` and lies within the
+    item's ``L`` valid frames, so a short clip in a long padded batch is masked as much as alone
+    (docs/design/spec-augment-valid-frames.md).
 
     Args:
         freq_masks: bands masked per clip; freq_mask_width: max width of each, in mel bins.
@@ -147,26 +153,43 @@ class SpecAugment(nn.Module):
         for key, value in (("freq_masks", freq_masks), ("freq_mask_width", freq_mask_width),
                            ("time_masks", time_masks), ("time_mask_width", time_mask_width)):
             if value < 0:
-                raise ValueError(f"SpecAugment: {key} ({value}) must be >= 0; use 0 to switch "
-                                 f"that masking off (model.encoder.{key}).")
+                raise UserError(f"SpecAugment: {key} ({value}) must be >= 0; use 0 to switch "
+                                f"that masking off (model.encoder.{key}).")
         self.freq_masks, self.time_masks = freq_masks, time_masks
+        self.time_mask_width = time_mask_width
         self.freq = torchaudio.transforms.FrequencyMasking(freq_mask_width, iid_masks=True)
-        self.time = torchaudio.transforms.TimeMasking(time_mask_width, iid_masks=True)
 
     def extra_repr(self) -> str:
         return (f"freq_masks={self.freq_masks}, freq_mask_width={self.freq.mask_param}, "
-                f"time_masks={self.time_masks}, time_mask_width={self.time.mask_param}")
+                f"time_masks={self.time_masks}, time_mask_width={self.time_mask_width}")
 
-    def forward(self, feats: Tensor) -> Tensor:
-        """feats: (b, f, t) -> (b, f, t); the identity in eval mode."""
+    def forward(self, feats: Tensor, frames: Tensor | None = None) -> Tensor:
+        """Mask ``feats`` (b, f, t) -> (b, f, t); the identity in eval mode.
+
+        Args:
+            feats: normalised features, (b, f, t).
+            frames: (b,) valid frames per item; None = all t valid.
+        """
         if not self.training or (self.freq_masks == 0 and self.time_masks == 0):
             return feats
         x = rearrange(feats, "b f t -> b 1 f t")   # a 4-D input gets per-item (iid) masks
         for _ in range(self.freq_masks):
             x = self.freq(x)
-        for _ in range(self.time_masks):
-            x = self.time(x)
-        return rearrange(x, "b 1 f t -> b f t")
+        x = rearrange(x, "b 1 f t -> b f t")
+        if self.time_masks == 0 or self.time_mask_width == 0:
+            return x
+        b, _, t = x.shape
+        if frames is None:
+            frames = torch.full((b,), t, device=x.device)
+        valid = frames.to(device=x.device, dtype=torch.float32)[:, None]        # (b, 1)
+        # As torchaudio's TimeMasking, but within [0, L) of each item instead of [0, t).
+        width = torch.rand(b, self.time_masks, device=x.device) * valid.clamp(
+            max=self.time_mask_width)                                           # (b, k)
+        start = torch.rand(b, self.time_masks, device=x.device) * (valid - width)
+        position = torch.arange(t, device=x.device)                             # (t,)
+        inside = ((position >= start.long()[..., None])
+                  & (position < (start + width).long()[..., None]))             # (b, k, t)
+        return x.masked_fill(rearrange(inside.any(dim=1), "b t -> b 1 t"), 0.0)
 
 
 class ConvStem(nn.Module):
@@ -231,11 +254,11 @@ class AudioEncoder(Encoder):
                           num_kv_heads=num_kv_heads, dropout=dropout, attn_dropout=attn_dropout,
                           rope=True)
         if freq_mask_width > n_mels:
-            raise ValueError(f"AudioEncoder: freq_mask_width ({freq_mask_width}) must be <= "
-                             f"n_mels ({n_mels}); lower model.encoder.freq_mask_width.")
+            raise UserError(f"AudioEncoder: freq_mask_width ({freq_mask_width}) must be <= "
+                            f"n_mels ({n_mels}); lower model.encoder.freq_mask_width.")
         if max_seconds is not None and max_seconds <= 0:
-            raise ValueError(f"AudioEncoder: max_seconds ({max_seconds}) must be > 0 or null "
-                             f"(no limit).")
+            raise UserError(f"AudioEncoder: max_seconds ({max_seconds}) must be > 0 or null "
+                            f"(no limit).")
         self.dim, self.max_seconds = dim, max_seconds
         self.max_samples = None if max_seconds is None else int(round(max_seconds * sample_rate))
         self.frontend = LogMelFrontEnd(
@@ -274,7 +297,7 @@ class AudioEncoder(Encoder):
         """
         lengths = self._check_inputs(inputs, lengths)
         feats, frames = self.frontend(inputs, lengths)           # (b, f, t), (b,)
-        feats = self.spec_augment(feats)
+        feats = self.spec_augment(feats, frames)
         x, tokens = self.stem(feats.to(self.stem.conv1.weight.dtype), frames)   # (b, s, c)
         mask = _lengths_mask(tokens, x.shape[1])                 # (b, s)
         x = self.stack(self.drop(x), key_mask=mask)
@@ -287,7 +310,7 @@ class AudioEncoder(Encoder):
                              f"channel axis in the data pipeline.")
         b, n = wave.shape
         if self.max_samples is not None and n > self.max_samples:
-            raise ValueError(
+            raise UserError(
                 f"AudioEncoder: input is {n} samples ({n / self.sample_rate:.2f} s at "
                 f"{self.sample_rate} Hz) but max_seconds={self.max_seconds} allows "
                 f"{self.max_samples}; crop clips in the data pipeline or raise "
@@ -323,7 +346,7 @@ def _check_front_end(sample_rate: int, n_mels: int, n_fft: int, hop_length: int,
     ]
     for ok, message in rules:
         if not ok:
-            raise ValueError(f"LogMelFrontEnd: {message}; fix it in model.encoder.")
+            raise UserError(f"LogMelFrontEnd: {message}; fix it in model.encoder.")
 
 
 def _floats(value: float | Sequence[float]) -> list[float]:

@@ -23,6 +23,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from mmtf.errors import UserError, require_file
+
 PoolMode = Literal["mean", "cls"]
 WEIGHTS_FILE = "weights.safetensors"
 # Settings a downstream run may change on a pretrained encoder (regularisation, input limits);
@@ -30,6 +32,9 @@ WEIGHTS_FILE = "weights.safetensors"
 TUNABLE_KEYS = frozenset({"dropout", "attn_dropout", "freq_masks", "freq_mask_width", "time_masks",
                           "time_mask_width", "max_seconds"})
 CONFIG_FILE = "config.yaml"
+# Norm layers whose buffers are learned running statistics: loaded from an export, not compared.
+RUNNING_STATS_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+                       nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 
 
 class EncoderOutput(NamedTuple):
@@ -69,11 +74,11 @@ def pool(memory: Tensor, mask: Tensor | None = None, mode: PoolMode = "mean", *,
                          f"{mask.dtype} {tuple(mask.shape)}; pass out.mask from the encoder.")
     if mode == "cls":
         if encoder is not None and not encoder.has_cls:
-            raise ValueError(f"pool: mode='cls' but {type(encoder).__name__} has no CLS token; "
-                             f"use mode='mean' or build the encoder with cls_token=true.")
+            raise UserError(f"pool: mode='cls' but {type(encoder).__name__} has no CLS token; "
+                            f"use mode='mean' or build the encoder with cls_token=true.")
         return memory[:, 0]
     if mode != "mean":
-        raise ValueError(f"pool: mode ({mode!r}) must be 'mean' or 'cls'.")
+        raise UserError(f"pool: mode ({mode!r}) must be 'mean' or 'cls'.")
     skip = encoder.num_prefix_tokens if encoder is not None else 0
     memory = memory[:, skip:]
     if mask is None:
@@ -142,25 +147,21 @@ class Encoder(nn.Module):
         learned BatchNorm statistics are loaded, not compared).
 
         Raises:
-            FileNotFoundError: the folder or the weights file does not exist.
-            ValueError: missing, unexpected or differently shaped tensors, or config-derived
+            UserError: the weights file does not exist or is not safetensors; missing, unexpected or differently shaped tensors, or config-derived
                 buffers that differ; the message names them and the config to rebuild with.
         """
         name = type(self).__name__
         path = Path(path)
         file = path if path.suffix == ".safetensors" else path / WEIGHTS_FILE
+        require_file(file, what=f"{name}.load_pretrained: weights file",
+                     fix=f"set model.encoder.pretrained to a folder written by mmtf-export "
+                         f"(it holds {WEIGHTS_FILE}) or to a .safetensors file")
         folder = file.parent
-        if not folder.is_dir():
-            raise FileNotFoundError(f"{name}.load_pretrained: folder {str(folder)!r} does not "
-                                    f"exist; set model.encoder.pretrained to an export folder.")
-        if not file.is_file():
-            raise FileNotFoundError(f"{name}.load_pretrained: {str(file)!r} not found; the export "
-                                    f"folder must contain {WEIGHTS_FILE} (written by mmtf-export).")
         try:
             weights = load_file(str(file), device="cpu")
         except Exception as err:  # SafetensorError (a plain Exception): not a safetensors file
-            raise ValueError(f"{name}.load_pretrained: {str(file)!r} is not a valid safetensors "
-                             f"file ({err}); re-export it with python -m mmtf.export.") from None
+            raise UserError(f"{name}.load_pretrained: {str(file)!r} is not a valid safetensors "
+                            f"file ({err}); re-export it with python -m mmtf.export.") from None
         own = self.state_dict()
         problems = [f"tensor {k!r} has shape {tuple(v.shape)} in {file} but "
                     f"{tuple(own[k].shape)} in this model"
@@ -180,7 +181,7 @@ class Encoder(nn.Module):
             # BatchNorm running statistics are persistent buffers too, but learned: skip them.
             learned = {f"{m_name}.{b_name}" if m_name else b_name
                        for m_name, module in self.named_modules()
-                       if isinstance(module, nn.modules.batchnorm._NormBase)
+                       if isinstance(module, RUNNING_STATS_NORMS)
                        for b_name, _ in module.named_buffers(recurse=False)}
             buffers = {k for k, _ in self.named_buffers() if k in own and k not in learned}
             problems = [f"buffer {k!r} (computed from the config) differs between {file} and "
@@ -196,9 +197,9 @@ class Encoder(nn.Module):
             problems = [f"config {k}={self.config[k]!r} but the export has {k}="
                         f"{_plain(exported[k])!r}" for k in differ]
         if problems:
-            raise ValueError(f"{name}.load_pretrained: " + "; ".join(problems[:5])
-                             + f"{'; ...' if len(problems) > 5 else ''}. "
-                             + self._config_hint(folder))
+            raise UserError(f"{name}.load_pretrained: " + "; ".join(problems[:5])
+                            + f"{'; ...' if len(problems) > 5 else ''}. "
+                            + self._config_hint(folder))
         self.load_state_dict(weights)
 
     def _config_hint(self, folder: Path) -> str:
@@ -235,21 +236,21 @@ def check_transformer(owner: str, *, dim: int, depth: int, num_heads: int,
                       rope: bool = False) -> None:
     """Rules shared by the encoders, checked before any layer is built; messages name the key."""
     if depth < 1:
-        raise ValueError(f"{owner}: depth ({depth}) must be >= 1; fix model.encoder.depth.")
+        raise UserError(f"{owner}: depth ({depth}) must be >= 1; fix model.encoder.depth.")
     if dim < 1 or num_heads < 1:
-        raise ValueError(f"{owner}: dim ({dim}) and num_heads ({num_heads}) must be >= 1.")
+        raise UserError(f"{owner}: dim ({dim}) and num_heads ({num_heads}) must be >= 1.")
     if dim % num_heads != 0:
-        raise ValueError(f"{owner}: dim ({dim}) must be divisible by num_heads ({num_heads}); "
-                         f"change model.encoder.dim or model.encoder.num_heads.")
+        raise UserError(f"{owner}: dim ({dim}) must be divisible by num_heads ({num_heads}); "
+                        f"change model.encoder.dim or model.encoder.num_heads.")
     if rope and (dim // num_heads) % 2 != 0:
-        raise ValueError(f"{owner}: head size dim // num_heads ({dim // num_heads}) must be even "
-                         f"for RoPE; change model.encoder.dim or model.encoder.num_heads.")
+        raise UserError(f"{owner}: head size dim // num_heads ({dim // num_heads}) must be even "
+                        f"for RoPE; change model.encoder.dim or model.encoder.num_heads.")
     if num_kv_heads is not None and (num_kv_heads < 1 or num_heads % num_kv_heads != 0):
-        raise ValueError(f"{owner}: num_heads ({num_heads}) must be a multiple of num_kv_heads "
-                         f"({num_kv_heads}); set model.encoder.num_kv_heads to a divisor or null.")
+        raise UserError(f"{owner}: num_heads ({num_heads}) must be a multiple of num_kv_heads "
+                        f"({num_kv_heads}); set model.encoder.num_kv_heads to a divisor or null.")
     for key, p in (("dropout", dropout), ("attn_dropout", attn_dropout)):
         if not 0.0 <= p < 1.0:
-            raise ValueError(f"{owner}: {key} ({p}) must be in [0, 1); fix model.encoder.{key}.")
+            raise UserError(f"{owner}: {key} ({p}) must be in [0, 1); fix model.encoder.{key}.")
 
 
 def record_config(local_vars: dict[str, Any]) -> dict[str, Any]:

@@ -5,21 +5,19 @@ patch_size (``stem="patch"``), or embedded by a small convolutional stem of log2
 stride-2 3x3 convolutions with BatchNorm (``stem="conv"``; Xiao et al. 2021, "Early convolutions
 help transformers see better", arXiv:2106.14881), optionally followed at each resolution by more
 stride-1 3x3 convolutions (``stem_convs``), that gives the same patch grid but sees across patch
-borders and trains much faster from scratch on small data. On the built-in shapes set a stem
-of two convolutions per resolution with BatchNorm reached after 300 steps the training loss the
-one-conv LayerNorm stem had after 600 (``experiments/image_captioning_synth``). An optional CLS
-token is prepended, and a bidirectional ``TransformerStack`` runs over the sequence.
+borders and trains faster from scratch on small data (docs/design/vision-stem-and-positions.md).
+An optional CLS token is prepended, and a bidirectional ``TransformerStack`` runs over the
+sequence.
 
 Positions are added to the patch tokens (the CLS token has none: it is learned itself), either
 ``pos_embed="sincos"``: fixed 2-D sine-cosine embeddings (half the channels encode the row, half
 the column, as MAE and MoCo v3 do), computed for any grid; or ``pos_embed="learned"``: one
 learned vector per patch of the ``image_size`` grid, resampled bicubically for images of another
 size, as timm's ``resample_abs_pos_embed`` and DeiT/ViT fine-tuning at higher resolution do.
-A learned table starts as noise of std 0.02 beside O(1) patch features, so the model first has
-to learn *where* things are; on the built-in shapes set, whose captions are mostly about
-left/right/top/bottom, the fixed table is what lets a 15-minute CPU run learn the layout. Both
-were chosen over 2-D RoPE because the shared RoPE in ``mmtf.nn`` is 1-D: over flattened patches
-it would see a row break as a jump.
+A learned table starts as noise beside O(1) patch features, so the model first has to learn
+*where* things are; the fixed table knows it from the start. Both are absolute tables rather than
+RoPE because the shared RoPE in ``mmtf.nn`` is 1-D and would see a row break of the flattened
+patches as a jump (docs/design/vision-stem-and-positions.md).
 
 Inputs are float images already normalised by the data transforms; every position is valid, so
 the mask is all True and ``lengths`` is ignored.
@@ -39,6 +37,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
+from mmtf.errors import UserError
 from mmtf.nn import TransformerStack
 from mmtf.nn.transformer import MlpKind, NormKind
 
@@ -82,36 +81,36 @@ class VisionEncoder(Encoder):
         check_transformer("VisionEncoder", dim=dim, depth=depth, num_heads=num_heads,
                           num_kv_heads=num_kv_heads, dropout=dropout, attn_dropout=attn_dropout)
         if patch_size < 1 or in_channels < 1:
-            raise ValueError(f"VisionEncoder: patch_size ({patch_size}) and in_channels "
-                             f"({in_channels}) must be >= 1; fix model.encoder.")
+            raise UserError(f"VisionEncoder: patch_size ({patch_size}) and in_channels "
+                            f"({in_channels}) must be >= 1; fix model.encoder.")
         height, width = _pair(image_size)
         if height < patch_size or width < patch_size or height % patch_size or width % patch_size:
-            raise ValueError(f"VisionEncoder: image_size ({height}, {width}) must be a positive "
-                             f"multiple of patch_size ({patch_size}); change "
-                             f"model.encoder.image_size or model.encoder.patch_size.")
+            raise UserError(f"VisionEncoder: image_size ({height}, {width}) must be a positive "
+                            f"multiple of patch_size ({patch_size}); change "
+                            f"model.encoder.image_size or model.encoder.patch_size.")
         self.dim, self.patch_size, self.in_channels = dim, patch_size, in_channels
         self.grid = (height // patch_size, width // patch_size)
         self.has_cls, self.num_prefix_tokens = cls_token, int(cls_token)
         if stem not in ("patch", "conv"):
-            raise ValueError(f"VisionEncoder: stem ({stem!r}) must be 'patch' or 'conv'; fix "
-                             f"model.encoder.stem.")
+            raise UserError(f"VisionEncoder: stem ({stem!r}) must be 'patch' or 'conv'; fix "
+                            f"model.encoder.stem.")
         if stem == "conv" and patch_size & (patch_size - 1):
-            raise ValueError(f"VisionEncoder: stem 'conv' halves the image log2(patch_size) "
-                             f"times, so patch_size ({patch_size}) must be a power of two; use "
-                             f"stem: patch or change model.encoder.patch_size.")
+            raise UserError(f"VisionEncoder: stem 'conv' halves the image log2(patch_size) "
+                            f"times, so patch_size ({patch_size}) must be a power of two; use "
+                            f"stem: patch or change model.encoder.patch_size.")
         if stem_convs < 1 or stem_norm not in ("batch", "layer"):
-            raise ValueError(f"VisionEncoder: stem_convs ({stem_convs}) must be >= 1 and "
-                             f"stem_norm ({stem_norm!r}) 'batch' or 'layer'; fix model.encoder.")
+            raise UserError(f"VisionEncoder: stem_convs ({stem_convs}) must be >= 1 and "
+                            f"stem_norm ({stem_norm!r}) 'batch' or 'layer'; fix model.encoder.")
         self.patch_embed = (conv_stem(in_channels, dim, patch_size, convs=stem_convs,
                                       norm=stem_norm) if stem == "conv" else
                             nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size))
         if pos_embed not in ("learned", "sincos"):
-            raise ValueError(f"VisionEncoder: pos_embed ({pos_embed!r}) must be 'learned' or "
-                             f"'sincos'; fix model.encoder.pos_embed.")
+            raise UserError(f"VisionEncoder: pos_embed ({pos_embed!r}) must be 'learned' or "
+                            f"'sincos'; fix model.encoder.pos_embed.")
         if pos_embed == "sincos" and dim % 4:
-            raise ValueError(f"VisionEncoder: pos_embed 'sincos' splits dim ({dim}) into 4 "
-                             f"equal parts (sin/cos of row and column); use a dim divisible by "
-                             f"4 or pos_embed: learned.")
+            raise UserError(f"VisionEncoder: pos_embed 'sincos' splits dim ({dim}) into 4 "
+                            f"equal parts (sin/cos of row and column); use a dim divisible by "
+                            f"4 or pos_embed: learned.")
         self.pos_embed: nn.Parameter | None = None
         if pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.empty(1, self.grid[0] * self.grid[1], dim))
@@ -174,9 +173,9 @@ class VisionEncoder(Encoder):
         h, w = images.shape[-2:]
         p = self.patch_size
         if h < p or w < p or h % p or w % p:
-            raise ValueError(f"VisionEncoder: image size ({h}, {w}) must be divisible by "
-                             f"patch_size ({p}); resize or pad the images (data transforms) or "
-                             f"change model.encoder.patch_size.")
+            raise UserError(f"VisionEncoder: image size ({h}, {w}) must be divisible by "
+                            f"patch_size ({p}); resize or pad the images (data transforms) or "
+                            f"change model.encoder.patch_size.")
 
 
 class LayerNorm2d(nn.LayerNorm):
@@ -229,6 +228,6 @@ def _pair(size: int | Sequence[int]) -> tuple[int, int]:
         return size, size
     values = [int(v) for v in size]
     if len(values) != 2:
-        raise ValueError(f"VisionEncoder: image_size ({values}) must be an int or [height, "
-                         f"width]; fix model.encoder.image_size.")
+        raise UserError(f"VisionEncoder: image_size ({values}) must be an int or [height, "
+                        f"width]; fix model.encoder.image_size.")
     return values[0], values[1]

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from mmtf.errors import UserError
 from mmtf.nn.kv_cache import KVCache
 from mmtf.nn.rope import RotaryEmbedding
 
@@ -57,28 +58,28 @@ class Attention(nn.Module):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if dim < 1 or num_heads < 1 or num_kv_heads < 1:
-            raise ValueError(f"Attention: dim ({dim}), num_heads ({num_heads}) and num_kv_heads "
-                             f"({num_kv_heads}) must all be >= 1.")
+            raise UserError(f"Attention: dim ({dim}), num_heads ({num_heads}) and num_kv_heads "
+                            f"({num_kv_heads}) must all be >= 1.")
         if dim % num_heads != 0:
-            raise ValueError(f"Attention: dim ({dim}) must be divisible by num_heads ({num_heads}); "
-                             f"change dim or num_heads in the model config.")
+            raise UserError(f"Attention: dim ({dim}) must be divisible by num_heads ({num_heads}); "
+                            f"change dim or num_heads in the model config.")
         if num_heads % num_kv_heads != 0:
-            raise ValueError(f"Attention: num_heads ({num_heads}) must be a multiple of "
-                             f"num_kv_heads ({num_kv_heads}); use num_kv_heads=1 for multi-query "
-                             f"attention or num_kv_heads=num_heads for plain multi-head.")
+            raise UserError(f"Attention: num_heads ({num_heads}) must be a multiple of "
+                            f"num_kv_heads ({num_kv_heads}); use num_kv_heads=1 for multi-query "
+                            f"attention or num_kv_heads=num_heads for plain multi-head.")
         if kv_dim is not None and causal:
-            raise ValueError("Attention: causal=True with kv_dim set; cross-attention keys are the "
-                             "encoder memory and have no causal order. Build it with causal=False.")
+            raise UserError("Attention: causal=True with kv_dim set; cross-attention keys are the "
+                            "encoder memory and have no causal order. Build it with causal=False.")
         if kv_dim is not None and rope is not None:
-            raise ValueError("Attention: rope with kv_dim set; RoPE applies to self-attention only. "
-                             "Build the cross-attention layer with rope=None.")
+            raise UserError("Attention: rope with kv_dim set; RoPE applies to self-attention only. "
+                            "Build the cross-attention layer with rope=None.")
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"Attention: dropout ({dropout}) must be in [0, 1).")
+            raise UserError(f"Attention: dropout ({dropout}) must be in [0, 1).")
         self.dim, self.num_heads, self.num_kv_heads = dim, num_heads, num_kv_heads
         self.head_dim = dim // num_heads
         if rope is not None and rope.head_dim != self.head_dim:
-            raise ValueError(f"Attention: rope.head_dim ({rope.head_dim}) != dim // num_heads "
-                             f"({self.head_dim}); build RotaryEmbedding(head_dim={self.head_dim}).")
+            raise UserError(f"Attention: rope.head_dim ({rope.head_dim}) != dim // num_heads "
+                            f"({self.head_dim}); build RotaryEmbedding(head_dim={self.head_dim}).")
         self.causal, self.rope, self.kv_dim, self.dropout = causal, rope, kv_dim, dropout
         self.is_cross = kv_dim is not None
         self.to_q = nn.Linear(dim, dim, bias=bias)
@@ -93,7 +94,7 @@ class Attention(nn.Module):
     def project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of ``source`` (b, m, c_kv), each (b, g, m, d)."""
         # chunk, not one "(two g d)" rearrange: unpacking a stacked view makes autograd stack
-        # the two gradients and copy them back strided (1-3% of a backward pass).
+        # the two gradients and copy them back strided. Why: see docs/design/attention-core.md
         k, v = self.to_kv(source).chunk(2, dim=-1)                         # (b, m, g d) each
         return (rearrange(k, "b m (g d) -> b g m d", g=self.num_kv_heads),
                 rearrange(v, "b m (g d) -> b g m d", g=self.num_kv_heads))
@@ -175,10 +176,15 @@ class Attention(nn.Module):
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                   ) -> tuple[Tensor, Tensor]:
-        """Reference softmax path that also returns the weights (b, h, n, m)."""
+        """Reference softmax path that also returns the weights (b, h, n, m) in the dtype of q.
+
+        Scores and softmax run in at least float32 (float64 stays float64), and q is scaled
+        before the matmul, as in SDPA: unscaled float16 scores overflow from |q.k| > 65504.
+        """
         r = self.num_heads // self.num_kv_heads
         k, v = (t.repeat_interleave(r, dim=1) for t in (k, v))           # (b, h, m, d)
-        scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(self.head_dim)  # (b, h, n, m)
+        acc = torch.promote_types(q.dtype, torch.float32)
+        scores = (q.to(acc) * self.head_dim ** -0.5) @ k.to(acc).transpose(-2, -1)  # (b, h, n, m)
         row_has_key = None
         if mask is not None:
             mask, row_has_key = _guard_empty_rows(mask)
@@ -225,10 +231,10 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | N
     """Softmax attention of a single query position, as plain reductions.
 
     Equals ``scaled_dot_product_attention`` (zeros for rows whose keys are all masked). Under
-    ``torch.compile`` these reductions fuse into one pass over K and V per layer: that is how a
-    compiled decode step reads the cache at memory bandwidth, where the fused SDPA kernel, built
-    for blocks of queries, reaches ~70% of it for one query. Eagerly it would materialise
-    (b, g, r, m, d) products, so :class:`Attention` calls it only while compiling.
+    ``torch.compile`` these reductions fuse into one pass over K and V per layer, which reads the
+    cache faster than the fused SDPA kernel does for one query (docs/design/attention-core.md).
+    Eagerly it would materialise (b, g, r, m, d) products, so :class:`Attention` calls it only
+    while compiling.
 
     Args:
         q: (b, h, 1, d) queries.

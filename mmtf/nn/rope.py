@@ -1,6 +1,7 @@
 """Rotary position embedding (RoFormer, Su et al. 2021, arXiv:2104.09864).
 
-One table per model, built once in float32 and shared by every layer. Positions are absolute:
+One table per model, built in float32 from float64 angles and shared by every layer; it stays
+float32 when the module is cast (``.to(torch.bfloat16)``, ``.half()``). Positions are absolute:
 a cached decoding step at offset ``p`` rotates its queries and keys by ``p, p+1, ...``, so a
 token-by-token pass equals a full forward pass.
 
@@ -9,8 +10,13 @@ Shapes: b batch, h heads, n positions, d head_dim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
+
+from mmtf.errors import UserError
+from mmtf.utils.compat import module_apply
 
 
 class RotaryEmbedding(nn.Module):
@@ -26,13 +32,11 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, *, head_dim: int, max_len: int = 4096, base: float = 10000.0) -> None:
         super().__init__()
         if head_dim % 2 != 0:
-            raise ValueError(f"RotaryEmbedding: head_dim ({head_dim}) must be even; "
-                             f"choose dim and num_heads so that dim // num_heads is even.")
+            raise UserError(f"RotaryEmbedding: head_dim ({head_dim}) must be even; "
+                            f"choose dim and num_heads so that dim // num_heads is even.")
         if max_len < 1:
-            raise ValueError(f"RotaryEmbedding: max_len ({max_len}) must be >= 1.")
+            raise UserError(f"RotaryEmbedding: max_len ({max_len}) must be >= 1.")
         self.head_dim, self.base = head_dim, float(base)
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self._build(max_len)
 
     @property
@@ -40,12 +44,25 @@ class RotaryEmbedding(nn.Module):
         return self.cos.shape[0]
 
     def _build(self, max_len: int, device: torch.device | None = None) -> None:
-        # float64 angles then float32 tables: at position 10^5 float32 angles lose ~1e-2 rad.
-        inv_freq = self.inv_freq.to(device=device, dtype=torch.float64)
-        angles = torch.outer(torch.arange(max_len, device=device, dtype=torch.float64), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)                     # (n, d)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        # float64 frequencies and angles, float32 tables; built outside inference mode, since a
+        # table extended while generating is later saved for backward by a training step.
+        # Why: see docs/design/rope-tables.md
+        with torch.inference_mode(False):
+            exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64)
+            inv_freq = self.base ** (-exponent / self.head_dim)                  # (d/2,)
+            positions = torch.arange(max_len, device=device, dtype=torch.float64)
+            angles = torch.outer(positions, inv_freq)                            # (n, d/2)
+            angles = torch.cat([angles, angles], dim=-1)                         # (n, d)
+            self.register_buffer("cos", angles.cos().float(), persistent=False)
+            self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> RotaryEmbedding:
+        # .to(dtype) / .half() cast the tables: rebuild them in float32 from float64 angles (a
+        # cast back from bf16 would keep the bf16 rounding). Why: see docs/design/rope-tables.md
+        module_apply(self, fn, recurse)
+        if self.cos.dtype != torch.float32:
+            self._build(self.max_len, device=self.cos.device)
+        return self
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """Rotate ``x`` by absolute positions ``offset .. offset + n - 1``.

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmtf.errors import UserError
 from mmtf.nn.attention import Attention
 from mmtf.nn.kv_cache import KVCache
 from mmtf.nn.rope import RotaryEmbedding
@@ -28,7 +29,7 @@ def make_norm(kind: NormKind, dim: int, eps: float = 1e-5) -> nn.Module:
         return nn.LayerNorm(dim, eps=eps)
     if kind == "rmsnorm":
         return nn.RMSNorm(dim, eps=eps)
-    raise ValueError(f"norm ({kind!r}) must be 'layernorm' or 'rmsnorm'.")
+    raise UserError(f"norm ({kind!r}) must be 'layernorm' or 'rmsnorm'.")
 
 
 class MLP(nn.Module):
@@ -41,9 +42,9 @@ class MLP(nn.Module):
                  dropout: float = 0.0, bias: bool = False) -> None:
         super().__init__()
         if kind not in ("gelu", "swiglu"):
-            raise ValueError(f"MLP: mlp ({kind!r}) must be 'gelu' or 'swiglu'.")
+            raise UserError(f"MLP: mlp ({kind!r}) must be 'gelu' or 'swiglu'.")
         if mlp_ratio <= 0:
-            raise ValueError(f"MLP: mlp_ratio ({mlp_ratio}) must be > 0.")
+            raise UserError(f"MLP: mlp_ratio ({mlp_ratio}) must be > 0.")
         self.kind = kind
         hidden = int(dim * mlp_ratio)
         if kind == "swiglu":
@@ -139,10 +140,10 @@ class TransformerStack(nn.Module):
                  attn_dropout: float = 0.0, bias: bool = False) -> None:
         super().__init__()
         if depth < 1:
-            raise ValueError(f"TransformerStack: depth ({depth}) must be >= 1.")
+            raise UserError(f"TransformerStack: depth ({depth}) must be >= 1.")
         if dim % num_heads != 0:
-            raise ValueError(f"TransformerStack: dim ({dim}) must be divisible by num_heads "
-                             f"({num_heads}); change dim or num_heads in the model config.")
+            raise UserError(f"TransformerStack: dim ({dim}) must be divisible by num_heads "
+                            f"({num_heads}); change dim or num_heads in the model config.")
         self.dim, self.depth = dim, depth
         self.num_kv_heads = num_kv_heads or num_heads
         self.head_dim = dim // num_heads

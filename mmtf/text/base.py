@@ -34,6 +34,8 @@ from typing import Any, ClassVar
 
 from tokenizers import Regex, normalizers
 
+from mmtf.errors import UserError, require_file
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)  # index == id in every tokenizer
 FORMAT_VERSION = 1
@@ -148,7 +150,7 @@ class Tokenizer(ABC):
                 )
         min_len = 2 if add_special else 0
         if max_len is not None and (isinstance(max_len, bool) or max_len < min_len):
-            raise ValueError(
+            raise UserError(
                 f"{type(self).__name__}.encode: max_len ({max_len}) must be >= {min_len}"
                 + (" to hold <bos> and <eos>; raise max_len or pass add_special=False."
                    if add_special else "; pass max_len=None for no limit.")
@@ -222,34 +224,34 @@ class Tokenizer(ABC):
         try:
             data = json.loads(s)
         except json.JSONDecodeError as err:
-            raise ValueError(f"Tokenizer.from_json_str: not valid JSON ({err}).") from err
+            raise UserError(f"Tokenizer.from_json_str: not valid JSON ({err}).") from err
         if not isinstance(data, dict) or "kind" not in data:
-            raise ValueError(
+            raise UserError(
                 "Tokenizer.from_json_str: expected a JSON object with a 'kind' field "
                 f"(one of {sorted(cls._registry)}); was this file written by Tokenizer.save?"
             )
         kind = data.pop("kind")
         if kind not in cls._registry:
-            raise ValueError(
+            raise UserError(
                 f"Tokenizer.from_json_str: unknown kind ({kind!r}); "
                 f"expected one of {sorted(cls._registry)}."
             )
         version = data.pop("version", FORMAT_VERSION)
         if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise ValueError(
+            raise UserError(
                 f"Tokenizer.from_json_str: version ({version!r}) is not supported by this mmtf "
                 f"(format version {FORMAT_VERSION}); upgrade mmtf."
             )
         target = cls._registry[kind]
         if cls is not Tokenizer and not issubclass(target, cls):
-            raise ValueError(
+            raise UserError(
                 f"{cls.__name__}.from_json_str: the JSON holds kind={kind!r}, not "
                 f"{cls.kind!r}; use Tokenizer.from_json_str or load_tokenizer to dispatch."
             )
         tok = target._from_dict(data)
         found = [tok.id_to_token(i) for i in range(min(len(SPECIAL_TOKENS), tok.vocab_size))]
         if tuple(found) != SPECIAL_TOKENS:
-            raise ValueError(
+            raise UserError(
                 f"Tokenizer.from_json_str: ids 0..3 must be {list(SPECIAL_TOKENS)}, got {found}; "
                 f"the tokenizer was not built by mmtf."
             )
@@ -278,13 +280,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load a tokenizer written by :meth:`Tokenizer.save`; the JSON ``kind`` picks the class.
 
     Raises:
-        FileNotFoundError: path does not exist.
-        ValueError: the file is not an mmtf tokenizer (see :meth:`Tokenizer.from_json_str`).
+        UserError: path is not a file, or the file is not an mmtf tokenizer (see :meth:`Tokenizer.from_json_str`).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"load_tokenizer: no tokenizer file at {path}.")
+    path = require_file(path, what="load_tokenizer: tokenizer file",
+                        fix="pass the tokenizer.json written by Tokenizer.save (a run folder "
+                            "holds one)")
     try:
         return Tokenizer.from_json_str(path.read_text(encoding="utf-8"))
     except ValueError as err:
-        raise ValueError(f"load_tokenizer: {path}: {err}") from err
+        raise UserError(f"load_tokenizer: {path}: {err}") from err

@@ -25,6 +25,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
+from mmtf.errors import UserError
 from mmtf.text.base import BOS, EOS, SPECIAL_TOKENS, UNK, Tokenizer, build_normalizer
 
 
@@ -42,7 +43,7 @@ class BPETokenizer(Tokenizer):
     def __init__(self, *, tokenizer: HFTokenizer, lowercase: bool, strip_punctuation: bool) -> None:
         found = [tokenizer.id_to_token(i) for i in range(len(SPECIAL_TOKENS))]
         if tuple(found) != SPECIAL_TOKENS:
-            raise ValueError(
+            raise UserError(
                 f"BPETokenizer: tokenizer ids 0..3 must be {list(SPECIAL_TOKENS)}, got {found}; "
                 f"build it with BPETokenizer.train."
             )
@@ -83,12 +84,12 @@ class BPETokenizer(Tokenizer):
         """
         n_special = len(SPECIAL_TOKENS)
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= n_special:
-            raise ValueError(
+            raise UserError(
                 f"BPETokenizer.train: vocab_size ({vocab_size!r}) must be an int > {n_special}, "
                 f"the number of special tokens {list(SPECIAL_TOKENS)}; raise vocab_size."
             )
         if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
-            raise ValueError(
+            raise UserError(
                 f"BPETokenizer.train: min_frequency ({min_frequency!r}) must be an int >= 1."
             )
         tok = HFTokenizer(models.BPE(unk_token=UNK))
@@ -108,7 +109,7 @@ class BPETokenizer(Tokenizer):
         )
         tok.train_from_iterator(_checked_texts(texts), trainer=trainer)
         if tok.get_vocab_size(with_added_tokens=True) <= n_special:
-            raise ValueError(
+            raise UserError(
                 "BPETokenizer.train: texts has no characters to learn from (empty corpus or "
                 "only whitespace/stripped punctuation); pass the training captions."
             )
@@ -158,12 +159,12 @@ class BPETokenizer(Tokenizer):
             return cls(tokenizer=hf, lowercase=bool(payload["lowercase"]),
                        strip_punctuation=bool(payload["strip_punctuation"]))
         except KeyError as err:
-            raise ValueError(f"BPETokenizer: JSON is missing the field {err}.") from err
+            raise UserError(f"BPETokenizer: JSON is missing the field {err}.") from err
         except Exception as err:  # the Rust side raises its own exception type
             if isinstance(err, ValueError):
                 raise
-            raise ValueError(f"BPETokenizer: the 'tokenizer' field is not a valid "
-                             f"tokenizers JSON ({err}).") from err
+            raise UserError(f"BPETokenizer: the 'tokenizer' field is not a valid "
+                            f"tokenizers JSON ({err}).") from err
 
     def __repr__(self) -> str:
         return (f"BPETokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "

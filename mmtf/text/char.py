@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from mmtf.errors import UserError
 from mmtf.text.base import SPECIAL_TOKENS, Tokenizer, build_normalizer
 
 
@@ -30,14 +31,14 @@ class CharTokenizer(Tokenizer):
 
     def __init__(self, *, vocab: list[str], lowercase: bool = True) -> None:
         if tuple(vocab[: len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
-            raise ValueError(
+            raise UserError(
                 f"CharTokenizer: vocab must start with {list(SPECIAL_TOKENS)}, got "
                 f"{vocab[: len(SPECIAL_TOKENS)]}; build it with CharTokenizer.train."
             )
         chars = vocab[len(SPECIAL_TOKENS):]
         bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
         if bad or len(set(chars)) != len(chars):
-            raise ValueError(
+            raise UserError(
                 f"CharTokenizer: vocab entries after the specials must be distinct single "
                 f"characters; got {bad[:5] or 'duplicates'}."
             )
@@ -71,7 +72,7 @@ class CharTokenizer(Tokenizer):
                 )
             chars.update(normalizer.normalize_str(text))
         if not chars:
-            raise ValueError(
+            raise UserError(
                 "CharTokenizer.train: texts has no characters to learn from (empty corpus or "
                 "only whitespace); pass the training captions."
             )
@@ -105,7 +106,7 @@ class CharTokenizer(Tokenizer):
         try:
             return cls(vocab=list(payload["vocab"]), lowercase=bool(payload["lowercase"]))
         except KeyError as err:
-            raise ValueError(f"CharTokenizer: JSON is missing the field {err}.") from err
+            raise UserError(f"CharTokenizer: JSON is missing the field {err}.") from err
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase})"

@@ -7,3 +7,45 @@ else in the package, or when an attribute named here disappears from the install
 """
 
 from __future__ import annotations
+
+# mmtf/nn, encoders, decoders (redesign-core): hoist these imports to the top when merging.
+from collections.abc import Callable  # noqa: E402
+
+from torch import Tensor, nn  # noqa: E402
+
+
+def module_apply(module: nn.Module, fn: Callable[[Tensor], Tensor], recurse: bool = True,
+                 ) -> nn.Module:
+    """torch's ``nn.Module._apply(fn, recurse)``: the one method ``.to()``, ``.half()`` and
+    ``.cuda()`` send every parameter and buffer through.
+
+    A module whose buffers must keep their dtype under ``.to(dtype)`` / ``.half()`` (the RoPE
+    tables, the mel filterbank) overrides ``_apply`` and calls this for the default behaviour;
+    torch has no public per-buffer dtype policy. Checked: torch 2.14.1 (mmtf supports 2.11 too;
+    not run there).
+    """
+    return nn.Module._apply(module, fn, recurse)
+
+
+def tensor_version(tensor: Tensor) -> int:
+    """torch's in-place version counter of ``tensor`` (``Tensor._version``).
+
+    It tells an in-place update (an optimizer step, ``load_state_dict``) from an untouched
+    tensor at the same address; the compiled decode step uses it to notice that the weights it
+    froze have changed. No public API exposes it. Checked: torch 2.14.1 (2.11: not run there).
+    """
+    return tensor._version
+
+
+def is_compiler_failure(error: BaseException) -> bool:
+    """Whether ``error`` is torch.compile's backend failing to build code (no C++ compiler, no
+    Triton), as opposed to a bug in the traced function.
+
+    torch re-exports no public type for it: ``BackendCompilerFailed`` lives in
+    ``torch._dynamo.exc`` and inductor raises its own types from ``torch._inductor``.
+    Checked: torch 2.14.1 (2.11: not run there).
+    """
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    return (isinstance(error, BackendCompilerFailed)
+            or type(error).__module__.startswith("torch._inductor"))

@@ -3,14 +3,16 @@ cache == no cache, n-best shapes and ordering."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from mmtf.decoders import EncoderDecoder
+from mmtf.decoders import EncoderDecoder, TextDecoder
+from mmtf.decoders.generation import GenerationConfig, generate
 from tests.unit.decoders.conftest import make_model
-from tests.unit.decoders.stubs import EOS, PAD, IdentityEncoder, ToyDecoder, toy_inputs
+from tests.unit.decoders.stubs import BOS, EOS, PAD, IdentityEncoder, ToyDecoder, toy_inputs
 
 A, B, C = 4, 5, 6
 
@@ -136,3 +138,53 @@ def test_cached_beam_equals_uncached(seed, batch):
     assert (cached.scores.diff(dim=1) <= 0).all()
     # Beams really diverge and reorder: the n-best rows of an item differ.
     assert len({tuple(r) for r in cached.tokens[0].tolist()}) == 3
+
+
+# ----------------------------------------------------------------------------- real decoder
+# A TextDecoder small enough to enumerate: vocab pad, bos, eos + 3 words, at most 3 new tokens:
+# 13 eos-terminated sequences and 27 that run out of steps.
+WORDS = (3, 4, 5)
+
+
+def brute_force_best(decoder: TextDecoder, memory: torch.Tensor, mask: torch.Tensor,
+                     max_new: int, length_penalty: float) -> tuple[list[int], float]:
+    """Score every complete sequence by teacher forcing (the full forward, not the cache)."""
+    seqs = [list(p) + [EOS] for n in range(max_new) for p in itertools.product(WORDS, repeat=n)]
+    seqs += [list(p) for p in itertools.product(WORDS, repeat=max_new)]        # out of steps
+    targets = torch.tensor([s + [PAD] * (max_new - len(s)) for s in seqs])      # (r, max_new)
+    inputs = torch.cat([torch.full((len(seqs), 1), BOS), targets[:, :-1]], 1)   # (r, max_new)
+    with torch.no_grad():
+        logits = decoder(inputs, memory.expand(len(seqs), -1, -1),
+                         mask.expand(len(seqs), -1)).double()                   # (r, max_new, v)
+    logits[..., [PAD, BOS]] = -math.inf                                         # never generated
+    logp = logits.log_softmax(-1).gather(2, targets[..., None])[..., 0]         # (r, max_new)
+    scores = [logp[i, : len(s)].sum().item() / len(s) ** length_penalty
+              for i, s in enumerate(seqs)]
+    best = max(range(len(seqs)), key=scores.__getitem__)
+    return seqs[best], scores[best]
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+@pytest.mark.parametrize("seed", [3, 5, 9])     # seeds where greedy misses a best sequence
+def test_beam_search_on_text_decoder_equals_brute_force(seed, length_penalty):
+    torch.manual_seed(seed)
+    decoder = TextDecoder(vocab_size=6, dim=32, depth=2, num_heads=4, context_dim=16,
+                          max_len=8, tie_embeddings=False).eval()
+    with torch.no_grad():                        # flat enough that greedy is not optimal
+        decoder.embed.weight.normal_(0.0, 1.0)
+        decoder.lm_head.weight.normal_(0.0, 0.2)
+    memory = torch.randn(2, 5, 16)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    # 9 beams hold every 2-word prefix, so the search is exact for the best sequence.
+    config = GenerationConfig(strategy="beam", num_beams=9, max_new_tokens=3,
+                              length_penalty=length_penalty, early_stopping=False)
+    out = generate(decoder, memory, mask, config, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    greedy = generate(decoder, memory, mask, GenerationConfig(max_new_tokens=3), bos_id=BOS,
+                      eos_id=EOS, pad_id=PAD)
+    greedy_missed = False
+    for i in range(2):
+        seq, score = brute_force_best(decoder, memory[i:i + 1], mask[i:i + 1], 3, length_penalty)
+        assert out.tokens[i, : out.lengths[i]].tolist() == seq
+        assert out.scores[i].item() == pytest.approx(score, abs=1e-5)
+        greedy_missed |= greedy.tokens[i, : greedy.lengths[i]].tolist() != seq
+    assert greedy_missed                          # the search had something to find

@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 
 from mmtf.decoders import GenerationConfig
 from mmtf.decoders.compiled import compiled_decode_step
+from mmtf.errors import UserError
 from mmtf.nn.attention import single_query_attention
 from tests.unit.decoders.conftest import IN_DIM, make_model
 
@@ -131,7 +132,7 @@ def test_missing_compiler_is_explained():
 
 
 def test_compile_needs_the_cache():
-    with pytest.raises(ValueError, match=r"compile=True needs use_cache=True"):
+    with pytest.raises(UserError, match=r"compile=True needs use_cache=True"):
         GenerationConfig(compile=True, use_cache=False)
 
 

@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mmtf.decoders import EncoderDecoder, TextDecoder
+from mmtf.errors import UserError
 from tests.unit.decoders.conftest import DIM, IN_DIM, VOCAB, make_model
 from tests.unit.decoders.stubs import BOS, EOS, PAD, StubEncoder
 
@@ -101,19 +102,19 @@ def test_dim_mismatch_message():
     dec = TextDecoder(vocab_size=VOCAB, dim=32, depth=1, num_heads=4, context_dim=64)
     msg = (r"EncoderDecoder: model.encoder.dim \(96\) != model.decoder.context_dim \(64\); "
            r"set model.decoder.context_dim: \$\{model.encoder.dim\}\.")
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises(UserError, match=msg):
         EncoderDecoder(encoder=enc, decoder=dec)
 
 
 def test_special_id_errors():
     enc = StubEncoder(in_dim=IN_DIM, dim=DIM)
     dec = TextDecoder(vocab_size=VOCAB, dim=DIM, depth=1, num_heads=4, context_dim=DIM)
-    with pytest.raises(ValueError, match=r"eos_id \(40\) must be in \[0, "
-                                         r"model.decoder.vocab_size=40\)"):
+    with pytest.raises(UserError, match=r"eos_id \(40\) must be in \[0, "
+                                        r"model.decoder.vocab_size=40\)"):
         EncoderDecoder(encoder=enc, decoder=dec, eos_id=40)
-    with pytest.raises(ValueError, match=r"pad_id \(5\) != model.decoder.pad_id \(0\)"):
+    with pytest.raises(UserError, match=r"pad_id \(5\) != model.decoder.pad_id \(0\)"):
         EncoderDecoder(encoder=enc, decoder=dec, pad_id=5)
-    with pytest.raises(ValueError, match=r"label_smoothing \(1.0\) must be in \[0, 1\)"):
+    with pytest.raises(UserError, match=r"label_smoothing \(1.0\) must be in \[0, 1\)"):
         EncoderDecoder(encoder=enc, decoder=dec, label_smoothing=1.0)
     with pytest.raises(ValueError, match=r"tokens must be \(batch, length >= 2\)"):
         EncoderDecoder(encoder=enc, decoder=dec)(torch.randn(1, 3, IN_DIM), None,

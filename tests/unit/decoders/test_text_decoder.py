@@ -10,6 +10,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mmtf.decoders import TextDecoder
+from mmtf.errors import UserError
 
 CONF = Path(__file__).resolve().parents[3] / "conf" / "model" / "decoder"
 DECODER_CONFIGS = sorted(p.stem for p in CONF.rglob("*.yaml"))
@@ -73,22 +74,22 @@ def test_cache_reorder_follows_rows_and_keeps_cross_cache():
 
 def test_errors_name_the_key():
     dec = tiny()
-    with pytest.raises(ValueError, match=r"17 target positions exceed max_len=16"):
+    with pytest.raises(UserError, match=r"17 target positions exceed max_len=16"):
         dec(torch.zeros(1, 17, dtype=torch.long), torch.randn(1, 3, 24))
-    with pytest.raises(ValueError, match=r"context_dim=24\); got shape \(1, 3, 32\)"):
+    with pytest.raises(UserError, match=r"context_dim=24\); got shape \(1, 3, 32\)"):
         dec(torch.zeros(1, 2, dtype=torch.long), torch.randn(1, 3, 32))
-    with pytest.raises(ValueError, match=r"cache max_len \(17\) must be in \[1, "
-                                         r"model.decoder.max_len=16\]"):
+    with pytest.raises(UserError, match=r"cache max_len \(17\) must be in \[1, "
+                                        r"model.decoder.max_len=16\]"):
         dec.make_cache(batch_size=1, context_len=3, max_len=17)
     cache = dec.make_cache(batch_size=1, context_len=3, max_len=2)
     with pytest.raises(ValueError, match=r"first step needs memory="):
         dec.step(torch.zeros(1, 1, dtype=torch.long), cache)
     dec.step(torch.zeros(1, 2, dtype=torch.long), cache, memory=torch.randn(1, 3, 24))
-    with pytest.raises(ValueError, match=r"2 \+ 1 target positions exceed max_len=2"):
+    with pytest.raises(UserError, match=r"2 \+ 1 target positions exceed max_len=2"):
         dec.step(torch.zeros(1, 1, dtype=torch.long), cache)
-    with pytest.raises(ValueError, match=r"TextDecoder: num_heads \(0\) must be >= 1"):
+    with pytest.raises(UserError, match=r"TextDecoder: num_heads \(0\) must be >= 1"):
         tiny(num_heads=0)
-    with pytest.raises(ValueError, match=r"pad_id \(30\) must be in \[0, vocab_size=30\)"):
+    with pytest.raises(UserError, match=r"pad_id \(30\) must be in \[0, vocab_size=30\)"):
         tiny(pad_id=30)
 
 

@@ -10,6 +10,7 @@ import torch
 import torchaudio
 
 from mmtf.encoders import AudioEncoder, LogMelFrontEnd, SpecAugment
+from mmtf.errors import UserError
 
 from .conftest import TINY_AUDIO
 
@@ -126,6 +127,35 @@ def test_spec_augment_masks_bands_and_spans_only_in_training():
     assert torch.equal(out[~zero], feats[~zero])
 
 
+@pytest.mark.parametrize("width", [12, 80])
+def test_spec_augment_time_masks_fall_within_each_clips_valid_frames(width):
+    """A 50-frame clip is masked the same amount in a batch padded to 50 or to 1000 frames."""
+    aug = SpecAugment(freq_masks=0, time_masks=2, time_mask_width=width).train()
+    frames = torch.full((400,), 50)
+    fractions = []
+    for padded in (50, 1000):
+        torch.manual_seed(0)
+        feats = torch.randn(400, 4, padded) + 5.0               # no natural zeros, padding too
+        masked = (aug(feats, frames) == 0).all(dim=1)           # (b, t) whole frames masked
+        assert not masked[:, 50:].any()                         # padding is never masked
+        fractions.append(masked[:, :50].float().mean().item())
+    # Two masks of width U[0, min(width, 50)) cover about 1/5 (width 12) to 1/2 (width 80) of a
+    # 50-frame clip; before the fix the 1000-frame batch masked about 1/20 of that.
+    assert fractions[0] > 0.15
+    assert fractions[1] == pytest.approx(fractions[0], abs=0.03)
+
+
+def test_spec_augment_masks_every_length_in_a_mixed_batch():
+    aug = SpecAugment(freq_masks=0, time_masks=1, time_mask_width=10).train()
+    frames = torch.tensor([10, 30, 300] * 200)
+    masked = (aug(torch.randn(600, 4, 300) + 5.0, frames) == 0).all(dim=1)   # (b, t)
+    valid = torch.arange(300) < frames[:, None]
+    assert not (masked & ~valid).any()
+    per_item = masked.sum(1).float()                            # frames masked per clip
+    for length in (10, 30, 300):                                # E[width] = 10 / 2 frames
+        assert per_item[frames == length].mean().item() == pytest.approx(5.0, abs=0.6)
+
+
 def test_encoder_spec_augment_only_in_train_mode():
     wave, lengths = 0.1 * torch.randn(2, 8000), torch.tensor([8000, 6000])
     enc = AudioEncoder(**{**TINY_AUDIO, "freq_masks": 2, "time_masks": 2})
@@ -142,7 +172,7 @@ def test_encoder_spec_augment_only_in_train_mode():
 def test_too_long_input_raises_naming_the_limit():
     enc = AudioEncoder(**TINY_AUDIO, max_seconds=0.5)
     enc(torch.randn(1, 8000))
-    with pytest.raises(ValueError, match=r"8001 samples .* max_seconds=0\.5 allows 8000"):
+    with pytest.raises(UserError, match=r"8001 samples .* max_seconds=0\.5 allows 8000"):
         enc(torch.randn(1, 8001), torch.tensor([100]))
 
 
@@ -176,7 +206,7 @@ def test_bad_inputs_raise(wave, lengths, match):
     (dict(max_seconds=0), r"max_seconds \(0\) must be > 0"),
 ])
 def test_config_errors_name_the_key(override, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         AudioEncoder(**{**TINY_AUDIO, **override})
 
 

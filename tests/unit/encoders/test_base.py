@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from mmtf.encoders import AudioEncoder, Encoder, EncoderOutput, VisionEncoder, pool
+from mmtf.errors import UserError
 
 from .conftest import TINY_AUDIO, TINY_VISION
 
@@ -33,7 +34,7 @@ def test_masked_mean_pool_against_a_loop():
     expected = torch.stack([memory[i, :n].mean(dim=0) for i, n in enumerate([3, 5, 1])])
     torch.testing.assert_close(pool(memory, mask, "mean"), expected)
     torch.testing.assert_close(pool(memory, mask, "cls"), memory[:, 0])
-    with pytest.raises(ValueError, match=r"mode \('max'\) must be 'mean' or 'cls'"):
+    with pytest.raises(UserError, match=r"mode \('max'\) must be 'mean' or 'cls'"):
         pool(memory, mask, "max")
     with pytest.raises(ValueError, match=r"mask must be bool of shape \(3, 5\)"):
         pool(memory, mask.float())
@@ -47,7 +48,7 @@ def test_audio_pool_and_output_type():
     n = mask.sum(dim=1)
     expected = torch.stack([memory[i, :k].mean(dim=0) for i, k in enumerate(n.tolist())])
     torch.testing.assert_close(enc.pool(out), expected)
-    with pytest.raises(ValueError, match=r"AudioEncoder has no CLS token"):
+    with pytest.raises(UserError, match=r"AudioEncoder has no CLS token"):
         enc.pool(out, "cls")
 
 
@@ -75,8 +76,12 @@ def test_frozen_encoder_has_no_trainable_params_and_stays_in_eval(kind):
     assert parent.training and parent["head"].training
     assert not any(m.training for m in enc.modules())
     inputs, lengths = example(kind)
-    first, second = enc(inputs, lengths).memory, enc(inputs, lengths).memory
-    assert torch.equal(first, second)                        # no dropout, no SpecAugment
+    # No dropout, no SpecAugment: the output of a twin built without them, in eval mode.
+    twin = make(kind, dropout=0.0, freq_masks=0, time_masks=0) if kind == "audio" else make(
+        kind, dropout=0.0)
+    twin.load_state_dict(enc.state_dict())
+    first = enc(inputs, lengths).memory
+    torch.testing.assert_close(first, twin.eval()(inputs, lengths).memory)
     assert not first.requires_grad
     enc.unfreeze()
     assert not enc.frozen and all(p.requires_grad for p in enc.parameters()) and enc.training
@@ -122,7 +127,7 @@ def test_load_pretrained_carries_learned_batchnorm_statistics(tmp_path):
 def test_load_pretrained_shape_mismatch_names_tensor_shapes_and_config(tmp_path):
     src = make("audio")
     _export(src, tmp_path / "enc", {"_target_": "mmtf.encoders.AudioEncoder", **src.config})
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(UserError) as err:
         make("audio", dim=64, pretrained=tmp_path / "enc")
     message = str(err.value)
     assert "AudioEncoder.load_pretrained: tensor 'stack.blocks.0." in message
@@ -135,11 +140,11 @@ def test_load_pretrained_rejects_a_different_front_end(tmp_path):
     src = make("audio")
     _export(src, tmp_path / "enc", {"_target_": "mmtf.encoders.AudioEncoder", **src.config})
     # Same shapes, different filterbank values: must not be overridden silently.
-    with pytest.raises(ValueError, match=r"buffer 'frontend\.mel\.mel_scale\.fb' \(computed from "
-                                         r"the config\) differs.*config\.yaml: f_min=0\.0\); "
-                                         r"this model was built with f_min=100\.0"):
+    with pytest.raises(UserError, match=r"buffer 'frontend\.mel\.mel_scale\.fb' \(computed from "
+                                        r"the config\) differs.*config\.yaml: f_min=0\.0\); "
+                                        r"this model was built with f_min=100\.0"):
         make("audio", f_min=100.0, pretrained=tmp_path / "enc")
-    with pytest.raises(ValueError, match=r"buffer 'frontend\.feature_std'"):
+    with pytest.raises(UserError, match=r"buffer 'frontend\.feature_std'"):
         make("audio", feature_std=2.0, pretrained=tmp_path / "enc")
 
 
@@ -147,8 +152,8 @@ def test_load_pretrained_rejects_same_shapes_but_a_different_config(tmp_path):
     src = make("audio")
     _export(src, tmp_path / "enc", {"_target_": "mmtf.encoders.AudioEncoder", **src.config})
     # hop_length changes no tensor shape, only what every memory position means.
-    with pytest.raises(ValueError, match=r"config hop_length=320 but the export has "
-                                         r"hop_length=160.*config\.yaml: hop_length=160"):
+    with pytest.raises(UserError, match=r"config hop_length=320 but the export has "
+                                        r"hop_length=160.*config\.yaml: hop_length=160"):
         make("audio", hop_length=320, pretrained=tmp_path / "enc")
     # Regularisation may differ downstream.
     loaded = make("audio", dropout=0.2, time_masks=0, pretrained=tmp_path / "enc").eval()
@@ -163,14 +168,18 @@ def test_load_pretrained_missing_and_unexpected_keys(tmp_path):
     weights["extra.weight"] = torch.zeros(2)
     tmp_path.mkdir(exist_ok=True)
     save_file(weights, str(tmp_path / "weights.safetensors"))
-    with pytest.raises(ValueError, match=r"1 tensor\(s\) of this model are missing from .*"
-                                         r"'cls_token'.*1 tensor\(s\) in .* are not in this "
-                                         r"model: 'extra\.weight'"):
+    with pytest.raises(UserError, match=r"1 tensor\(s\) of this model are missing from .*"
+                                        r"'cls_token'.*1 tensor\(s\) in .* are not in this "
+                                        r"model: 'extra\.weight'"):
         make("vision").load_pretrained(tmp_path)
 
 
 def test_load_pretrained_missing_paths(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"folder '.*nowhere' does not exist"):
+    with pytest.raises(UserError, match=r"weights file .*nowhere/weights\.safetensors does not "
+                                        r"exist; set model\.encoder\.pretrained"):
         make("audio").load_pretrained(tmp_path / "nowhere")
-    with pytest.raises(FileNotFoundError, match=r"weights\.safetensors' not found"):
+    with pytest.raises(UserError, match=r"weights file .*weights\.safetensors does not exist"):
         make("audio", pretrained=str(tmp_path))
+    with pytest.raises(UserError, match=r"weights file .*w\.safetensors is a directory"):
+        (tmp_path / "w.safetensors").mkdir()
+        make("audio").load_pretrained(tmp_path / "w.safetensors")

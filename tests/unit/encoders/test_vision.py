@@ -11,6 +11,7 @@ from torch import nn
 
 from mmtf.encoders import VisionEncoder, pool
 from mmtf.encoders.vision import sincos_2d
+from mmtf.errors import UserError
 
 from .conftest import TINY_VISION
 
@@ -42,8 +43,8 @@ def test_patches_are_the_conv_of_each_block():
 
 @pytest.mark.parametrize("size", [(30, 32), (32, 36), (4, 8)])
 def test_image_size_not_a_multiple_of_patch_raises(size):
-    with pytest.raises(ValueError, match=rf"image size \({size[0]}, {size[1]}\) must be divisible "
-                                         r"by patch_size \(8\); resize or pad"):
+    with pytest.raises(UserError, match=rf"image size \({size[0]}, {size[1]}\) must be divisible "
+                                        r"by patch_size \(8\); resize or pad"):
         VisionEncoder(**TINY_VISION)(torch.randn(1, 3, *size))
 
 
@@ -53,12 +54,12 @@ def test_bad_inputs_and_config_raise():
         enc(torch.randn(1, 1, 32, 32))
     with pytest.raises(ValueError, match=r"must be float images, got torch\.uint8"):
         enc(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
-    with pytest.raises(ValueError, match=r"image_size \(36, 36\) must be a positive multiple of "
-                                         r"patch_size \(8\)"):
+    with pytest.raises(UserError, match=r"image_size \(36, 36\) must be a positive multiple of "
+                                        r"patch_size \(8\)"):
         VisionEncoder(**{**TINY_VISION, "image_size": 36})
-    with pytest.raises(ValueError, match=r"dim \(30\) must be divisible by num_heads \(4\)"):
+    with pytest.raises(UserError, match=r"dim \(30\) must be divisible by num_heads \(4\)"):
         VisionEncoder(**{**TINY_VISION, "dim": 30})
-    with pytest.raises(ValueError, match=r"image_size \(\[32, 32, 3\]\) must be an int or"):
+    with pytest.raises(UserError, match=r"image_size \(\[32, 32, 3\]\) must be an int or"):
         VisionEncoder(**{**TINY_VISION, "image_size": [32, 32, 3]})
 
 
@@ -119,10 +120,10 @@ def test_sincos_positions_match_a_float64_loop_and_fit_any_grid():
     images = torch.zeros(1, 3, 32, 32)
     memory = enc(images).memory[0, 1:]
     assert (memory[0] - memory[5]).abs().max() > 1e-3
-    with pytest.raises(ValueError, match=r"pos_embed 'sincos' splits dim \(42\) into 4"):
+    with pytest.raises(UserError, match=r"pos_embed 'sincos' splits dim \(42\) into 4"):
         VisionEncoder(dim=42, depth=1, num_heads=6, patch_size=8, image_size=32,
                       pos_embed="sincos")
-    with pytest.raises(ValueError, match=r"pos_embed \('rope'\) must be 'learned'"):
+    with pytest.raises(UserError, match=r"pos_embed \('rope'\) must be 'learned'"):
         VisionEncoder(**TINY_VISION, pos_embed="rope")
 
 
@@ -136,7 +137,7 @@ def test_cls_and_mean_pooling():
     torch.testing.assert_close(pool(out.memory, out.mask), out.memory.mean(dim=1))
     plain = VisionEncoder(**TINY_VISION, cls_token=False)
     out = plain(torch.randn(1, 3, 32, 32))
-    with pytest.raises(ValueError, match=r"mode='cls' but VisionEncoder has no CLS token"):
+    with pytest.raises(UserError, match=r"mode='cls' but VisionEncoder has no CLS token"):
         plain.pool(out, "cls")
 
 
@@ -178,13 +179,13 @@ def test_deeper_conv_stem_keeps_the_grid_and_widens_the_receptive_field(norm):
 
 
 def test_bad_stem_arguments():
-    with pytest.raises(ValueError, match=r"stem_convs \(0\) must be >= 1"):
+    with pytest.raises(UserError, match=r"stem_convs \(0\) must be >= 1"):
         VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="conv",
                       stem_convs=0)
-    with pytest.raises(ValueError, match=r"stem_norm \('group'\) 'batch' or 'layer'"):
+    with pytest.raises(UserError, match=r"stem_norm \('group'\) 'batch' or 'layer'"):
         VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="conv",
                       stem_norm="group")
-    with pytest.raises(ValueError, match=r"stem \('vit'\) must be 'patch' or 'conv'"):
+    with pytest.raises(UserError, match=r"stem \('vit'\) must be 'patch' or 'conv'"):
         VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="vit")
-    with pytest.raises(ValueError, match=r"patch_size \(6\) must be a power of two"):
+    with pytest.raises(UserError, match=r"patch_size \(6\) must be a power of two"):
         VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=6, image_size=36, stem="conv")

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from mmtf.errors import UserError
 from mmtf.nn import Attention, KVCache, RotaryEmbedding
 
 
@@ -136,6 +137,69 @@ def test_fused_and_explicit_paths_agree(causal):
         torch.testing.assert_close(attn(x, key_mask=mask), y, atol=1e-5, rtol=1e-5)
         assert w.shape == (3, 4, 11, 11)
         torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 11), atol=1e-5, rtol=1e-5)
+
+
+def reference_weights(attn: Attention, x: torch.Tensor, key_mask: torch.Tensor | None,
+                      ) -> torch.Tensor:
+    """Attention probabilities (b, h, n, m) of a self-attention layer without RoPE, in float64
+    from the layer's weights; masked keys get 0."""
+    x = x.double()
+    h, g, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    q = (x @ attn.to_q.weight.double().T).unflatten(-1, (h, d)).transpose(1, 2)   # (b, h, n, d)
+    k = (x @ attn.to_kv.weight.double().T)[..., : g * d].unflatten(-1, (g, d)).transpose(1, 2)
+    k = k.repeat_interleave(h // g, dim=1)                                         # (b, h, m, d)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+    n, m = scores.shape[-2:]
+    allowed = torch.ones(n, m, dtype=torch.bool)
+    if attn.causal:
+        allowed = allowed.tril()
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :]
+    return scores.masked_fill(~allowed, -math.inf).softmax(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_explicit_path_in_low_precision_matches_float64_and_sdpa(dtype, causal):
+    attn = Attention(dim=32, num_heads=4, num_kv_heads=2, causal=causal).eval().to(dtype)
+    x = torch.randn(2, 6, 32).to(dtype)
+    mask = padding_mask([6, 4], 6)
+    got, weights = attn(x, key_mask=mask, need_weights=True)
+    assert got.dtype == dtype and weights.dtype == dtype
+    # References from the same (rounded) weights and inputs, in float64.
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(weights.double(), reference_weights(attn, x, mask), **tol)
+    torch.testing.assert_close(got.double(), loop_attention(attn, x, key_mask=mask), **tol)
+    torch.testing.assert_close(got, attn(x, key_mask=mask), **tol)              # the SDPA path
+    torch.testing.assert_close(weights.double().sum(-1), torch.ones(2, 4, 6, dtype=torch.float64),
+                               atol=1e-2, rtol=0)
+    assert torch.equal(weights[1, :, :, 4:], torch.zeros_like(weights[1, :, :, 4:]))
+
+
+def test_explicit_path_scales_before_the_matmul_in_float16():
+    attn = Attention(dim=32, num_heads=4).eval()
+    with torch.no_grad():                 # q.k up to ~1e5, past float16's 65504 before scaling
+        attn.to_q.weight.mul_(200.0)
+        attn.to_kv.weight[:32].mul_(200.0)
+    x = torch.randn(2, 6, 32)
+    q = x.double() @ attn.to_q.weight.double().T
+    k = x.double() @ attn.to_kv.weight[:32].double().T
+    assert (q[..., :8] @ k[..., :8].transpose(-2, -1)).abs().max() > 65504    # the case tested
+    attn = attn.half()
+    got, weights = attn(x.half(), need_weights=True)
+    assert torch.isfinite(got).all() and torch.isfinite(weights).all()
+    torch.testing.assert_close(weights.float().sum(-1), torch.ones(2, 4, 6), atol=1e-2, rtol=0)
+    torch.testing.assert_close(got, attn(x.half()), atol=1e-2, rtol=1e-2)       # the SDPA path
+
+
+def test_explicit_path_in_float64_keeps_float64_precision():
+    attn = Attention(dim=32, num_heads=4, causal=True).double().eval()
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    mask = padding_mask([6, 4], 6)
+    got, weights = attn(x, key_mask=mask, need_weights=True)
+    assert weights.dtype == torch.float64
+    torch.testing.assert_close(weights, reference_weights(attn, x, mask), atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(got, loop_attention(attn, x, key_mask=mask), atol=1e-12, rtol=1e-12)
 
 
 def test_causal_fast_path_builds_no_mask(monkeypatch):
@@ -332,10 +396,11 @@ def test_bf16_autocast_close_to_float32():
 def test_dropout_only_in_training():
     attn = Attention(dim=32, num_heads=4, dropout=0.5)
     x = torch.randn(2, 8, 32)
-    attn.eval()
-    torch.testing.assert_close(attn(x), attn(x))
+    reference = loop_attention(attn, x).float()                    # no dropout
+    torch.testing.assert_close(attn.eval()(x), reference, atol=1e-5, rtol=1e-5)
     attn.train()
-    assert not torch.allclose(attn(x), attn(x))
+    assert not torch.allclose(attn(x), reference, atol=1e-3)
+    assert not torch.allclose(attn(x, need_weights=True)[0], reference, atol=1e-3)
 
 
 # ----------------------------------------------------------------------------- errors
@@ -350,7 +415,7 @@ def test_dropout_only_in_training():
     (dict(dim=32, num_heads=4, dropout=1.5), r"dropout \(1.5\)"),
 ])
 def test_bad_constructor_arguments(kwargs, pattern):
-    with pytest.raises(ValueError, match=pattern):
+    with pytest.raises(UserError, match=pattern):
         Attention(**kwargs)
 
 
@@ -372,5 +437,5 @@ def test_bad_call_arguments():
         self_attn(torch.randn(2, 5, 16))
     with pytest.raises(ValueError, match=r"cache has 2 kv heads"):
         self_attn(x, cache=KVCache(batch_size=2, num_kv_heads=2, max_len=8, head_dim=8))
-    with pytest.raises(ValueError, match=r"head_dim \(7\) must be even"):
+    with pytest.raises(UserError, match=r"head_dim \(7\) must be even"):
         RotaryEmbedding(head_dim=7)

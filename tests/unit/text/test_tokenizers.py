@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 
+from mmtf.errors import UserError
 from mmtf.text import BPETokenizer, CharTokenizer, Tokenizer, load_tokenizer
 
 WORDS = [
@@ -197,7 +198,7 @@ def test_truncation_noop_when_short_and_without_specials(tok):
 
 @pytest.mark.parametrize("max_len", [1, 0, -3])
 def test_max_len_too_small(tok, max_len):
-    with pytest.raises(ValueError, match=rf"max_len \({max_len}\) must be >= 2"):
+    with pytest.raises(UserError, match=rf"max_len \({max_len}\) must be >= 2"):
         tok.encode("a dog", max_len=max_len)
 
 
@@ -296,12 +297,12 @@ def test_char_vocab_is_sorted_characters(char):
 # ---------------------------------------------------------------- error messages
 @pytest.mark.parametrize("vocab_size", [0, 3, 4])
 def test_bpe_vocab_size_too_small(vocab_size):
-    with pytest.raises(ValueError, match=rf"vocab_size \({vocab_size}\) must be an int > 4"):
+    with pytest.raises(UserError, match=rf"vocab_size \({vocab_size}\) must be an int > 4"):
         BPETokenizer.train(CORPUS, vocab_size=vocab_size)
 
 
 def test_bpe_min_frequency_invalid():
-    with pytest.raises(ValueError, match=r"min_frequency \(0\) must be an int >= 1"):
+    with pytest.raises(UserError, match=r"min_frequency \(0\) must be an int >= 1"):
         BPETokenizer.train(CORPUS, vocab_size=50, min_frequency=0)
 
 
@@ -309,7 +310,7 @@ def test_bpe_min_frequency_invalid():
 @pytest.mark.parametrize("corpus", [[], ["", "   "]])
 def test_empty_corpus(cls, corpus):
     kwargs = {"vocab_size": 50} if cls is BPETokenizer else {}
-    with pytest.raises(ValueError, match=r"texts has no characters"):
+    with pytest.raises(UserError, match=r"texts has no characters"):
         cls.train(corpus, **kwargs)
 
 
@@ -325,7 +326,7 @@ def test_train_rejects_a_single_string(cls):
 def test_unknown_kind(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"kind": "wordpiece", "version": 1}))
-    with pytest.raises(ValueError, match=r"t\.json.*unknown kind \('wordpiece'\).*'bpe', 'char'"):
+    with pytest.raises(UserError, match=r"t\.json.*unknown kind \('wordpiece'\).*'bpe', 'char'"):
         load_tokenizer(path)
 
 
@@ -340,15 +341,16 @@ def test_unknown_kind(tmp_path):
      '"tokenizer": {"x": 1}}', r"not a valid tokenizers JSON"),
 ])
 def test_bad_json(doc, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         Tokenizer.from_json_str(doc)
 
 
 def test_subclass_from_json_str_checks_kind(char):
-    with pytest.raises(ValueError, match=r"holds kind='char', not 'bpe'"):
+    with pytest.raises(UserError, match=r"holds kind='char', not 'bpe'"):
         BPETokenizer.from_json_str(char.to_json_str())
 
 
 def test_load_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no tokenizer file at"):
+    with pytest.raises(UserError, match=r"tokenizer file .*nope\.json does not exist; pass the "
+                                        r"tokenizer\.json"):
         load_tokenizer(tmp_path / "nope.json")
