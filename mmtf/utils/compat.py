@@ -8,10 +8,9 @@ else in the package, or when an attribute named here disappears from the install
 
 from __future__ import annotations
 
-# mmtf/nn, encoders, decoders (redesign-core): hoist these imports to the top when merging.
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable
 
-from torch import Tensor, nn  # noqa: E402
+from torch import Tensor, nn
 
 
 def module_apply(module: nn.Module, fn: Callable[[Tensor], Tensor], recurse: bool = True,
