@@ -26,6 +26,7 @@ from mmtf.reliability import (
     AtomicCheckpointIO,
     EpochShuffleBatchSampler,
     ResumeState,
+    capture_rng_state,
     make_stateful_dataloader,
     sample_rng,
 )
@@ -109,6 +110,13 @@ class ToyData(L.LightningDataModule):
                                            shuffle=True, generator=gen)
 
 
+class RecordEnd(Callback):
+    """Keep the generators' state at the end of training on the module (``end_rng``)."""
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        pl_module.end_rng = capture_rng_state()
+
+
 class KillAt(Callback):
     """SIGKILL this process at the start of training batch ``step`` (no cleanup whatsoever)."""
 
@@ -130,7 +138,7 @@ def fit(root: Path, *, max_steps: int = -1, max_epochs: int | None = None,
     """Train the toy from scratch (or ``ckpt_path``) with the reliability pieces in place."""
     L.seed_everything(seed, verbose=False)
     model = module or ToyModule()
-    callbacks: list[Callback] = [*(extra_callbacks or [])]
+    callbacks: list[Callback] = [*(extra_callbacks or []), RecordEnd()]
     if resume_state:
         callbacks.append(resume_state if isinstance(resume_state, ResumeState) else ResumeState())
     checkpointing = bool(every_n_train_steps or every_n_epochs or monitor)
@@ -153,6 +161,31 @@ def fit(root: Path, *, max_steps: int = -1, max_epochs: int | None = None,
     trainer.fit(model, datamodule=ToyData(val=val, **data_kwargs), ckpt_path=ckpt_path,
                 weights_only=True)
     return trainer, model
+
+
+def assert_same_training_state(ref: tuple[L.Trainer, ToyModule],
+                               run: tuple[L.Trainer, ToyModule]) -> None:
+    """Bit equality of weights, every optimizer state tensor, the LR schedule and the
+    generators' end state (python, numpy, torch) of two fits."""
+    (ref_trainer, ref_model), (trainer, model) = ref, run
+    a, b = ref_model.state_dict(), model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"weight {k}: max diff {(a[k] - b[k]).abs().max()}"
+    sa, sb = (t.optimizers[0].state_dict()["state"] for t in (ref_trainer, trainer))
+    assert sa.keys() == sb.keys() and sa
+    for i in sa:
+        assert sa[i].keys() == sb[i].keys()
+        for k in sa[i]:
+            assert torch.equal(torch.as_tensor(sa[i][k]), torch.as_tensor(sb[i][k])), \
+                f"optimizer state {i}.{k} differs"
+    assert ref_trainer.lr_scheduler_configs[0].scheduler.state_dict() == \
+        trainer.lr_scheduler_configs[0].scheduler.state_dict()
+    ra, rb = ref_model.end_rng, model.end_rng
+    assert torch.equal(ra["torch"], rb["torch"]), "torch generator state differs"
+    assert torch.equal(ra["python"]["internal"], rb["python"]["internal"])
+    assert torch.equal(ra["numpy"]["keys"], rb["numpy"]["keys"])
+    assert ra["numpy"]["pos"] == rb["numpy"]["pos"]
 
 
 def max_abs_diff(a: nn.Module, b: nn.Module) -> float:
