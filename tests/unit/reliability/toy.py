@@ -2,8 +2,8 @@
 
 ``ToyDataset`` draws per-item noise (the stand-in for a random caption choice) either from the
 global torch generator (``noise="global"``, exact to resume only with ``num_workers=0``) or
-from ``sample_rng(seed, epoch, index)`` (``noise="sample"``, keys ``(epoch, index)`` from
-``EpochShuffleBatchSampler(yield_epoch=True)``), exact with workers too.
+from ``sample_rng(seed, epoch, index)`` (``noise="sample"``, the epoch of the
+``(item, caption, epoch)`` keys of ``BucketBatchSampler``), exact with workers too.
 
 Shapes: b batch, c = dim features.
 """
@@ -22,14 +22,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import Dataset
 
-from mmtf.reliability import (
-    AtomicCheckpointIO,
-    EpochShuffleBatchSampler,
-    ResumeState,
-    capture_rng_state,
-    make_stateful_dataloader,
-    sample_rng,
-)
+from mmtf.data import BucketBatchSampler, make_loader, sample_rng
+from mmtf.reliability import AtomicCheckpointIO, ResumeState, capture_rng_state
 
 DIM = 8
 
@@ -45,8 +39,8 @@ class ToyDataset(Dataset):
     def __len__(self) -> int:
         return len(self.x)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
-        epoch, index = key if isinstance(key, tuple) else (0, key)
+    def __getitem__(self, key: int | tuple[int, int, int]) -> dict[str, Any]:
+        index, _, epoch = key if isinstance(key, tuple) else (key, 0, 0)
         if self.noise == "global":
             eps = 0.1 * torch.randn(1)
         elif self.noise == "sample":
@@ -96,9 +90,10 @@ class ToyData(L.LightningDataModule):
         if not self.stateful:
             return torch.utils.data.DataLoader(ds, batch_size=self.batch_size, shuffle=True,
                                                num_workers=self.num_workers)
-        sampler = EpochShuffleBatchSampler(num_samples=len(ds), batch_size=self.batch_size,
-                                           seed=self.seed, yield_epoch=self.noise == "sample")
-        return make_stateful_dataloader(ds, sampler, num_workers=self.num_workers, seed=self.seed)
+        sampler = BucketBatchSampler(lengths=[1.0] * len(ds), batch_size=self.batch_size,
+                                     seed=self.seed, bucketing=False)
+        return make_loader(ds, sampler, resumable=True, num_workers=self.num_workers,
+                           seed=self.seed, split="train")
 
     def val_dataloader(self) -> Any:
         if not self.val:
