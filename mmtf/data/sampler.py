@@ -18,10 +18,10 @@ Resuming: the order is a pure function of ``(seed, epoch, rank)``, and :class:`S
 (epoch, position in it, and whether that position came from a checkpoint) is all the sampler
 remembers. ``state_dict`` / ``load_state_dict`` save and restore it; inside a
 :class:`~mmtf.data.loader.StatefulDataLoader` Lightning resumes the loader mid-epoch.
-``set_epoch`` is called by :class:`~mmtf.reliability.ResumeState` at each epoch start; without
-it, a pass after a complete one moves to the next epoch by itself. Keep
-``trainer.use_distributed_sampler=false``: the sampler shards by itself.
-Why each rule of the state: see docs/design/exact-resume.md.
+``set_epoch`` (called by :class:`~mmtf.reliability.ResumeState` at each epoch start) moves to
+another epoch's start and keeps the position in the current one; a pass after a complete one
+moves to the next epoch by itself. Keep ``trainer.use_distributed_sampler=false``: the sampler
+shards by itself. Why: see docs/design/exact-resume.md.
 
 Shapes: none (keys only).
 """
@@ -55,17 +55,12 @@ class SamplerState:
         epoch: the epoch whose order is being walked.
         position: batches of ``epoch`` handed out (counted before each is yielded, so a loader
             state read right after a batch says "this batch is consumed").
-        resume: how the position was reached: ``none`` (by iterating); ``pending`` (loaded from
-            a checkpoint, no pass started from it yet); ``finishing`` (loaded at the end of its
-            epoch, and the trainer is finishing that epoch: the next pass is empty);
-            ``advanced`` (the current pass moved on from a loaded, complete epoch; a pass begun
-            before it completes starts the epoch over, since workers may have prefetched
-            batches of the abandoned pass).
+        restored: the position in this epoch was loaded from a checkpoint.
     """
 
     epoch: int = 0
     position: int = 0
-    resume: Literal["none", "pending", "finishing", "advanced"] = "none"
+    restored: bool = False
 
 
 class BucketBatchSampler:
@@ -202,30 +197,17 @@ class BucketBatchSampler:
 
     # ------------------------------------------------------------------ walking the order
     def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch``.
-
-        A new epoch starts at its first batch. The current epoch keeps its position, so a
-        position loaded from a checkpoint survives the ``set_epoch`` that follows a resume; if
-        that epoch was complete, the next pass yields nothing (the trainer is finishing it).
-        """
-        epoch, state = int(epoch), self.state
-        if epoch != state.epoch:
-            state.epoch, state.position, state.resume = epoch, 0, "none"
-        elif state.resume == "pending" and state.position >= len(self):
-            state.resume = "finishing"
+        """Use the order of ``epoch``: a new epoch starts at its first batch; the current one
+        keeps its position (a position loaded from a checkpoint survives the ``set_epoch`` that
+        follows a resume)."""
+        state = self.state
+        if int(epoch) != state.epoch:
+            state.epoch, state.position, state.restored = int(epoch), 0, False
 
     def __iter__(self) -> Iterator[list[Key]]:
         state = self.state
-        if state.resume == "finishing":
-            state.resume = "none"
-            return
         if state.position >= len(self):           # the last pass was complete: next epoch
-            state.resume = "advanced" if state.resume == "pending" else "none"
-            state.epoch, state.position = state.epoch + 1, 0
-        elif state.resume == "advanced":          # the advanced pass was abandoned: start over
-            state.position, state.resume = 0, "none"
-        elif state.resume == "pending":
-            state.resume = "none"
+            state.epoch, state.position, state.restored = state.epoch + 1, 0, False
         batches = self.batches(state.epoch)
         while state.position < len(batches):
             batch = batches[state.position]
@@ -258,8 +240,8 @@ class BucketBatchSampler:
                 f"data.caption_policy, data.bucketing, data.bucket_size, the same dataset) and "
                 f"number of devices, or start a fresh run from the weights.")
         position = state["position"] if "position" in state else state["offset"]   # pre-2026-12
-        self.state = SamplerState(epoch=int(state["epoch"]), position=int(position),
-                                  resume="pending")
+        self.state.epoch, self.state.position = int(state["epoch"]), int(position)
+        self.state.restored = True
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:

@@ -114,7 +114,7 @@ class ResumeState(Callback):
             # A resumed fit whose sampler already walks another epoch, not from a checkpoint:
             # workers requested batches before any hook could set the epoch.
             if (trainer.global_step > 0 and state is not None and state.position > 0
-                    and state.resume == "none" and state.epoch != trainer.current_epoch):
+                    and not state.restored and state.epoch != trainer.current_epoch):
                 log.warning(
                     "ResumeState: Lightning resumed at the end of epoch %d without restoring "
                     "the train loader, and its workers already requested epoch %d's order; "

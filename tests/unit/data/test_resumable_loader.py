@@ -78,34 +78,19 @@ def test_a_loaded_position_survives_the_set_epoch_of_a_resume():
     assert (state["epoch"], state["position"]) == (3, 2)
     restored = _sampler()
     restored.load_state_dict(state)
-    assert restored.state == SamplerState(epoch=3, position=2, resume="pending")
+    assert restored.state == SamplerState(epoch=3, position=2, restored=True)
     restored.set_epoch(3)               # what ResumeState does at on_train_start
     assert head + list(restored) == saved.batches(3)
     restored.set_epoch(4)
     assert list(restored) == saved.batches(4)
 
 
-def test_a_loaded_complete_epoch_is_finished_or_left_for_the_next():
-    done = {**_sampler().state_dict(), "epoch": 2, "position": len(_sampler())}
-    finishing = _sampler()
-    finishing.load_state_dict(done)
-    finishing.set_epoch(2)              # Lightning finishing epoch 2 after a resume
-    assert list(finishing) == []
-    assert list(finishing) == finishing.batches(3)      # then epoch 3, from its start
-    starting = _sampler()
-    starting.load_state_dict(done)      # ...or Lightning starting epoch 3 on that iterator
-    assert list(starting) == starting.batches(3)
-
-
-def test_an_abandoned_pass_after_a_loaded_complete_epoch_starts_over():
-    """Workers may have prefetched batches of the abandoned pass: they are not skipped."""
+def test_a_loaded_complete_epoch_continues_with_the_next():
     s = _sampler()
-    s.load_state_dict({**s.state_dict(), "epoch": 0, "position": len(s)})
-    it = iter(s)
-    next(it), next(it)                  # the pass moved on to epoch 1 and is abandoned
-    assert s.state.resume == "advanced"
-    s.set_epoch(1)                      # the epoch it is in: no reset by set_epoch
-    assert list(s) == s.batches(1)
+    s.load_state_dict({**s.state_dict(), "epoch": 2, "position": len(s)})
+    s.set_epoch(2)                      # the epoch it is in: the position stays
+    assert list(s) == s.batches(3)
+    assert s.state == SamplerState(epoch=3, position=len(s), restored=False)
 
 
 def test_a_position_saved_with_other_batching_is_refused():

@@ -162,3 +162,23 @@ def test_mid_epoch_resume_when_configure_optimizers_reads_the_schedule_length(
                   **EPOCHS, **data)
     assert resumed[0].global_step == reference[0].global_step == 18
     assert_same_training_state(reference, resumed)
+
+
+def test_checkpoint_at_train_epoch_end_resumes_exactly(tmp_path):
+    # ModelCheckpoint(every_n_epochs=1, save_on_train_epoch_end=True): saved in
+    # on_train_epoch_end of epoch 0, before the epoch counter moves
+    ref, resumed, ckpt_step = kill_and_resume(tmp_path, kill_at=8, ckpt={"every_n_epochs": 1},
+                                              run=EPOCHS)
+    assert (ckpt_step, resumed[0].global_step) == (6, 18)
+    assert_same_training_state(ref, resumed)
+
+
+def test_checkpoint_at_train_epoch_end_with_workers_is_the_warned_inexact_case(tmp_path, caplog):
+    """Lightning does not restore the loader of a checkpoint written in on_train_epoch_end, and
+    workers request epoch 0's order before any hook runs (docs/design/exact-resume.md)."""
+    with caplog.at_level(logging.WARNING, logger="mmtf.reliability.resume_state"):
+        ref, resumed, _ = kill_and_resume(tmp_path, kill_at=8, ckpt={"every_n_epochs": 1},
+                                          run=EPOCHS, num_workers=2, noise="sample")
+    assert "without restoring the train loader, and its workers already requested epoch 0's " \
+           "order; epoch 1 will not match" in caplog.text
+    assert max_abs_diff(ref[1], resumed[1]) > 1e-3
