@@ -29,8 +29,8 @@ from mmtf.data.tokenizer import build_tokenizer
 
 __all__ = [
     "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",
-    "DataError", "ErrorCounter", "audio_info", "build_eval_image_transform", "build_tokenizer",
+    "DataError", "ErrorCounter", "SamplerState", "audio_info", "build_eval_image_transform", "build_tokenizer",
     "build_transform",
     "ensure_synthetic", "event_sequence_accuracy", "load_audio", "load_image", "make_loader",
-    "padding_fraction", "resample", "sample_rng", "SamplerState",
+    "padding_fraction", "resample", "sample_rng",
 ]
