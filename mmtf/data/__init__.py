@@ -9,7 +9,8 @@ Public API::
     build_tokenizer(spec, texts)                      -> mmtf.text tokenizer
     event_sequence_accuracy(predictions, references, parser)
     DataError, ErrorCounter                           bad input: raise or skip-and-count
-    BucketBatchSampler, Collate, padding_fraction     batching
+    BucketBatchSampler, SamplerState, Collate         batching (one resumable sampler)
+    make_loader, sample_rng, padding_fraction         loaders, per-item randomness, padding
     ensure_synthetic(root, kind, **params)            generate a built-in set (cached, atomic)
 
 Caption parsers of the synthetic sets: ``mmtf.data.synthetic_audio.parse_caption`` and
@@ -21,14 +22,15 @@ from mmtf.data.collate import Collate
 from mmtf.data.datamodule import CaptionDataModule, ClassificationDataModule
 from mmtf.data.errors import DataError, ErrorCounter
 from mmtf.data.image import build_eval_image_transform, build_transform, load_image
-from mmtf.data.sampler import BucketBatchSampler, padding_fraction
+from mmtf.data.loader import make_loader
+from mmtf.data.sampler import BucketBatchSampler, SamplerState, padding_fraction, sample_rng
 from mmtf.data.synthetic import ensure_synthetic, event_sequence_accuracy
 from mmtf.data.tokenizer import build_tokenizer
 
 __all__ = [
     "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",
-    "DataError", "ErrorCounter", "audio_info", "build_eval_image_transform", "build_tokenizer",
+    "DataError", "ErrorCounter", "SamplerState", "audio_info", "build_eval_image_transform", "build_tokenizer",
     "build_transform",
-    "ensure_synthetic", "event_sequence_accuracy", "load_audio", "load_image",
-    "padding_fraction", "resample",
+    "ensure_synthetic", "event_sequence_accuracy", "load_audio", "load_image", "make_loader",
+    "padding_fraction", "resample", "sample_rng",
 ]

@@ -22,18 +22,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-import torch
 
 from mmtf.data.collate import Collate
 from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
 from mmtf.data.errors import DataError, ErrorCounter, ErrorPolicy, check_on_error
 from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS
 from mmtf.data.image import build_transform
-from mmtf.data.loader import DataLoader, StatefulDataLoader
+from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.data.synthetic import caption_parser, ensure_synthetic
 from mmtf.data.tokenizer import build_tokenizer
-from mmtf.reliability.sampler import make_stateful_dataloader
 
 log = logging.getLogger("mmtf.data")
 
@@ -231,23 +229,13 @@ class MediaDataModule(L.LightningDataModule):
                      split, 100 * padding_fraction(sampler.batches(0), lengths),
                      100 * padding_fraction(plain.batches(0), lengths))
         dataset = self._dataset(split, "random" if train else self.eval_crop)
-        collate = Collate(modality=self.modality, task=self.task)
-        if train:
-            # Resumable mid-epoch: Lightning saves and restores the loader's position (the
-            # sampler's epoch and offset); its own generator keeps iter() off the global RNG.
-            loader = make_stateful_dataloader(
-                dataset, sampler, num_workers=self.num_workers, collate_fn=collate,
-                seed=self.seed, pin_memory=self.pin_memory,
-                persistent_workers=self.persistent_workers, loader_cls=StatefulDataLoader,
-                counter=self.error_counts, split=split)
-        else:
-            # Its own generator: each iter() would otherwise draw the workers' base seed from
-            # the global torch generator and shift the training stream (dropout) after it.
-            loader = DataLoader(
-                dataset, batch_sampler=sampler, collate_fn=collate,
-                num_workers=self.num_workers, pin_memory=self.pin_memory,
-                persistent_workers=self.persistent_workers, counter=self.error_counts,
-                split=split, generator=torch.Generator().manual_seed(self.seed))
+        # Train: resumable mid-epoch (Lightning checkpoints the sampler's position). Every
+        # loader has its own generator, so iterating one never shifts the training stream.
+        loader = make_loader(dataset, sampler, resumable=train, seed=self.seed,
+                             collate_fn=Collate(modality=self.modality, task=self.task),
+                             num_workers=self.num_workers, pin_memory=self.pin_memory,
+                             persistent_workers=self.persistent_workers,
+                             counter=self.error_counts, split=split)
         self._loaders[split] = loader
         return loader
 

@@ -32,7 +32,7 @@ from mmtf.data.audio import Crop, audio_info, load_audio
 from mmtf.data.errors import DataError, ErrorPolicy, check_media_file, check_on_error
 from mmtf.data.formats.base import CaptionItem, LabelItem
 from mmtf.data.image import load_image
-from mmtf.reliability.rng import sample_rng
+from mmtf.data.sampler import sample_rng
 
 Key = tuple[int, int, int]
 

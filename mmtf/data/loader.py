@@ -1,4 +1,4 @@
-"""DataLoaders that report what they skipped and how much padding they produced, every epoch.
+"""The loaders of every split: skip counts and padding per epoch; the train loader resumes.
 
 Items skipped under ``data.on_error=skip`` are recorded by the dataset *inside the worker*; the
 record rides back in the batch (``_skipped``), and the loader, in the main process, removes it
@@ -10,23 +10,29 @@ before the batch reaches the model, adds it to the data module's counter
 
 The same numbers are kept in ``loader.last_epoch`` (``padding_fraction``, ``skipped``, ...).
 
+:func:`make_loader` builds them over a :class:`~mmtf.data.sampler.BucketBatchSampler`:
 :class:`DataLoader` (val/test) is a ``torch.utils.data.DataLoader``; :class:`StatefulDataLoader`
-(train) is torchdata's, which Lightning checkpoints and resumes mid-epoch (build it with
-:func:`mmtf.reliability.make_stateful_dataloader`). The report wraps the iterator and draws no
+(train) is torchdata's, which Lightning checkpoints and resumes mid-epoch (its state holds the
+sampler's :class:`~mmtf.data.sampler.SamplerState`). The report wraps the iterator and draws no
 random numbers, so it changes neither the batches nor the loader's saved state.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.utils.data
 import torchdata.stateful_dataloader
+from lightning.fabric.utilities.seed import pl_worker_init_function
 
 from mmtf.data.errors import ErrorCounter
+from mmtf.data.sampler import BucketBatchSampler
+from mmtf.errors import UserError
+from mmtf.utils.distributed import world
 
 log = logging.getLogger("mmtf.data")
 
@@ -35,18 +41,21 @@ log = logging.getLogger("mmtf.data")
 warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated", category=UserWarning,
                         module=r"torchdata\.stateful_dataloader")
 
-__all__ = ["DataLoader", "StatefulDataLoader"]
+__all__ = ["DataLoader", "StatefulDataLoader", "make_loader"]
 
 
 def _watch(loader: Any, it: Iterator[Any]) -> Iterator[Any]:
     """Yield ``it``'s batches without their ``_skipped`` records; report when the pass ends."""
     sampler = loader.batch_sampler
+    epoch = None                   # the epoch of this pass, read once it has begun
     errors = ErrorCounter()
     batches = examples = 0
     real = padded = 0
     finished = False
     try:
         for batch in it:
+            if epoch is None:
+                epoch = sampler.epoch
             if isinstance(batch, dict):
                 errors.update(batch.pop("_skipped", ()))
                 if "audio_lengths" in batch:
@@ -57,10 +66,7 @@ def _watch(loader: Any, it: Iterator[Any]) -> Iterator[Any]:
             yield batch
         finished = True
     finally:
-        # The epoch of this pass: a resumable sampler records it when the pass begins (it may
-        # move to the next epoch by itself), others only have their current epoch.
-        epoch = getattr(sampler, "pass_epoch", None)
-        epoch = int(getattr(sampler, "epoch", 0) if epoch is None else epoch)
+        epoch = sampler.epoch if epoch is None else epoch
         loader.counter.merge(errors)
         stats = {"epoch": epoch, "batches": batches, "examples": examples,
                  "padding_fraction": (1 - real / padded) if padded else 0.0,
@@ -73,8 +79,7 @@ def _watch(loader: Any, it: Iterator[Any]) -> Iterator[Any]:
             log.warning("%s; skipped %s", msg, errors.summary())
         elif batches:
             log.info("%s; nothing skipped", msg)
-        # Without Lightning nobody calls set_epoch: advance it so the next pass reshuffles.
-        if finished and hasattr(sampler, "set_epoch"):
+        if finished:               # the next pass is the next epoch, whoever iterates
             sampler.set_epoch(epoch + 1)
 
 
@@ -115,3 +120,44 @@ class StatefulDataLoader(_Reporting, torchdata.stateful_dataloader.StatefulDataL
         split: for the log line.
         **kwargs: passed to ``StatefulDataLoader``.
     """
+
+
+def make_loader(dataset: Any, batch_sampler: BucketBatchSampler, *, resumable: bool, seed: int,
+                collate_fn: Callable[[list[Any]], Any] | None = None, num_workers: int = 0,
+                pin_memory: bool = False, persistent_workers: bool = False,
+                counter: ErrorCounter | None = None, split: str = "",
+                ) -> DataLoader | StatefulDataLoader:
+    """A reporting loader over ``batch_sampler`` that draws nothing from the global generators.
+
+    * Its own ``torch.Generator`` (seeded by ``seed``) supplies the workers' base seed: each
+      ``iter()`` of a loader without one draws from the global torch generator, which would
+      shift dropout after a resume or a validation run.
+    * Workers are seeded by Lightning's ``pl_worker_init_function`` (python, numpy and torch
+      from base seed, worker id and rank). Their global generators do not resume mid-epoch;
+      per-item randomness comes from :func:`~mmtf.data.sampler.sample_rng`.
+
+    Args:
+        dataset: map-style dataset taking the sampler's ``(item, caption, epoch)`` keys.
+        batch_sampler: the split's sampler.
+        resumable: a :class:`StatefulDataLoader` (train: Lightning checkpoints its position)
+            instead of a :class:`DataLoader`.
+        seed: seed of the loader's generator.
+        collate_fn, num_workers, pin_memory, persistent_workers: as
+            ``torch.utils.data.DataLoader`` (``persistent_workers`` only with workers).
+        counter: where skipped items are added (the data module's ``error_counts``).
+        split: ``train`` | ``val`` | ``test``, for the log line.
+
+    Raises:
+        UserError: ``num_workers < 0``.
+    """
+    if num_workers < 0:
+        raise UserError(f"make_loader: num_workers ({num_workers}) must be >= 0; set "
+                        f"data.num_workers.")
+    workers: dict[str, Any] = {}
+    if num_workers > 0:
+        workers = {"worker_init_fn": functools.partial(pl_worker_init_function, rank=world()[1]),
+                   "persistent_workers": persistent_workers}
+    cls = StatefulDataLoader if resumable else DataLoader
+    return cls(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
+               collate_fn=collate_fn, pin_memory=pin_memory, counter=counter, split=split,
+               generator=torch.Generator().manual_seed(seed), **workers)

@@ -1,32 +1,27 @@
-"""Length-bucketing batch sampler: similar lengths batched together, DDP-aware, resumable.
+"""The batch sampler of every mmtf loader: length buckets, caption policy, DDP shards, resumable.
 
-Each epoch the sampler (1) lists the epoch's examples — one per item, or per (item, caption)
+Each epoch the sampler (1) lists the epoch's examples: one per item, or per (item, caption)
 pair under ``caption_policy="all"``, with the caption drawn per item per epoch under
 ``"random"``; (2) shuffles them by ``(seed, epoch)``; (3) gives each DDP rank a disjoint,
 equal-sized shard (the last few examples are repeated from the start when the count does not
 divide, as ``DistributedSampler`` does; ``drop_last`` drops them instead); (4) cuts the shard
-into pools of ``bucket_size`` batches, sorts each pool by length and cuts it into batches; (5)
-shuffles the batch order. Every rank therefore yields the same number of batches, and a
-batch's items have similar lengths, which cuts padding (measured by :func:`padding_fraction`).
-Evaluation (``shuffle=False``) sorts the whole shard by length.
+into pools of ``bucket_size`` batches, sorts each pool by length (``bucketing=True``) and cuts
+it into batches; (5) shuffles the batch order. Every rank therefore yields the same number of
+batches, and a batch's items have similar lengths, which cuts padding (measured by
+:func:`padding_fraction`). Evaluation (``shuffle=False``) sorts the whole shard by length.
 
-The sampler yields lists of ``(item, caption, epoch)`` keys; the datasets use the caption index
-to pick the training caption and the epoch to seed random crops, so results never depend on the
-number of DataLoader workers.
+It yields lists of ``(item, caption, epoch)`` keys: the dataset picks the caption by index and
+draws per-item randomness (crops) from :func:`sample_rng` ``(seed, epoch, item)``, so results
+depend on neither the number of DataLoader workers nor a resume.
 
-Resuming: :class:`BucketBatchSampler` is a
-:class:`~mmtf.reliability.EpochShuffleBatchSampler` whose ``epoch_batches(epoch)`` is the
-bucketing above, a pure function of ``(seed, epoch, rank)``. It therefore has ``set_epoch``,
-``state_dict`` / ``load_state_dict`` (its position inside the epoch) and moves to the next epoch
-by itself when iterated again after a complete pass; inside
-:func:`~mmtf.reliability.make_stateful_dataloader` Lightning resumes it mid-epoch.
-
-The epoch reaches the sampler through ``set_epoch`` (called by
-:class:`~mmtf.reliability.ResumeState` at each epoch start) and, in a run that was not resumed,
-through ``batch_sampler.sampler.set_epoch`` (Lightning's own call). After a resume that second
-path is ignored: Lightning's epoch counter can run ahead of the epoch the restored position
-belongs to. Keep ``trainer.use_distributed_sampler=false`` (mmtf's trainer configs do); if
-Lightning injects a ``DistributedSampler`` anyway, its rank and world size are used.
+Resuming: the order is a pure function of ``(seed, epoch, rank)``, and :class:`SamplerState`
+(epoch, position in it, and whether that position came from a checkpoint) is all the sampler
+remembers. ``state_dict`` / ``load_state_dict`` save and restore it; inside a
+:class:`~mmtf.data.loader.StatefulDataLoader` Lightning resumes the loader mid-epoch.
+``set_epoch`` (called by :class:`~mmtf.reliability.ResumeState` at each epoch start) moves to
+another epoch's start and keeps the position in the current one; a pass after a complete one
+moves to the next epoch by itself. Keep ``trainer.use_distributed_sampler=false``: the sampler
+shards by itself. Why: see docs/design/exact-resume.md.
 
 Shapes: none (keys only).
 """
@@ -35,53 +30,46 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from torch.utils.data import BatchSampler, DistributedSampler, Sampler
 
-from mmtf.reliability.sampler import EpochShuffleBatchSampler
+from mmtf.errors import UserError
+from mmtf.utils.distributed import world
+
+__all__ = ["BucketBatchSampler", "SamplerState", "padding_fraction", "sample_rng"]
 
 CaptionPolicy = Literal["random", "all", "first"]
 Key = tuple[int, int, int]
+# The settings that fix the order: a position saved under others means other examples.
+_ORDER_SETTINGS = ("seed", "num_samples", "batch_size", "num_replicas", "shuffle", "drop_last",
+                   "caption_policy", "bucketing", "bucket_size", "num_examples")
 
 
-class EpochHolder(Sampler[int]):
-    """The ``sampler`` of a :class:`BucketBatchSampler`: receives Lightning's ``set_epoch``.
+@dataclass
+class SamplerState:
+    """Where a :class:`BucketBatchSampler` is in its order.
 
-    Args:
-        size: number of items (``len()``).
-        owner: the batch sampler to pass the epoch on to (unless it was restored from a
-            checkpoint, see the module docstring).
+    Attributes:
+        epoch: the epoch whose order is being walked.
+        position: batches of ``epoch`` handed out (counted before each is yielded, so a loader
+            state read right after a batch says "this batch is consumed").
+        restored: the position in this epoch was loaded from a checkpoint.
     """
 
-    def __init__(self, size: int, owner: Any | None = None) -> None:
-        self.size = size
-        self.owner = owner
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Called by Lightning at the start of every epoch."""
-        self.epoch = int(epoch)
-        if self.owner is not None and not getattr(self.owner, "was_restored", False):
-            self.owner.set_epoch(self.epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.size))
-
-    def __len__(self) -> int:
-        return self.size
+    epoch: int = 0
+    position: int = 0
+    restored: bool = False
 
 
-class BucketBatchSampler(EpochShuffleBatchSampler, BatchSampler):
+class BucketBatchSampler:
     """Batches of ``(item, caption, epoch)`` keys with similar lengths (see the module doc).
 
     Args:
-        sampler: the epoch holder (default: a new :class:`EpochHolder`); Lightning may replace
-            it with a ``DistributedSampler``, whose rank and world size are then used.
+        lengths: length of every item (seconds or samples; only the order matters).
         batch_size: examples per batch.
         drop_last: drop incomplete batches (and the uneven tail of the DDP split).
-        lengths: length of every item (seconds or samples; only the order matters).
         num_captions: captions per item (needed by the ``random`` and ``all`` policies).
         caption_policy: ``random`` (one caption per item per epoch), ``all`` (every pair) or
             ``first`` (caption 0: evaluation and classification).
@@ -91,45 +79,54 @@ class BucketBatchSampler(EpochShuffleBatchSampler, BatchSampler):
         seed: base seed; the order is a function of (seed, epoch, rank).
         num_replicas: DDP world size (default: from torch.distributed, else 1).
         rank: DDP rank (default: from torch.distributed, else 0).
+
+    Attributes:
+        state: the :class:`SamplerState`.
     """
 
-    def __init__(self, sampler: Sampler | None = None, batch_size: int = 32,
-                 drop_last: bool = False, *, lengths: Sequence[float],
+    def __init__(self, *, lengths: Sequence[float], batch_size: int = 32, drop_last: bool = False,
                  num_captions: Sequence[int] | None = None, caption_policy: CaptionPolicy = "first",
                  shuffle: bool = True, bucketing: bool = True, bucket_size: int = 50,
                  seed: int = 0, num_replicas: int | None = None, rank: int | None = None) -> None:
+        name = type(self).__name__
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size ({batch_size!r}) must be a positive int.")
+            raise UserError(f"{name}: batch_size ({batch_size!r}) must be a positive int; set "
+                            f"data.batch_size.")
         if caption_policy not in ("random", "all", "first"):
-            raise ValueError(f"caption_policy ({caption_policy!r}) must be 'random', 'all' or "
-                             f"'first'; set data.caption_policy=random or all.")
+            raise UserError(f"{name}: caption_policy ({caption_policy!r}) must be 'random', "
+                            f"'all' or 'first'; set data.caption_policy=random or all.")
         if caption_policy != "first" and num_captions is None:
-            raise ValueError(f"caption_policy={caption_policy!r} needs num_captions.")
+            raise UserError(f"{name}: caption_policy={caption_policy!r} needs num_captions.")
         if bucket_size < 1:
-            raise ValueError(f"bucket_size ({bucket_size}) must be >= 1.")
-        if num_replicas is not None and not 0 <= (rank or 0) < num_replicas:
-            raise ValueError(f"rank ({rank}) must be in [0, num_replicas={num_replicas}).")
-        if isinstance(sampler, DistributedSampler) and num_replicas is None:
-            num_replicas, rank = sampler.num_replicas, sampler.rank   # injected by Lightning
-        elif num_replicas is not None and rank is None:
-            rank = 0
+            raise UserError(f"{name}: bucket_size ({bucket_size}) must be >= 1; set "
+                            f"data.bucket_size.")
+        if len(lengths) < 1:
+            raise UserError(f"{name}: lengths is empty; the dataset has no items.")
+        if seed < 0:
+            raise UserError(f"{name}: seed ({seed}) must be >= 0; set data.seed.")
+        if num_replicas is None:
+            num_replicas, rank = world() if rank is None else (world()[0], rank)
+        rank = 0 if rank is None else rank
+        if not 0 <= rank < num_replicas:
+            raise UserError(f"{name}: rank ({rank}) must be in [0, num_replicas={num_replicas}).")
         self.lengths = np.asarray(lengths, dtype=np.float64)
         self.num_captions = None if num_captions is None else np.asarray(num_captions, np.int64)
         if self.num_captions is not None and (self.num_captions < 1).any():
-            raise ValueError("num_captions: every item needs at least one caption.")
-        self.caption_policy = caption_policy
+            raise UserError(f"{name}: num_captions: every item needs at least one caption.")
+        self.batch_size, self.drop_last, self.seed = batch_size, drop_last, seed
+        self.caption_policy, self.shuffle = caption_policy, shuffle
         self.bucketing, self.bucket_size = bucketing, bucket_size
-        EpochShuffleBatchSampler.__init__(
-            self, num_samples=len(self.lengths), batch_size=batch_size, seed=seed,
-            shuffle=shuffle, drop_last=drop_last, num_replicas=num_replicas, rank=rank)
-        BatchSampler.__init__(self, sampler if sampler is not None
-                              else EpochHolder(len(self.lengths), owner=self),
-                              batch_size, drop_last)
+        self.num_replicas, self.rank = num_replicas, rank
+        self.state = SamplerState()
 
-    # ------------------------------------------------------------------ world
     def world(self) -> tuple[int, int]:
         """``(num_replicas, rank)`` in effect (fixed when the sampler is built)."""
         return self.num_replicas, self.rank
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order is being walked (``state.epoch``)."""
+        return self.state.epoch
 
     # ------------------------------------------------------------------ sizes
     def num_examples(self) -> int:
@@ -170,19 +167,17 @@ class BucketBatchSampler(EpochShuffleBatchSampler, BatchSampler):
         return items, caps
 
     def batches(self, epoch: int | None = None) -> list[list[Key]]:
-        """This rank's batches of one epoch (default: the current one), as iteration yields
-        them from the epoch's start."""
-        epoch = self.epoch if epoch is None else int(epoch)
-        world, rank = self.world()
+        """This rank's batches of one epoch (default: the current one), from its start."""
+        epoch = self.state.epoch if epoch is None else int(epoch)
         items, caps = self._examples(epoch)
         order = np.arange(len(items))
         if self.shuffle:
             order = np.random.default_rng([self.seed, epoch, 2]).permutation(len(items))
         shard_size = self._shard_size()
-        total = shard_size * world
+        total = shard_size * self.num_replicas
         if total > len(order):  # repeat from the start so every rank gets as many examples
             order = np.concatenate([order, np.resize(order, total - len(order))])
-        shard = order[:total][rank::world]
+        shard = order[:total][self.rank::self.num_replicas]
         out: list[list[Key]] = []
         start = 0
         for size in self._pool_sizes(shard_size):
@@ -196,18 +191,36 @@ class BucketBatchSampler(EpochShuffleBatchSampler, BatchSampler):
                     continue
                 out.append([(int(items[k]), int(caps[k]), epoch) for k in chunk])
         if self.shuffle:
-            perm = np.random.default_rng([self.seed, epoch, 3, rank]).permutation(len(out))
+            perm = np.random.default_rng([self.seed, epoch, 3, self.rank]).permutation(len(out))
             out = [out[k] for k in perm]
         return out
 
-    def epoch_batches(self, epoch: int) -> list[list[Key]]:
-        """:meth:`batches` of ``epoch``: what the resumable iteration walks through."""
-        return self.batches(epoch)
+    # ------------------------------------------------------------------ walking the order
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch``: a new epoch starts at its first batch; the current one
+        keeps its position (a position loaded from a checkpoint survives the ``set_epoch`` that
+        follows a resume)."""
+        state = self.state
+        if int(epoch) != state.epoch:
+            state.epoch, state.position, state.restored = int(epoch), 0, False
 
-    # ------------------------------------------------------------------ state
+    def __iter__(self) -> Iterator[list[Key]]:
+        state = self.state
+        if state.position >= len(self):           # the last pass was complete: next epoch
+            state.epoch, state.position, state.restored = state.epoch + 1, 0, False
+        batches = self.batches(state.epoch)
+        while state.position < len(batches):
+            batch = batches[state.position]
+            state.position += 1                   # counted before it is handed out
+            yield batch
+
+    # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
-        """Position (epoch, batches handed out) plus the settings that fix the order."""
-        return {**super().state_dict(), "caption_policy": self.caption_policy,
+        """Epoch and position plus the settings that fix the order (plain data)."""
+        return {"epoch": self.state.epoch, "position": self.state.position, "seed": self.seed,
+                "num_samples": len(self.lengths), "batch_size": self.batch_size,
+                "num_replicas": self.num_replicas, "shuffle": self.shuffle,
+                "drop_last": self.drop_last, "caption_policy": self.caption_policy,
                 "bucketing": self.bucketing, "bucket_size": self.bucket_size,
                 "num_examples": self.num_examples()}
 
@@ -215,19 +228,38 @@ class BucketBatchSampler(EpochShuffleBatchSampler, BatchSampler):
         """Continue from a saved position.
 
         Raises:
-            ValueError: the position was saved with other data or batching settings.
+            UserError: the position was saved with other data, batching or device settings.
         """
         mine = self.state_dict()
-        differ = [f"{k}={state[k]!r} (now {mine[k]!r})" for k in
-                  ("caption_policy", "bucketing", "bucket_size", "num_examples")
+        differ = [f"{k}={state[k]!r} (now {mine[k]!r})" for k in _ORDER_SETTINGS
                   if k in state and state[k] != mine[k]]
         if differ:
-            raise ValueError(
-                f"BucketBatchSampler: the checkpoint's data position was saved with "
-                f"{', '.join(differ)}; resume with the same data settings (data.caption_policy, "
-                f"data.bucketing, data.bucket_size, the same dataset), or start a fresh run "
-                f"from the weights.")
-        super().load_state_dict(state)
+            raise UserError(
+                f"{type(self).__name__}: the checkpoint's data position was saved with "
+                f"{', '.join(differ)}; resume with the same data settings (data.batch_size, "
+                f"data.caption_policy, data.bucketing, data.bucket_size, the same dataset) and "
+                f"number of devices, or start a fresh run from the weights.")
+        position = state["position"] if "position" in state else state["offset"]   # pre-2026-12
+        self.state.epoch, self.state.position = int(state["epoch"]), int(position)
+        self.state.restored = True
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """A numpy generator that depends only on ``(seed, epoch, index)``.
+
+    Use it for per-item randomness in a Dataset (where to crop): the draw is then the same
+    whichever worker runs the item and whether or not the run was resumed, unlike a worker's
+    global generators. Different epochs give different draws.
+
+    Args:
+        seed: the run's data seed (non-negative).
+        epoch: the epoch of the key ``(item, caption, epoch)`` the sampler yielded.
+        index: the item index in the dataset.
+    """
+    if min(seed, epoch, index) < 0:
+        raise ValueError(f"sample_rng: seed ({seed}), epoch ({epoch}) and index ({index}) must "
+                         f"be >= 0.")
+    return np.random.default_rng([seed, epoch, index])
 
 
 def padding_fraction(batches: Sequence[Sequence[Key | int]], lengths: Sequence[float]) -> float:

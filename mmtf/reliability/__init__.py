@@ -4,17 +4,18 @@
   fsynced and renamed (never a half-written ``last.ckpt``), and loaded weights-only.
 * :class:`ResumeState`: callback; RNG states (python, numpy, torch, CUDA; per rank) in every
   checkpoint and back on resume; validation does not shift the training stream; keeps the
-  batch sampler's epoch in step.
-* :class:`EpochShuffleBatchSampler` + :func:`make_stateful_dataloader`: a train loader that
-  Lightning resumes mid-epoch (torchdata ``StatefulDataLoader``).
+  train loader's position and its sampler's epoch in step with the loop.
 * :class:`LastCheckpoint`: callback; ``last.ckpt`` after every validation run and every N
-  steps, whatever the monitored metric did (Lightning's ``save_last`` only copies improvements).
+  steps, whatever the monitored metric did.
 * :func:`resolve_resume`: ``ckpt_path=last|auto|<file>`` -> a verified checkpoint or a clear
   error (nothing to resume, truncated file, weights-only file).
 * :class:`PreemptionCheckpoint`: callback; SIGTERM -> ``last.ckpt`` at the end of the current
   batch, exit status 143. :class:`DDPFailFast`: a failing launcher rank kills its DDP children.
 * :class:`NonFiniteLossGuard` / :func:`check_finite_loss`: NaN/inf loss -> a clear error naming
   step, batch and ids, or a skipped optimizer step, agreed on by all DDP ranks.
+
+The resumable loading itself (sampler state, loaders, per-item randomness) is in
+:mod:`mmtf.data`.
 """
 
 from mmtf.reliability.checkpoint_io import AtomicCheckpointIO, atomic_torch_save, fsync_dir
@@ -23,14 +24,12 @@ from mmtf.reliability.nonfinite import NonFiniteLossError, NonFiniteLossGuard, c
 from mmtf.reliability.preemption import PREEMPTED_EXIT_CODE, DDPFailFast, PreemptionCheckpoint
 from mmtf.reliability.resume import ResumeError, find_checkpoints, resolve_resume, verify_resumable
 from mmtf.reliability.resume_state import ResumeState
-from mmtf.reliability.rng import capture_rng_state, restore_rng_state, sample_rng
-from mmtf.reliability.sampler import EpochShuffleBatchSampler, make_stateful_dataloader
+from mmtf.reliability.rng import capture_rng_state, restore_rng_state
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
     "AtomicCheckpointIO",
     "DDPFailFast",
-    "EpochShuffleBatchSampler",
     "LastCheckpoint",
     "NonFiniteLossError",
     "NonFiniteLossGuard",
@@ -42,9 +41,7 @@ __all__ = [
     "check_finite_loss",
     "find_checkpoints",
     "fsync_dir",
-    "make_stateful_dataloader",
     "resolve_resume",
     "restore_rng_state",
-    "sample_rng",
     "verify_resumable",
 ]

@@ -1,25 +1,13 @@
 """Crash-safe Lightning checkpoint files: write beside the target, fsync, rename, fsync the dir.
 
-Why not Lightning's ``TorchCheckpointIO`` (2.6.6)? Its ``save_checkpoint`` calls
-``lightning.fabric.utilities.cloud_io._atomic_save``: ``torch.save`` into a ``BytesIO``, then an
-fsspec transaction whose local file (``fsspec.implementations.local.LocalFileOpener``) is a
-``tempfile.mkstemp()`` in the *system* temp dir (``$TMPDIR``, usually ``/tmp``), moved onto the
-target with ``shutil.move`` on commit. Nothing is fsynced (a power loss can leave a zero-length
-or partial ``last.ckpt`` after the rename), and when ``/tmp`` is another filesystem than the
-checkpoint dir (tmpfs, node-local disk vs. a shared FS) ``shutil.move`` falls back to
-copy-then-delete, which writes the target in place: a kill during that copy leaves a truncated
-``last.ckpt``, the very file a resume needs. It also keeps a second full copy in RAM.
-
-:class:`AtomicCheckpointIO` instead writes ``.<name>.<host>.<pid>.<random>.tmp`` in the target's
+:class:`AtomicCheckpointIO` writes ``.<name>.<host>.<pid>.<random>.tmp`` in the target's
 directory, flushes and ``os.fsync``\\ s it, ``os.replace``\\ s it onto the target (atomic on one
 filesystem) and fsyncs the directory so the rename itself is durable. A reader sees the old file
 or the new one, never a mix. Temp files left by a killed writer are removed by the next
 successful save of the same target (only those of this host whose process is gone); loaders
-never look at them.
-
-Loading always passes ``weights_only=True`` explicitly (through
-:func:`mmtf.utils.checkpoint.load_checkpoint`), so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` cannot
-switch unpickling of arbitrary objects back on.
+never look at them. Loading always passes ``weights_only=True`` (through
+:func:`mmtf.utils.checkpoint.load_checkpoint`), whatever the environment says.
+Why not Lightning's ``TorchCheckpointIO``: see docs/design/atomic-checkpoints.md.
 """
 
 from __future__ import annotations

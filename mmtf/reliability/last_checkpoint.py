@@ -1,20 +1,12 @@
 """``last.ckpt`` = the latest training state: after every validation run and every N steps.
 
-Why not ``ModelCheckpoint(save_last=True)`` alone? In Lightning 2.6 ``save_last`` means "copy
-whichever checkpoint this callback just saved": a callback that monitors a metric writes
-``last.ckpt`` only in the validations where that metric improved (``on_validation_end`` saves
-last only ``if self._last_global_step_saved == trainer.global_step``). After a run of epochs
-without improvement, ``ckpt_path=last`` would resume from the last *improvement*, silently
-throwing the later epochs away. A second ``ModelCheckpoint(monitor=None, save_top_k=0,
-save_last=True)`` does not help at validation end either (nothing top-k is saved, so nothing
-last is), and ``every_n_train_steps`` / ``every_n_epochs`` cannot be combined in one callback.
-
-:class:`LastCheckpoint` is that second ``ModelCheckpoint`` (same files, same checkpoint IO, its
-state in checkpoints) with one change: at the end of every validation run during fit it writes
-``last.ckpt``, unless another checkpoint callback already wrote that file after this
-validation (the monitoring callback, when the metric improved). Step-triggered saves
-(``every_n_train_steps``) are Lightning's own. The checkpoint written after validation is the
-one to resume from at an epoch boundary: validation is done and the loops say so.
+``ModelCheckpoint(save_last=True)`` with a monitored metric writes ``last.ckpt`` only when the
+metric improved, so ``ckpt_path=last`` could silently throw away the epochs since the last
+improvement. :class:`LastCheckpoint` is a last-only ``ModelCheckpoint`` (same files, same
+checkpoint IO, its state in checkpoints) that also writes ``last.ckpt`` at the end of every
+validation run during fit, unless another checkpoint callback already wrote that file after this
+validation. Step-triggered saves (``every_n_train_steps``) are Lightning's own.
+Why: see docs/design/last-checkpoint.md.
 
 Shapes: none.
 """
@@ -26,6 +18,14 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
+
+from mmtf.errors import UserError
+from mmtf.utils.compat import (
+    checkpoint_every_n_train_steps,
+    checkpoint_monitor_candidates,
+    checkpoint_save_last,
+    checkpoint_saved_at_step,
+)
 
 __all__ = ["LastCheckpoint"]
 
@@ -50,12 +50,12 @@ class LastCheckpoint(ModelCheckpoint):
                  **kwargs: Any) -> None:
         fixed = sorted(set(kwargs) & set(self._FIXED))
         if fixed:
-            raise ValueError(f"LastCheckpoint: {', '.join(fixed)} cannot be set; it only keeps "
-                             f"last.ckpt current. Use model_checkpoint for monitored top-k "
-                             f"checkpoints.")
+            raise UserError(f"LastCheckpoint: {', '.join(fixed)} cannot be set; it only keeps "
+                            f"last.ckpt current. Use model_checkpoint for monitored top-k "
+                            f"checkpoints.")
         if every_n_train_steps is not None and every_n_train_steps < 0:
-            raise ValueError(f"LastCheckpoint: every_n_train_steps ({every_n_train_steps}) must "
-                             f"be >= 0 or null.")
+            raise UserError(f"LastCheckpoint: every_n_train_steps ({every_n_train_steps}) must "
+                            f"be >= 0 or null.")
         kwargs.setdefault("enable_version_counter", False)   # share last.ckpt, never last-v1
         super().__init__(dirpath=dirpath, monitor=None, save_top_k=0, save_last=True,
                          every_n_train_steps=every_n_train_steps or None,
@@ -66,14 +66,15 @@ class LastCheckpoint(ModelCheckpoint):
         if (trainer.fast_dev_run or trainer.sanity_checking
                 or trainer.state.fn != TrainerFn.FITTING or trainer.global_step == 0):
             return
-        candidates = self._monitor_candidates(trainer)
+        candidates = checkpoint_monitor_candidates(self, trainer)
         target = self.format_checkpoint_name(candidates, self.CHECKPOINT_NAME_LAST)
         for other in trainer.checkpoint_callbacks:
             if other is self or not isinstance(other, ModelCheckpoint):
                 continue
             # Ran before us in this validation end and wrote the same file at this step:
             # last.ckpt already holds the post-validation state.
-            if (other.last_model_path == target and other._last_global_step_saved
-                    == trainer.global_step and other._every_n_train_steps == 0):
+            if (other.last_model_path == target
+                    and checkpoint_saved_at_step(other) == trainer.global_step
+                    and checkpoint_every_n_train_steps(other) == 0):
                 return
-        self._save_last_checkpoint(trainer, candidates)
+        checkpoint_save_last(self, trainer, candidates)

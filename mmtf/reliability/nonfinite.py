@@ -1,22 +1,18 @@
 """Non-finite (NaN/inf) training loss: stop with a message that says where, or skip the step.
 
 Under DDP every rank must take the same branch, or the ranks that go on wait forever in the
-next collective. So the "my loss is non-finite" flag is all-reduced (``SUM``) before deciding,
-and every rank raises, or skips, together.
+next collective: the "my loss is non-finite" flag is all-reduced (``SUM``) before deciding.
 
-How a step is skipped. The brief's idea, ``training_step`` returning ``None``, works on one
-process (Lightning then skips backward, and ``optimizer.step`` finds no gradients) but Lightning
-2.6 refuses it under DDP: ``_AutomaticOptimization._training_step`` raises "Skipping the
-`training_step` by returning None in distributed training is not supported". So
-:class:`NonFiniteLossGuard` is a callback instead and needs no change in the tasks:
+:class:`NonFiniteLossGuard` is a callback, so the tasks need no change (returning ``None`` from
+``training_step`` is refused by Lightning under DDP; see docs/design/nonfinite-loss.md):
 
-* ``on_before_backward(loss)`` (every micro-batch) runs :func:`check_finite_loss` on the loss
-  Lightning is about to backpropagate: ``raise`` stops there; ``skip`` marks the step;
+* ``on_before_backward(loss)`` (every micro-batch) runs :func:`check_finite_loss`: ``raise``
+  stops there; ``skip`` marks the step;
 * backward still runs on every rank, so DDP's gradient all-reduce completes everywhere;
 * ``on_before_optimizer_step`` of a marked step sets every gradient to ``None``: torch
-  optimizers skip parameters without gradients, so weights *and* optimizer state (Adam moments,
-  step counts) are untouched. The LR scheduler still advances with the loop. The count of
-  skipped steps is logged as ``train/nonfinite_skipped`` and saved in checkpoints.
+  optimizers skip parameters without gradients, so weights *and* optimizer state are untouched.
+  The LR scheduler still advances. The count of skipped steps is logged as
+  ``train/nonfinite_skipped`` and saved in checkpoints.
 
 :func:`check_finite_loss` is also usable directly from a ``training_step`` (single process:
 ``return None`` when it returns False).
@@ -37,6 +33,9 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.optim import Optimizer
 
+from mmtf.errors import UserError
+from mmtf.utils.distributed import world
+
 log = logging.getLogger(__name__)
 
 __all__ = ["NonFiniteLossError", "NonFiniteLossGuard", "check_finite_loss"]
@@ -52,10 +51,10 @@ class NonFiniteLossError(FloatingPointError):
 def _ranks_nonfinite(loss: Tensor) -> tuple[int, int]:
     """(number of ranks whose loss is non-finite, world size), agreed on by all ranks."""
     bad = (~torch.isfinite(loss.detach())).any().to(torch.int32).reshape(1)   # (1,)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    size, _ = world()
+    if size > 1:
         dist.all_reduce(bad, op=dist.ReduceOp.SUM)
-        return int(bad.item()), dist.get_world_size()
-    return int(bad.item()), 1
+    return int(bad.item()), size
 
 
 def check_finite_loss(loss: Tensor, *, step: int, batch_idx: int, policy: Policy = "raise",
@@ -73,10 +72,10 @@ def check_finite_loss(loss: Tensor, *, step: int, batch_idx: int, policy: Policy
 
     Raises:
         NonFiniteLossError: with ``policy="raise"`` when any rank's loss is non-finite.
-        ValueError: unknown ``policy``.
+        UserError: unknown ``policy``.
     """
     if policy not in POLICIES:
-        raise ValueError(f"check_finite_loss: policy ({policy!r}) must be one of {POLICIES}.")
+        raise UserError(f"check_finite_loss: policy ({policy!r}) must be one of {POLICIES}.")
     n_bad, world = _ranks_nonfinite(loss)
     if n_bad == 0:
         return True
@@ -113,10 +112,11 @@ class NonFiniteLossGuard(Callback):
     def __init__(self, *, policy: Policy = "raise", max_skips: int | None = 100,
                  ids_key: str = "ids") -> None:
         if policy not in POLICIES:
-            raise ValueError(f"NonFiniteLossGuard: policy ({policy!r}) must be one of "
-                             f"{POLICIES}; set callbacks.nonfinite_loss.policy=raise or skip.")
+            raise UserError(f"NonFiniteLossGuard: policy ({policy!r}) must be one of "
+                            f"{POLICIES}; set callbacks.nonfinite_loss.policy=raise or skip.")
         if max_skips is not None and max_skips < 0:
-            raise ValueError(f"NonFiniteLossGuard: max_skips ({max_skips}) must be >= 0 or None.")
+            raise UserError(f"NonFiniteLossGuard: max_skips ({max_skips}) must be >= 0 or "
+                            f"null; set callbacks.nonfinite_loss.max_skips.")
         self.policy, self.max_skips, self.ids_key = policy, max_skips, ids_key
         self.skipped = 0
         self._skip_pending = False

@@ -1,43 +1,20 @@
 """Preemption (SIGTERM): checkpoint at the end of the current batch, exit 143; fail fast on DDP.
 
-What Lightning 2.6.6 does on SIGTERM (``trainer/connectors/signal_connector.py``): its handler
-sets ``trainer.received_sigterm``, forwards SIGTERM to the DDP child processes it launched
-(``launcher.kill``) and, under DDP, calls ``dist.broadcast`` *inside the signal handler*. The
-loops then raise ``SIGTERMException`` at the next check: the end of the current training batch
-(``_TrainingEpochLoop.on_advance_end``, after its validation), the end of the epoch
-(``FitLoop.on_advance_end``), a validation batch boundary, or (DDP) the start of the next batch
-after a broadcast + barrier. ``SIGTERMException`` is a ``SystemExit`` without a code, so the
-process exits **0** and **saves nothing**: a scheduler sees success and the work since the last
-``every_n_train_steps`` checkpoint is lost.
+:class:`PreemptionCheckpoint` takes SIGTERM over once training starts (Lightning restores the
+previous handler at teardown) with a handler that only sets a flag. At every
+``on_train_batch_end`` and ``on_train_epoch_end`` (reached by all ranks in lockstep) the flags
+are max-reduced over ranks, so every rank stops at the same batch even if only one was
+signalled: it sets Lightning's own SIGTERM flag on every rank at once, Lightning raises
+``SIGTERMException`` after the batch (or the epoch), and ``on_exception`` (every rank, before
+the strategy is torn down) saves ``last.ckpt`` through the Trainer's checkpoint IO and sets the
+exit status to 143 (128 + SIGTERM). Lightning alone would exit 0 without saving, and under DDP
+can deadlock. SIGUSR1 / SLURM requeue is left to Lightning.
 
-Under DDP that design also hangs: a Python signal handler runs wherever the main thread happens
-to be, so the handler's broadcast on one rank meets a different collective (a gradient
-all-reduce, a checkpoint barrier) on the other, and the local, unsynchronised checks make one
-rank raise a batch before the other. Measured here with two gloo ranks: SIGTERM to rank 0 ->
-both ranks blocked for good (rank 1 in the handler's broadcast, rank 0 in a collective).
+:class:`DDPFailFast`: when rank 0, the launching process, raises, nothing kills the DDP children
+it spawned (they would wait in their next collective until the process-group timeout); it kills
+them from rank 0's ``on_exception`` and logs every failing rank's error with its rank.
 
-:class:`PreemptionCheckpoint` therefore takes SIGTERM over once training starts
-(``on_train_start``; Lightning restores the previous handler at teardown) with a handler that
-only sets a flag. At every ``on_train_batch_end`` and ``on_train_epoch_end`` (reached by all
-ranks in lockstep) the flags are max-reduced over ranks (one scalar per batch), so every rank
-stops at the same batch even if only one was signalled: it then sets Lightning's own
-``received_sigterm`` on every rank at once, and Lightning raises ``SIGTERMException`` after the
-batch (or the epoch) as above, now in step. In ``on_exception`` (called on every rank before the strategy is torn down) it saves
-``last.ckpt`` with ``trainer.save_checkpoint`` (through the Trainer's checkpoint IO, so atomic
-with ``AtomicCheckpointIO``) and sets the exit code to 143 (128 + SIGTERM), what a shell reports
-for a process killed by SIGTERM. A SIGTERM during validation is honoured at the end of that
-validation's epoch or batch. SIGUSR1 / ``SLURMEnvironment(auto_requeue=True)`` (Lightning's
-``hpc_ckpt_<n>.ckpt`` + ``scontrol requeue``) is left to Lightning; the SIGTERM that follows a
-requeue then saves ``last.ckpt`` too.
-
-:class:`DDPFailFast` covers the other way a multi-process job dies: one rank raises. A child
-rank that dies is noticed by Lightning's ``_ChildProcessObserver`` (every 5 s it SIGKILLs the
-main process and all children). But when rank 0, the launching process, raises, nothing kills
-the children it spawned: over gloo they learn it when rank 0's sockets close; with NCCL they
-wait in their next collective until the process-group timeout (30 min by default in
-Lightning). ``DDPFailFast`` kills them from rank 0's ``on_exception``. It also logs every failing
-rank's error with its rank at once, since a rank may be killed before its traceback would be
-printed.
+Why: see docs/design/preemption.md.
 
 Shapes: none.
 """
@@ -54,6 +31,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from mmtf.errors import UserError
+from mmtf.utils.compat import request_sigterm_stop
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +55,10 @@ class PreemptionCheckpoint(Callback):
     def __init__(self, *, dirpath: str | None = None, filename: str = "last.ckpt",
                  exit_code: int = PREEMPTED_EXIT_CODE) -> None:
         if not filename.endswith(".ckpt"):
-            raise ValueError(f"PreemptionCheckpoint: filename ({filename!r}) must end with "
-                             f".ckpt; ckpt_path=last only looks at *.ckpt files.")
+            raise UserError(f"PreemptionCheckpoint: filename ({filename!r}) must end with "
+                            f".ckpt; ckpt_path=last only looks at *.ckpt files.")
         if not 0 <= exit_code <= 255:
-            raise ValueError(f"PreemptionCheckpoint: exit_code ({exit_code}) must be in 0..255.")
+            raise UserError(f"PreemptionCheckpoint: exit_code ({exit_code}) must be in 0..255.")
         self.dirpath, self.filename, self.exit_code = dirpath, filename, exit_code
         self.saved_path: str | None = None
         self._requested = False
@@ -116,14 +96,10 @@ class PreemptionCheckpoint(Callback):
             flag = bool(trainer.strategy.reduce(t, reduce_op="max").item())
         if not flag:
             return
-        connector = getattr(trainer, "_signal_connector", None)
-        if connector is not None and hasattr(connector, "received_sigterm"):
-            # Lightning's own flag, now set on every rank in the same batch: its loops raise
-            # SIGTERMException after this batch's remaining hooks (ResumeState's capture,
-            # ModelCheckpoint) and validation, or after the epoch at its last batch.
-            connector.received_sigterm = True
-        else:                                       # a Lightning without that attribute
-            raise SIGTERMException()
+        # Lightning's own flag, now set on every rank in the same batch: its loops raise
+        # SIGTERMException after this batch's remaining hooks (ResumeState's capture,
+        # ModelCheckpoint) and validation, or after the epoch at its last batch.
+        request_sigterm_stop(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -24,9 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from mmtf.utils.checkpoint import CheckpointError
+from mmtf.errors import require_file
+from mmtf.utils.checkpoint import CheckpointError, load_checkpoint
 
 __all__ = ["ResumeError", "find_checkpoints", "resolve_resume", "verify_resumable"]
 
@@ -62,18 +61,16 @@ def verify_resumable(path: str | os.PathLike, others: list[Path] | None = None,
     alt = next((p for p in (others or []) if p != path), None)
     fallback = (f" An older checkpoint exists: pass ckpt_path={alt}." if alt is not None
                 else " Start fresh by dropping ckpt_path.")
-    if not path.is_file():
-        raise ResumeError(f"checkpoint {path} does not exist; pass ckpt_path=<file.ckpt>, "
-                          f"ckpt_path=last inside the run dir to resume, or drop ckpt_path.")
+    require_file(path, what="checkpoint", error=ResumeError,
+                 fix="pass ckpt_path=<file.ckpt>, ckpt_path=last inside the run dir to resume, "
+                     "or drop ckpt_path")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:   # truncated zip, pickled code, not a torch file at all
-        first = str(err).splitlines()[0] if str(err) else ""
+        ckpt = load_checkpoint(path, mmap=True)
+    except CheckpointError as err:   # truncated zip, pickled code, not a torch file at all
         raise ResumeError(
             f"checkpoint {path} ({path.stat().st_size} bytes) is corrupt or not a weights-only "
-            f"checkpoint ({type(err).__name__}: {first}); it was probably cut off by a crash "
-            f"while being written without mmtf.reliability.AtomicCheckpointIO.{fallback}"
-        ) from None
+            f"checkpoint; it was probably cut off by a crash while being written without "
+            f"mmtf.reliability.AtomicCheckpointIO.{fallback}") from err
     missing = [k for k in _RESUME_KEYS if not (isinstance(ckpt, dict) and k in ckpt)]
     if missing:
         raise ResumeError(

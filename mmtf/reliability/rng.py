@@ -1,15 +1,12 @@
 """Random-number-generator state as plain, ``weights_only=True``-loadable data.
 
-Lightning's own ``_collect_rng_states`` returns numpy's state as a tuple holding an ``ndarray``,
-which ``torch.load(..., weights_only=True)`` refuses. Here every generator's state becomes
-tensors, ints, floats, strs and ``None`` in dicts and lists, so it can live in a ``.ckpt``.
+Every generator's state becomes tensors, ints, floats, strs and ``None`` in dicts and lists, so
+it can live in a ``.ckpt`` (Lightning's own capture holds a numpy array, which a weights-only
+load refuses). Covered: python ``random``, numpy's legacy global generator, torch CPU and, when
+CUDA has been initialised, every CUDA device's generator.
 
-Covered generators: python ``random``, numpy's legacy global generator (``np.random.*``), torch
-CPU and, when CUDA has been initialised, every CUDA device's generator.
-
-For randomness drawn inside DataLoader *workers* (caption choice, random crops), global state
-cannot be resumed exactly (workers restart and their streams restart with them); derive it per
-sample from ``(seed, epoch, index)`` with :func:`sample_rng` instead.
+Randomness drawn inside DataLoader workers cannot be resumed this way (workers restart with
+fresh streams); datasets draw it from :func:`mmtf.data.sample_rng` ``(seed, epoch, index)``.
 
 Shapes: the MT19937 key of python and numpy is a ``(624,)`` int64 tensor; torch's states are
 byte tensors as torch returns them.
@@ -23,7 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["capture_rng_state", "restore_rng_state", "sample_rng"]
+from mmtf.utils.checkpoint import CheckpointError
+
+__all__ = ["capture_rng_state", "restore_rng_state"]
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -60,12 +59,12 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     initialised); a checkpoint written on a CPU machine leaves CUDA generators alone.
 
     Raises:
-        ValueError: ``state`` is not a dict written by :func:`capture_rng_state`.
+        CheckpointError: ``state`` is not a dict written by :func:`capture_rng_state`.
     """
     missing = {"python", "numpy", "torch"} - set(state or {})
     if missing:
-        raise ValueError(f"restore_rng_state: the RNG state lacks {sorted(missing)}; it was not "
-                         f"written by mmtf.reliability.capture_rng_state.")
+        raise CheckpointError(f"restore_rng_state: the RNG state lacks {sorted(missing)}; it was "
+                              f"not written by mmtf.reliability.capture_rng_state.")
     py = state["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["internal"].tolist()),
                      py["gauss_next"]))
@@ -77,22 +76,3 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     if cuda and torch.cuda.is_available():
         for device, device_state in enumerate(cuda[: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(device_state.cpu(), device)
-
-
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """A numpy generator that depends only on ``(seed, epoch, index)``.
-
-    Use it for per-sample randomness in a Dataset (which caption of five, where to crop):
-    the draw is then the same whichever worker runs the sample and whether or not the run was
-    resumed, unlike the worker's global generators. Different epochs give different draws.
-
-    Args:
-        seed: the run's data seed (non-negative).
-        epoch: the epoch the sample is drawn in, e.g. from ``EpochShuffleBatchSampler``
-            (``yield_epoch=True`` makes it pass ``(epoch, index)`` keys to ``__getitem__``).
-        index: the sample index in the dataset.
-    """
-    if min(seed, epoch, index) < 0:
-        raise ValueError(f"sample_rng: seed ({seed}), epoch ({epoch}) and index ({index}) must "
-                         f"be >= 0.")
-    return np.random.default_rng([seed, epoch, index])

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -150,54 +151,68 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-def optimizer_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
-    sa, sb = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
-    assert sa.keys() == sb.keys()
-    return max(max_abs_diff({k: v for k, v in sa[i].items()}, {k: v for k, v in sb[i].items()})
-               for i in sa)
+def assert_equal_tensors(a: Any, b: Any, where: str) -> None:
+    """``a`` and ``b`` (nested dicts/lists of tensors and plain values) are equal bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_equal_tensors(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_equal_tensors(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-def compare_runs(ref: Path, run: Path) -> float:
-    """Max |w_ref - w_run| of the two runs' final last.ckpt; also checks that optimizer state,
-    LR schedule, counters and the stored tokenizer agree."""
+def assert_same_final_state(ref: Path, run: Path) -> None:
+    """The two runs' final last.ckpt hold the same weights, optimizer state (every tensor of
+    every parameter), LR schedule, generator states and tokenizer, bit for bit (CPU, one
+    thread, trainer.deterministic=true: no kernel here is non-deterministic)."""
     a, b = load(ref / "checkpoints" / "last.ckpt"), load(run / "checkpoints" / "last.ckpt")
     # (not "epoch": a resumed run whose monitored metric never improved gets one more
     # last.ckpt from model_checkpoint's on_train_end, at the same step, counting 3 epochs)
     assert a["global_step"] == b["global_step"] == 9
+    assert_equal_tensors(a["state_dict"], b["state_dict"], "state_dict")
+    assert_equal_tensors(a["optimizer_states"], b["optimizer_states"], "optimizer_states")
     assert a["lr_schedulers"] == b["lr_schedulers"]
-    assert optimizer_diff(a, b) <= 1e-6
+    assert_equal_tensors(a["callbacks"]["ResumeState"], b["callbacks"]["ResumeState"], "rng")
     assert a["mmtf"]["tokenizer"] == b["mmtf"]["tokenizer"]          # same JSON, byte for byte
-    return max_abs_diff(a["state_dict"], b["state_dict"])
 
 
-def stream(args: list[str], cwd: Path, *, on_line: Any, timeout: float
-           ) -> tuple[int, str, float | None, float]:
+def stream(args: list[str], cwd: Path, *, on_line: Any, timeout: float) -> tuple[int, str, bool]:
     """``python -m mmtf.train args`` with output read line by line; ``on_line(line, proc)``
-    returns True once it acted (the trigger time is then recorded).
+    returns True once it acted. Fails if the run has not ended by itself within ``timeout``
+    seconds (generous: the point is that it ends, not how fast).
 
     Returns:
-        (exit code, output, seconds from the trigger to exit or None, seconds in all).
+        (exit code, output, whether ``on_line`` acted).
     """
-    start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "mmtf.train", *args], cwd=cwd,
                             env={**os.environ, **ENV, "PYTHONUNBUFFERED": "1",
                                  "HYDRA_FULL_ERROR": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
-    trigger = None
-    try:
+    acted = threading.Event()
+
+    def read() -> None:
         for line in proc.stdout:       # ends when every process has closed the pipe
             lines.append(line)
-            if trigger is None and on_line(line, proc):
-                trigger = time.monotonic()
-            if time.monotonic() - start > timeout:
-                break
-        code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
-    finally:
+            if not acted.is_set() and on_line(line, proc):
+                acted.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    end = time.monotonic()
-    return code, "".join(lines), None if trigger is None else end - trigger, end - start
+        pytest.fail(f"the run did not end within {timeout} s:\n{''.join(lines)[-3000:]}")
+    reader.join(timeout)
+    return code, "".join(lines), acted.is_set()
 
 
 def procs_with(token: str) -> list[int]:
@@ -236,9 +251,7 @@ def test_sigkill_mid_epoch_then_ckpt_path_last_resumes_exactly(data_dir, tmp_pat
                   cwd=tmp_path, env=ENV)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [json.loads(x)["start_step"] for x in starts.read_text().splitlines()] == [4]
-    diff = compare_runs(ref, run)
-    print(f"mid-epoch SIGKILL at step 5, resumed from step 4: max |w_ref - w_resumed| = {diff:.3g}")
-    assert diff <= 1e-6, diff
+    assert_same_final_state(ref, run)
     assert not list((run / "checkpoints").glob("*.tmp"))
 
 
@@ -260,9 +273,7 @@ def test_sigkill_at_epoch_boundary_resumes_exactly_and_keeps_the_tokenizer(data_
 
     train(compose_train(exact_overrides(data_dir, "ckpt_path=last", *cb("rec", Recorder)), run))
     assert [r["start_step"] for r in Recorder.records] == [3]
-    diff = compare_runs(ref, run)
-    print(f"epoch-boundary SIGKILL, resumed from step 3: max |w_ref - w_resumed| = {diff:.3g}")
-    assert diff <= 1e-6, diff
+    assert_same_final_state(ref, run)
 
     # Control: the same resume without ResumeState (RNG not restored) is measurably different.
     train(compose_train(exact_overrides(data_dir, "ckpt_path=last",
@@ -279,7 +290,7 @@ def test_sigkill_at_epoch_boundary_resumes_exactly_and_keeps_the_tokenizer(data_
     other = tmp_path / "other_tokenizer"
     train(compose_train(exact_overrides(data_dir, "ckpt_path=last", "data.tokenizer.vocab_size=100",
                                         "model.decoder.vocab_size=128"), other))
-    assert compare_runs(ref, other) <= 1e-6
+    assert_same_final_state(ref, other)
 
 
 # ---------------------------------------------------------------------------- checkpoint IO
@@ -354,14 +365,12 @@ def test_sigterm_saves_last_ckpt_exits_143_and_auto_resumes_from_it(data_dir, tm
             return True
         return False
 
-    code, out, after, total = stream(args, tmp_path, on_line=term_after_step_2, timeout=240)
-    print(f"SIGTERM: exit {code}, {after:.1f} s from the signal to exit ({total:.1f} s in all)")
-    assert code == 143, out[-3000:]
+    code, out, acted = stream(args, tmp_path, on_line=term_after_step_2, timeout=240)
+    assert acted and code == 143, out[-3000:]
     done = [int(x.rsplit(" ", 1)[1]) for x in out.splitlines() if "mmtf-test: rank 0 done" in x]
     ckpt = load(run / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == max(done) >= 2                  # the batch under way finished
     assert f"SIGTERM: saved {run}/checkpoints/last.ckpt at global step {max(done)}" in out
-    assert after < 30, after
 
     # The same command with ckpt_path=auto continues from that checkpoint (the newest).
     train(compose_train(tiny_overrides("audio_captioning", data_dir, "test=false",
@@ -406,14 +415,12 @@ def test_a_failing_ddp_rank_ends_the_job_promptly_with_its_error(data_dir, tmp_p
     args = [*tiny_overrides("audio_captioning", data_dir, "test=false", "trainer=ddp_cpu",
                             "trainer.max_epochs=20"),
             *cb("boom", RaiseAtStep, step=2, rank=1), f"hydra.run.dir={run}"]
-    code, out, after, total = stream(
+    # 240 s is well under the process group's 10-minute timeout that a hung rank would wait
+    code, out, acted = stream(
         args, tmp_path, timeout=240,
         on_line=lambda line, proc: "mmtf-test: injected failure on rank 1" in line)
-    print(f"rank 1 raises at step 2: exit {code}, {after:.1f} s from the error to exit "
-          f"({total:.1f} s in all)")
-    assert code != 0
+    assert acted and code != 0
     assert "RuntimeError: injected failure on rank 1 at step 2" in out
-    assert after is not None and after < 90, after
     assert procs_with(str(run)) == []                  # no rank left behind
 
 

@@ -1,15 +1,18 @@
-"""The training loader resumes mid-epoch (BucketBatchSampler position in a StatefulDataLoader),
-and no loader draws from the global random generators (which would shift dropout after a
-resume)."""
+"""The training loader resumes mid-epoch (the sampler's SamplerState in a StatefulDataLoader),
+the state's rules around a resume, and no loader draws from the global random generators
+(which would shift dropout after a resume)."""
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from mmtf.data import BucketBatchSampler, CaptionDataModule
+from mmtf.data import BucketBatchSampler, CaptionDataModule, SamplerState, sample_rng
+from mmtf.errors import UserError
 
 LENGTHS = np.random.default_rng(0).uniform(2, 6, size=40)
 
@@ -43,36 +46,71 @@ def test_train_loader_resumes_mid_epoch_from_its_state(tiny_audio_captions, num_
     fresh.load_state_dict(state)
     resumed = [_fingerprint(b) for b in fresh]
     assert resumed == rest and first not in resumed
-    assert fresh.batch_sampler.epoch == 2        # the complete pass moved it to the next epoch
+    # the complete pass moved the sampler to the start of the next epoch
+    assert fresh.batch_sampler.state == SamplerState(epoch=2, position=0)
 
 
-def test_a_restored_position_survives_lightnings_set_epoch():
-    """Lightning sets the epoch on ``batch_sampler.sampler`` at each epoch start (before the
-    first fetch). A fresh sampler follows it; a restored one keeps its position (after a
-    resume Lightning's epoch counter can be ahead of the restored epoch)."""
-    fresh = BucketBatchSampler(batch_size=4, lengths=LENGTHS, seed=0)
-    fresh.sampler.set_epoch(3)
-    assert fresh.epoch == 3 and list(fresh) == fresh.batches(3)
+def _roundtrip(obj):
+    """``obj`` after torch.save + torch.load(weights_only=True), as in a checkpoint."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
 
-    saved = BucketBatchSampler(batch_size=4, lengths=LENGTHS, seed=0)
-    saved.set_epoch(1)
+
+def _sampler(**kw) -> BucketBatchSampler:
+    return BucketBatchSampler(**{"batch_size": 4, "lengths": LENGTHS, "seed": 0, **kw})
+
+
+def test_a_pass_after_a_complete_one_is_the_next_epoch():
+    s = _sampler()
+    e0, e1 = list(s), list(s)
+    assert e0 == s.batches(0) and e1 == s.batches(1) and e0 != e1
+    assert s.state == SamplerState(epoch=1, position=len(s))
+
+
+def test_a_loaded_position_survives_the_set_epoch_of_a_resume():
+    saved = _sampler()
+    saved.set_epoch(3)
     it = iter(saved)
-    next(it), next(it)
-    state = saved.state_dict()
-    restored = BucketBatchSampler(batch_size=4, lengths=LENGTHS, seed=0)
+    head = [next(it), next(it)]
+    state = _roundtrip(saved.state_dict())
+    assert (state["epoch"], state["position"]) == (3, 2)
+    restored = _sampler()
     restored.load_state_dict(state)
-    restored.sampler.set_epoch(2)
-    assert list(restored) == saved.batches(1)[2:]
-    assert list(restored) == saved.batches(2)     # then the next epoch, by itself
+    assert restored.state == SamplerState(epoch=3, position=2, restored=True)
+    restored.set_epoch(3)               # what ResumeState does at on_train_start
+    assert head + list(restored) == saved.batches(3)
+    restored.set_epoch(4)
+    assert list(restored) == saved.batches(4)
+
+
+def test_a_loaded_complete_epoch_continues_with_the_next():
+    s = _sampler()
+    s.load_state_dict({**s.state_dict(), "epoch": 2, "position": len(s)})
+    s.set_epoch(2)                      # the epoch it is in: the position stays
+    assert list(s) == s.batches(3)
+    assert s.state == SamplerState(epoch=3, position=len(s), restored=False)
 
 
 def test_a_position_saved_with_other_batching_is_refused():
-    state = BucketBatchSampler(batch_size=4, lengths=LENGTHS, bucket_size=50).state_dict()
-    with pytest.raises(ValueError, match=r"bucket_size=50 \(now 10\); resume with the same "
-                                         r"data settings"):
-        BucketBatchSampler(batch_size=4, lengths=LENGTHS, bucket_size=10).load_state_dict(state)
-    with pytest.raises(ValueError, match=r"num_examples=40 \(now 39\)"):
-        BucketBatchSampler(batch_size=4, lengths=LENGTHS[:39]).load_state_dict(state)
+    state = _sampler(bucket_size=50).state_dict()
+    with pytest.raises(UserError, match=r"bucket_size=50 \(now 10\); resume with the same "
+                                        r"data settings"):
+        _sampler(bucket_size=10).load_state_dict(state)
+    with pytest.raises(UserError, match=r"num_examples=40 \(now 39\)"):
+        _sampler(lengths=LENGTHS[:39]).load_state_dict(state)
+    with pytest.raises(UserError, match=r"batch_size=4 \(now 2\), num_replicas=1 \(now 2\)"):
+        _sampler(batch_size=2, num_replicas=2, rank=1).load_state_dict(state)
+
+
+def test_sample_rng_depends_only_on_seed_epoch_index():
+    a = sample_rng(3, 1, 7).standard_normal(4)
+    assert np.array_equal(a, np.random.default_rng([3, 1, 7]).standard_normal(4))
+    assert not np.array_equal(a, sample_rng(3, 2, 7).standard_normal(4))
+    assert not np.array_equal(a, sample_rng(3, 1, 8).standard_normal(4))
+    with pytest.raises(ValueError, match=r"epoch \(-1\)"):
+        sample_rng(0, -1, 0)
 
 
 def test_loaders_draw_nothing_from_the_global_generators(tiny_audio_captions):

@@ -7,9 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
 
 from mmtf.data import BucketBatchSampler, Collate, padding_fraction
+from mmtf.errors import UserError
 
 
 # ------------------------------------------------------------------ collate
@@ -160,6 +160,10 @@ def test_len_matches_iteration(kw):
 
 
 def test_arguments_are_checked():
+    with pytest.raises(UserError, match=r"seed \(-1\) must be >= 0; set data.seed"):
+        BucketBatchSampler(lengths=[1.0], seed=-1)
+    with pytest.raises(UserError, match=r"lengths is empty"):
+        BucketBatchSampler(lengths=[])
     with pytest.raises(ValueError, match=r"batch_size \(0\)"):
         BucketBatchSampler(batch_size=0, lengths=[1.0])
     with pytest.raises(ValueError, match=r"caption_policy \('one'\)"):
@@ -170,29 +174,11 @@ def test_arguments_are_checked():
         BucketBatchSampler(lengths=[1.0], num_replicas=2, rank=3).world()
 
 
-def test_lightning_epoch_and_injected_distributed_sampler():
-    """Lightning sets the epoch via batch_sampler.sampler and may inject a DistributedSampler
-    into a BatchSampler subclass; both must drive this sampler."""
-    from lightning.fabric.utilities.data import _replace_dunder_methods, _set_sampler_epoch
-    from lightning.pytorch.trainer.states import RunningStage
-    from lightning.pytorch.utilities.data import _update_dataloader
-    from torch.utils.data import BatchSampler, DataLoader
-
-    dataset = list(range(103))
-    with _replace_dunder_methods(BatchSampler, "sampler"):
-        sampler = BucketBatchSampler(batch_size=8, lengths=LENGTHS, seed=0)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=lambda x: x)
-    _set_sampler_epoch(loader, 4)
-    assert sampler.epoch == 4 and list(sampler) == sampler.batches(4)
-
-    shards = []
-    for rank in range(2):
-        dist = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=0)
-        new = _update_dataloader(loader, dist, mode=RunningStage.TRAINING)
-        assert isinstance(new.batch_sampler, BucketBatchSampler)
-        # Lightning sets the epoch on the DistributedSampler, which the bucket sampler does not
-        # read; ResumeState (or the loader's end-of-pass advance) sets it on the batch sampler.
-        new.batch_sampler.set_epoch(1)
-        assert new.batch_sampler.world() == (2, rank) and new.batch_sampler.epoch == 1
-        shards.append({k[0] for b in new.batch_sampler for k in b})
-    assert len(shards[0] & shards[1]) <= 1 and len(shards[0] | shards[1]) == 103
+def test_plain_batches_without_bucketing_are_a_fresh_permutation_per_epoch():
+    s = BucketBatchSampler(batch_size=8, lengths=LENGTHS, seed=0, bucketing=False)
+    e0, e1 = ([k[0] for k in _flat(s.batches(e))] for e in (0, 1))
+    assert sorted(e0) == sorted(e1) == list(range(103)) and e0 != e1
+    assert all(k[2] == 1 for k in _flat(s.batches(1)))     # keys carry the epoch
+    # not sorted by length inside a batch (bucketing would)
+    assert any(list(LENGTHS[[k[0] for k in b]]) != sorted(LENGTHS[[k[0] for k in b]])
+               for b in s.batches(0))

@@ -6,6 +6,10 @@ Usage: ``python ddp_script.py MODE RANK STEP OUT_DIR``
 * ``raise``: rank RANK raises at the start of global step STEP.
 * ``sigterm``: rank RANK's loss is NaN at step STEP (NonFiniteLossGuard skips that step on
   both ranks); training runs on until the test sends SIGTERM.
+* ``exact``: 10 steps with dropout and random targets drawn on each rank; rank RANK sends
+  itself SIGTERM at the start of step STEP (STEP < 0: never). ``exact-resume``: the same run
+  from ``OUT_DIR/checkpoints/last.ckpt``. Each rank saves its end state (weights, optimizer
+  state, generators) to ``OUT_DIR/end_rank<R>.pt``.
 
 Ranks print ``rank R done step N`` after each batch. Every mode has ResumeState,
 PreemptionCheckpoint, DDPFailFast, NonFiniteLossGuard(skip) and AtomicCheckpointIO attached, as
@@ -14,6 +18,8 @@ train.py will.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -29,8 +35,19 @@ from mmtf.reliability import (  # noqa: E402
     NonFiniteLossGuard,
     PreemptionCheckpoint,
     ResumeState,
+    capture_rng_state,
 )
 from tests.unit.reliability.toy import ToyData, ToyModule  # noqa: E402
+
+
+class EndState(Callback):
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        torch.save({"weights": pl_module.state_dict(),
+                    "optimizer": trainer.optimizers[0].state_dict()["state"],
+                    "rng": capture_rng_state()}, self.out / f"end_rank{trainer.global_rank}.pt")
 
 
 class Script(Callback):
@@ -41,6 +58,9 @@ class Script(Callback):
         if (self.mode == "raise" and trainer.global_rank == self.rank
                 and trainer.global_step == self.step):
             raise RuntimeError(f"boom on rank {trainer.global_rank} at step {trainer.global_step}")
+        if (self.mode == "exact" and trainer.global_rank == self.rank
+                and trainer.global_step == self.step):
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         print(f"rank {trainer.global_rank} done step {trainer.global_step}", flush=True)
@@ -71,13 +91,18 @@ def main() -> None:
                  NonFiniteLossGuard(policy="skip"),
                  ModelCheckpoint(dirpath=out / "checkpoints", every_n_train_steps=2,
                                  save_last=True, save_top_k=0)]
+    exact = mode.startswith("exact")
+    if exact:
+        callbacks.append(EndState(out))
     model = NanOnRank(rank, step) if mode == "sigterm" else ToyModule()
-    max_steps = 400 if mode == "sigterm" else 8
+    max_steps = {"sigterm": 400, "raise": 8}.get(mode, 10)
+    resume = out / "checkpoints" / "last.ckpt" if mode == "exact-resume" else None
     trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=2, max_steps=max_steps,
                         logger=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=out, callbacks=callbacks, plugins=[AtomicCheckpointIO()],
-                        use_distributed_sampler=False)
-    trainer.fit(model, datamodule=ToyData(noise="none"), weights_only=True)
+                        use_distributed_sampler=False, deterministic=exact)
+    trainer.fit(model, datamodule=ToyData(noise="global" if exact else "none"),
+                ckpt_path=resume, weights_only=True)
 
 
 if __name__ == "__main__":

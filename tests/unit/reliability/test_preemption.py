@@ -8,7 +8,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from mmtf.reliability import PREEMPTED_EXIT_CODE, PreemptionCheckpoint
-from tests.unit.reliability.toy import fit, max_abs_diff, run_forked
+from tests.unit.reliability.toy import assert_same_training_state, fit, run_forked
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
 REPO = Path(__file__).resolve().parents[3]
@@ -40,16 +40,16 @@ class TermAt(Callback):
 ])
 def test_sigterm_saves_last_ckpt_exits_143_and_resumes_exactly(tmp_path, term_at, run, data,
                                                                ckpt_step):
-    _, ref = fit(tmp_path / "ref", **run, **data)
+    reference = fit(tmp_path / "ref", **run, **data)
     code = run_forked(fit, tmp_path / "run", extra_callbacks=[TermAt(term_at),
                                                               PreemptionCheckpoint()],
                       **run, **data)
     assert code == PREEMPTED_EXIT_CODE == 143
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == ckpt_step   # batch completed
-    trainer, resumed = fit(tmp_path / "run", ckpt_path=str(last), **run, **data)
-    assert trainer.global_step == (15 if "max_steps" in run else 18)
-    assert max_abs_diff(ref, resumed) <= 1e-6
+    resumed = fit(tmp_path / "run", ckpt_path=str(last), **run, **data)
+    assert resumed[0].global_step == (15 if "max_steps" in run else 18)
+    assert_same_training_state(reference, resumed)
 
 
 def test_without_the_callback_lightning_exits_0_and_saves_nothing(tmp_path):
@@ -81,43 +81,41 @@ def _procs_with(token: str) -> list[int]:
 
 
 def run_ddp(out: Path, mode: str, rank: int, step: int, *, sigterm_after: str | None = None,
-            timeout: float = 240) -> tuple[int, str, float | None, float]:
-    """Run the 2-rank script; (exit code, output, seconds from the trigger to exit, total)."""
+            timeout: float = 240) -> tuple[int, str]:
+    """Run the 2-rank script; (exit code, output). Fails if the job has not ended by itself
+    within ``timeout`` seconds (generous: the point is that it ends, not how fast)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-    start = time.monotonic()
     proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(rank), str(step), str(out)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-    lines, trigger = [], None
-    try:
+    lines: list[str] = []
+
+    def read() -> None:
         for line in proc.stdout:       # ends when every rank has closed its end of the pipe
             lines.append(line)
-            if trigger is None and mode == "raise" and f"boom on rank {rank}" in line:
-                trigger = time.monotonic()
-            if trigger is None and sigterm_after and sigterm_after in line:
+            if sigterm_after and sigterm_after in line and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)           # to rank 0 only, like `kill <pid>`
-                trigger = time.monotonic()
-            if time.monotonic() - start > timeout:
-                break
-        code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
-    finally:
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
         proc.kill()
-    end = time.monotonic()
-    return code, "".join(lines), (end - trigger) if trigger else None, end - start
+        pytest.fail(f"the DDP job did not end within {timeout} s:\n{''.join(lines)[-3000:]}")
+    reader.join(timeout)
+    return code, "".join(lines)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("failing_rank", [1, 0])
-def test_ddp_rank_failure_ends_the_job_promptly(tmp_path, failing_rank):
+def test_ddp_rank_failure_ends_the_job(tmp_path, failing_rank):
     """Rank 1 failing: Lightning's child observer kills the job. Rank 0 (the launcher)
-    failing: DDPFailFast kills the children. Either way: non-zero, the error shown, no
-    process left behind, well under a minute."""
-    code, out, after, total = run_ddp(tmp_path, "raise", failing_rank, 3)
-    print(f"rank {failing_rank} raises: exit {code}, {after:.1f} s from the error to exit "
-          f"({total:.1f} s in all)")
+    failing: DDPFailFast kills the children. Either way: the job ends by itself, non-zero,
+    the error shown, no process left behind."""
+    code, out = run_ddp(tmp_path, "raise", failing_rank, 3)
     assert code != 0
     assert f"RuntimeError: boom on rank {failing_rank} at step 3" in out
-    assert after is not None and after < 60, after
     assert _procs_with(str(tmp_path)) == []
 
 
@@ -125,9 +123,7 @@ def test_ddp_rank_failure_ends_the_job_promptly(tmp_path, failing_rank):
 def test_ddp_sigterm_to_rank_0_checkpoints_on_both_ranks_and_exits_143(tmp_path):
     """Rank 1's loss is NaN at step 2 (both ranks skip it, no hang); SIGTERM to rank 0 after
     step 4: both ranks stop at the same batch, one last.ckpt with both ranks' RNG states."""
-    code, out, after, total = run_ddp(tmp_path, "sigterm", 1, 2,
-                                      sigterm_after="rank 0 done step 4")
-    print(f"SIGTERM: exit {code}, {after:.1f} s from the signal to exit ({total:.1f} s in all)")
+    code, out = run_ddp(tmp_path, "sigterm", 1, 2, sigterm_after="rank 0 done step 4")
     assert code == PREEMPTED_EXIT_CODE, out[-3000:]
     assert "Skipped the optimizer step at global step 2" in out
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
@@ -136,5 +132,44 @@ def test_ddp_sigterm_to_rank_0_checkpoints_on_both_ranks_and_exits_143(tmp_path)
     assert ckpt["global_step"] == max(done) >= 4
     assert len(ckpt["callbacks"]["ResumeState"]["rng"]) == 2
     assert ckpt["callbacks"]["NonFiniteLossGuard"]["skipped"] == 1
-    assert after is not None and after < 60, after
     assert _procs_with(str(tmp_path)) == []
+
+
+def _assert_same_end_state(a: dict, b: dict) -> None:
+    for k in a["weights"]:
+        assert torch.equal(a["weights"][k], b["weights"][k]), f"weight {k} differs"
+    assert a["optimizer"].keys() == b["optimizer"].keys() and a["optimizer"]
+    for i, state in a["optimizer"].items():
+        for k, v in state.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(b["optimizer"][i][k])), \
+                f"optimizer state {i}.{k} differs"
+    for gen in ("torch",):
+        assert torch.equal(a["rng"][gen], b["rng"][gen]), f"{gen} generator differs"
+    assert torch.equal(a["rng"]["python"]["internal"], b["rng"]["python"]["internal"])
+    assert torch.equal(a["rng"]["numpy"]["keys"], b["rng"]["numpy"]["keys"])
+
+
+@pytest.mark.slow
+def test_ddp_sigterm_then_resume_ends_bit_exact_on_every_rank(tmp_path):
+    """Two gloo ranks, dropout and per-rank random targets: SIGTERM to rank 1 at step 4 ->
+    both ranks save at the end of that batch (step 5) and exit 143; resuming from last.ckpt to
+    step 10 gives, on each rank, the weights, optimizer state and generator state of the
+    uninterrupted run, bit for bit (gloo's sum of two ranks is deterministic)."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    ref.mkdir(), run.mkdir()
+    code, out = run_ddp(ref, "exact", 1, -1)
+    assert code == 0, out[-3000:]
+    code, out = run_ddp(run, "exact", 1, 4)
+    assert code == PREEMPTED_EXIT_CODE, out[-3000:]
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 5 and len(ckpt["callbacks"]["ResumeState"]["rng"]) == 2
+    assert not (run / "end_rank0.pt").exists()
+    code, out = run_ddp(run, "exact-resume", 1, -1)
+    assert code == 0, out[-3000:]
+    ends = {name: [torch.load(d / f"end_rank{r}.pt", weights_only=True) for r in (0, 1)]
+            for name, d in (("ref", ref), ("run", run))}
+    for rank in (0, 1):
+        _assert_same_end_state(ends["ref"][rank], ends["run"][rank])
+    # the resumed run trained on: its end differs from the checkpoint it started from
+    k = next(iter(ckpt["state_dict"]))
+    assert not torch.equal(ckpt["state_dict"][k], ends["run"][0]["weights"][k])

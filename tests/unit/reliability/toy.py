@@ -2,8 +2,8 @@
 
 ``ToyDataset`` draws per-item noise (the stand-in for a random caption choice) either from the
 global torch generator (``noise="global"``, exact to resume only with ``num_workers=0``) or
-from ``sample_rng(seed, epoch, index)`` (``noise="sample"``, keys ``(epoch, index)`` from
-``EpochShuffleBatchSampler(yield_epoch=True)``), exact with workers too.
+from ``sample_rng(seed, epoch, index)`` (``noise="sample"``, the epoch of the
+``(item, caption, epoch)`` keys of ``BucketBatchSampler``), exact with workers too.
 
 Shapes: b batch, c = dim features.
 """
@@ -22,13 +22,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import Dataset
 
-from mmtf.reliability import (
-    AtomicCheckpointIO,
-    EpochShuffleBatchSampler,
-    ResumeState,
-    make_stateful_dataloader,
-    sample_rng,
-)
+from mmtf.data import BucketBatchSampler, make_loader, sample_rng
+from mmtf.reliability import AtomicCheckpointIO, ResumeState, capture_rng_state
 
 DIM = 8
 
@@ -44,8 +39,8 @@ class ToyDataset(Dataset):
     def __len__(self) -> int:
         return len(self.x)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
-        epoch, index = key if isinstance(key, tuple) else (0, key)
+    def __getitem__(self, key: int | tuple[int, int, int]) -> dict[str, Any]:
+        index, _, epoch = key if isinstance(key, tuple) else (key, 0, 0)
         if self.noise == "global":
             eps = 0.1 * torch.randn(1)
         elif self.noise == "sample":
@@ -95,9 +90,10 @@ class ToyData(L.LightningDataModule):
         if not self.stateful:
             return torch.utils.data.DataLoader(ds, batch_size=self.batch_size, shuffle=True,
                                                num_workers=self.num_workers)
-        sampler = EpochShuffleBatchSampler(num_samples=len(ds), batch_size=self.batch_size,
-                                           seed=self.seed, yield_epoch=self.noise == "sample")
-        return make_stateful_dataloader(ds, sampler, num_workers=self.num_workers, seed=self.seed)
+        sampler = BucketBatchSampler(lengths=[1.0] * len(ds), batch_size=self.batch_size,
+                                     seed=self.seed, bucketing=False)
+        return make_loader(ds, sampler, resumable=True, num_workers=self.num_workers,
+                           seed=self.seed, split="train")
 
     def val_dataloader(self) -> Any:
         if not self.val:
@@ -107,6 +103,13 @@ class ToyData(L.LightningDataModule):
         gen = torch.Generator().manual_seed(self.seed + 1) if self.val_generator else None
         return torch.utils.data.DataLoader(ToyDataset(8, self.seed + 1, "none"), batch_size=4,
                                            shuffle=True, generator=gen)
+
+
+class RecordEnd(Callback):
+    """Keep the generators' state at the end of training on the module (``end_rng``)."""
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        pl_module.end_rng = capture_rng_state()
 
 
 class KillAt(Callback):
@@ -130,7 +133,7 @@ def fit(root: Path, *, max_steps: int = -1, max_epochs: int | None = None,
     """Train the toy from scratch (or ``ckpt_path``) with the reliability pieces in place."""
     L.seed_everything(seed, verbose=False)
     model = module or ToyModule()
-    callbacks: list[Callback] = [*(extra_callbacks or [])]
+    callbacks: list[Callback] = [*(extra_callbacks or []), RecordEnd()]
     if resume_state:
         callbacks.append(resume_state if isinstance(resume_state, ResumeState) else ResumeState())
     checkpointing = bool(every_n_train_steps or every_n_epochs or monitor)
@@ -153,6 +156,31 @@ def fit(root: Path, *, max_steps: int = -1, max_epochs: int | None = None,
     trainer.fit(model, datamodule=ToyData(val=val, **data_kwargs), ckpt_path=ckpt_path,
                 weights_only=True)
     return trainer, model
+
+
+def assert_same_training_state(ref: tuple[L.Trainer, ToyModule],
+                               run: tuple[L.Trainer, ToyModule]) -> None:
+    """Bit equality of weights, every optimizer state tensor, the LR schedule and the
+    generators' end state (python, numpy, torch) of two fits."""
+    (ref_trainer, ref_model), (trainer, model) = ref, run
+    a, b = ref_model.state_dict(), model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"weight {k}: max diff {(a[k] - b[k]).abs().max()}"
+    sa, sb = (t.optimizers[0].state_dict()["state"] for t in (ref_trainer, trainer))
+    assert sa.keys() == sb.keys() and sa
+    for i in sa:
+        assert sa[i].keys() == sb[i].keys()
+        for k in sa[i]:
+            assert torch.equal(torch.as_tensor(sa[i][k]), torch.as_tensor(sb[i][k])), \
+                f"optimizer state {i}.{k} differs"
+    assert ref_trainer.lr_scheduler_configs[0].scheduler.state_dict() == \
+        trainer.lr_scheduler_configs[0].scheduler.state_dict()
+    ra, rb = ref_model.end_rng, model.end_rng
+    assert torch.equal(ra["torch"], rb["torch"]), "torch generator state differs"
+    assert torch.equal(ra["python"]["internal"], rb["python"]["internal"])
+    assert torch.equal(ra["numpy"]["keys"], rb["numpy"]["keys"])
+    assert ra["numpy"]["pos"] == rb["numpy"]["pos"]
 
 
 def max_abs_diff(a: nn.Module, b: nn.Module) -> float:
