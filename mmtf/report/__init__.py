@@ -24,14 +24,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import matplotlib
-
-matplotlib.use("Agg")   # headless: no display is ever needed
-
-from mmtf.report.logs import RunLogs, Timing, check_dir, is_run_dir, load_run  # noqa: E402
-from mmtf.report.plots import plot_learning_curves, plot_sweep  # noqa: E402
-from mmtf.report.summary import RunSummary, config_diff, summarize  # noqa: E402
-from mmtf.report.sweep import SweepSummary, summarize_sweep  # noqa: E402
+from mmtf.report.logs import RunLogs, Timing, check_dir, is_run_dir, load_run
+from mmtf.report.plots import plot_learning_curves, plot_sweep
+from mmtf.report.summary import RunSummary, config_diff, summarize
+from mmtf.report.sweep import SweepSummary, summarize_sweep
 
 __all__ = ["RunLogs", "RunSummary", "SweepSummary", "Timing", "config_diff", "load_run",
            "plot_learning_curves", "plot_sweep", "summarize", "summarize_sweep", "write_report"]

@@ -1,7 +1,8 @@
 """Learning curves of one run and metric-vs-parameter plots of a sweep, as matplotlib figures.
 
-Headless: the figures are drawn on the Agg canvas (no display needed) and returned, so a caller
-or a test can look at the axes; ``path`` also saves them as PNG.
+Headless: the figures are plain ``matplotlib.figure.Figure`` objects, never pyplot's, so no
+display and no global backend are touched (a notebook still shows them inline); ``savefig``
+renders the PNG with Agg. They are returned, so a caller or a test can look at the axes.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ def plot_learning_curves(run: str | Path | RunLogs, path: str | Path | None = No
     steps = [s for key, series in logs.scalars.items() if key != "epoch" for s, _ in series]
     pad = 0.02 * (max(steps) - min(steps) + 1) if steps else 0
     for i, (ax, (title, keys)) in enumerate(zip(axes, panels.items())):
-        _draw_panel(ax, title, keys, logs, smoothing)
         if steps:                       # one step range in every panel: they line up
             ax.set_xlim(min(steps) - pad, max(steps) + pad)
+        _draw_panel(ax, title, keys, logs, smoothing)
         if i < ncols:                   # the top row
             _epoch_axis(ax, ends)
     for ax in axes[len(panels):]:
@@ -189,10 +190,15 @@ def _ring_best(ax: Axes, keys: list[str], logs: RunLogs) -> None:
     ax.plot([best.step], [best.value], "o", markersize=13, markerfacecolor="none",
             markeredgecolor=BEST_COLOR, markeredgewidth=2, zorder=5, label="best")
     where = f"epoch {best.epoch}" if best.epoch is not None else f"step {best.step}"
+    lo, hi = ax.get_xlim()
+    inward = -1 if best.step > (lo + hi) / 2 else 1       # write towards the middle
+    up = 1 if best.mode == "min" else -1                  # away from the curve's extreme
     ax.annotate(f"best {best.value:.4g}\n{where}", (best.step, best.value),
-                xytext=(0, -14 if best.mode == "max" else 14), textcoords="offset points",
-                ha="center", va="top" if best.mode == "max" else "bottom", fontsize=8,
-                color=BEST_COLOR, fontweight="bold")
+                xytext=(12 * inward, 8 * up), textcoords="offset points",
+                ha="left" if inward > 0 else "right", va="bottom" if up > 0 else "top",
+                fontsize=8, color=BEST_COLOR, fontweight="bold", zorder=6,
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none",
+                      "alpha": 0.85})
 
 
 def epoch_ends(scalars: dict[str, Series]) -> dict[int, int]:
