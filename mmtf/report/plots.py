@@ -38,8 +38,9 @@ def plot_learning_curves(run: str | Path | RunLogs, path: str | Path | None = No
     A family is a metric name across splits (``train/loss``, ``val/loss``, ``test/loss``) and
     its numbered variants (``val/bleu_1`` ... ``val/bleu_4``). Training curves are drawn raw
     (faint) and smoothed as TensorBoard does (a debiased moving average, ``smoothing`` = its
-    slider); validation points are joined by lines, test results are stars at the step they
-    were taken. The panel of the run's ``optimized_metric`` comes second and rings its best value.
+    slider); validation points are joined by lines; the last test result is a star at the step
+    it was taken. The panel of the run's ``optimized_metric`` comes second and rings its best
+    value. Dotted lines mark where a resumed run started again; the top row has an epoch axis.
 
     Args:
         run: a run dir, or what :func:`mmtf.report.load_run` returned for one.
@@ -47,7 +48,7 @@ def plot_learning_curves(run: str | Path | RunLogs, path: str | Path | None = No
         smoothing: 0 (raw) to < 1 (smoother) for the training curves.
 
     Returns:
-        The figure: ``figure.axes`` holds one panel per family (hidden spare cells removed).
+        The figure: ``figure.axes`` holds one panel per family (spare grid cells removed).
     """
     logs = run if isinstance(run, RunLogs) else load_run(run)
     panels = group_panels(logs.scalars, logs.optimized_metric)
@@ -255,8 +256,9 @@ def plot_sweep(sweep: SweepSummary, path: str | Path | None = None) -> Figure:
     """The sweep's metric against each swept parameter, then the metric's curve of every job.
 
     One panel per swept parameter: every job is a point labelled with its job number, the best
-    job a green star (ties: the lower job number); numeric parameters spanning more than a decade get a log axis, others are
-    categories. A last panel overlays each job's validation curve of the metric (when logged).
+    job a green star (ties: the lower job number); numeric parameters spanning more than a
+    decade get a log axis, other values are categories. A last panel overlays each job's
+    validation curve of the metric (when logged).
 
     Args:
         sweep: what :func:`mmtf.report.summarize_sweep` returned.

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from mmtf.report.logs import RunLogs, Series, load_run
 
@@ -148,7 +150,7 @@ def summarize(run_dir: str | Path, *, metric: str | None = None,
     try:
         default, raw_default = compose_defaults(logs.config_name, experiment)
         changes = config_diff(default, logs.config, raw_default=raw_default)
-    except Exception as err:         # a run from an older conf/ tree: report what we can
+    except (HydraException, OmegaConfBaseException) as err:   # a run from another conf/ tree
         changes = []
         notes.append(f"config diff skipped: the experiment's defaults do not compose ({err})")
     if logs.resumed_at:

@@ -79,3 +79,14 @@ def test_markdown_names_best_metric_time_and_throughput(tmp_path):
     assert "**0.43 steps/s**, ≈ 6.9 samples/s at 16 samples per step" in text
     assert "| `test/event_accuracy` | 0.6500 |" in text
     assert "![learning curves](learning_curves.png)" in text
+
+
+def test_an_experiment_that_no_longer_composes_skips_the_diff_and_says_so(tmp_path):
+    run = make_run(tmp_path / "run", config={**BASE, "optimized_mode": "max"}, rows=csv_rows(),
+                   overrides=["experiment=renamed_since"])
+    summary = summarize(run)
+    assert summary.changes == []
+    assert summary.notes[0].startswith(
+        "config diff skipped: the experiment's defaults do not compose (In 'train': Could not "
+        "find 'experiment/renamed_since'")
+    assert summary.optimized.value == 0.70          # the rest of the report is still there
