@@ -13,16 +13,19 @@ from omegaconf import DictConfig
 
 from mmtf.errors import UserError
 from mmtf.report import write_report
-from mmtf.utils.config import run_cli
+from mmtf.utils.config import find_missing, run_cli
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 def report(cfg: DictConfig) -> list[Path]:
     """Write the report of ``cfg.run_dir``; print the summary and the files written."""
+    if find_missing(cfg):
+        raise UserError("run_dir is required: python -m mmtf.report "
+                        "run_dir=outputs/<task>/runs/<time> (or a multirun dir).")
     if cfg.mode not in (None, "min", "max"):
-        raise UserError(f"mode ({cfg.mode!r}) must be min or max (or null: the run's "
-                         f"optimized_mode).")
+        raise UserError(f"mode ({cfg.mode!r}) must be min or max, or null (the run's "
+                          f"optimized_mode for its optimized_metric).")
     paths = write_report(cfg.run_dir, cfg.out_dir, metric=cfg.metric, mode=cfg.mode,
                          smoothing=cfg.smoothing)
     print(paths[-1].read_text())

@@ -92,6 +92,11 @@ def is_run_dir(path: Path) -> bool:
     return (path / ".hydra" / "config.yaml").is_file()
 
 
+def is_multirun_dir(path: Path) -> bool:
+    """A Hydra sweep dir: ``multirun.yaml`` (written by every launcher) beside the job dirs."""
+    return (path / "multirun.yaml").is_file()
+
+
 def job_dirs(path: Path) -> list[Path]:
     """The job dirs of a multirun dir (``0``, ``1``, ... in numeric order); [] if none."""
     jobs = [p for p in path.iterdir() if p.is_dir() and is_run_dir(p)] if path.is_dir() else []
@@ -104,9 +109,9 @@ def check_dir(path: str | Path) -> Path:
     if not path.is_dir():
         state = "is a file" if path.exists() else "does not exist"
         raise UserError(f"run_dir {path} {state}; {RUN_HINT}.")
-    if not is_run_dir(path) and not job_dirs(path):
-        raise UserError(f"run_dir {path} is not a run dir (no .hydra/config.yaml) and holds no "
-                        f"job dirs of a multirun; {RUN_HINT}.")
+    if not is_run_dir(path) and not is_multirun_dir(path):
+        raise UserError(f"run_dir {path} is neither a run dir (no .hydra/config.yaml) nor a "
+                        f"multirun dir (no multirun.yaml); {RUN_HINT}.")
     return path
 
 

@@ -102,10 +102,13 @@ def summarize_sweep(sweep_dir: str | Path, *, metric: str | None = None,
         UserError: ``sweep_dir`` is not a multirun dir, or no job names a metric.
     """
     sweep_dir = check_dir(sweep_dir)
-    dirs = job_dirs(sweep_dir)
-    if is_run_dir(sweep_dir) or not dirs:
+    if is_run_dir(sweep_dir):
         raise UserError(f"run_dir {sweep_dir} is a single run, not a multirun dir; summarize it "
-                        f"with summarize({sweep_dir}), or {RUN_HINT}.")
+                        f"with summarize('{sweep_dir}'), or {RUN_HINT}.")
+    dirs = job_dirs(sweep_dir)
+    if not dirs:
+        raise UserError(f"multirun dir {sweep_dir} holds no job dirs yet (<job>/.hydra/"
+                        f"config.yaml); report it once its first job has started.")
     runs = [load_run(d, require_logs=False) for d in dirs]
     first = runs[0].config
     metric = metric or first.get("optimized_metric")

@@ -45,7 +45,10 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 def make_run(run_dir: Path, *, config: dict[str, Any] | None = None,
              overrides: list[str] | None = None, rows: list[dict[str, Any]] | None = None,
              metrics: dict[str, float] | None = None, log_lines: list[str] | None = None) -> Path:
-    """A run dir: .hydra/*, config.yaml, csv/metrics.csv (``rows``; None: no CSV), metrics.json."""
+    """A run dir: .hydra/*, config.yaml, csv/metrics.csv (``rows``; None: no CSV), metrics.json.
+
+    Under a dir named ``sweep`` it is a job of a multirun (``sweep/multirun.yaml`` is written).
+    """
     config = config if config is not None else {
         "task_name": "audio_captioning", "optimized_metric": "val/event_accuracy",
         "optimized_mode": "max", "data": {"batch_size": 16},
@@ -65,4 +68,6 @@ def make_run(run_dir: Path, *, config: dict[str, Any] | None = None,
     if log_lines is not None:
         log_file = run_dir / f"{config.get('task_name', 'train')}.log"
         log_file.write_text("\n".join(log_lines) + "\n")
+    if run_dir.parent.name == "sweep":       # a job of a multirun: Hydra writes multirun.yaml
+        (run_dir.parent / "multirun.yaml").write_text("hydra: {mode: MULTIRUN}\n")
     return run_dir

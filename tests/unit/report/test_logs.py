@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import pytest
 
 from mmtf.errors import UserError
-from mmtf.report import load_run
+from mmtf.report import load_run, write_report
 
 from .fixtures import make_run, write_csv
 
@@ -88,8 +88,17 @@ def test_missing_dir_names_the_path_and_the_fix(tmp_path):
 
 def test_dir_that_is_not_a_run(tmp_path):
     (tmp_path / "stuff").mkdir()
-    with pytest.raises(UserError, match=r"stuff is not a run dir \(no .hydra/config.yaml\)"):
+    with pytest.raises(UserError, match=r"stuff is neither a run dir \(no .hydra/config.yaml\) "
+                                        r"nor a multirun dir \(no multirun.yaml\); pass run_dir="):
         load_run(tmp_path / "stuff")
+
+
+def test_a_dir_of_runs_is_not_a_multirun(tmp_path):
+    """Run dirs side by side (outputs/<task>/runs/) are not a sweep: no multirun.yaml."""
+    make_run(tmp_path / "runs" / "a", rows=None)
+    make_run(tmp_path / "runs" / "b", rows=None)
+    with pytest.raises(UserError, match=r"runs is neither a run dir"):
+        write_report(tmp_path / "runs")
 
 
 def test_run_without_logs_says_which_logger_to_use(tmp_path):
