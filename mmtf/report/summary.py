@@ -100,6 +100,7 @@ class RunSummary:
             lines.append(f"- best `{opt.key}` ({opt.mode}): **{format_value(opt.value)}** "
                          f"({where}step {opt.step})")
         lines.append(f"- command: `python -m mmtf.train {' '.join(logs.overrides)}`")
+        lines += _sample_lines(logs.run_dir)
         lines += ["", *_time_lines(logs), *[f"- {n}" for n in self.notes]]
         if image:
             lines += ["", f"![learning curves]({image})"]
@@ -265,6 +266,15 @@ def _flow(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_flow(v) for v in value) + "]"
     return "null" if value is None else str(value)
+
+
+def _sample_lines(run_dir: Path) -> list[str]:
+    """The newest reference-vs-prediction table of each split (``samples/<split>_epoch...md``)."""
+    newest: dict[str, Path] = {}
+    for path in sorted((run_dir / "samples").glob("*_epoch*.md")):   # zero-padded: sorts in time
+        newest[path.name.split("_epoch", 1)[0]] = path
+    return [f"- last {split} captions: `{path.relative_to(run_dir)}`"
+            for split, path in sorted(newest.items(), key=lambda item: item[0] != "val")]
 
 
 def _time_lines(logs: RunLogs) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import pytest
@@ -105,3 +106,14 @@ def test_run_without_logs_says_which_logger_to_use(tmp_path):
     run = make_run(tmp_path / "run", rows=None)
     with pytest.raises(UserError, match=r"holds no training logs .* logger=default"):
         load_run(run)
+
+
+def test_wall_time_falls_back_to_file_times_without_a_job_log(tmp_path):
+    run = make_run(tmp_path / "run", rows=_train_rows(range(0, 11, 10), 0.0))
+    files = [p for p in run.rglob("*") if p.is_file()]
+    for i, path in enumerate(files):         # the oldest at t=1000 s, the newest 90 s later
+        t = 1000.0 + (90.0 if i == len(files) - 1 else 0.0)
+        os.utime(path, (t, t))
+    timing = load_run(run).timing
+    assert timing.wall_s == pytest.approx(90.0)
+    assert timing.source == "oldest to newest file modification time in the run dir"

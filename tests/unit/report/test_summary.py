@@ -72,7 +72,13 @@ def test_markdown_names_best_metric_time_and_throughput(tmp_path):
              "[2026-11-30 10:01:00,000][mmtf.train][INFO] - end"]
     run = make_run(tmp_path / "run", config={**BASE, "optimized_mode": "max"}, rows=csv_rows(),
                    metrics={"test/event_accuracy": 0.65}, log_lines=lines)
+    (run / "samples").mkdir()
+    for name in ("val_epoch000_step0000009.md", "val_epoch002_step0000029.md",
+                 "val_epoch001_step0000019.md", "test_epoch003_step0000030.md"):
+        (run / "samples" / name).write_text("| id | prediction | reference |\n")
     text = summarize(run).to_markdown(image="learning_curves.png")
+    assert "- last val captions: `samples/val_epoch002_step0000029.md`" in text
+    assert "- last test captions: `samples/test_epoch003_step0000030.md`" in text
     assert "- best `val/event_accuracy` (max): **0.7000** (epoch 1, step 19)" in text
     assert "- wall time: **1m 00s** (first to last line of audio_captioning.log)" in text
     # steps 4..29 logged (26 steps) in 60 s, 16 samples per step.
