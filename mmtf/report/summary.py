@@ -101,7 +101,7 @@ class RunSummary:
                          f"({where}step {opt.step})")
         lines.append(f"- command: `python -m mmtf.train {' '.join(logs.overrides)}`")
         lines += _sample_lines(logs.run_dir)
-        lines += ["", *_time_lines(logs), *[f"- {n}" for n in self.notes]]
+        lines += ["", *_time_lines(logs), _sources_line(logs), *[f"- {n}" for n in self.notes]]
         if image:
             lines += ["", f"![learning curves]({image})"]
         return "\n".join([*lines, *self._metric_tables(), *self._diff_table()]) + "\n"
@@ -275,6 +275,12 @@ def _sample_lines(run_dir: Path) -> list[str]:
         newest[path.name.split("_epoch", 1)[0]] = path
     return [f"- last {split} captions: `{path.relative_to(run_dir)}`"
             for split, path in sorted(newest.items(), key=lambda item: item[0] != "val")]
+
+
+def _sources_line(logs: RunLogs) -> str:
+    csvs = [f"`{p.relative_to(logs.run_dir)}`" for p in logs.sources if p.name == "metrics.csv"]
+    events = sum(p.name.startswith("events.out.tfevents") for p in logs.sources)
+    return f"- logs read: {', '.join([*csvs, f'{events} TensorBoard event file(s)'])}"
 
 
 def _time_lines(logs: RunLogs) -> list[str]:

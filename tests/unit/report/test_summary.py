@@ -83,6 +83,7 @@ def test_markdown_names_best_metric_time_and_throughput(tmp_path):
     assert "- wall time: **1m 00s** (first to last line of audio_captioning.log)" in text
     # steps 4..29 logged (26 steps) in 60 s, 16 samples per step.
     assert "**0.43 steps/s**, ≈ 6.9 samples/s at 16 samples per step" in text
+    assert "- logs read: `csv/metrics.csv`, 0 TensorBoard event file(s)" in text
     assert "| `test/event_accuracy` | 0.6500 |" in text
     assert "![learning curves](learning_curves.png)" in text
 
