@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from mmtf.report.logs import RunLogs, Timing, check_dir, is_run_dir, load_run
+from mmtf.report.logs import REPORT_DIR, RunLogs, Timing, check_dir, is_run_dir, load_run
 from mmtf.report.plots import plot_learning_curves, plot_sweep
 from mmtf.report.summary import RunSummary, config_diff, summarize
 from mmtf.report.sweep import SweepSummary, summarize_sweep
@@ -50,7 +50,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, *,
         UserError: ``run_dir`` is neither, or a single run holds no logs.
     """
     run_dir = check_dir(run_dir)
-    out = Path(out_dir).expanduser() if out_dir else run_dir / "report"
+    out = Path(out_dir).expanduser() if out_dir else run_dir / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     if is_run_dir(run_dir):
         summary = summarize(run_dir, metric=metric, mode=mode)

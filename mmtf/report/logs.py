@@ -31,6 +31,7 @@ Series = list[tuple[int, float]]                # (step, value), sorted by step
 
 RUN_HINT = ("pass run_dir=outputs/<task>/runs/<time> (a dir written by python -m mmtf.train) or "
             "a multirun dir outputs/<task>/multiruns/<time>")
+REPORT_DIR = "report"             # <run_dir>/report: where mmtf.report writes by default
 _LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]")
 
 
@@ -225,7 +226,9 @@ def measure_time(log_file: Path, tb_segments: list[dict[str, list[tuple[int, flo
         timing.wall_s = stamps[-1] - stamps[0]
         timing.source = f"first to last line of {log_file.name}"
     else:
-        times = [p.stat().st_mtime for p in log_file.parent.rglob("*") if p.is_file()]
+        run_dir = log_file.parent
+        times = [p.stat().st_mtime for p in run_dir.rglob("*")
+                 if p.is_file() and p.relative_to(run_dir).parts[0] != REPORT_DIR]
         if len(times) >= 2:
             timing.wall_s = max(times) - min(times)
             timing.source = "oldest to newest file modification time in the run dir"
@@ -271,8 +274,8 @@ def _natural_key(path: Path) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
-def _tb_created(path: Path) -> tuple[float, str]:
+def _tb_created(path: Path) -> tuple[float, list[Any]]:
     """Event files are named ``events.out.tfevents.<unix time>.<host>.<pid>.<n>``."""
     parts = path.name.split(".")
     created = float(parts[3]) if len(parts) > 3 and parts[3].isdigit() else math.inf
-    return created, path.name
+    return created, _natural_key(path)

@@ -110,7 +110,9 @@ def test_run_without_logs_says_which_logger_to_use(tmp_path):
 
 def test_wall_time_falls_back_to_file_times_without_a_job_log(tmp_path):
     run = make_run(tmp_path / "run", rows=_train_rows(range(0, 11, 10), 0.0))
-    files = [p for p in run.rglob("*") if p.is_file()]
+    (run / "report").mkdir()
+    (run / "report" / "summary.md").write_text("an earlier report, written much later\n")
+    files = [p for p in run.rglob("*") if p.is_file() and p.parent.name != "report"]
     for i, path in enumerate(files):         # the oldest at t=1000 s, the newest 90 s later
         t = 1000.0 + (90.0 if i == len(files) - 1 else 0.0)
         os.utime(path, (t, t))
