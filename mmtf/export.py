@@ -46,7 +46,9 @@ def export_part(ckpt_path: str | Path, part: str, out: str | Path) -> Path:
         part_cfg.update(pretrained=None, freeze=False)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    # Copies: safetensors refuses tensors that share memory (a decoder's tied embedding and
+    # output head, a front end's window view); each key is stored whole.
+    state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
     save_file(state, str(out / "weights.safetensors"),
               metadata={"part": part, "source": str(ckpt_path)})
     (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(part_cfg)))
@@ -56,7 +58,8 @@ def export_part(ckpt_path: str | Path, part: str, out: str | Path) -> Path:
     if reloaded.keys() != state.keys() or not all(torch.equal(reloaded[k], v)
                                                   for k, v in state.items()):
         raise RuntimeError(f"export: {out} does not load back into the exported weights.")
-    print(f"Exported {part} ({sum(v.numel() for v in state.values()):,} parameters) to {out}/")
+    count = sum(p.numel() for p in module.parameters())
+    print(f"Exported {part} ({count:,} parameters) to {out}/")
     return out
 
 
