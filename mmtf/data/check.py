@@ -86,7 +86,7 @@ def run_check(cfg: DictConfig) -> int:
     """Scan ``cfg.data``; print the report; return the number of problems found."""
     dm = instantiate(cfg.data)
     collector = _Collector()
-    kind = "captions" if hasattr(dm, "tokenizer_spec") else "labels"
+    kind = "captions" if dm.task == "caption" else "labels"
     print(f"mmtf data check: {dm.format} ({dm.modality}, {kind}) at {dm.root}")
     try:
         dm.prepare_data()

@@ -6,10 +6,13 @@ A task is a LightningModule around one mmtf encoder. Besides Lightning's hooks i
 * :meth:`Task.connect_data`: hand the data module what the task owns (the tokenizer), take what
   the task needs from it (caption parser, class names) and check the data against the model's
   limits. ``setup`` calls it with the trainer's data module; ``evaluate`` calls it directly;
+* :meth:`Task.update_generation`: generation overrides (tasks that generate text);
 * :meth:`Task.predict_batch`: one dict per input (``caption``, or ``label`` + ``class``);
 * :meth:`Task.export_parts`: the part modules ``mmtf.export`` can write;
 * ``run_config`` (the composed config) and ``tokenizer``, stored in every checkpoint under
   ``checkpoint["mmtf"]`` as plain data, so it loads with ``weights_only=True``.
+
+Why one interface instead of ``hasattr`` probes: see docs/design/task-interface.md
 """
 
 from __future__ import annotations

@@ -162,6 +162,7 @@ def run_cli(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
     Any other exception is a bug in mmtf and propagates with its traceback.
     ``HYDRA_FULL_ERROR=1`` lets user errors propagate too, as Hydra does for its own errors.
+    Why: see docs/design/cli-errors.md
     """
     try:
         return fn(cfg)

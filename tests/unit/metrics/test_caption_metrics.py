@@ -30,7 +30,8 @@ FAST_KEYS = {"bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "cider_d"}
 
 @pytest.fixture
 def fake_spice(monkeypatch):
-    """SPICE present, with a fixed score (the composition logic is what is tested)."""
+    """SPICE present, with a fixed score: what is tested is how SPIDEr and the unavailable
+    list are composed (the real jar: test_real_spice_...)."""
     monkeypatch.setattr(java_metrics, "spice", lambda c, r, timeout_s: 0.25)
 
 
@@ -74,6 +75,29 @@ def test_spice_jars_missing_is_unavailable_with_reason(monkeypatch, tmp_path, no
     assert "stanford-corenlp-3.6.0.jar" in reason and "stanford-corenlp-3.6.0-models.jar" in reason
     assert "never downloads" in reason
     assert scores.unavailable["spider"].startswith("SPIDEr = (CIDEr-D + SPICE) / 2 needs SPICE")
+
+
+def _spice_or_skip() -> None:
+    try:
+        java_metrics.spice_command()
+    except MetricUnavailable as why:
+        pytest.skip(f"real SPICE not runnable here: {why}")
+
+
+@pytest.mark.slow
+def test_real_spice_scores_in_the_unit_range_and_ranks_a_perfect_caption_first():
+    """The real jar (java + spice-1.0.jar + CoreNLP jars) where present; skipped otherwise."""
+    _spice_or_skip()
+    refs = [["a dog barks at a cat"], ["two birds sing in a tree"]]
+    perfect = caption_metrics(["a dog barks at a cat", "two birds sing in a tree"], refs,
+                              metrics=["spice", "spider"], java_timeout_s=600)
+    wrong = caption_metrics(["a red car", "a man eats soup"], refs, metrics=["spice"],
+                            java_timeout_s=600)
+    assert perfect.unavailable == {} and 0.0 <= wrong["spice"] < perfect["spice"] <= 1.0
+    assert perfect["spice"] == pytest.approx(1.0)
+    cider = caption_metrics(["a dog barks at a cat", "two birds sing in a tree"], refs,
+                            metrics=["cider_d"])["cider_d"]
+    assert perfect["spider"] == pytest.approx((cider + perfect["spice"]) / 2, rel=1e-12)
 
 
 def test_no_java_is_unavailable_with_reason(monkeypatch):
