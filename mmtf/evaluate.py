@@ -55,7 +55,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         datamodule.batch_size = cfg.batch_size
     stage = "validate" if cfg.split == "val" else "test"
     datamodule.setup(stage)
-    task.connect_data(datamodule, stage)       # the checkpoint's tokenizer for the token ids
+    task.connect_data(datamodule)              # the checkpoint's tokenizer for the token ids
     loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False,
                         enable_checkpointing=False, default_root_dir=str(output_dir))

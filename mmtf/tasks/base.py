@@ -58,9 +58,9 @@ class Task(L.LightningModule):
     def setup(self, stage: str) -> None:
         datamodule = self.attached_datamodule()
         if datamodule is not None:
-            self.connect_data(datamodule, stage)
+            self.connect_data(datamodule)
 
-    def connect_data(self, datamodule: Any, stage: str = "test") -> None:
+    def connect_data(self, datamodule: Any) -> None:
         """Exchange with a data module what each side owns; check the data fits the model."""
         self.check_audio_limit(datamodule)
 
@@ -70,11 +70,10 @@ class Task(L.LightningModule):
         Checked here because only the task sees both sides: the data module's ``max_seconds``
         and the encoder's.
         """
-        limit = getattr(self.encoder, "max_seconds", None)
-        data_seconds = getattr(datamodule, "max_seconds", None)
-        if datamodule.modality != "audio" or limit is None:
+        if datamodule.modality != "audio" or self.modality != "audio":
             return
-        if data_seconds is None or data_seconds > limit:
+        limit, data_seconds = self.encoder.max_seconds, datamodule.max_seconds
+        if limit is not None and (data_seconds is None or data_seconds > limit):
             raise ConfigError(f"data.max_seconds ({data_seconds}) exceeds model.encoder."
                               f"max_seconds ({limit}); set data.max_seconds <= {limit} (clips "
                               f"are cropped to it) or raise model.encoder.max_seconds.")

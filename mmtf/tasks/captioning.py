@@ -81,7 +81,7 @@ class CaptioningTask(Task):
                               f"model.decoder.max_len ({max_len}); lower max_new_tokens.")
 
     # ------------------------------------------------------------------ wiring
-    def connect_data(self, datamodule: Any, stage: str = "test") -> None:
+    def connect_data(self, datamodule: Any) -> None:
         """Give the data module the tokenizer; take its caption parser; check its limits.
 
         Lightning calls ``setup`` (and so this) before it restores a checkpoint: a task without

@@ -61,7 +61,7 @@ class ClassificationTask(Task):
                 "macro_f1": MulticlassF1Score(num_classes, average="macro"),
             }) for split in ("train_", "val", "test")})   # "train" is a reserved ModuleDict key
 
-    def connect_data(self, datamodule: Any, stage: str = "test") -> None:
+    def connect_data(self, datamodule: Any) -> None:
         """Check the data's classes (read at its setup) and audio length; keep the class names."""
         self.check_audio_limit(datamodule)
         classes = datamodule.num_classes
