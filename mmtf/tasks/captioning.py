@@ -183,8 +183,9 @@ class CaptioningTask(Task):
     def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None) -> list[str]:
         """Captions for a batch with the configured generation strategy."""
         if self.tokenizer is None:
-            raise CheckpointError("CaptioningTask: no tokenizer to decode captions with; load a "
-                                  "checkpoint (ckpt_path=...) or fit first.")
+            raise CheckpointError("CaptioningTask: no tokenizer to decode captions with; "
+                                  "evaluate a checkpoint (python -m mmtf.evaluate ckpt_path=...) "
+                                  "or fit first.")
         gen = self.model.generate(inputs, lengths, **self.generation)
         tokens = gen.tokens if gen.tokens.dim() == 2 else gen.tokens[:, 0]  # best of n-best
         return self.tokenizer.decode_batch(tokens.tolist())

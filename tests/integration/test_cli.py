@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from mmtf.data import synthetic_audio, synthetic_image
-from mmtf.evaluate import evaluate
+from mmtf.evaluate import build_datamodule, evaluate
 from mmtf.export import export_part, load_exported
 from mmtf.metrics import caption_metrics, event_sequence_accuracy
 from mmtf.predict import predict
@@ -246,15 +246,26 @@ def test_a_user_error_is_one_line_unless_hydra_full_error(tiny_run, tmp_path):
     assert "ConfigError: split ('train')" in full.stderr
 
 
+def test_evaluate_uses_the_checkpoint_tokenizer_whatever_the_data_override(tiny_run, tmp_path):
+    ckpt = tiny_run / "checkpoints" / "last.ckpt"
+    plain = _evaluate(ckpt, tmp_path / "plain")
+    other = _evaluate(ckpt, tmp_path / "other", "data={tokenizer: {kind: char}}")
+    _, stored = build_task(load_checkpoint(ckpt), ckpt)        # control: the override applies
+    assert build_datamodule(stored, {"tokenizer": {"kind": "char"}}).tokenizer_spec["kind"] == "char"
+    assert other["test/loss"] == plain["test/loss"]        # the same token ids as targets
+    assert ((tmp_path / "other" / "predictions.jsonl").read_text()
+            == (tmp_path / "plain" / "predictions.jsonl").read_text())
+
+
 # ---------------------------------------------------------------- other task and modality
 def _train_tiny(experiment: str, data_dir: Path, run_dir: Path) -> Path:
     train(compose_train(tiny_overrides(experiment, data_dir, "test=false"), run_dir))
     return run_dir / "checkpoints" / "last.ckpt"
 
 
-def _evaluate(ckpt: Path, out_dir: Path) -> dict[str, float]:
+def _evaluate(ckpt: Path, out_dir: Path, *overrides: str) -> dict[str, float]:
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("eval", overrides=[f"ckpt_path={ckpt}", "accelerator=cpu"])
+        cfg = compose("eval", overrides=[f"ckpt_path={ckpt}", "accelerator=cpu", *overrides])
     with open_dict(cfg):
         cfg.paths.output_dir = str(out_dir)
     return evaluate(cfg)
