@@ -36,6 +36,7 @@ from mmtf.data.tokenizer import build_tokenizer
 from mmtf.errors import require_file
 from mmtf.reliability.sampler import make_stateful_dataloader
 from mmtf.text import Tokenizer, load_tokenizer
+from mmtf.utils.config import ConfigError
 
 log = logging.getLogger("mmtf.data")
 
@@ -319,20 +320,20 @@ class CaptionDataModule(MediaDataModule):
         spec_max = spec.get("max_len")
         if max_caption_tokens is not None and spec_max is not None and \
                 max_caption_tokens != spec_max:
-            raise ValueError(f"max_caption_tokens ({max_caption_tokens}) != tokenizer.max_len "
-                             f"({spec_max}); set only one of data.max_caption_tokens and "
-                             f"data.tokenizer.max_len.")
+            raise ConfigError(f"max_caption_tokens ({max_caption_tokens}) != tokenizer.max_len "
+                              f"({spec_max}); set only one of data.max_caption_tokens and "
+                              f"data.tokenizer.max_len.")
         self.max_caption_tokens = int(max_caption_tokens or spec_max or 64)
         if self.max_caption_tokens < 2:
-            raise ValueError(f"max_caption_tokens ({self.max_caption_tokens}) must be >= 2 to "
-                             f"hold <bos> and <eos>.")
+            raise ConfigError(f"max_caption_tokens ({self.max_caption_tokens}) must be >= 2 to "
+                              f"hold <bos> and <eos>.")
         if caption_policy not in ("random", "all"):
-            raise ValueError(f"caption_policy ({caption_policy!r}) must be 'random' or 'all'.")
+            raise ConfigError(f"caption_policy ({caption_policy!r}) must be 'random' or 'all'.")
         if captions_per_item < 1 or (captions_per_item > 1 and caption_policy != "random"):
-            raise ValueError(f"captions_per_item ({captions_per_item}) must be >= 1, and > 1 "
-                             f"only with caption_policy=random (caption_policy "
-                             f"{caption_policy!r} already visits every pair); fix "
-                             f"data.captions_per_item or data.caption_policy.")
+            raise ConfigError(f"captions_per_item ({captions_per_item}) must be >= 1, and > 1 "
+                              f"only with caption_policy=random (caption_policy "
+                              f"{caption_policy!r} already visits every pair); fix "
+                              f"data.captions_per_item or data.caption_policy.")
         self.captions_per_item = captions_per_item
         self.tokenizer_spec, self.tokenizer_path = spec, tokenizer_path
         self.caption_policy = caption_policy
