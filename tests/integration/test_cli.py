@@ -14,10 +14,13 @@ from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from mmtf.data import synthetic_audio, synthetic_image
+from mmtf.data.audio import AUDIO_EXTENSIONS
+from mmtf.data.image import IMAGE_EXTENSIONS
+from mmtf.errors import UserError
 from mmtf.evaluate import build_datamodule, evaluate
 from mmtf.export import export_part, load_exported
 from mmtf.metrics import caption_metrics, event_sequence_accuracy
-from mmtf.predict import predict
+from mmtf.predict import expand_inputs, predict
 from mmtf.text import load_tokenizer
 from mmtf.train import train
 from mmtf.utils.checkpoint import build_task, load_checkpoint
@@ -128,6 +131,18 @@ def test_predict_captions_equal_generate_on_the_same_checkpoint_and_inputs(tiny_
     assert (gen.tokens > 3).any()                         # real words, not only specials
     assert [r["path"] for r in rows] == [str(p) for p in paths]
     assert [r["caption"] for r in rows] == task.tokenizer.decode_batch(gen.tokens.tolist())
+
+
+def test_predict_takes_every_file_the_loaders_take(tmp_path):
+    for name in ("a.aiff", "b.WAV", "c.opus", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    found = expand_inputs([str(tmp_path)], AUDIO_EXTENSIONS)
+    assert [p.name for p in found] == ["a.aiff", "b.WAV", "c.opus"]
+    with pytest.raises(UserError, match=r"input \S+missing.wav does not exist; pass files or "
+                                        r"folders of \.aif/"):
+        expand_inputs([str(tmp_path / "missing.wav")], AUDIO_EXTENSIONS)
+    with pytest.raises(UserError, match=r"inputs: no \S+ files found"):
+        expand_inputs([str(tmp_path)], IMAGE_EXTENSIONS)
 
 
 def test_export_decoder_round_trip_gives_the_same_logits(tiny_run, tmp_path):
