@@ -16,57 +16,55 @@ import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mmtf.tasks.captioning import dump_predictions
 from mmtf.utils.checkpoint import build_task, check_targets, load_checkpoint
-from mmtf.utils.config import run_cli
+from mmtf.utils.config import ConfigError, generation_overrides, require_values, run_cli
 
 log = logging.getLogger("mmtf.evaluate")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 SPLITS = ("val", "test")
 
 
-def build_datamodule(stored: dict[str, Any], overrides: Any, task: L.LightningModule,
-                     workdir: Path) -> L.LightningDataModule:
-    """The checkpoint's data module (plus overrides), reusing the checkpoint's tokenizer."""
+def build_datamodule(stored: dict[str, Any], overrides: Any) -> L.LightningDataModule:
+    """The checkpoint's data module, with ``overrides`` (the ``data`` key of eval.yaml) merged."""
     data_cfg = OmegaConf.merge(OmegaConf.create(stored["data"]), overrides or {})
     data_dict = OmegaConf.to_container(data_cfg, resolve=True)
     check_targets(data_dict, "data")
-    tokenizer = getattr(task, "tokenizer", None)
-    if tokenizer is not None and "tokenizer_path" in data_dict:
-        workdir.mkdir(parents=True, exist_ok=True)
-        path = workdir / "tokenizer.json"
-        tokenizer.save(path)
-        data_dict["tokenizer_path"] = str(path)
     return instantiate(OmegaConf.create(data_dict))
+
+
+def dump_predictions(path: str | Path, rows: list[dict]) -> None:
+    """Write predictions (id, prediction, references) as JSON lines."""
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Score ``cfg.ckpt_path`` on ``cfg.split``; return the metrics (keys ``<split>/<name>``)."""
+    require_values(cfg)
     if cfg.split not in SPLITS:
-        raise ValueError(f"split ({cfg.split!r}) must be one of {SPLITS}.")
+        raise ConfigError(f"split ({cfg.split!r}) must be one of {SPLITS}; set split=test or "
+                          f"split=val.")
     output_dir = Path(cfg.paths.output_dir)
-    checkpoint = load_checkpoint(cfg.ckpt_path)
-    task, stored = build_task(checkpoint, cfg.ckpt_path)
-    if hasattr(task, "generation") and cfg.get("generation"):
-        overrides = OmegaConf.to_container(cfg.generation, resolve=True)
-        task.generation.update({k: v for k, v in overrides.items() if v is not None})
-    datamodule = build_datamodule(stored, cfg.get("data"), task, output_dir)
-    if cfg.get("batch_size") and hasattr(datamodule, "batch_size"):
+    task, stored = build_task(load_checkpoint(cfg.ckpt_path), cfg.ckpt_path)
+    task.update_generation(generation_overrides(cfg.get("generation")))
+    datamodule = build_datamodule(stored, cfg.get("data"))
+    if cfg.get("batch_size"):
         datamodule.batch_size = cfg.batch_size
-    datamodule.setup("validate" if cfg.split == "val" else "test")
+    stage = "validate" if cfg.split == "val" else "test"
+    datamodule.setup(stage)
+    task.connect_data(datamodule)              # the checkpoint's tokenizer for the token ids
     loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
-    if hasattr(task, "caption_parser"):      # the loaders come without their data module
-        task.caption_parser = getattr(datamodule, "caption_parser", None)
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False,
                         enable_checkpointing=False, default_root_dir=str(output_dir))
-    trainer.test(task, dataloaders=loader)
+    trainer.test(task, dataloaders=loader)     # test metrics (all of them) on either split
     metrics = {k.replace("test/", f"{cfg.split}/", 1): float(v)
                for k, v in trainer.callback_metrics.items()}
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "metrics.json").write_text(json.dumps(dict(sorted(metrics.items())), indent=2))
-    rows = (getattr(task, "last_predictions", None) or {}).get("test")
+    rows = task.last_predictions.get("test")
     if rows:
         dump_predictions(output_dir / "predictions.jsonl", rows)
     print(json.dumps(metrics, indent=2))
@@ -76,8 +74,6 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
 def _hydra_main(cfg: DictConfig) -> None:
-    from omegaconf import open_dict
-
     with open_dict(cfg):
         cfg.paths.output_dir = HydraConfig.get().runtime.output_dir
     run_cli(evaluate, cfg)

@@ -1,9 +1,14 @@
 """`python -m mmtf.export ckpt_path=... part=encoder out=enc/`: reusable weights without pickle.
 
 Writes ``out/weights.safetensors`` (the part's state dict) and ``out/config.yaml`` (the part's
-``_target_`` and constructor arguments). Any experiment loads it back with
-``model.encoder.pretrained=out/`` (add ``model.encoder.freeze=true`` for a frozen encoder); a
-decoder export also carries ``tokenizer.json``.
+``_target_`` and constructor arguments), then loads the folder back with :func:`load_exported`
+and checks every tensor, so a written folder is known to load. Any experiment loads an encoder
+back with ``model.encoder.pretrained=out/`` (add ``model.encoder.freeze=true`` for a frozen
+encoder); a decoder export also carries ``tokenizer.json``. In Python, :func:`load_exported`
+rebuilds either part::
+
+    from mmtf.export import load_exported
+    decoder = load_exported("dec/")
 """
 
 from __future__ import annotations
@@ -12,11 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+from torch import nn
 
-from mmtf.utils.checkpoint import build_task, load_checkpoint
-from mmtf.utils.config import run_cli
+from mmtf.errors import require_file
+from mmtf.utils.checkpoint import CheckpointError, build_task, check_targets, load_checkpoint
+from mmtf.utils.config import ConfigError, require_values, run_cli
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 PARTS = ("encoder", "decoder")
@@ -25,61 +34,76 @@ PARTS = ("encoder", "decoder")
 def export_part(ckpt_path: str | Path, part: str, out: str | Path) -> Path:
     """Export ``part`` of the checkpoint's model to the folder ``out``; return it."""
     if part not in PARTS:
-        raise ValueError(f"part ({part!r}) must be one of {PARTS}.")
-    checkpoint = load_checkpoint(ckpt_path)
-    task, stored = build_task(checkpoint, ckpt_path)
-    net = getattr(task, "model", task)          # CaptioningTask wraps an EncoderDecoder
-    module = getattr(net, part, None)
-    if module is None:
-        raise ValueError(f"the checkpoint {ckpt_path} has no {part}; its model is "
-                         f"{type(task).__name__}.")
+        raise ConfigError(f"part ({part!r}) must be one of {PARTS}.")
+    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
+    parts = task.export_parts()
+    if part not in parts:
+        raise ConfigError(f"part ({part!r}): the checkpoint {ckpt_path} holds a "
+                          f"{type(task).__name__}, whose parts are {sorted(parts)}.")
+    module = parts[part]
     part_cfg: dict[str, Any] = dict(stored["model"][part])
     if part == "encoder":
         part_cfg.update(pretrained=None, freeze=False)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    # Copies: safetensors refuses tensors that share memory (a decoder's tied embedding and
+    # output head, a front end's window view); each key is stored whole.
+    state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
     save_file(state, str(out / "weights.safetensors"),
               metadata={"part": part, "source": str(ckpt_path)})
     (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(part_cfg)))
-    tokenizer = getattr(task, "tokenizer", None)
-    if part == "decoder" and tokenizer is not None:
-        tokenizer.save(out / "tokenizer.json")
-    print(f"Exported {part} ({sum(v.numel() for v in state.values()):,} parameters) to {out}/")
+    if part == "decoder" and task.tokenizer is not None:
+        task.tokenizer.save(out / "tokenizer.json")
+    reloaded = load_exported(out).state_dict()
+    if reloaded.keys() != state.keys() or not all(torch.equal(reloaded[k], v)
+                                                  for k, v in state.items()):
+        raise RuntimeError(f"export: {out} does not load back into the exported weights.")
+    count = sum(p.numel() for p in module.parameters())
+    print(f"Exported {part} ({count:,} parameters) to {out}/")
     return out
 
 
-def load_exported(path: str | Path, *, freeze: bool = False):
-    """Rebuild an exported encoder/decoder from ``path/config.yaml`` and load its weights.
+def load_exported(path: str | Path, *, freeze: bool = False) -> nn.Module:
+    """Rebuild an exported encoder or decoder from ``path/config.yaml`` and its weights.
 
-    The stored ``_target_`` must be an mmtf class (allowlist); weights come from safetensors.
+    Args:
+        path: a folder written by ``python -m mmtf.export``.
+        freeze: no trainable parameters, eval mode.
+
+    Raises:
+        CheckpointError: no ``config.yaml``, a ``_target_`` outside mmtf/torch (allowlist), or
+            weights that are not safetensors of this module.
     """
-    from hydra.utils import instantiate
-
-    from mmtf.utils.checkpoint import check_targets
-
     path = Path(path)
-    config_file = path / "config.yaml"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file} does not exist; pass the folder written by "
-                                f"python -m mmtf.export.")
+    config_file = require_file(path / "config.yaml", what="exported config",
+                               fix="pass the folder written by python -m mmtf.export",
+                               error=CheckpointError)
     cfg = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
     check_targets(cfg, str(config_file))
-    if "pretrained" in cfg:                       # encoders load their own weights
-        module = instantiate({**cfg, "pretrained": str(path), "freeze": freeze})
-    else:
-        from safetensors.torch import load_file
-
-        module = instantiate(cfg)
-        module.load_state_dict(load_file(str(path / "weights.safetensors")), strict=True)
-        if freeze:
-            module.requires_grad_(False).eval()
+    if "pretrained" in cfg:                       # encoders load (and check) their own weights
+        return instantiate({**cfg, "pretrained": str(path), "freeze": freeze})
+    weights = require_file(path / "weights.safetensors", what="exported weights",
+                           fix="pass the folder written by python -m mmtf.export",
+                           error=CheckpointError)
+    module = instantiate(cfg)
+    try:
+        module.load_state_dict(load_file(str(weights)), strict=True)
+    except Exception as err:   # not safetensors (e.g. pickle bytes), or other tensors
+        raise CheckpointError(f"exported weights {weights} do not load into "
+                              f"{cfg.get('_target_')}: {str(err).splitlines()[0]}") from None
+    if freeze:
+        module.requires_grad_(False).eval()
     return module
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="export")
 def _hydra_main(cfg: DictConfig) -> None:
-    run_cli(lambda c: export_part(c.ckpt_path, c.part, c.out), cfg)
+    run_cli(_export, cfg)
+
+
+def _export(cfg: DictConfig) -> Path:
+    require_values(cfg)
+    return export_part(cfg.ckpt_path, cfg.part, cfg.out)
 
 
 def main() -> None:

@@ -16,93 +16,62 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from mmtf.data.audio import AUDIO_EXTENSIONS, load_audio
+from mmtf.data.collate import pad_1d
+from mmtf.data.image import IMAGE_EXTENSIONS, build_eval_image_transform, load_image
+from mmtf.errors import UserError, require_file
 from mmtf.utils.checkpoint import build_task, load_checkpoint
-from mmtf.utils.config import run_cli
+from mmtf.utils.config import generation_overrides, require_values, run_cli
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
-AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
-def expand_inputs(inputs: Iterable[str], suffixes: set[str]) -> list[Path]:
-    """Files as given, folders expanded (sorted, recursive) to files with ``suffixes``."""
+def expand_inputs(inputs: Iterable[str], extensions: Sequence[str]) -> list[Path]:
+    """Files as given, folders expanded (sorted, recursive) to files with ``extensions``."""
     files: list[Path] = []
     for item in inputs:
         path = Path(item).expanduser()
         if path.is_dir():
-            files += sorted(p for p in path.rglob("*") if p.suffix.lower() in suffixes)
-        elif path.is_file():
-            files.append(path)
+            files += sorted(p for p in path.rglob("*") if p.suffix.lower() in extensions)
         else:
-            raise FileNotFoundError(f"input {path} does not exist; pass files or folders of "
-                                    f"{'/'.join(sorted(suffixes))}.")
+            files.append(require_file(path, what="input", fix=f"pass files or folders of "
+                                      f"{'/'.join(sorted(extensions))}"))
     if not files:
-        raise ValueError(f"no input files found in {list(inputs)}.")
+        raise UserError(f"inputs: no {'/'.join(sorted(extensions))} files found in "
+                        f"{list(inputs)}.")
     return files
-
-
-def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
-def _audio_batch(paths: Sequence[Path], sample_rate: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from mmtf.data import load_audio
-
-    waves = [load_audio(p, sample_rate=sample_rate) for p in paths]
-    lengths = torch.tensor([w.shape[-1] for w in waves])
-    batch = torch.zeros(len(waves), int(lengths.max()))                   # (b, samples)
-    for i, w in enumerate(waves):
-        batch[i, : w.shape[-1]] = w
-    return batch, lengths
-
-
-def _image_batch(paths: Sequence[Path], transform) -> torch.Tensor:
-    from mmtf.data import load_image
-
-    return torch.stack([transform(load_image(p)) for p in paths])       # (b, 3, h, w)
 
 
 @torch.no_grad()
 def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = None,
             batch_size: int = 8, device: str = "cpu") -> list[dict[str, Any]]:
-    """Caption (or classify) ``inputs`` with a checkpoint; one dict per input file."""
-    checkpoint = load_checkpoint(ckpt_path)
-    task, stored = build_task(checkpoint, ckpt_path)
+    """Caption (or classify) ``inputs`` with a checkpoint; one dict per input file
+    (``path`` plus the task's :meth:`~mmtf.tasks.Task.predict_batch` keys)."""
+    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
     task = task.to(device).eval()
-    if generation and hasattr(task, "generation"):
-        task.generation.update({k: v for k, v in generation.items() if v is not None})
-    encoder = task.model.encoder if hasattr(task, "model") else task.encoder
-    is_audio = hasattr(encoder, "sample_rate")
-    files = expand_inputs(inputs, AUDIO_SUFFIXES if is_audio else IMAGE_SUFFIXES)
-    transform = None
-    if not is_audio:
-        from mmtf.data import build_eval_image_transform
-
-        transform = build_eval_image_transform(stored["data"])
+    task.update_generation(generation or {})
+    audio = task.modality == "audio"
+    files = expand_inputs(inputs, AUDIO_EXTENSIONS if audio else IMAGE_EXTENSIONS)
+    transform = None if audio else build_eval_image_transform(stored["data"])
     results: list[dict[str, Any]] = []
-    for chunk in _batches(files, batch_size):
-        if is_audio:
-            x, lengths = _audio_batch(chunk, encoder.sample_rate)
+    for start in range(0, len(files), batch_size):
+        chunk = files[start:start + batch_size]
+        if audio:
+            waves = [load_audio(p, sample_rate=task.encoder.sample_rate) for p in chunk]
+            x, lengths = pad_1d(waves, dtype=torch.float32)                # (b, samples)
             x, lengths = x.to(device), lengths.to(device)
         else:
-            x, lengths = _image_batch(chunk, transform).to(device), None
-        if hasattr(task, "generate_captions"):
-            outputs = task.generate_captions(x, lengths)
-            results += [{"path": str(p), "caption": c} for p, c in zip(chunk, outputs)]
-        else:
-            names = (stored.get("class_names") or [])
-            preds = task(x, lengths).argmax(-1).tolist()
-            results += [{"path": str(p), "label": int(k),
-                         "class": names[k] if k < len(names) else str(k)}
-                        for p, k in zip(chunk, preds)]
+            x = torch.stack([transform(load_image(p)) for p in chunk]).to(device)  # (b, 3, h, w)
+            lengths = None
+        results += [{"path": str(p), **row} for p, row in zip(chunk, task.predict_batch(x, lengths))]
     return results
 
 
 def _print_predictions(cfg: DictConfig) -> None:
+    require_values(cfg)
     inputs = cfg.inputs if OmegaConf.is_list(cfg.inputs) else [cfg.inputs]
     device = "cuda" if cfg.accelerator in ("auto", "gpu") and torch.cuda.is_available() else "cpu"
-    generation = OmegaConf.to_container(cfg.generation, resolve=True) if cfg.generation else None
+    generation = generation_overrides(cfg.get("generation"))
     for row in predict(cfg.ckpt_path, [str(i) for i in inputs], generation, cfg.batch_size, device):
         if cfg.json:
             print(json.dumps(row))

@@ -30,13 +30,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mmtf.reliability import resolve_resume
-from mmtf.utils.config import (
-    ConfigError,
-    check_target_signatures,
-    find_missing,
-    print_config_tree,
-    run_cli,
-)
+from mmtf.tasks import Task
+from mmtf.utils.config import check_target_signatures, print_config_tree, require_values, run_cli
+from mmtf.utils.distributed import is_distributed
 
 log = logging.getLogger("mmtf.train")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -47,26 +43,6 @@ def instantiate_group(cfg: DictConfig | None) -> list[Any]:
     if not cfg:
         return []
     return [instantiate(c) for c in cfg.values() if isinstance(c, DictConfig) and "_target_" in c]
-
-
-def restore_tokenizer(datamodule: Any, ckpt_path: str | None) -> None:
-    """Give the data module the tokenizer stored in the checkpoint a fit resumes from.
-
-    The model was trained on that tokenizer's ids: re-training it from the data (a changed
-    ``data.tokenizer`` spec, edited captions, another ``tokenizers`` version) could give other
-    ids for the same words. A data module without a ``tokenizer`` attribute is left alone.
-    """
-    if not ckpt_path or not hasattr(datamodule, "tokenizer"):
-        return
-    # mmap: reads the small "mmtf" entry, not the tensors.
-    stored = (torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-              .get("mmtf") or {}).get("tokenizer")
-    if not stored:
-        return
-    from mmtf.text import Tokenizer
-
-    datamodule.tokenizer = Tokenizer.from_json_str(stored)
-    log.info("Resuming: using the tokenizer stored in %s (not re-training it).", ckpt_path)
 
 
 def _pin_ddp_children_to_this_run(output_dir: str) -> None:
@@ -87,10 +63,7 @@ def _pin_ddp_children_to_this_run(output_dir: str) -> None:
 
 def train(cfg: DictConfig) -> float | None:
     """Train and test one configuration; return ``cfg.optimized_metric`` (None if not logged)."""
-    missing = find_missing(cfg)
-    if missing:
-        raise ConfigError(f"missing required config value(s): {', '.join(missing)}; set them on "
-                          f"the command line, e.g. {missing[0]}=...")
+    require_values(cfg)
     check_target_signatures(cfg)
     output_dir = Path(cfg.paths.output_dir)
     # last | auto | <file>: checked (complete, weights-only loadable) before anything is built.
@@ -101,9 +74,8 @@ def train(cfg: DictConfig) -> float | None:
     print_config_tree(cfg, save_to=output_dir / "config.yaml")
 
     # The model first: a bad size fails here, before any data is generated.
-    task: L.LightningModule = instantiate(cfg.model)
+    task: Task = instantiate(cfg.model)
     datamodule: L.LightningDataModule = instantiate(cfg.data)
-    restore_tokenizer(datamodule, ckpt_path)
     task.run_config = OmegaConf.to_container(cfg, resolve=True)
     callbacks = instantiate_group(cfg.get("callbacks"))
     loggers = instantiate_group(cfg.get("logger"))
@@ -132,15 +104,14 @@ def train(cfg: DictConfig) -> float | None:
     return value
 
 
-def report(metrics: dict[str, float], task: L.LightningModule, output_dir: Path) -> None:
+def report(metrics: dict[str, float], task: Task, output_dir: Path) -> None:
     """Print the final metrics and a few sample captions; write ``metrics.json``."""
     output_dir.mkdir(parents=True, exist_ok=True)
     clean = {k: v for k, v in sorted(metrics.items()) if not k.endswith("_step")}
     (output_dir / "metrics.json").write_text(json.dumps(clean, indent=2) + "\n")
     lines = [f"  {k:<28} {v:.4f}" for k, v in clean.items()]
     print("Final metrics:\n" + "\n".join(lines))
-    samples = getattr(task, "last_predictions", {}) or {}
-    for split, rows in samples.items():
+    for split, rows in task.last_predictions.items():
         print(f"Sample {split} captions (prediction | reference):")
         for row in rows[:5]:
             ref = row["references"][0] if row["references"] else ""
@@ -166,7 +137,7 @@ def _isolated_ddp_job() -> Iterator[None]:
     try:
         yield
     finally:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if is_distributed():
             torch.distributed.destroy_process_group()
         for key, value in before.items():
             if value is None:

@@ -64,7 +64,7 @@ def _scan_split(dm: Any, split: str, collector: _Collector, decode: bool) -> dic
     """Read, probe and (optionally) decode one split; problems go to ``collector``."""
     dm.policy = collector  # the module's own readers and probe, but every problem is kept
     items = dm.items(split)
-    durations = dm._durations[split]
+    durations = dm.durations(split)
     sizes: Counter[str] = Counter()
     good = 0
     for item in items if decode else []:
@@ -86,7 +86,7 @@ def run_check(cfg: DictConfig) -> int:
     """Scan ``cfg.data``; print the report; return the number of problems found."""
     dm = instantiate(cfg.data)
     collector = _Collector()
-    kind = "captions" if hasattr(dm, "tokenizer_spec") else "labels"
+    kind = "captions" if dm.task == "caption" else "labels"
     print(f"mmtf data check: {dm.format} ({dm.modality}, {kind}) at {dm.root}")
     try:
         dm.prepare_data()
@@ -131,7 +131,7 @@ def run_check(cfg: DictConfig) -> int:
               f"most common: {', '.join(w for w, _ in words.most_common(10))}")
         if "train" in results and results["train"]["items"]:
             dm.error_counts = ErrorCounter()
-            dm._ensure_tokenizer()
+            dm.set_tokenizer(dm.train_tokenizer())
             for split in results:
                 dm.tokens(split)
             n_trunc = dm.error_counts["caption_truncated"]

@@ -32,6 +32,9 @@ from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.data.synthetic import caption_parser, ensure_synthetic
 from mmtf.data.tokenizer import build_tokenizer
+from mmtf.errors import require_file
+from mmtf.text import Tokenizer, load_tokenizer
+from mmtf.utils.config import ConfigError
 
 log = logging.getLogger("mmtf.data")
 
@@ -173,6 +176,11 @@ class MediaDataModule(L.LightningDataModule):
                 log.warning("[data] %s %s: %s", self.format, split, self.error_counts.summary())
         return self._items[split]
 
+    def durations(self, split: str) -> list[float]:
+        """Seconds of each usable item of a split (audio; 1.0 for images), read as by :meth:`items`."""
+        self.items(split)
+        return self._durations[split]
+
     def setup(self, stage: str | None = None) -> None:
         """Read the splits ``stage`` needs (``fit``: train + val, ``test``: test, ...)."""
         for split in _STAGE_SPLITS.get(stage, SPLITS):
@@ -266,10 +274,10 @@ class CaptionDataModule(MediaDataModule):
     Besides :class:`MediaDataModule`'s arguments:
 
     Args:
-        tokenizer: ``{kind: bpe | char, **training args}``; trained in ``setup()`` on every
-            training reference, unless ``tokenizer_path`` is given or ``datamodule.tokenizer``
-            was set before.
-        tokenizer_path: a tokenizer JSON saved by ``Tokenizer.save`` (skips training).
+        tokenizer: ``{kind: bpe | char, **training args}``: how :meth:`train_tokenizer` trains
+            a tokenizer on every training reference for a fresh run.
+        tokenizer_path: a tokenizer JSON saved by ``Tokenizer.save``, used by
+            :meth:`train_tokenizer` instead of training one.
         max_caption_tokens: longer captions are truncated (keeping ``eos``) and counted as
             ``caption_truncated`` (a warning). Default: ``tokenizer.max_len``, else 64.
         caption_policy: ``random`` (one reference per item per epoch) or ``all`` (every
@@ -281,8 +289,11 @@ class CaptionDataModule(MediaDataModule):
             item keeps the same weight. Only with ``caption_policy: random``.
         **kwargs: see :class:`MediaDataModule`.
 
+    The tokenizer belongs to the task (it is saved in its checkpoints): the task hands it over
+    with :meth:`set_tokenizer` and asks :meth:`train_tokenizer` for one on a fresh run.
+
     Attributes:
-        tokenizer: the ``mmtf.text.Tokenizer`` (after ``setup``).
+        tokenizer: the ``mmtf.text.Tokenizer`` the ids are built with (None until set).
         caption_parser: caption -> event sequence for synthetic sets (None for real data).
     """
 
@@ -297,24 +308,24 @@ class CaptionDataModule(MediaDataModule):
         spec_max = spec.get("max_len")
         if max_caption_tokens is not None and spec_max is not None and \
                 max_caption_tokens != spec_max:
-            raise ValueError(f"max_caption_tokens ({max_caption_tokens}) != tokenizer.max_len "
-                             f"({spec_max}); set only one of data.max_caption_tokens and "
-                             f"data.tokenizer.max_len.")
+            raise ConfigError(f"max_caption_tokens ({max_caption_tokens}) != tokenizer.max_len "
+                              f"({spec_max}); set only one of data.max_caption_tokens and "
+                              f"data.tokenizer.max_len.")
         self.max_caption_tokens = int(max_caption_tokens or spec_max or 64)
         if self.max_caption_tokens < 2:
-            raise ValueError(f"max_caption_tokens ({self.max_caption_tokens}) must be >= 2 to "
-                             f"hold <bos> and <eos>.")
+            raise ConfigError(f"max_caption_tokens ({self.max_caption_tokens}) must be >= 2 to "
+                              f"hold <bos> and <eos>.")
         if caption_policy not in ("random", "all"):
-            raise ValueError(f"caption_policy ({caption_policy!r}) must be 'random' or 'all'.")
+            raise ConfigError(f"caption_policy ({caption_policy!r}) must be 'random' or 'all'.")
         if captions_per_item < 1 or (captions_per_item > 1 and caption_policy != "random"):
-            raise ValueError(f"captions_per_item ({captions_per_item}) must be >= 1, and > 1 "
-                             f"only with caption_policy=random (caption_policy "
-                             f"{caption_policy!r} already visits every pair); fix "
-                             f"data.captions_per_item or data.caption_policy.")
+            raise ConfigError(f"captions_per_item ({captions_per_item}) must be >= 1, and > 1 "
+                              f"only with caption_policy=random (caption_policy "
+                              f"{caption_policy!r} already visits every pair); fix "
+                              f"data.captions_per_item or data.caption_policy.")
         self.captions_per_item = captions_per_item
         self.tokenizer_spec, self.tokenizer_path = spec, tokenizer_path
         self.caption_policy = caption_policy
-        self.tokenizer: Any = None
+        self.tokenizer: Tokenizer | None = None
         self.caption_parser = caption_parser(self.synthetic["kind"]) if self.synthetic else None
         self._tokens: dict[str, list[list[list[int]]]] = {}
 
@@ -324,51 +335,60 @@ class CaptionDataModule(MediaDataModule):
             kw["modality"] = self.modality
         return kw
 
-    def setup(self, stage: str | None = None) -> None:
-        """Read the needed splits and build (or load) the tokenizer."""
-        super().setup(stage)
-        self._ensure_tokenizer()
+    def train_tokenizer(self) -> Tokenizer:
+        """A new tokenizer for a fresh run: loaded from ``tokenizer_path`` if given, else trained
+        on every reference of the training split with the ``tokenizer`` spec. Does not set it:
+        the task owns the tokenizer and hands it back with :meth:`set_tokenizer`."""
+        if self.tokenizer_path:
+            path = require_file(self.tokenizer_path, what="data.tokenizer_path",
+                                fix="pass a JSON written by Tokenizer.save or remove the key",
+                                error=DataError)
+            return load_tokenizer(path)
+        texts = [c for item in self.items("train") for c in item.captions]
+        tokenizer = build_tokenizer(self.tokenizer_spec, texts)
+        log.info("[data] trained a %s tokenizer on %d training captions: %d tokens",
+                 self.tokenizer_spec.get("kind", "bpe"), len(texts), tokenizer.vocab_size)
+        return tokenizer
 
-    def _ensure_tokenizer(self) -> None:
-        if self.tokenizer is None:
-            if self.tokenizer_path:
-                from mmtf.text import load_tokenizer
+    def set_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Use ``tokenizer`` for the token ids of every split from now on.
 
-                self.tokenizer = load_tokenizer(self.tokenizer_path)
-            else:
-                texts = [c for item in self.items("train") for c in item.captions]
-                self.tokenizer = build_tokenizer(self.tokenizer_spec, texts)
-                log.info("[data] trained a %s tokenizer on %d training captions: %d tokens",
-                         self.tokenizer_spec.get("kind", "bpe"), len(texts),
-                         self.tokenizer.vocab_size)
+        Cached ids of another tokenizer are dropped; loaders built afterwards use the new ids.
+        """
+        if tokenizer != self.tokenizer:
+            self._tokens.clear()
+        self.tokenizer = tokenizer
 
     def tokens(self, split: str) -> list[list[list[int]]]:
-        """Token ids of every caption of every item of a split, truncated to the limit."""
+        """Token ids of every caption of every item of a split, truncated to the limit.
+
+        Without a tokenizer set (the data module used on its own) one is trained first.
+        """
         if split not in self._tokens:
-            self._ensure_tokenizer()
+            if self.tokenizer is None:
+                self.set_tokenizer(self.train_tokenizer())
             items = self.items(split)
             flat = [c for item in items for c in item.captions]
-            ids = self.tokenizer.encode_batch(flat) if hasattr(self.tokenizer, "encode_batch") \
-                else [self.tokenizer.encode(c) for c in flat]
-            limit, eos = self.max_caption_tokens, self.tokenizer.eos_id
+            ids = self.tokenizer.encode_batch(flat)
+            limit = self.max_caption_tokens
+            over = [i for i, t in enumerate(ids) if len(t) > limit]
             truncated = ErrorCounter()
-            out, k = [], 0
-            for item in items:
-                per = []
-                for _ in item.captions:
-                    t = list(ids[k])
-                    k += 1
-                    if len(t) > limit:
-                        truncated.add("caption_truncated", f"{item.where} ({len(t)} tokens)")
-                        t = t[: limit - 1] + [eos]
-                    per.append(t)
-                out.append(per)
-            if truncated:
+            if over:
+                where = [item.where for item in items for _ in item.captions]
+                for i in over:
+                    truncated.add("caption_truncated", f"{where[i]} ({len(ids[i])} tokens)")
+                cut = self.tokenizer.encode_batch([flat[i] for i in over], max_len=limit)
+                for i, t in zip(over, cut):
+                    ids[i] = t
                 self.error_counts.merge(truncated)
                 log.warning("[data] %s %s: %d of %d captions exceed max_caption_tokens=%d and "
                             "were truncated (e.g. %s); raise data.max_caption_tokens to keep "
                             "them whole", self.format, split, truncated.total, len(flat), limit,
                             truncated.examples["caption_truncated"][0])
+            out, k = [], 0
+            for item in items:
+                out.append(ids[k:k + len(item.captions)])
+                k += len(item.captions)
             self._tokens[split] = out
         return self._tokens[split]
 

@@ -8,7 +8,8 @@ Writing is atomic: the set is generated in a temporary folder next to ``root`` a
 place, so processes racing to create it (DDP ranks, parallel sweeps) are safe — the first rename
 wins and the others discard their copy.
 
-Also here: :func:`event_sequence_accuracy`, the exact-match score of the synthetic sets.
+The score of the sets' event sequences is :func:`mmtf.metrics.event_sequence_accuracy`, with the
+parser of :func:`caption_parser`.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import os
 import shutil
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,36 +148,3 @@ def _install(tmp: Path, root: Path, want: str) -> None:
     raise OSError(f"could not install the synthetic set at {root}; is another process "
                   f"rewriting it with a different config?")
 
-
-def event_sequence_accuracy(predictions: Sequence[str], references: Sequence[Sequence[str]],
-                            parser: Callable[[str], Any]) -> float:
-    """Share of predictions whose parsed sequence equals the references' parsed sequence.
-
-    Args:
-        predictions: one generated caption per item.
-        references: all reference captions per item (they all parse to the same sequence).
-        parser: e.g. :func:`mmtf.data.synthetic_audio.parse_caption`
-            (``datamodule.caption_parser``).
-
-    Returns:
-        Accuracy in [0, 1]; an unparsable prediction counts as wrong; 0.0 for no items.
-
-    Raises:
-        ValueError: the lists differ in length, or no reference of an item parses (wrong parser
-            for this dataset).
-    """
-    if len(predictions) != len(references):
-        raise ValueError(f"event_sequence_accuracy: {len(predictions)} predictions but "
-                         f"{len(references)} reference lists; pass one of each per item.")
-    if not predictions:
-        return 0.0
-    correct = 0
-    for i, (pred, refs) in enumerate(zip(predictions, references)):
-        parsed = Counter(p for p in map(parser, refs) if p is not None)
-        if not parsed:
-            raise ValueError(f"event_sequence_accuracy: no reference of item {i} parses "
-                             f"({list(refs)[:2]}...); is {getattr(parser, '__module__', parser)}"
-                             f" the parser of this dataset?")
-        target = parsed.most_common(1)[0][0]
-        correct += parser(pred) == target
-    return correct / len(predictions)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from mmtf.utils.config import ConfigError
+
 TOKENIZER_KINDS = ("bpe", "char")
 
 
@@ -21,7 +23,7 @@ def build_tokenizer(spec: Mapping[str, Any], texts: Iterable[str]) -> Any:
         A trained ``mmtf.text.Tokenizer``.
 
     Raises:
-        ValueError: unknown ``kind`` (or a training option the tokenizer rejects).
+        ConfigError: unknown ``kind`` (or a training option the tokenizer rejects).
     """
     from mmtf.text import BPETokenizer, CharTokenizer
 
@@ -30,10 +32,10 @@ def build_tokenizer(spec: Mapping[str, Any], texts: Iterable[str]) -> Any:
     spec.pop("max_len", None)
     classes = {"bpe": BPETokenizer, "char": CharTokenizer}
     if kind not in classes:
-        raise ValueError(f"tokenizer kind ({kind!r}) must be one of {TOKENIZER_KINDS}; set "
-                         f"data.tokenizer.kind=bpe or char.")
+        raise ConfigError(f"tokenizer kind ({kind!r}) must be one of {TOKENIZER_KINDS}; set "
+                          f"data.tokenizer.kind=bpe or char.")
     try:
         return classes[kind].train(list(texts), **spec)
     except TypeError as e:
-        raise ValueError(f"data.tokenizer: {kind} tokenizer rejected the options "
-                         f"{sorted(spec)} ({e}); check the keys under data.tokenizer.") from None
+        raise ConfigError(f"data.tokenizer: {kind} tokenizer rejected the options "
+                          f"{sorted(spec)} ({e}); check the keys under data.tokenizer.") from None

@@ -1,7 +1,8 @@
 """Captioning metrics as in the COCO caption evaluation: BLEU, ROUGE-L, CIDEr-D, METEOR, SPICE.
 
 ``caption_metrics(candidates, references)`` scores a corpus; ``CaptionMetrics`` accumulates
-captions during an epoch (DDP-aware). Metrics that need missing Java jars are reported in
+captions during an epoch (DDP-aware); ``event_sequence_accuracy`` scores the event sequences of
+the synthetic sets. Metrics that need missing Java jars are reported in
 ``scores.unavailable`` with the reason, never as 0.
 """
 
@@ -10,10 +11,12 @@ from mmtf.metrics.caption import (
     ALL_METRICS,
     FAST_METRICS,
     CaptionMetrics,
+    CaptionRow,
     CaptionScores,
     caption_metrics,
 )
 from mmtf.metrics.cider import cider_d_scores, corpus_cider_d
+from mmtf.metrics.event import event_sequence_accuracy
 from mmtf.metrics.java import MetricUnavailable
 from mmtf.metrics.rouge import corpus_rouge_l
 from mmtf.metrics.tokenizer import coco_tokenize
@@ -22,6 +25,7 @@ __all__ = [
     "ALL_METRICS",
     "FAST_METRICS",
     "CaptionMetrics",
+    "CaptionRow",
     "CaptionScores",
     "MetricUnavailable",
     "caption_metrics",
@@ -30,4 +34,5 @@ __all__ = [
     "corpus_bleu",
     "corpus_cider_d",
     "corpus_rouge_l",
+    "event_sequence_accuracy",
 ]

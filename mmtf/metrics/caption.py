@@ -17,23 +17,24 @@ across DDP ranks before scoring. Usage from a LightningModule::
     # validation_step:
     self.val_caption_metrics.update(decoded_texts, batch_references, keys=batch_ids)
     # on_validation_epoch_end (call on every rank: compute() is collective under DDP):
-    self.log_dict({f"val/{k}": v for k, v in self.val_caption_metrics.compute().items()})
+    scores = self.val_caption_metrics.compute()     # the same numbers on every rank
+    self.log_dict({f"val/{k}": v for k, v in scores.items()}, sync_dist=False)
     self.val_caption_metrics.reset()
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
-from typing import Any, Literal, overload
-
-import torch.distributed as dist
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, NamedTuple
 
 from mmtf.metrics import java
 from mmtf.metrics.bleu import corpus_bleu
 from mmtf.metrics.cider import corpus_cider_d
+from mmtf.metrics.event import event_sequence_accuracy
 from mmtf.metrics.rouge import corpus_rouge_l
 from mmtf.metrics.tokenizer import coco_tokenize
+from mmtf.utils.distributed import broadcast_object, gather_objects, world
 
 log = logging.getLogger(__name__)
 
@@ -104,27 +105,14 @@ def check_inputs(candidates: Sequence[str], references: Sequence[Sequence[str]])
                                 f"{type(ref).__name__}.")
 
 
-@overload
-def caption_metrics(candidates: Sequence[str], references: Sequence[Sequence[str]], *,
-                    metrics: Sequence[str] | None = ..., tokenize: bool = ...,
-                    return_unavailable: Literal[False] = ...,
-                    java_timeout_s: float = ...) -> CaptionScores: ...
-@overload
-def caption_metrics(candidates: Sequence[str], references: Sequence[Sequence[str]], *,
-                    metrics: Sequence[str] | None = ..., tokenize: bool = ...,
-                    return_unavailable: Literal[True],
-                    java_timeout_s: float = ...) -> tuple[CaptionScores, dict[str, str]]: ...
-
-
 def caption_metrics(
     candidates: Sequence[str],
     references: Sequence[Sequence[str]],
     *,
     metrics: Sequence[str] | None = None,
     tokenize: bool = True,
-    return_unavailable: bool = False,
     java_timeout_s: float = 900.0,
-) -> CaptionScores | tuple[CaptionScores, dict[str, str]]:
+) -> CaptionScores:
     """Score a corpus of captions.
 
     Args:
@@ -136,12 +124,11 @@ def caption_metrics(
             for per-epoch validation.
         tokenize: run :func:`coco_tokenize` on every caption; False means the captions are
             already tokenised and are split on whitespace.
-        return_unavailable: also return the ``unavailable`` dict as a second value.
         java_timeout_s: time limit for each Java metric.
 
     Returns:
-        A :class:`CaptionScores` (a dict metric -> float with ``.unavailable``: metric ->
-        reason), or ``(scores, scores.unavailable)`` with ``return_unavailable=True``.
+        A :class:`CaptionScores`: a dict metric -> float with ``.unavailable`` (metric ->
+        reason).
 
     Raises:
         ValueError, TypeError: malformed inputs or an unknown metric name.
@@ -189,34 +176,51 @@ def caption_metrics(
             log.warning("caption_metrics: %s unavailable: %s", name, reason)
     result = CaptionScores({n: float(scores[n]) for n in names if n in scores},
                            {n: unavailable[n] for n in names if n in unavailable})
-    return (result, result.unavailable) if return_unavailable else result
+    return result
+
+
+class CaptionRow(NamedTuple):
+    """One scored item: its key (id), the generated caption and its references."""
+
+    key: Hashable | None
+    prediction: str
+    references: list[str]
 
 
 class CaptionMetrics:
     """Accumulates captions over an epoch; gathers them across DDP ranks and scores them.
 
     A plain class rather than a ``torchmetrics.Metric``: its state is python strings, which
-    torchmetrics' tensor-only sync cannot carry, so :meth:`gather` uses
-    ``torch.distributed.all_gather_object`` itself. Without an initialised process group
-    :meth:`gather` is a no-op and everything is local.
+    torchmetrics' tensor-only sync cannot carry, so :meth:`gather` gathers python objects
+    (:mod:`mmtf.utils.distributed`). Without an initialised process group everything is local.
 
     Args:
         metrics: which metrics :meth:`compute` returns (see :func:`caption_metrics`); None = all.
         tokenize: forwarded to :func:`caption_metrics`.
         java_timeout_s: forwarded to :func:`caption_metrics`.
+        event_parser: caption -> event sequence; when set, :meth:`compute` adds
+            ``event_accuracy`` (:func:`~mmtf.metrics.event.event_sequence_accuracy`).
+
+    Attributes:
+        unavailable: metric -> reason, from the last :meth:`compute`.
+        rows: the gathered, de-duplicated :class:`CaptionRow` s of the last :meth:`compute`
+            (the same on every rank).
     """
 
     def __init__(self, *, metrics: Sequence[str] | None = None, tokenize: bool = True,
-                 java_timeout_s: float = 900.0) -> None:
+                 java_timeout_s: float = 900.0,
+                 event_parser: Callable[[str], Any] | None = None) -> None:
         self.metrics = resolve_metrics(metrics)
         self.tokenize = tokenize
         self.java_timeout_s = java_timeout_s
+        self.event_parser = event_parser
         self.unavailable: dict[str, str] = {}
+        self.rows: list[CaptionRow] = []
         self.reset()
 
     def reset(self) -> None:
         """Forget every accumulated caption (call at the end of each epoch)."""
-        self._items: list[tuple[Hashable | None, str, list[str]]] = []
+        self._items: list[CaptionRow] = []
 
     def __len__(self) -> int:
         return len(self._items)
@@ -228,9 +232,9 @@ class CaptionMetrics:
         Args:
             candidates: generated captions of the batch.
             references: the reference captions of each item.
-            keys: optional item ids (file names, or ints / a 1-D tensor). Under DDP a DistributedSampler pads
-                the last batch with repeated items; with keys, :meth:`gather` keeps one copy of
-                each key, so every item is scored once.
+            keys: optional item ids (file names, or ints / a 1-D tensor). Under DDP a
+                DistributedSampler pads the last batch with repeated items; with keys,
+                :meth:`gather` keeps one copy of each key, so every item is scored once.
         """
         if len(candidates) or len(references):  # an empty batch is allowed and adds nothing
             check_inputs(candidates, references)
@@ -240,55 +244,56 @@ class CaptionMetrics:
         if hasattr(keys, "tolist"):  # a tensor of ids: tensors hash by identity, ints by value
             keys = keys.tolist()
         keys = keys if keys is not None else [None] * len(candidates)
-        self._items += [(k, c, list(r)) for k, c, r in zip(keys, candidates, references)]
+        self._items += [CaptionRow(k, c, list(r)) for k, c, r in zip(keys, candidates, references)]
 
-    def gather(self) -> tuple[list[str], list[list[str]]]:
-        """All ranks' (candidates, references), in rank order, duplicates by key removed.
+    def gather(self) -> list[CaptionRow]:
+        """All ranks' rows, in rank order, later copies of a key removed.
 
         Collective under DDP (every rank must call it); a local read otherwise.
         """
-        items = self._items
-        if dist.is_available() and dist.is_initialized():
-            parts: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(parts, items)
-            items = [item for part in parts for item in part]
+        rows = [row for part in gather_objects(self._items) for row in part]
         seen: set[Hashable] = set()
-        cands, refs = [], []
-        for key, cand, ref in items:
-            if key is not None:
-                if key in seen:
+        unique = []
+        for row in rows:
+            if row.key is not None:
+                if row.key in seen:
                     continue
-                seen.add(key)
-            cands.append(cand)
-            refs.append(ref)
-        return cands, refs
+                seen.add(row.key)
+            unique.append(CaptionRow(*row))
+        return unique
 
     def compute(self) -> dict[str, float]:
-        """Gather, score on rank 0, and return the same scores on every rank.
+        """Gather, score on rank 0 (METEOR and SPICE start a JVM), return the same scores on
+        every rank.
 
-        Sets :attr:`unavailable` (metric -> reason). Collective under DDP.
+        Sets :attr:`unavailable` and :attr:`rows`. Collective under DDP.
 
         Raises:
             ValueError: nothing was accumulated (on any rank).
         """
-        cands, refs = self.gather()
-        distributed = dist.is_available() and dist.is_initialized()
-        result: list[Any] = [None]
-        if not distributed or dist.get_rank() == 0:
+        self.rows = rows = self.gather()
+        result = None
+        if world()[1] == 0:
             try:
-                scores = caption_metrics(cands, refs, metrics=self.metrics,
-                                         tokenize=self.tokenize,
-                                         java_timeout_s=self.java_timeout_s)
-                result[0] = (dict(scores), scores.unavailable, None)
+                result = (self._score(rows), None)
             except Exception as exc:  # re-raised on every rank below, so no rank hangs
-                result[0] = (None, None, exc)
-        if distributed:
-            dist.broadcast_object_list(result, src=0)  # every rank logs the same numbers
-        scores, unavailable, error = result[0]
+                result = (None, exc)
+        scores, error = broadcast_object(result)
         if error is not None:
-            if len(cands) == 0:
+            if not rows:
                 raise ValueError("CaptionMetrics.compute: no captions were accumulated; call "
                                  "update() before compute().") from error
             raise error
-        self.unavailable = unavailable
+        scores, self.unavailable = scores
         return scores
+
+    def _score(self, rows: list[CaptionRow]) -> tuple[dict[str, float], dict[str, str]]:
+        predictions = [row.prediction for row in rows]
+        references = [row.references for row in rows]
+        result = caption_metrics(predictions, references, metrics=self.metrics,
+                                 tokenize=self.tokenize, java_timeout_s=self.java_timeout_s)
+        scores = dict(result)
+        if self.event_parser is not None:
+            scores["event_accuracy"] = event_sequence_accuracy(predictions, references,
+                                                               self.event_parser)
+        return scores, result.unavailable

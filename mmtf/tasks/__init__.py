@@ -1,6 +1,7 @@
 """Lightning glue: tasks that wrap mmtf models for training, evaluation and prediction."""
 
+from mmtf.tasks.base import Task
 from mmtf.tasks.captioning import CaptioningTask
 from mmtf.tasks.classification import ClassificationTask
 
-__all__ = ["CaptioningTask", "ClassificationTask"]
+__all__ = ["CaptioningTask", "ClassificationTask", "Task"]

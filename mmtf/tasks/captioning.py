@@ -3,30 +3,31 @@ generation-based validation scored with captioning metrics against all reference
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from torch import nn
 
 from mmtf.decoders import EncoderDecoder
-from mmtf.tasks.common import (
-    batch_inputs,
-    broadcast_object,
-    check_limits,
-    configure_adamw_cosine,
-    gather_objects,
-)
+from mmtf.metrics import CaptionMetrics
+from mmtf.tasks.base import Task, batch_inputs
+from mmtf.tasks.optim import configure_adamw_cosine
+from mmtf.text import Tokenizer
+from mmtf.utils.checkpoint import CheckpointError
+from mmtf.utils.config import ConfigError
 
 log = logging.getLogger(__name__)
 
 
-class CaptioningTask(L.LightningModule):
+class CaptioningTask(Task):
     """Encoder-decoder captioner.
+
+    The task owns the tokenizer: it is trained by the data module on a fresh fit
+    (``datamodule.train_tokenizer()``), restored from the checkpoint otherwise, saved in every
+    checkpoint, and handed to the data module (``datamodule.set_tokenizer``) for the token ids.
 
     Args:
         encoder: any mmtf encoder (``forward(inputs, lengths) -> EncoderOutput``).
@@ -56,49 +57,96 @@ class CaptioningTask(L.LightningModule):
                                     label_smoothing=label_smoothing)
         self.optimizer = optimizer
         self.generation = dict(generation or {"strategy": "greedy"})
-        self.tokenizer = None            # from the data module (setup) or the checkpoint
-        self.caption_parser = None       # event-sequence parser of the synthetic sets
-        self.run_config: dict | None = None  # the composed config, stored in checkpoints
-        self._outputs: dict[str, list] = {"val": [], "test": []}
-
-    # ------------------------------------------------------------------ wiring
-    def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None)
-        if dm is not None:
-            if getattr(dm, "tokenizer", None) is not None:
-                self.tokenizer = dm.tokenizer
-            self.caption_parser = getattr(dm, "caption_parser", None)
-            check_limits(dm, self.model.encoder, self.model.decoder,
-                         self.generation.get("max_new_tokens"))
-        if self.tokenizer is None:
-            raise ValueError("CaptioningTask: no tokenizer; the data module must build one in "
-                             "setup() or the checkpoint must carry it.")
-        vocab = self.model.decoder.vocab_size
-        if self.tokenizer.vocab_size > vocab:
-            raise ValueError(
-                f"CaptioningTask: the tokenizer has {self.tokenizer.vocab_size} tokens but "
-                f"model.decoder.vocab_size is {vocab}; raise model.decoder.vocab_size to at least "
-                f"{self.tokenizer.vocab_size} (or lower data.tokenizer.vocab_size).")
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        return configure_adamw_cosine(self, self.optimizer, [self.model], hp.weight_decay,
-                                      hp.warmup_steps, hp.min_lr_ratio)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Plain data only (str / dict), so the checkpoint loads with weights_only=True.
-        checkpoint["mmtf"] = {
-            "config": self.run_config,
-            "tokenizer": None if self.tokenizer is None else self.tokenizer.to_json_str(),
+        self.check_generation()
+        self.caption_metrics = {
+            "val": CaptionMetrics(metrics=None if val_metrics is None else list(val_metrics)),
+            "test": CaptionMetrics(metrics=None if test_metrics is None else list(test_metrics)),
         }
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from mmtf.text import Tokenizer
+    @property
+    def encoder(self) -> nn.Module:
+        return self.model.encoder
 
-        extra = checkpoint.get("mmtf") or {}
-        if extra.get("tokenizer"):
-            self.tokenizer = Tokenizer.from_json_str(extra["tokenizer"])
-        self.run_config = extra.get("config")
+    def update_generation(self, overrides: dict[str, Any]) -> None:
+        """Merge ``overrides`` into the generation settings (``evaluate``, ``predict``)."""
+        self.generation.update(overrides)
+        self.check_generation()
+
+    def check_generation(self) -> None:
+        """``generation.max_new_tokens`` plus ``bos`` must fit the decoder's positions."""
+        max_new = self.generation.get("max_new_tokens")
+        max_len = self.model.decoder.max_len
+        if max_new is not None and max_new + 1 > max_len:
+            raise ConfigError(f"model.generation.max_new_tokens ({max_new}) + bos exceeds "
+                              f"model.decoder.max_len ({max_len}); lower max_new_tokens.")
+
+    # ------------------------------------------------------------------ wiring
+    def connect_data(self, datamodule: Any) -> None:
+        """Give the data module the tokenizer; take its caption parser; check its limits.
+
+        Lightning calls ``setup`` (and so this) before it restores a checkpoint: a task without
+        a tokenizer yet gets the checkpoint's in :meth:`on_load_checkpoint`, or on a fresh fit a
+        new one in :meth:`configure_optimizers`; both hand it to the data module.
+        """
+        self.check_audio_limit(datamodule)
+        caption_tokens = datamodule.max_caption_tokens
+        max_len = self.model.decoder.max_len
+        if caption_tokens > max_len:
+            raise ConfigError(f"data.max_caption_tokens ({caption_tokens}) exceeds "
+                              f"model.decoder.max_len ({max_len}); lower data.max_caption_tokens "
+                              f"(longer captions are truncated and counted) or raise "
+                              f"model.decoder.max_len.")
+        parser = datamodule.caption_parser
+        for metrics in self.caption_metrics.values():
+            metrics.event_parser = parser
+        if self.tokenizer is not None:
+            datamodule.set_tokenizer(self.tokenizer)
+
+    def share_tokenizer(self, datamodule: Any) -> None:
+        """Hand the task's tokenizer to the data module; without one, train it there first."""
+        if self.tokenizer is None:
+            self.use_tokenizer(datamodule.train_tokenizer())
+        datamodule.set_tokenizer(self.tokenizer)
+
+    def use_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Adopt ``tokenizer``; its ids must fit the decoder's vocabulary."""
+        vocab = self.model.decoder.vocab_size
+        if tokenizer.vocab_size > vocab:
+            raise ConfigError(
+                f"CaptioningTask: the tokenizer has {tokenizer.vocab_size} tokens but "
+                f"model.decoder.vocab_size is {vocab}; raise model.decoder.vocab_size to at least "
+                f"{tokenizer.vocab_size} (or lower data.tokenizer.vocab_size).")
+        self.tokenizer = tokenizer
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        # Lightning restores a checkpoint after setup() and before this hook, and
+        # estimated_stepping_batches builds the training loader, whose token ids need the
+        # tokenizer: hand it over here. Why: see docs/design/tokenizer-ownership.md
+        datamodule = self.trainer.datamodule
+        if datamodule is not None:
+            self.share_tokenizer(datamodule)
+        hp = self.hparams
+        return configure_adamw_cosine(self.optimizer, [self.model], weight_decay=hp.weight_decay,
+                                      warmup_steps=hp.warmup_steps, min_lr_ratio=hp.min_lr_ratio,
+                                      total_steps=int(self.trainer.estimated_stepping_batches))
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        stored = (checkpoint.get("mmtf") or {}).get("tokenizer")
+        if not stored:
+            raise CheckpointError("the checkpoint carries no tokenizer (checkpoint['mmtf']"
+                                  "['tokenizer']); it was not written by a CaptioningTask.")
+        tokenizer = Tokenizer.from_json_str(stored)
+        if self.tokenizer is not None and tokenizer != self.tokenizer:
+            # Token ids were already built with another tokenizer (a strategy that restores
+            # after setup, e.g. FSDP): the model would read other words than it was trained on.
+            raise CheckpointError(
+                "the checkpoint's tokenizer differs from the one this run already built its "
+                "token ids with; resume with the checkpoint's data.tokenizer settings.")
+        self.use_tokenizer(tokenizer)
+        datamodule = self.attached_datamodule()
+        if datamodule is not None:
+            datamodule.set_tokenizer(tokenizer)
 
     # ------------------------------------------------------------------ steps
     def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None, tokens: torch.Tensor):
@@ -118,7 +166,7 @@ class CaptioningTask(L.LightningModule):
         if split == "val" and (not self.hparams.val_generate or self.trainer.sanity_checking):
             return
         predictions = self.generate_captions(inputs, lengths)
-        self._outputs[split].extend(zip(batch["ids"], predictions, batch["references"]))
+        self.caption_metrics[split].update(predictions, batch["references"], keys=batch["ids"])
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -126,16 +174,24 @@ class CaptioningTask(L.LightningModule):
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, "test")
 
-    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[str]:
-        inputs, lengths = batch_inputs(batch)
-        return self.generate_captions(inputs, lengths)
+    def predict_batch(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
+                      ) -> list[dict[str, Any]]:
+        """``{"caption": str}`` per input, with the configured generation strategy."""
+        return [{"caption": c} for c in self.generate_captions(inputs, lengths)]
 
     @torch.no_grad()
     def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None) -> list[str]:
         """Captions for a batch with the configured generation strategy."""
+        if self.tokenizer is None:
+            raise CheckpointError("CaptioningTask: no tokenizer to decode captions with; "
+                                  "evaluate a checkpoint (python -m mmtf.evaluate ckpt_path=...) "
+                                  "or fit first.")
         gen = self.model.generate(inputs, lengths, **self.generation)
         tokens = gen.tokens if gen.tokens.dim() == 2 else gen.tokens[:, 0]  # best of n-best
         return self.tokenizer.decode_batch(tokens.tolist())
+
+    def export_parts(self) -> dict[str, nn.Module]:
+        return {"encoder": self.model.encoder, "decoder": self.model.decoder}
 
     # ------------------------------------------------------------------ metrics
     def on_validation_epoch_end(self) -> None:
@@ -145,49 +201,28 @@ class CaptioningTask(L.LightningModule):
         self._score("test")
 
     def _score(self, split: str) -> None:
-        from mmtf.metrics import caption_metrics
-
-        local, self._outputs[split] = self._outputs[split], []
-        if self.trainer.sanity_checking:
+        metrics = self.caption_metrics[split]
+        if self.trainer.sanity_checking or (split == "val" and not self.hparams.val_generate):
+            metrics.reset()
             return
-        rows = [row for part in gather_objects(local) for row in part]
-        if not rows:
-            return
-        seen, unique = set(), []
-        for row in rows:                  # a DistributedSampler pads by repeating items
-            if row[0] not in seen:
-                seen.add(row[0])
-                unique.append(row)
-        ids, predictions, references = (list(col) for col in zip(*unique))
-        scores: dict[str, float] | None = None
-        if self.global_rank == 0:        # score once (METEOR runs a JVM), then share
-            names = self.hparams.val_metrics if split == "val" else self.hparams.test_metrics
-            result = caption_metrics(predictions, references,
-                                     metrics=None if names is None else list(names))
-            scores = dict(result)
-            for name, reason in result.unavailable.items():
-                log.info("%s/%s unavailable: %s", split, name, reason)
-            if self.caption_parser is not None:
-                from mmtf.data import event_sequence_accuracy
-
-                scores["event_accuracy"] = event_sequence_accuracy(predictions, references,
-                                                                   self.caption_parser)
-        scores = broadcast_object(scores)
+        scores = metrics.compute()            # collective: gathered, scored once, broadcast
+        metrics.reset()
+        for name, reason in metrics.unavailable.items():
+            log.info("%s/%s unavailable: %s", split, name, reason)
         for name, value in scores.items():
-            # Every rank holds the same gathered score: log without a second reduction.
+            # Every rank holds the same score: log without a second reduction.
             self.log(f"{split}/{name}", float(value), prog_bar=name in ("cider_d", "event_accuracy"),
                      rank_zero_only=False, sync_dist=False)
-        self.last_predictions = {split: [{"id": i, "prediction": p, "references": r}
-                                         for i, p, r in zip(ids, predictions, references)]}
+        rows = [{"id": row.key, "prediction": row.prediction, "references": row.references}
+                for row in metrics.rows]
+        self.last_predictions = {split: rows}
         if self.global_rank == 0:
-            self._log_samples(split, ids, predictions, references)
+            self._log_samples(split, rows)
 
-    def _log_samples(self, split: str, ids: list[str], predictions: list[str],
-                     references: list[list[str]]) -> None:
-        n = self.hparams.num_logged_samples
+    def _log_samples(self, split: str, rows: list[dict[str, Any]]) -> None:
         lines = ["| id | prediction | reference |", "|---|---|---|"]
-        lines += [f"| {i} | {p} | {r[0] if r else ''} |"
-                  for i, p, r in zip(ids[:n], predictions[:n], references[:n])]
+        lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} |"
+                  for r in rows[:self.hparams.num_logged_samples]]
         table = "\n".join(lines)
         for logger in self.loggers:                      # TensorBoard shows it as text;
             experiment = getattr(logger, "experiment", None)  # every run also gets the file
@@ -198,10 +233,3 @@ class CaptioningTask(L.LightningModule):
         name = f"{split}_epoch{self.current_epoch:03d}_step{self.global_step:07d}.md"
         (out_dir / name).write_text(table + "\n")
         log.info("%s samples (epoch %d):\n%s", split, self.current_epoch, table)
-
-
-def dump_predictions(path: str | Path, rows: list[dict]) -> None:
-    """Write predictions (id, prediction, references) as JSON lines."""
-    with open(path, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")

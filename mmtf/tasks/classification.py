@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
-from mmtf.tasks.common import batch_inputs, check_limits, configure_adamw_cosine
+from mmtf.tasks.base import Task, batch_inputs
+from mmtf.tasks.optim import configure_adamw_cosine
+from mmtf.utils.config import ConfigError
 
 
-class ClassificationTask(L.LightningModule):
+class ClassificationTask(Task):
     """Encoder -> pooled features (b, c) -> head -> class logits (b, k).
 
     Args:
@@ -37,11 +38,12 @@ class ClassificationTask(L.LightningModule):
                  label_smoothing: float = 0.0) -> None:
         super().__init__()
         if num_classes < 2:
-            raise ValueError(f"ClassificationTask: num_classes ({num_classes}) must be >= 2.")
+            raise ConfigError(f"ClassificationTask: num_classes ({num_classes}) must be >= 2.")
         if pooling not in ("mean", "cls"):
-            raise ValueError(f"ClassificationTask: pooling ({pooling!r}) must be 'mean' or 'cls'.")
+            raise ConfigError(f"ClassificationTask: pooling ({pooling!r}) must be 'mean' or "
+                              f"'cls'.")
         if head not in ("linear", "mlp"):
-            raise ValueError(f"ClassificationTask: head ({head!r}) must be 'linear' or 'mlp'.")
+            raise ConfigError(f"ClassificationTask: head ({head!r}) must be 'linear' or 'mlp'.")
         self.save_hyperparameters(ignore=["encoder", "optimizer"])
         self.encoder = encoder
         self.optimizer = optimizer
@@ -52,22 +54,22 @@ class ClassificationTask(L.LightningModule):
             hidden = hidden_dim or dim
             self.head = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout),
                                       nn.Linear(hidden, num_classes))
-        self.run_config: dict | None = None
+        self.class_names: list[str] | None = None   # from the data, stored in checkpoints
         self.metrics = nn.ModuleDict({
             split: nn.ModuleDict({
                 "accuracy": MulticlassAccuracy(num_classes, average="micro"),
                 "macro_f1": MulticlassF1Score(num_classes, average="macro"),
             }) for split in ("train_", "val", "test")})   # "train" is a reserved ModuleDict key
 
-    def setup(self, stage: str) -> None:
-        dm = getattr(self.trainer, "datamodule", None)
-        if dm is None:
-            return
-        check_limits(dm, self.encoder)
-        classes = getattr(dm, "num_classes", None)
+    def connect_data(self, datamodule: Any) -> None:
+        """Check the data's classes (read at its setup) and audio length; keep the class names."""
+        self.check_audio_limit(datamodule)
+        classes = datamodule.num_classes
         if classes is not None and classes != self.hparams.num_classes:
-            raise ValueError(f"the data has {classes} classes but model.num_classes is "
-                             f"{self.hparams.num_classes}; set model.num_classes={classes}.")
+            raise ConfigError(f"the data has {classes} classes but model.num_classes is "
+                              f"{self.hparams.num_classes}; set model.num_classes={classes}.")
+        if datamodule.class_names is not None:
+            self.class_names = list(datamodule.class_names)
 
     def features(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Pooled encoder features, (b, c)."""
@@ -79,15 +81,17 @@ class ClassificationTask(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         at = self.hparams.unfreeze_encoder_at_epoch
-        if at is not None and self.current_epoch == at and hasattr(self.encoder, "unfreeze"):
+        if at is not None and self.current_epoch == at:
             self.encoder.unfreeze()
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         # A frozen encoder that unfreezes later must already be in the optimizer; until then its
         # parameters get no gradient and AdamW leaves them untouched.
-        return configure_adamw_cosine(self, self.optimizer, [self.head, self.encoder],
-                                      hp.weight_decay, hp.warmup_steps, hp.min_lr_ratio,
+        return configure_adamw_cosine(self.optimizer, [self.head, self.encoder],
+                                      weight_decay=hp.weight_decay, warmup_steps=hp.warmup_steps,
+                                      min_lr_ratio=hp.min_lr_ratio,
+                                      total_steps=int(self.trainer.estimated_stepping_batches),
                                       include_frozen=hp.unfreeze_encoder_at_epoch is not None)
 
     def _step(self, batch: dict[str, Any], split: str) -> torch.Tensor:
@@ -112,12 +116,19 @@ class ClassificationTask(L.LightningModule):
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._step(batch, "test")
 
-    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        inputs, lengths = batch_inputs(batch)
-        return self(inputs, lengths).argmax(-1)
+    @torch.no_grad()
+    def predict_batch(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
+                      ) -> list[dict[str, Any]]:
+        """``{"label": int, "class": name}`` per input (the name is the label as text when the
+        checkpoint has no class names)."""
+        labels = self(inputs, lengths).argmax(-1).tolist()
+        names = self.class_names or []
+        return [{"label": k, "class": names[k] if k < len(names) else str(k)} for k in labels]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["mmtf"] = {"config": self.run_config, "tokenizer": None}
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["mmtf"]["class_names"] = self.class_names
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.run_config = (checkpoint.get("mmtf") or {}).get("config")
+        super().on_load_checkpoint(checkpoint)
+        self.class_names = (checkpoint.get("mmtf") or {}).get("class_names")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,3 +61,15 @@ def build_optimizer(optimizer: Callable[..., torch.optim.Optimizer], modules: It
                     weight_decay: float, include_frozen: bool = False) -> torch.optim.Optimizer:
     """Call a partial optimizer (from Hydra, ``_partial_: true``) on the parameter groups."""
     return optimizer(param_groups(modules, weight_decay, include_frozen))
+
+
+def configure_adamw_cosine(optimizer: Callable[..., torch.optim.Optimizer],
+                           modules: list[nn.Module], *, weight_decay: float, warmup_steps: int,
+                           min_lr_ratio: float, total_steps: int,
+                           include_frozen: bool = False) -> dict[str, Any]:
+    """Lightning's ``configure_optimizers`` result: the optimizer over decay/no-decay groups and
+    the warmup + cosine schedule over ``total_steps``, stepped every optimizer step."""
+    opt = build_optimizer(optimizer, modules, weight_decay, include_frozen)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, warmup_cosine(warmup_steps, max(1, total_steps), min_lr_ratio))
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -9,14 +9,16 @@ cannot turn unpickling of arbitrary objects back on. A config stored in a checkp
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from mmtf.errors import UserError
+from mmtf.errors import UserError, require_file
+
+if TYPE_CHECKING:
+    from mmtf.tasks import Task
 
 # Module prefixes a stored config may instantiate. Anything else is refused.
 ALLOWED_TARGET_PREFIXES = ("mmtf.", "torch.optim.", "torch.nn.", "torchvision.transforms.",
@@ -42,10 +44,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         CheckpointError: missing file, or a file that is not a weights-only checkpoint (for
             example a pickle that would run code), with the path in the message.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist; pass ckpt_path=<file.ckpt> or "
-                              f"ckpt_path=last inside a run dir that has checkpoints/last.ckpt.")
+    path = require_file(path, what="checkpoint", error=CheckpointError,
+                        fix="pass ckpt_path=<file.ckpt> or ckpt_path=last inside a run dir that "
+                            "has checkpoints/last.ckpt")
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # UnpicklingError, RuntimeError, EOFError, zip errors...
@@ -87,8 +88,13 @@ def stored_config(checkpoint: dict[str, Any], path: str | os.PathLike) -> dict[s
     return cfg
 
 
-def build_task(checkpoint: dict[str, Any], path: str | os.PathLike):
-    """Re-instantiate the task module of a checkpoint and load its weights (strict)."""
+def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
+               ) -> tuple[Task, dict[str, Any]]:
+    """Re-instantiate the task module of a checkpoint and load its weights (strict).
+
+    Returns:
+        The task (with the checkpoint's tokenizer, if any) and the stored config.
+    """
     cfg = stored_config(checkpoint, path)
     model_cfg = dict(cfg["model"])
     encoder = model_cfg.get("encoder")

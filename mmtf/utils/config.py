@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +39,25 @@ def print_config_tree(cfg: DictConfig, save_to: str | Path | None = None,
         Path(save_to).write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
 
-def find_missing(cfg: DictConfig, prefix: str = "") -> list[str]:
-    """Keys whose value is still ``???`` (required but not given), as dotted paths."""
-    missing = []
-    for key in cfg:
-        path = f"{prefix}{key}"
-        if OmegaConf.is_missing(cfg, key):
-            missing.append(path)
-            continue
-        value = cfg._get_node(key)
-        if isinstance(value, DictConfig):
-            missing += find_missing(value, f"{path}.")
-    return missing
+def find_missing(cfg: DictConfig) -> list[str]:
+    """Keys whose value is still ``???`` (required but not given), as sorted dotted paths."""
+    return sorted(OmegaConf.missing_keys(cfg))
+
+
+def require_values(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` naming every required key (``???``) the user did not set."""
+    missing = find_missing(cfg)
+    if missing:
+        raise ConfigError(f"missing required config value(s): {', '.join(missing)}; set them on "
+                          f"the command line, e.g. {missing[0]}=...")
+
+
+def generation_overrides(cfg: DictConfig | None) -> dict[str, Any]:
+    """The ``generation.*`` keys of eval.yaml / predict.yaml the user set (null = not set)."""
+    if not cfg:
+        return {}
+    values = OmegaConf.to_container(cfg, resolve=True)
+    return {k: v for k, v in values.items() if v is not None}
 
 
 # ---------------------------------------------------------------------------- signature checks
@@ -60,10 +69,10 @@ class ConfigError(UserError):
 
 
 def _resolve_target(target: str) -> Any:
-    from hydra._internal.utils import _locate
+    from hydra.utils import get_object
 
     try:
-        return _locate(target)
+        return get_object(target)
     except Exception as err:
         raise ConfigError(f"_target_ {target!r} cannot be imported ({err}); check the spelling "
                           f"of the class path.") from None
@@ -132,31 +141,34 @@ def check_target_signatures(cfg: Any, path: str = "") -> None:
 
 
 def user_error_message(err: BaseException) -> str | None:
-    """The one-line message of a user error (config, checkpoint, data), unwrapping Hydra's
-    ``InstantiationException``; None for anything else (a bug: keep the traceback)."""
+    """The one-line message of a user error, None for anything else (a bug: keep the traceback).
+
+    User errors are mmtf's :class:`~mmtf.errors.UserError` (also inside Hydra's
+    ``InstantiationException``, which wraps what a ``_target_`` raised) and Hydra's
+    ``ConfigCompositionException`` (a misspelt override).
+    """
     from hydra.errors import ConfigCompositionException, InstantiationException
 
     seen = err
     while isinstance(seen, InstantiationException) and seen.__cause__ is not None:
         seen = seen.__cause__
-    if isinstance(seen, (ValueError, FileNotFoundError, ConfigCompositionException)):
+    if isinstance(seen, (UserError, ConfigCompositionException)):
         return f"{type(seen).__name__}: {seen}"
     return None
 
 
-def run_cli(fn: Any, cfg: DictConfig) -> Any:
-    """Run a CLI body; a user error exits with status 2 and one readable line, not a traceback.
+def run_cli(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+    """Run a CLI body; a user error exits with status 2 and one readable line.
 
-    ``MMTF_TRACEBACK=1`` re-raises for debugging.
+    Any other exception is a bug in mmtf and propagates with its traceback.
+    ``HYDRA_FULL_ERROR=1`` lets user errors propagate too, as Hydra does for its own errors.
+    Why: see docs/design/cli-errors.md
     """
-    import os
-    import sys
-
     try:
         return fn(cfg)
     except Exception as err:
         message = user_error_message(err)
-        if message is None or os.environ.get("MMTF_TRACEBACK") == "1":
+        if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"mmtf: error: {message}", file=sys.stderr)
         sys.exit(2)

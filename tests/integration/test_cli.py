@@ -9,12 +9,25 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import open_dict
 
-from mmtf.export import load_exported
+from mmtf.data import synthetic_audio, synthetic_image
+from mmtf.data.audio import AUDIO_EXTENSIONS
+from mmtf.data.image import IMAGE_EXTENSIONS
+from mmtf.errors import UserError
+from mmtf.evaluate import build_datamodule, evaluate
+from mmtf.export import export_part, load_exported
+from mmtf.metrics import caption_metrics, event_sequence_accuracy
+from mmtf.predict import expand_inputs, predict
+from mmtf.text import load_tokenizer
+from mmtf.train import train
 from mmtf.utils.checkpoint import build_task, load_checkpoint
 
-from .conftest import compose_train, run_cli, tiny_overrides
+from .conftest import CONF, compose_train, run_cli, tiny_overrides
+
+USER_ERRORS = {"HYDRA_FULL_ERROR": "0"}   # run_cli's default (1) shows every traceback
 
 
 def _tiny(data_dir: Path, *extra: str) -> list[str]:
@@ -45,16 +58,29 @@ def test_train_cli_writes_a_complete_run_dir(tiny_run):
     assert checkpoint["mmtf"]["tokenizer"] and checkpoint["mmtf"]["config"]["model"]
 
 
-def test_evaluate_cli_scores_and_writes_predictions(tiny_run, tmp_path):
+def _recomputed(rows: list[dict], parser) -> dict[str, float]:
+    """The caption metrics and event accuracy of predictions.jsonl rows, from scratch."""
+    predictions = [r["prediction"] for r in rows]
+    references = [r["references"] for r in rows]
+    scores = dict(caption_metrics(predictions, references, metrics=["bleu", "rouge_l", "cider_d"]))
+    scores["event_accuracy"] = event_sequence_accuracy(predictions, references, parser)
+    return {f"test/{k}": v for k, v in scores.items()}
+
+
+def test_evaluate_cli_metrics_equal_a_recomputation_from_its_predictions(tiny_run, tmp_path):
     out_dir = tmp_path / "eval"
     out = run_cli("mmtf.evaluate", [f"ckpt_path={tiny_run / 'checkpoints' / 'last.ckpt'}",
                                     f"hydra.run.dir={out_dir}", "generation.strategy=beam",
                                     "generation.num_beams=2"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = json.loads((out_dir / "metrics.json").read_text())
-    assert {"test/cider_d", "test/bleu_4", "test/event_accuracy"} <= set(metrics)
     rows = [json.loads(line) for line in (out_dir / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all(len(r["references"]) == 5 for r in rows)
+    assert len({r["id"] for r in rows}) == 4
+    expected = _recomputed(rows, synthetic_audio.parse_caption)
+    assert set(expected) <= set(metrics)
+    for key, value in expected.items():      # logged as float32 by Lightning
+        assert metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
 
 
 @pytest.mark.slow
@@ -85,6 +111,57 @@ def test_predict_cli_captions_files_and_folders(tiny_run, tmp_path):
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [Path(r["path"]).name for r in rows] == ["a.wav", "a.wav", "b.flac"]
     assert all(isinstance(r["caption"], str) for r in rows)
+
+
+def test_predict_captions_equal_generate_on_the_same_checkpoint_and_inputs(tiny_run, tmp_path):
+    rng = np.random.default_rng(1)
+    clips = [rng.normal(0, 0.1, n).astype(np.float32) for n in (16000, 9600)]
+    paths = [tmp_path / "a.wav", tmp_path / "b.wav"]
+    for path, clip in zip(paths, clips):
+        sf.write(path, clip, 16000, subtype="FLOAT")       # 16 kHz float: read back exactly
+    ckpt = tiny_run / "checkpoints" / "last.ckpt"
+    rows = predict(str(ckpt), [str(p) for p in paths])
+    task, _ = build_task(load_checkpoint(ckpt), ckpt)
+    task.eval()
+    wave = torch.zeros(2, 16000)                          # padded by hand, (b, samples)
+    for i, clip in enumerate(clips):
+        wave[i, : len(clip)] = torch.from_numpy(clip)
+    with torch.no_grad():
+        gen = task.model.generate(wave, torch.tensor([16000, 9600]), **task.generation)
+    assert (gen.tokens > 3).any()                         # real words, not only specials
+    assert [r["path"] for r in rows] == [str(p) for p in paths]
+    assert [r["caption"] for r in rows] == task.tokenizer.decode_batch(gen.tokens.tolist())
+
+
+def test_predict_takes_every_file_the_loaders_take(tmp_path):
+    for name in ("a.aiff", "b.WAV", "c.opus", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    found = expand_inputs([str(tmp_path)], AUDIO_EXTENSIONS)
+    assert [p.name for p in found] == ["a.aiff", "b.WAV", "c.opus"]
+    with pytest.raises(UserError, match=r"input \S+missing.wav does not exist; pass files or "
+                                        r"folders of \.aif/"):
+        expand_inputs([str(tmp_path / "missing.wav")], AUDIO_EXTENSIONS)
+    with pytest.raises(UserError, match=r"inputs: no \S+ files found"):
+        expand_inputs([str(tmp_path)], IMAGE_EXTENSIONS)
+
+
+def test_export_decoder_round_trip_gives_the_same_logits(tiny_run, tmp_path):
+    ckpt = tiny_run / "checkpoints" / "last.ckpt"
+    export_part(ckpt, "decoder", tmp_path / "dec")
+    decoder = load_exported(tmp_path / "dec")
+    task, _ = build_task(load_checkpoint(ckpt), ckpt)
+    assert load_tokenizer(tmp_path / "dec" / "tokenizer.json") == task.tokenizer
+    tokens = torch.tensor([[1, 5, 9, 7, 2], [1, 6, 2, 0, 0]])
+    memory = torch.randn(2, 7, task.model.decoder.context_dim)
+    mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    task.eval()
+    decoder.eval()
+    with torch.no_grad():
+        expected = task.model.decoder(tokens, memory, mask)
+        assert torch.equal(decoder(tokens, memory, mask), expected)
+    with pytest.raises(ValueError, match=r"part \('head'\) must be one of \('encoder', "
+                                         r"'decoder'\)"):
+        export_part(ckpt, "head", tmp_path / "x")
 
 
 def test_exported_encoder_gives_identical_features_in_a_classifier(tiny_run, data_dir, tmp_path):
@@ -142,11 +219,12 @@ def test_config_errors_are_one_readable_line(data_dir, tmp_path):
     base = _tiny(data_dir, f"hydra.run.dir={tmp_path / 'r'}")
     cases = {
         "model.encoder.dimm=3": ("Could not override 'model.encoder.dimm'", 1),
-        "model.encoder.num_heads=5": ("dim (32) must be divisible by num_heads (5)", 2),
+        "model.generation.max_new_tokens=64": ("max_new_tokens (64) + bos exceeds "
+                                               "model.decoder.max_len (64)", 2),
         "model.encoder.dim=oops": ("'model.encoder.dim' = 'oops' (str) does not fit", 2),
     }
     for override, (message, code) in cases.items():
-        out = run_cli("mmtf.train", [*base, override], cwd=tmp_path)
+        out = run_cli("mmtf.train", [*base, override], cwd=tmp_path, env=USER_ERRORS)
         assert out.returncode == code, (override, out.returncode, out.stderr[-2000:])
         assert message in out.stderr, (override, out.stderr[-2000:])
         if code == 2:
@@ -162,8 +240,89 @@ def test_misspelt_key_inside_an_experiment_yaml_fails_up_front(data_dir, tmp_pat
     overrides = [o if o != "experiment=audio_captioning" else "experiment=typo"
                  for o in _tiny(data_dir)]
     out = run_cli("mmtf.train", [*overrides, f"hydra.searchpath=[file://{tmp_path / 'extra_conf'}]",
-                                 f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path)
+                                 f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path,
+                  env=USER_ERRORS)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "'model.encoder.n_mel' is not an argument" in out.stderr
     assert "Did you mean 'n_mels'" in out.stderr
     assert not (data_dir / "nothing").exists()
+
+
+def test_a_user_error_is_one_line_unless_hydra_full_error(tiny_run, tmp_path):
+    args = [f"ckpt_path={tiny_run / 'checkpoints' / 'last.ckpt'}", "split=train",
+            f"hydra.run.dir={tmp_path / 'e'}"]
+    short = run_cli("mmtf.evaluate", args, cwd=tmp_path, env=USER_ERRORS)
+    assert short.returncode == 2 and "Traceback" not in short.stderr, short.stderr[-2000:]
+    assert short.stderr.strip().splitlines() == [
+        "mmtf: error: ConfigError: split ('train') must be one of ('val', 'test'); set "
+        "split=test or split=val."]
+    full = run_cli("mmtf.evaluate", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert full.returncode == 1 and "Traceback" in full.stderr
+    assert "ConfigError: split ('train')" in full.stderr
+
+
+def test_evaluate_uses_the_checkpoint_tokenizer_whatever_the_data_override(tiny_run, tmp_path):
+    ckpt = tiny_run / "checkpoints" / "last.ckpt"
+    plain = _evaluate(ckpt, tmp_path / "plain")
+    other = _evaluate(ckpt, tmp_path / "other", "data={tokenizer: {kind: char}}")
+    _, stored = build_task(load_checkpoint(ckpt), ckpt)        # control: the override applies
+    assert build_datamodule(stored, {"tokenizer": {"kind": "char"}}).tokenizer_spec["kind"] == "char"
+    assert other["test/loss"] == plain["test/loss"]        # the same token ids as targets
+    assert ((tmp_path / "other" / "predictions.jsonl").read_text()
+            == (tmp_path / "plain" / "predictions.jsonl").read_text())
+
+
+# ---------------------------------------------------------------- other task and modality
+def _train_tiny(experiment: str, data_dir: Path, run_dir: Path) -> Path:
+    train(compose_train(tiny_overrides(experiment, data_dir, "test=false"), run_dir))
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def _evaluate(ckpt: Path, out_dir: Path, *overrides: str) -> dict[str, float]:
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("eval", overrides=[f"ckpt_path={ckpt}", "accelerator=cpu", *overrides])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(out_dir)
+    return evaluate(cfg)
+
+
+def test_evaluate_and_predict_a_classification_checkpoint(data_dir, tmp_path):
+    ckpt = _train_tiny("image_classification", data_dir, tmp_path / "run")
+    metrics = _evaluate(ckpt, tmp_path / "eval")
+    # Recompute the accuracy from the model's logits on the same test loader.
+    task, stored = build_task(load_checkpoint(ckpt), ckpt)
+    task.eval()
+    dm = instantiate(stored["data"])
+    dm.setup("test")
+    correct = total = 0
+    predicted: dict[str, int] = {}
+    with torch.no_grad():
+        for batch in dm.test_dataloader():
+            labels = task(batch["image"]).argmax(-1)
+            correct += int((labels == batch["label"]).sum())
+            total += len(labels)
+            predicted.update(zip(batch["ids"], labels.tolist()))
+    assert metrics["test/accuracy"] == pytest.approx(correct / total, abs=1e-6)
+    assert not (tmp_path / "eval" / "predictions.jsonl").exists()
+    items = dm.items("test")
+    rows = predict(str(ckpt), [str(item.path) for item in items])
+    assert task.class_names == dm.class_names
+    assert [r["label"] for r in rows] == [predicted[item.id] for item in items]
+    assert [r["class"] for r in rows] == [dm.class_names[predicted[item.id]] for item in items]
+
+
+def test_evaluate_and_predict_an_image_captioning_checkpoint(data_dir, tmp_path):
+    ckpt = _train_tiny("image_captioning", data_dir, tmp_path / "run")
+    _evaluate(ckpt, tmp_path / "eval")
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    rows = [json.loads(line)
+            for line in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]
+    expected = _recomputed(rows, synthetic_image.parse_caption)
+    for key, value in expected.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+    # predict on the test images gives the captions evaluate generated for them.
+    _, stored = build_task(load_checkpoint(ckpt), ckpt)
+    dm = instantiate(stored["data"])
+    paths = {item.id: str(item.path) for item in dm.items("test")}
+    predicted = predict(str(ckpt), [paths[r["id"]] for r in rows])
+    assert [p["caption"] for p in predicted] == [r["prediction"] for r in rows]

@@ -22,7 +22,8 @@ from mmtf.utils.checkpoint import CheckpointError
 
 from .conftest import run_cli, tiny_overrides
 
-UNSAFE_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+# HYDRA_FULL_ERROR=0: the one-line form of a user error (run_cli shows tracebacks under 1).
+UNSAFE_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "HYDRA_FULL_ERROR": "0"}
 
 
 class _WritesAFile:

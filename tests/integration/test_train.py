@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
 
+from mmtf.text import Tokenizer
 from mmtf.train import train
 from mmtf.utils.checkpoint import load_checkpoint
 
@@ -90,3 +92,39 @@ def test_ckpt_path_last_without_a_checkpoint_is_an_error(data_dir, tmp_path):
     cfg = compose_train(tiny_overrides("audio_captioning", data_dir, "ckpt_path=last"), tmp_path)
     with pytest.raises(ValueError, match=r"ckpt_path=last but .*last.ckpt does not exist"):
         train(cfg)
+
+
+def _fit(cfg, **kw):
+    """``trainer.fit`` in-process on the composed task and data, which stay inspectable."""
+    task, dm = instantiate(cfg.model), instantiate(cfg.data)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, **kw.pop("trainer", {}))
+    trainer.fit(task, datamodule=dm, weights_only=True, **kw)
+    return task, dm, trainer
+
+
+def test_fresh_fit_trains_the_tokenizer_from_the_training_captions(data_dir, tmp_path):
+    cfg = compose_train(tiny_overrides("audio_captioning", data_dir), tmp_path)
+    task, dm, _ = _fit(cfg, trainer={"max_steps": 1})
+    control = instantiate(cfg.data)
+    assert task.tokenizer is dm.tokenizer and task.tokenizer == control.train_tokenizer()
+
+
+def test_resume_uses_the_checkpoint_tokenizer_whatever_data_tokenizer_says(data_dir, tmp_path):
+    first = compose_train(tiny_overrides("audio_captioning", data_dir), tmp_path)
+    _, _, trainer = _fit(first, trainer={"max_steps": 1})
+    trainer.save_checkpoint(tmp_path / "one_step.ckpt", weights_only=False)
+    stored = Tokenizer.from_json_str(
+        load_checkpoint(tmp_path / "one_step.ckpt")["mmtf"]["tokenizer"])
+    changed = compose_train(tiny_overrides("audio_captioning", data_dir,
+                                           "data.tokenizer.vocab_size=60",
+                                           "model.decoder.vocab_size=128"), tmp_path / "b")
+    assert instantiate(changed.data).train_tokenizer() != stored  # the spec alone gives another
+    task, dm, trainer = _fit(changed, trainer={"max_steps": 2},
+                             ckpt_path=str(tmp_path / "one_step.ckpt"))
+    assert trainer.global_step == 2
+    assert task.tokenizer == stored and dm.tokenizer == stored
+    limit = dm.max_caption_tokens
+    assert dm.tokens("train") == [stored.encode_batch(item.captions, max_len=limit)
+                                  for item in dm.items("train")]

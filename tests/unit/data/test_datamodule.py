@@ -173,15 +173,40 @@ def test_truncated_captions_are_counted(tiny_audio_captions, caplog):
     assert "30 of 30 captions exceed max_caption_tokens=4" in caplog.text
 
 
+def test_truncation_keeps_the_head_of_each_caption_and_eos(tiny_audio_captions):
+    dm = _audio_dm(tiny_audio_captions, max_caption_tokens=6)
+    dm.set_tokenizer(dm.train_tokenizer())
+    captions = [c for item in dm.items("train") for c in item.captions]
+    full = [dm.tokenizer.encode(c) for c in captions]                  # no limit
+    got = [ids for per_item in dm.tokens("train") for ids in per_item]
+    expected = [ids if len(ids) <= 6 else ids[:5] + [dm.tokenizer.eos_id] for ids in full]
+    assert got == expected
+    assert dm.error_counts["caption_truncated"] == sum(len(ids) > 6 for ids in full) > 0
+
+
+def test_set_tokenizer_replaces_the_cached_ids(tiny_audio_captions):
+    dm = _audio_dm(tiny_audio_captions, max_caption_tokens=256)      # nothing truncated
+    char = _audio_dm(tiny_audio_captions, tokenizer={"kind": "char"}).train_tokenizer()
+    dm.set_tokenizer(dm.train_tokenizer())
+    bpe_ids = dm.tokens("val")
+    dm.set_tokenizer(char)
+    captions = [item.captions for item in dm.items("val")]
+    assert dm.tokens("val") == [[char.encode(c) for c in caps] for caps in captions]
+    assert dm.tokens("val") != bpe_ids
+
+
 def test_tokenizer_path_and_specs(tiny_audio_captions, tmp_path):
     dm = _audio_dm(tiny_audio_captions, tokenizer={"kind": "char"})
-    dm.setup("fit")
+    tokenizer = dm.train_tokenizer()
+    assert dm.tokenizer is None                 # trained on request, set only by its owner
     path = tmp_path / "tok.json"
-    dm.tokenizer.save(path)
+    tokenizer.save(path)
     other = _audio_dm(tiny_audio_captions, tokenizer_path=str(path))
-    other.setup("test")
     text = "A high beep."
-    assert other.tokenizer.encode(text) == dm.tokenizer.encode(text)
+    assert other.train_tokenizer().encode(text) == tokenizer.encode(text)
+    with pytest.raises(DataError, match=r"data.tokenizer_path .*missing.json does not exist"):
+        _audio_dm(tiny_audio_captions, tokenizer_path=str(tmp_path / "missing.json")
+                  ).train_tokenizer()
     with pytest.raises(ValueError, match=r"max_caption_tokens \(10\) != tokenizer\.max_len"):
         _audio_dm(tiny_audio_captions, max_caption_tokens=10,
                   tokenizer={"kind": "bpe", "max_len": 20})

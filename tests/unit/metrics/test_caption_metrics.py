@@ -17,6 +17,7 @@ from mmtf.metrics import (
     ALL_METRICS,
     FAST_METRICS,
     CaptionMetrics,
+    CaptionRow,
     MetricUnavailable,
     caption_metrics,
     coco_tokenize,
@@ -29,7 +30,8 @@ FAST_KEYS = {"bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "cider_d"}
 
 @pytest.fixture
 def fake_spice(monkeypatch):
-    """SPICE present, with a fixed score (the composition logic is what is tested)."""
+    """SPICE present, with a fixed score: what is tested is how SPIDEr and the unavailable
+    list are composed (the real jar: test_real_spice_...)."""
     monkeypatch.setattr(java_metrics, "spice", lambda c, r, timeout_s: 0.25)
 
 
@@ -46,14 +48,14 @@ def test_fast_keys():
 
 
 def test_all_metrics_with_spice(fake_spice, no_meteor):
-    scores, unavailable = caption_metrics(CANDIDATES, REFERENCES, return_unavailable=True)
+    scores = caption_metrics(CANDIDATES, REFERENCES)
+    unavailable = scores.unavailable
     assert set(scores) == FAST_KEYS | {"spice", "spider"}
     assert scores["spider"] == pytest.approx((scores["cider_d"] + 0.25) / 2, rel=1e-12)
     # Unavailable metrics are absent, not zero, and each has a reason.
     assert set(unavailable) == {"meteor", "spider_fl"} and unavailable is not None
     assert unavailable["meteor"] == "no METEOR in this test"
     assert "FENSE" in unavailable["spider_fl"]
-    assert scores.unavailable == unavailable
 
 
 def test_spider_alone_does_not_report_its_ingredients(fake_spice):
@@ -73,6 +75,29 @@ def test_spice_jars_missing_is_unavailable_with_reason(monkeypatch, tmp_path, no
     assert "stanford-corenlp-3.6.0.jar" in reason and "stanford-corenlp-3.6.0-models.jar" in reason
     assert "never downloads" in reason
     assert scores.unavailable["spider"].startswith("SPIDEr = (CIDEr-D + SPICE) / 2 needs SPICE")
+
+
+def _spice_or_skip() -> None:
+    try:
+        java_metrics.spice_command()
+    except MetricUnavailable as why:
+        pytest.skip(f"real SPICE not runnable here: {why}")
+
+
+@pytest.mark.slow
+def test_real_spice_scores_in_the_unit_range_and_ranks_a_perfect_caption_first():
+    """The real jar (java + spice-1.0.jar + CoreNLP jars) where present; skipped otherwise."""
+    _spice_or_skip()
+    refs = [["a dog barks at a cat"], ["two birds sing in a tree"]]
+    perfect = caption_metrics(["a dog barks at a cat", "two birds sing in a tree"], refs,
+                              metrics=["spice", "spider"], java_timeout_s=600)
+    wrong = caption_metrics(["a red car", "a man eats soup"], refs, metrics=["spice"],
+                            java_timeout_s=600)
+    assert perfect.unavailable == {} and 0.0 <= wrong["spice"] < perfect["spice"] <= 1.0
+    assert perfect["spice"] == pytest.approx(1.0)
+    cider = caption_metrics(["a dog barks at a cat", "two birds sing in a tree"], refs,
+                            metrics=["cider_d"])["cider_d"]
+    assert perfect["spider"] == pytest.approx((cider + perfect["spice"]) / 2, rel=1e-12)
 
 
 def test_no_java_is_unavailable_with_reason(monkeypatch):
@@ -216,7 +241,10 @@ def test_accumulator_dedupes_by_key():
     acc = CaptionMetrics(metrics=FAST_METRICS)
     acc.update(CANDIDATES[:5], REFERENCES[:5], keys=list(range(5)))
     acc.update(CANDIDATES[:2], REFERENCES[:2], keys=torch.tensor([0, 1]))  # sampler padding
-    assert acc.gather() == (CANDIDATES[:5], REFERENCES[:5])
+    rows = acc.gather()
+    assert [r.key for r in rows] == [0, 1, 2, 3, 4]
+    assert [r.prediction for r in rows] == CANDIDATES[:5]
+    assert [r.references for r in rows] == REFERENCES[:5]
     assert acc.compute() == caption_metrics(CANDIDATES[:5], REFERENCES[:5], metrics=FAST_METRICS)
 
 
@@ -224,7 +252,7 @@ def test_accumulator_without_keys_keeps_duplicates():
     acc = CaptionMetrics(metrics=FAST_METRICS)
     acc.update(CANDIDATES[:2], REFERENCES[:2])
     acc.update(CANDIDATES[:2], REFERENCES[:2])
-    assert len(acc.gather()[0]) == 4
+    assert len(acc.gather()) == 4
 
 
 def test_accumulator_update_errors():
@@ -239,7 +267,7 @@ def test_gather_is_local_without_process_group():
     assert not dist.is_initialized()
     acc = CaptionMetrics(metrics=FAST_METRICS)
     acc.update(["a dog"], [["a dog barks"]])
-    assert acc.gather() == (["a dog"], [["a dog barks"]])
+    assert acc.gather() == [CaptionRow(None, "a dog", ["a dog barks"])]
 
 
 def test_single_rank_process_group(tmp_path):
@@ -254,25 +282,38 @@ def test_single_rank_process_group(tmp_path):
         dist.destroy_process_group()
 
 
+def _parity(caption: str) -> int | None:
+    """A stand-in event parser: the parity of the word count (never None)."""
+    return len(caption.split()) % 2
+
+
 def _ddp_worker(rank: int, world_size: int, store: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world_size)
     try:
         n = len(CANDIDATES)
         mine = list(range(rank, n, world_size)) + [0]  # item 0 repeated, as sampler padding
-        acc = CaptionMetrics(metrics=FAST_METRICS)
+        acc = CaptionMetrics(metrics=FAST_METRICS, event_parser=_parity)
         acc.update([CANDIDATES[i] for i in mine], [REFERENCES[i] for i in mine], keys=mine)
         scores = acc.compute()
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(scores))
+        keys = sorted(row.key for row in acc.rows)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"scores": scores,
+                                                                 "keys": keys}))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow
-def test_two_rank_gather(tmp_path):
-    """Two gloo ranks on CPU: every rank returns the scores of the whole, de-duplicated corpus."""
+def test_two_rank_gather_equals_one_process(tmp_path):
+    """Two gloo ranks on CPU, item 0 on both (sampler padding): every rank returns the scores
+    one process computes on the whole corpus, each item counted once."""
     mp.spawn(_ddp_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2)
-    expected = caption_metrics(CANDIDATES, REFERENCES, metrics=FAST_METRICS)
+    one = CaptionMetrics(metrics=FAST_METRICS, event_parser=_parity)
+    one.update(CANDIDATES, REFERENCES, keys=list(range(len(CANDIDATES))))
+    expected = one.compute()
+    assert set(expected) == FAST_KEYS | {"event_accuracy"}
+    direct = caption_metrics(CANDIDATES, REFERENCES, metrics=FAST_METRICS)
+    assert {k: v for k, v in expected.items() if k != "event_accuracy"} == dict(direct)
     for rank in range(2):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert got == pytest.approx(dict(expected), abs=1e-12)
+        assert got["keys"] == list(range(len(CANDIDATES)))
+        assert got["scores"] == pytest.approx(expected, abs=1e-12)

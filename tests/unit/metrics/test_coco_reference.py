@@ -5,10 +5,8 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import random
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pycocoevalcap.bleu.bleu import Bleu
@@ -179,18 +177,3 @@ def test_tokenize_false_uses_whitespace_split():
 def test_scores_are_python_floats():
     scores = caption_metrics(CANDIDATES[:3], REFERENCES[:3], metrics=FAST_METRICS)
     assert all(type(v) is float for v in scores.values())
-    torch.testing.assert_close(torch.tensor(scores["cider_d"]),
-                               torch.tensor(corpus_cider_d(*_tok(CANDIDATES[:3], REFERENCES[:3]))))
-
-
-def _tok(cands, refs):
-    return [coco_tokenize(c) for c in cands], [[coco_tokenize(r) for r in rs] for rs in refs]
-
-
-def test_random_corpus_seeded_is_stable():
-    """Same input, same numbers (no hidden randomness or state between calls)."""
-    rng = random.Random(0)
-    cands = [" ".join(rng.choices(RANDOM_VOCAB, k=5)) for _ in range(10)]
-    refs = [[" ".join(rng.choices(RANDOM_VOCAB, k=6)) for _ in range(3)] for _ in range(10)]
-    assert caption_metrics(cands, refs, metrics=FAST_METRICS) == caption_metrics(
-        cands, refs, metrics=FAST_METRICS)
