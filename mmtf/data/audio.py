@@ -31,6 +31,7 @@ import torchaudio
 from torch import Tensor
 
 from mmtf.data.errors import DataError, check_media_file
+from mmtf.errors import UserError
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".opus", ".aiff", ".aif")
 Crop = Literal["random", "center", "start", "full"]
@@ -127,7 +128,7 @@ def crop_window(frames: int, want: int | None, crop: Crop,
         rng: the generator for ``random`` (a fresh unseeded one if None).
     """
     if crop not in CROP_CHOICES:
-        raise ValueError(f"crop ({crop!r}) must be one of {CROP_CHOICES}.")
+        raise UserError(f"crop ({crop!r}) must be one of {CROP_CHOICES}.")
     if want is None or crop == "full" or frames <= want:
         return 0, frames
     slack = frames - want
@@ -166,7 +167,7 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
     path = Path(path)
     check_media_file(path, where)
     if max_seconds is not None and max_seconds <= 0:
-        raise ValueError(f"max_seconds ({max_seconds}) must be > 0 or None (no limit).")
+        raise UserError(f"max_seconds ({max_seconds}) must be > 0 or None (no limit).")
     try:
         with sf.SoundFile(str(path)) as f:
             info = AudioInfo(frames=int(f.frames), sample_rate=int(f.samplerate),

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mmtf.errors import UserError
+
 
 def pad_1d(seqs: Sequence[Tensor | Sequence[int]], pad_value: float = 0.0,
            dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
@@ -55,9 +57,9 @@ class Collate:
 
     def __init__(self, *, modality: str, task: str, pad_id: int = 0) -> None:
         if modality not in ("audio", "image"):
-            raise ValueError(f"modality ({modality!r}) must be 'audio' or 'image'.")
+            raise UserError(f"modality ({modality!r}) must be 'audio' or 'image'.")
         if task not in ("caption", "label"):
-            raise ValueError(f"task ({task!r}) must be 'caption' or 'label'.")
+            raise UserError(f"task ({task!r}) must be 'caption' or 'label'.")
         self.modality, self.task, self.pad_id = modality, task, pad_id
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:

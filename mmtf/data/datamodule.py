@@ -32,7 +32,7 @@ from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.data.synthetic import caption_parser, ensure_synthetic
 from mmtf.data.tokenizer import build_tokenizer
-from mmtf.errors import require_file
+from mmtf.errors import UserError, require_file
 from mmtf.text import Tokenizer, load_tokenizer
 from mmtf.utils.config import ConfigError
 
@@ -101,31 +101,31 @@ class MediaDataModule(L.LightningDataModule):
         super().__init__()
         formats = CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS
         if format not in formats:
-            raise ValueError(f"{type(self).__name__}: format ({format!r}) must be one of "
+            raise UserError(f"{type(self).__name__}: format ({format!r}) must be one of "
                              f"{sorted(formats)}; set data.format.")
         fixed = formats[format][1]
         modality = modality or fixed
         if fixed and modality != fixed:
-            raise ValueError(f"{type(self).__name__}: modality ({modality!r}) must be {fixed!r} "
+            raise UserError(f"{type(self).__name__}: modality ({modality!r}) must be {fixed!r} "
                              f"for format {format!r}; remove data.modality.")
         if modality not in ("audio", "image"):
-            raise ValueError(f"{type(self).__name__}: modality ({modality!r}) must be 'audio' "
+            raise UserError(f"{type(self).__name__}: modality ({modality!r}) must be 'audio' "
                              f"or 'image'; set data.modality.")
         synthetic = dict(_plain(synthetic)) if synthetic else None
         if synthetic is not None:
             kind = synthetic.get("kind")
             if SYNTHETIC_FORMAT.get(kind) != format:
-                raise ValueError(f"{type(self).__name__}: synthetic.kind ({kind!r}) does not "
+                raise UserError(f"{type(self).__name__}: synthetic.kind ({kind!r}) does not "
                                  f"write format {format!r}; kinds: {SYNTHETIC_FORMAT}.")
         if eval_crop not in ("full", "center", "start"):
-            raise ValueError(f"eval_crop ({eval_crop!r}) must be 'full', 'center' or 'start'.")
+            raise UserError(f"eval_crop ({eval_crop!r}) must be 'full', 'center' or 'start'.")
         if max_seconds is not None and max_seconds <= 0:
-            raise ValueError(f"max_seconds ({max_seconds}) must be > 0, or null for no limit.")
+            raise UserError(f"max_seconds ({max_seconds}) must be > 0, or null for no limit.")
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} ({value!r}) must be a positive int.")
+                raise UserError(f"{name} ({value!r}) must be a positive int.")
         if num_workers < 0:
-            raise ValueError(f"num_workers ({num_workers}) must be >= 0.")
+            raise UserError(f"num_workers ({num_workers}) must be >= 0.")
         check_on_error(on_error)
         self.format, self.modality, self.synthetic = format, modality, synthetic
         self.root = Path(root).expanduser().resolve()
@@ -161,7 +161,7 @@ class MediaDataModule(L.LightningDataModule):
     def items(self, split: str) -> list:
         """The usable items of a split (read and probed on first call)."""
         if split not in SPLITS:
-            raise ValueError(f"split ({split!r}) must be one of {SPLITS}.")
+            raise UserError(f"split ({split!r}) must be one of {SPLITS}.")
         if split not in self._items:
             self.prepare_data()  # a no-op once the synthetic set exists
             before = self.error_counts.total

@@ -33,6 +33,7 @@ from mmtf.data.errors import DataError, ErrorPolicy, check_media_file, check_on_
 from mmtf.data.formats.base import CaptionItem, LabelItem
 from mmtf.data.image import load_image
 from mmtf.data.sampler import sample_rng
+from mmtf.errors import UserError
 
 Key = tuple[int, int, int]
 
@@ -102,7 +103,7 @@ class MediaDataset(Dataset):
                  on_error: str = "raise", seed: int = 0, max_retries: int = 16) -> None:
         check_on_error(on_error)
         if modality not in ("audio", "image"):
-            raise ValueError(f"modality ({modality!r}) must be 'audio' or 'image'.")
+            raise UserError(f"modality ({modality!r}) must be 'audio' or 'image'.")
         self.items = list(items)
         self.modality, self.sample_rate, self.max_seconds = modality, sample_rate, max_seconds
         self.crop, self.channels, self.transform = crop, channels, transform
@@ -180,7 +181,7 @@ class CaptionDataset(MediaDataset):
         if len(tokens) != len(self.items):
             raise ValueError(f"tokens has {len(tokens)} entries for {len(self.items)} items.")
         if captions_per_item < 1:
-            raise ValueError(f"captions_per_item ({captions_per_item}) must be >= 1.")
+            raise UserError(f"captions_per_item ({captions_per_item}) must be >= 1.")
         self.tokens = [[np.asarray(t, dtype=np.int64) for t in per] for per in tokens]
         self.captions_per_item = captions_per_item
 

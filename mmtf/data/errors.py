@@ -94,7 +94,7 @@ def check_media_file(path: Path, where: str | None = None) -> None:
 def check_on_error(on_error: str) -> None:
     """Validate ``data.on_error``."""
     if on_error not in ON_ERROR_CHOICES:
-        raise ValueError(f"on_error ({on_error!r}) must be one of {ON_ERROR_CHOICES}; "
+        raise UserError(f"on_error ({on_error!r}) must be one of {ON_ERROR_CHOICES}; "
                          f"use data.on_error=raise (stop at the first bad item) or skip.")
 
 

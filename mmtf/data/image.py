@@ -24,6 +24,7 @@ from torch import Tensor
 from torchvision.transforms import v2
 
 from mmtf.data.errors import DataError, check_media_file
+from mmtf.errors import UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
                     ".gif")
@@ -93,7 +94,7 @@ def build_transform(transforms: Sequence[Any] | None) -> Callable[[Tensor], Tens
 
             t = instantiate(dict(t))
         if not callable(t):
-            raise ValueError(f"transforms[{i}] ({t!r}) is not callable; each entry must be a "
+            raise UserError(f"transforms[{i}] ({t!r}) is not callable; each entry must be a "
                              f"torchvision.transforms.v2 transform or a dict with _target_.")
         steps.append(t)
     steps.append(_ToFloat())

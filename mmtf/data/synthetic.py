@@ -28,6 +28,7 @@ from typing import Any
 
 from mmtf.data import synthetic_audio, synthetic_image
 from mmtf.data.errors import DataError
+from mmtf.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ _NOT_HASHED = {"num_workers"}  # does not change the output
 
 def _generator(kind: str) -> tuple[Callable[..., None], int, Callable[[str], Any] | None]:
     if kind not in GENERATORS:
-        raise ValueError(f"synthetic kind ({kind!r}) must be one of {sorted(GENERATORS)}; "
+        raise UserError(f"synthetic kind ({kind!r}) must be one of {sorted(GENERATORS)}; "
                          f"check data.synthetic.kind.")
     return GENERATORS[kind]
 
@@ -63,7 +64,7 @@ def full_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     accepted = [n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY]
     unknown = sorted(set(params) - set(accepted))
     if unknown:
-        raise ValueError(f"data.synthetic: {unknown} not understood by the {kind!r} generator; "
+        raise UserError(f"data.synthetic: {unknown} not understood by the {kind!r} generator; "
                          f"it takes {accepted}.")
     defaults = {n: sig.parameters[n].default for n in accepted}
     return {**defaults, **params}

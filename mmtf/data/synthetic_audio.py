@@ -36,6 +36,7 @@ import soundfile as sf
 from mmtf.data.formats.clotho import SPLIT_NAMES, write_clotho_csv
 from mmtf.data.formats.esc50 import write_esc50_csv
 from mmtf.data.parallel import parallel_map
+from mmtf.errors import UserError
 
 VERSION = 2
 EVENTS: tuple[tuple[str, str], ...] = (
@@ -462,11 +463,11 @@ def write_label_set(root: str | Path, *, num_clips: int = 2000, num_folds: int =
 def _check_scene_args(min_seconds: float, max_seconds: float, min_events: int,
                       max_events: int) -> None:
     if not 0 < min_seconds <= max_seconds:
-        raise ValueError(f"min_seconds ({min_seconds}) and max_seconds ({max_seconds}) must "
+        raise UserError(f"min_seconds ({min_seconds}) and max_seconds ({max_seconds}) must "
                          f"satisfy 0 < min_seconds <= max_seconds.")
     if max_seconds < 0.3 * max_events:
-        raise ValueError(f"max_seconds ({max_seconds}) is too short for max_events "
+        raise UserError(f"max_seconds ({max_seconds}) is too short for max_events "
                          f"({max_events}); allow at least 0.3 s per event.")
     if not 1 <= min_events <= max_events <= 3:
-        raise ValueError(f"min_events ({min_events}) and max_events ({max_events}) must satisfy "
+        raise UserError(f"min_events ({min_events}) and max_events ({max_events}) must satisfy "
                          f"1 <= min_events <= max_events <= 3.")

@@ -25,6 +25,7 @@ from PIL import Image, ImageDraw
 
 from mmtf.data.formats.coco import write_coco_json
 from mmtf.data.parallel import parallel_map
+from mmtf.errors import UserError
 
 VERSION = 2
 SHAPES = ("circle", "square", "triangle", "cross")
@@ -302,7 +303,7 @@ def write_label_set(root: str | Path, *, num_train: int = 2000, num_val: int = 2
 
 def _check_args(image_size: int, min_objects: int, max_objects: int) -> None:
     if image_size < 32:
-        raise ValueError(f"image_size ({image_size}) must be >= 32 so three shapes fit.")
+        raise UserError(f"image_size ({image_size}) must be >= 32 so three shapes fit.")
     if not 1 <= min_objects <= max_objects <= 3:
-        raise ValueError(f"min_objects ({min_objects}) and max_objects ({max_objects}) must "
+        raise UserError(f"min_objects ({min_objects}) and max_objects ({max_objects}) must "
                          f"satisfy 1 <= min_objects <= max_objects <= 3.")

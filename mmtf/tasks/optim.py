@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmtf.errors import UserError
+
 
 def param_groups(modules: Iterable[nn.Module], weight_decay: float,
                  include_frozen: bool = False) -> list[dict]:
@@ -42,10 +44,10 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
     """LR multiplier: linear warmup from ~0 to 1 over ``warmup_steps``, then cosine to
     ``min_lr_ratio`` at ``total_steps`` (and flat after it)."""
     if warmup_steps < 0 or total_steps < 1:
-        raise ValueError(f"warmup_cosine: warmup_steps ({warmup_steps}) must be >= 0 and "
+        raise UserError(f"warmup_cosine: warmup_steps ({warmup_steps}) must be >= 0 and "
                          f"total_steps ({total_steps}) >= 1.")
     if not 0.0 <= min_lr_ratio <= 1.0:
-        raise ValueError(f"warmup_cosine: min_lr_ratio ({min_lr_ratio}) must be in [0, 1].")
+        raise UserError(f"warmup_cosine: min_lr_ratio ({min_lr_ratio}) must be in [0, 1].")
     warmup_steps = min(warmup_steps, max(total_steps - 1, 0))
 
     def factor(step: int) -> float:

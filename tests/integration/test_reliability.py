@@ -327,7 +327,8 @@ def test_train_checkpoints_through_atomic_checkpoint_io(data_dir, tmp_path, monk
 def test_ckpt_path_last_with_nothing_or_a_truncated_file_is_a_one_line_error(data_dir, tmp_path):
     base = tiny_overrides("audio_captioning", data_dir, "ckpt_path=last")
     empty = tmp_path / "empty"
-    out = run_cli("mmtf.train", [*base, f"hydra.run.dir={empty}"], cwd=tmp_path, env=ENV)
+    one_line = {**ENV, "HYDRA_FULL_ERROR": "0"}     # the form a user sees (1 shows tracebacks)
+    out = run_cli("mmtf.train", [*base, f"hydra.run.dir={empty}"], cwd=tmp_path, env=one_line)
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.strip().splitlines() == [
         f"mmtf: error: ResumeError: ckpt_path=last but {empty}/checkpoints/last.ckpt does not "
@@ -343,7 +344,7 @@ def test_ckpt_path_last_with_nothing_or_a_truncated_file_is_a_one_line_error(dat
                 "global_step": 4, "epoch": 1}, full)
     data = full.read_bytes()
     (broken / "checkpoints" / "last.ckpt").write_bytes(data[: len(data) // 2])
-    out = run_cli("mmtf.train", [*base, f"hydra.run.dir={broken}"], cwd=tmp_path, env=ENV)
+    out = run_cli("mmtf.train", [*base, f"hydra.run.dir={broken}"], cwd=tmp_path, env=one_line)
     assert out.returncode == 2, out.stderr[-3000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]

@@ -24,8 +24,8 @@ from mmtf.data.formats.base import (
     Report,
     bad_row,
     empty_caption,
-    missing_split,
     read_csv,
+    require_index,
     split_name,
 )
 
@@ -69,8 +69,7 @@ def read_audiocaps(root: Path, split: str, *, report: Report,
     """
     name = split_name(split, splits or SPLIT_NAMES, "audiocaps")
     index = root / f"{name}.csv"
-    if not index.is_file():
-        raise missing_split(index, split, "audiocaps", f" (expected {name}.csv)")
+    require_index(index, split, "audiocaps", f" (expected {name}.csv)")
     folder = audio_dir(root, name)
     stems = {}
     if folder.is_dir():

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from mmtf.data.errors import DataError
+from mmtf.errors import UserError
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -62,17 +63,23 @@ class LabelSet:
 def split_name(split: str, names: Mapping[str, str], fmt: str) -> str:
     """The format's own name of a split (``train`` -> ``development`` for Clotho)."""
     if split not in SPLITS:
-        raise ValueError(f"split ({split!r}) must be one of {SPLITS}.")
+        raise UserError(f"split ({split!r}) must be one of {SPLITS}.")
     if split not in names:
-        raise ValueError(f"{fmt}: no file name for split {split!r} in data.splits ({dict(names)});"
+        raise UserError(f"{fmt}: no file name for split {split!r} in data.splits ({dict(names)});"
                          f" add it, e.g. data.splits.{split}=...")
     return str(names[split])
 
 
 def missing_split(path: Path, split: str, fmt: str, hint: str = "") -> DataError:
-    """The error for a split whose index file does not exist."""
+    """The error for a split whose index (file or folder) does not exist; never skippable."""
     return DataError.make("missing_split", path, f"the {fmt} index of split {split!r} does not "
                           f"exist", f"check data.root{hint}", skippable=False)
+
+
+def require_index(path: Path, split: str, fmt: str, hint: str = "") -> None:
+    """The index file of a split must exist: else :func:`missing_split`'s error."""
+    if not path.is_file():
+        raise missing_split(path, split, fmt, hint)
 
 
 def read_csv(path: Path, required: Sequence[str], fmt: str) -> Iterator[tuple[int, dict[str, str]]]:

@@ -25,8 +25,8 @@ from mmtf.data.formats.base import (
     Report,
     bad_row,
     clean_captions,
-    missing_split,
     read_csv,
+    require_index,
     split_name,
 )
 
@@ -54,8 +54,7 @@ def read_clotho(root: Path, split: str, *, report: Report,
     """
     name = split_name(split, splits or SPLIT_NAMES, "clotho")
     index = csv_path(root, name)
-    if not index.is_file():
-        raise missing_split(index, split, "clotho", f" (expected clotho_captions_{name}.csv)")
+    require_index(index, split, "clotho", f" (expected clotho_captions_{name}.csv)")
     audio_dir = root / name
     if not audio_dir.is_dir() and (root / f"clotho_audio_{name}").is_dir():
         audio_dir = root / f"clotho_audio_{name}"

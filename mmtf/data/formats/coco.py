@@ -23,7 +23,7 @@ from mmtf.data.formats.base import (
     Report,
     bad_row,
     clean_captions,
-    missing_split,
+    require_index,
     split_name,
 )
 
@@ -70,8 +70,7 @@ def read_coco(root: Path, split: str, *, report: Report,
     """
     name = split_name(split, splits or SPLIT_NAMES, "coco")
     index = json_path(root, name)
-    if not index.is_file():
-        raise missing_split(index, split, "coco", f" (expected annotations/captions_{name}.json)")
+    require_index(index, split, "coco", f" (expected annotations/captions_{name}.json)")
     data = _load(index)
     image_dir = root / name
     images: dict[object, tuple[str, str]] = {}

@@ -21,9 +21,10 @@ from mmtf.data.formats.base import (
     LabelSet,
     Report,
     bad_row,
-    missing_split,
     read_csv,
+    require_index,
 )
+from mmtf.errors import UserError
 
 COLUMNS = ["filename", "fold", "target", "category", "esc10", "src_file", "take"]
 REQUIRED = ["filename", "fold", "target", "category"]
@@ -50,12 +51,11 @@ def read_esc50(root: Path, split: str, *, report: Report,
     """
     folds = folds or DEFAULT_FOLDS
     if split not in folds:
-        raise ValueError(f"esc50: no folds for split {split!r} in data.folds ({dict(folds)}); "
+        raise UserError(f"esc50: no folds for split {split!r} in data.folds ({dict(folds)}); "
                          f"add e.g. data.folds.{split}=[5].")
     wanted = {int(f) for f in folds[split]}
     index = meta_path(root)
-    if not index.is_file():
-        raise missing_split(index, split, "esc50", " (expected meta/esc50.csv)")
+    require_index(index, split, "esc50", " (expected meta/esc50.csv)")
     names: dict[int, str] = {}
     rows = []
     for line, row in read_csv(index, REQUIRED, "esc50"):

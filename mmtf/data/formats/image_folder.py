@@ -28,6 +28,7 @@ from mmtf.data.formats.base import (
     split_name,
 )
 from mmtf.data.image import IMAGE_EXTENSIONS
+from mmtf.errors import UserError
 
 SPLIT_NAMES = {"train": "train", "val": "val", "test": "test"}
 
@@ -73,7 +74,7 @@ def read_image_folder(root: Path, split: str, *, report: Report,
     else:
         if not 0 <= val_fraction < 1 or not 0 <= test_fraction < 1 or \
                 val_fraction + test_fraction >= 1:
-            raise ValueError(f"image_folder: val_fraction ({val_fraction}) and test_fraction "
+            raise UserError(f"image_folder: val_fraction ({val_fraction}) and test_fraction "
                              f"({test_fraction}) must be in [0, 1) with a sum < 1.")
         classes, class_to_idx = find_classes(str(root))
         pairs = []

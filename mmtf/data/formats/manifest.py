@@ -22,7 +22,7 @@ from mmtf.data.formats.base import (
     Report,
     bad_row,
     clean_captions,
-    missing_split,
+    require_index,
     split_name,
 )
 
@@ -45,8 +45,7 @@ def read_manifest(root: Path, split: str, *, report: Report, modality: str = "au
     """
     name = split_name(split, splits or SPLIT_NAMES, "manifest")
     index = root / f"{name}.jsonl"
-    if not index.is_file():
-        raise missing_split(index, split, "manifest", f" (expected {name}.jsonl)")
+    require_index(index, split, "manifest", f" (expected {name}.jsonl)")
     other = "image" if modality == "audio" else "audio"
     items = []
     with open(index, encoding="utf-8") as f:
