@@ -206,3 +206,15 @@ def test_config_dir_missing_names_both_places(tmp_path):
 
 def test_this_checkout_uses_its_own_conf():
     assert find_config_dir() == str(REPO / "conf")
+
+
+def test_optuna_sweep_composes_with_the_extra_installed():
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper",
+                        reason="hydra-optuna-sweeper is not installed (pip install 'mmtf[optuna]')")
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=audio_captioning", "hparams_search=optuna"],
+                      return_hydra_config=True)
+    assert cfg.hydra.sweeper._target_.endswith("OptunaSweeper")
+    assert cfg.hydra.sweeper.direction == f"{cfg.optimized_mode}imize"
