@@ -20,9 +20,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mmtf.utils.checkpoint import build_task, check_targets, load_checkpoint
 from mmtf.utils.config import ConfigError, generation_overrides, require_values, run_cli
+from mmtf.utils.config_dir import CONF_DIR
 
 log = logging.getLogger("mmtf.evaluate")
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 SPLITS = ("val", "test")
 
 

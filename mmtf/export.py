@@ -26,8 +26,8 @@ from torch import nn
 from mmtf.errors import require_file
 from mmtf.utils.checkpoint import CheckpointError, build_task, check_targets, load_checkpoint
 from mmtf.utils.config import ConfigError, require_values, run_cli
+from mmtf.utils.config_dir import CONF_DIR
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 PARTS = ("encoder", "decoder")
 
 

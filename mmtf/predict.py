@@ -22,8 +22,7 @@ from mmtf.data.image import IMAGE_EXTENSIONS, build_eval_image_transform, load_i
 from mmtf.errors import UserError, require_file
 from mmtf.utils.checkpoint import build_task, load_checkpoint
 from mmtf.utils.config import generation_overrides, require_values, run_cli
-
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+from mmtf.utils.config_dir import CONF_DIR
 
 
 def expand_inputs(inputs: Iterable[str], extensions: Sequence[str]) -> list[Path]:

@@ -32,10 +32,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from mmtf.reliability import resolve_resume
 from mmtf.tasks import Task
 from mmtf.utils.config import check_target_signatures, print_config_tree, require_values, run_cli
+from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.distributed import is_distributed
 
 log = logging.getLogger("mmtf.train")
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def instantiate_group(cfg: DictConfig | None) -> list[Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import hydra
@@ -30,8 +29,7 @@ from omegaconf import DictConfig
 from mmtf.data.audio import load_audio
 from mmtf.data.errors import DataError, ErrorCounter
 from mmtf.data.image import load_image
-
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+from mmtf.utils.config_dir import CONF_DIR
 
 
 class _Collector:

@@ -14,8 +14,7 @@ from omegaconf import DictConfig
 from mmtf.errors import UserError
 from mmtf.report import write_report
 from mmtf.utils.config import find_missing, run_cli
-
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+from mmtf.utils.config_dir import CONF_DIR
 
 
 def report(cfg: DictConfig) -> list[Path]:

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mmtf.report.logs import RunLogs, Series, load_run
+from mmtf.utils.config_dir import CONF_DIR
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 # Keys that say where files go, not how the model trains: never part of the config diff.
 _PATH_ROOTS = ("paths",)
 _PATH_INTERPOLATIONS = ("${paths.", "${hydra:", "${now:")

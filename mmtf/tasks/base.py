@@ -25,6 +25,7 @@ from torch import nn
 
 from mmtf.encoders import AudioEncoder
 from mmtf.utils.config import ConfigError
+from mmtf.utils.fsdp import shard_model
 
 Modality = Literal["audio", "image"]
 
@@ -54,6 +55,10 @@ class Task(L.LightningModule):
         except RuntimeError:       # Lightning: "... is not attached to a `Trainer`"
             return None
         return trainer.datamodule
+
+    def configure_model(self) -> None:
+        # trainer=fsdp: one FSDP2 shard unit per transformer block; other strategies: nothing.
+        shard_model(self)
 
     def setup(self, stage: str) -> None:
         datamodule = self.attached_datamodule()

@@ -1,0 +1,99 @@
+"""FSDP2 for mmtf's tasks: every transformer block its own shard unit (``trainer=fsdp``).
+
+:class:`FSDP2Strategy` is Lightning's ``ModelParallelStrategy`` (FSDP2, ``torch.distributed.fsdp
+.fully_shard``) with mmtf's sharding plan, which a task applies from its ``configure_model`` hook
+through :func:`shard_model` (a no-op under every other strategy):
+
+* each :class:`~mmtf.nn.transformer.TransformerBlock` (encoder and decoder alike) is one unit:
+  its parameters are gathered just before it runs and freed after; with
+  ``activation_checkpointing=True`` it also recomputes its activations in backward instead of
+  keeping them (same parameter names, so checkpoints do not depend on the setting);
+* each child of the task that holds parameters (``model``, ``encoder``, ``head`` ...) is a root
+  unit for what is left (embeddings, norms, heads); methods other than ``forward`` that use its
+  parameters (``generate``, ``pool``) are registered so they gather them too.
+
+The device mesh is Lightning's ``(nodes, devices per node)``: shards within a node, replicas
+across nodes (HSDP); one node is plain FSDP. Checkpoints are one full file written by rank 0 (the
+files ``ckpt_path=last|auto`` and ``mmtf.utils.checkpoint`` read), not a sharded folder.
+Why: see docs/design/fsdp.md.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+from torch.utils.checkpoint import checkpoint
+
+from mmtf.nn.transformer import TransformerBlock
+
+__all__ = ["FSDP2Strategy", "shard_model"]
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 over all ranks with one shard unit per transformer block.
+
+    Args:
+        activation_checkpointing: recompute each block's activations in backward (less memory,
+            about one more forward pass of compute).
+        reshard_after_forward: free gathered parameters after each unit's forward (ZeRO-3);
+            False keeps them until backward (ZeRO-2: more memory, less communication).
+        forward_methods: methods besides ``forward`` of the task's children that use their
+            parameters (the captioner's ``generate``, an encoder's ``pool``).
+        **kwargs: ``ModelParallelStrategy`` arguments (``process_group_backend``, ``timeout``).
+    """
+
+    def __init__(self, *, activation_checkpointing: bool = False,
+                 reshard_after_forward: bool = True,
+                 forward_methods: Sequence[str] = ("generate", "pool"), **kwargs: Any) -> None:
+        super().__init__(save_distributed_checkpoint=False, **kwargs)
+        self.activation_checkpointing = activation_checkpointing
+        self.reshard_after_forward = reshard_after_forward
+        self.forward_methods = tuple(forward_methods)
+
+    def shard(self, module: nn.Module) -> None:
+        """Apply the plan to ``module`` (a task) in place; once: a second call changes nothing."""
+        if any(isinstance(m, FSDPModule) for m in module.modules()):
+            return
+        own = [name for name, _ in module.named_parameters(recurse=False)]
+        if own:
+            raise RuntimeError(f"FSDP2Strategy: {type(module).__name__} holds parameters {own} "
+                               "itself; FSDP2 shards the parameters of its child modules only.")
+        shard = functools.partial(fully_shard, mesh=self.device_mesh,
+                                  reshard_after_forward=self.reshard_after_forward)
+        for block in [m for m in module.modules() if isinstance(m, TransformerBlock)]:
+            if self.activation_checkpointing:
+                block.forward = _recompute_in_backward(block.forward)
+            shard(block)
+        for child in module.children():
+            if next(child.parameters(), None) is None:
+                continue
+            shard(child)
+            for name in self.forward_methods:          # after fully_shard: needs an FSDPModule
+                if callable(getattr(child, name, None)):
+                    register_fsdp_forward_method(child, name)
+
+
+def shard_model(task: L.LightningModule) -> None:
+    """A task's ``configure_model``: shard it under :class:`FSDP2Strategy`, else do nothing."""
+    strategy = task.trainer.strategy
+    if isinstance(strategy, FSDP2Strategy):
+        strategy.shard(task)
+
+
+def _recompute_in_backward(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``forward`` that keeps only its inputs for backward and reruns itself there (with grad)."""
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if not torch.is_grad_enabled():          # evaluation, generation: nothing to save
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run

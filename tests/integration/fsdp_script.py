@@ -1,0 +1,99 @@
+"""Two CPU ranks (gloo) fitting a tiny two-block model under ``trainer=fsdp``; Lightning re-launches
+this file for rank 1. The trainer is conf/trainer/fsdp.yaml, moved to the CPU.
+
+Usage: ``python fsdp_script.py OUT_DIR MAX_STEPS ACTIVATION_CHECKPOINTING [CKPT_PATH]``; writes
+``OUT_DIR/checkpoints/last.ckpt`` (ModelCheckpoint), ``OUT_DIR/end.ckpt`` and, from rank 0,
+``OUT_DIR/units.json`` (class names of the sharded modules, the parameter type).
+
+Shapes: b batch, n = 5 positions, c = 16 features.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Subset, TensorDataset  # noqa: E402
+
+from mmtf.nn.transformer import TransformerBlock  # noqa: E402
+from mmtf.utils.fsdp import shard_model  # noqa: E402
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+DIM = 16
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, DIM)
+        self.blocks = nn.ModuleList([TransformerBlock(dim=DIM, num_heads=2) for _ in range(2)])
+        self.out = nn.Linear(DIM, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:          # (b, n, 4) -> (b, n, 1)
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h)
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:             # (b, n, 4) -> (b, c)
+        return self.inp(x).mean(1)
+
+
+class Toy(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = Net()
+
+    def configure_model(self) -> None:
+        shard_model(self)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return (self.net(x).squeeze(-1) - y).pow(2).mean() + 1e-3 * self.net.pool(x).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(16, 5, 4, generator=g)
+        data = TensorDataset(x, x.sum(-1))
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        return DataLoader(Subset(data, range(rank, len(data), world)), batch_size=2)
+
+
+def main(out: Path, max_steps: int, activation_checkpointing: bool, ckpt_path: str | None):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[
+            "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
+            "trainer.precision=32-true", "trainer.strategy.process_group_backend=gloo",
+            f"trainer.strategy.activation_checkpointing={activation_checkpointing}",
+            f"trainer.max_steps={max_steps}", "trainer.max_epochs=-1",
+            f"paths.output_dir={out}"])
+    checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True,
+                                  every_n_train_steps=2)
+    trainer = instantiate(cfg.trainer, logger=False, callbacks=[checkpoints],
+                          enable_progress_bar=False, enable_model_summary=False)
+    model = Toy()
+    trainer.fit(model, ckpt_path=ckpt_path)
+    trainer.save_checkpoint(out / "end.ckpt")
+    if trainer.global_rank == 0:
+        units = sorted({type(m).__name__ for m in model.modules() if type(m).__name__[:4] == "FSDP"})
+        param = type(next(model.parameters())).__name__
+        (out / "units.json").write_text(json.dumps({"units": units, "param": param,
+                                                    "step": trainer.global_step}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "true",
+         sys.argv[4] if len(sys.argv) > 4 else None)

@@ -1,0 +1,32 @@
+"""`python -m mmtf.train trainer=fsdp` on two CPU ranks (gloo): the captioner trains, validates with
+generation, and `ckpt_path=last` resumes it in the same run dir with activation checkpointing on."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmtf.utils.checkpoint import load_checkpoint
+
+from .conftest import run_cli, tiny_overrides
+
+pytestmark = pytest.mark.slow
+
+FSDP_CPU = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
+            "trainer.precision=32-true", "trainer.strategy.process_group_backend=gloo",
+            "test=false"]
+
+
+def test_fsdp_trains_the_captioner_and_resumes_from_last(data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*tiny_overrides("audio_captioning", data_dir), *FSDP_CPU, f"hydra.run.dir={run_dir}"]
+    first = run_cli("mmtf.train", args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] == 1
+    resumed = run_cli("mmtf.train", [*args, "trainer.max_epochs=2", "ckpt_path=last",
+                                     "trainer.strategy.activation_checkpointing=true"],
+                      cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "Restored all states" in resumed.stdout + resumed.stderr
+    checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    assert checkpoint["epoch"] == 2
+    assert "model.decoder.stack.blocks.0.self_attn.to_q.weight" in checkpoint["state_dict"]
