@@ -1,7 +1,9 @@
 """`python -m mmtf.train experiment=...`: compose, seed, train, test the best checkpoint, report.
 
-Writes into the Hydra run dir: the resolved config (``config.yaml``), checkpoints, TensorBoard and
-CSV logs, validation sample tables, and ``metrics.json`` (flat keys such as ``test/cider_d``).
+Writes into the Hydra run dir: the resolved config (``config.yaml``), ``run_info.json`` (git
+commit, command line, package versions; one entry per start), checkpoints, TensorBoard and CSV
+logs (every logger also gets the whole config, flattened: :mod:`mmtf.loggers`), validation sample
+tables, and ``metrics.json`` (flat keys such as ``test/cider_d``).
 Returns the metric named by ``optimized_metric`` so Hydra sweepers can optimise it.
 
 Resume: ``ckpt_path=last`` (the newest checkpoint of the run dir; nothing there is an error),
@@ -29,11 +31,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from mmtf.loggers import continue_tracker_runs, log_config, log_final_metric, record_tracker_runs
 from mmtf.reliability import resolve_resume
 from mmtf.tasks import Task
 from mmtf.utils.config import check_target_signatures, print_config_tree, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.distributed import is_distributed
+from mmtf.utils.run_info import write_run_info
 
 log = logging.getLogger("mmtf.train")
 
@@ -78,9 +82,14 @@ def train(cfg: DictConfig) -> float | None:
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     task.run_config = OmegaConf.to_container(cfg, resolve=True)
     callbacks = instantiate_group(cfg.get("callbacks"))
+    continue_tracker_runs(cfg.get("logger"), output_dir)   # a resume continues the same run
     loggers = instantiate_group(cfg.get("logger"))
     _pin_ddp_children_to_this_run(str(output_dir))
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    if trainer.is_global_zero:
+        write_run_info(output_dir)
+        record_tracker_runs(loggers, output_dir)
+    log_config(loggers, cfg)
 
     if cfg.get("train", True):
         trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
@@ -98,9 +107,10 @@ def train(cfg: DictConfig) -> float | None:
         test_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     metrics = {**train_metrics, **test_metrics}
+    value = metrics.get(cfg.get("optimized_metric") or "")
+    log_final_metric(loggers, cfg, value, trainer.global_step)
     if trainer.is_global_zero:
         report(metrics, task, output_dir)
-    value = metrics.get(cfg.get("optimized_metric") or "")
     return value
 
 

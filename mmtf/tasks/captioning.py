@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 from torch import nn
 
 from mmtf.decoders import EncoderDecoder
@@ -224,12 +225,18 @@ class CaptioningTask(Task):
         lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} |"
                   for r in rows[:self.hparams.num_logged_samples]]
         table = "\n".join(lines)
-        for logger in self.loggers:                      # TensorBoard shows it as text;
-            experiment = getattr(logger, "experiment", None)  # every run also gets the file
-            if hasattr(experiment, "add_text"):
-                experiment.add_text(f"{split}/samples", table, self.global_step)
-        out_dir = Path(self.trainer.default_root_dir) / "samples"
-        out_dir.mkdir(parents=True, exist_ok=True)
         name = f"{split}_epoch{self.current_epoch:03d}_step{self.global_step:07d}.md"
+        shown = rows[:self.hparams.num_logged_samples]
+        for logger in self.loggers:
+            if isinstance(logger, WandbLogger):          # a table per validation
+                logger.log_table(f"{split}/samples", columns=["id", "prediction", "reference"],
+                                 data=[[r["id"], r["prediction"], r["references"][0]]
+                                       for r in shown], step=self.global_step)
+            elif isinstance(logger, MLFlowLogger):       # an artifact file per validation
+                logger.experiment.log_text(logger.run_id, table + "\n", f"samples/{name}")
+            elif isinstance(logger, TensorBoardLogger):  # the Text tab
+                logger.experiment.add_text(f"{split}/samples", table, self.global_step)
+        out_dir = Path(self.trainer.default_root_dir) / "samples"   # every run gets the file
+        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / name).write_text(table + "\n")
         log.info("%s samples (epoch %d):\n%s", split, self.current_epoch, table)
