@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from mmtf.loggers import continue_tracker_runs, log_config, log_final_metric, record_tracker_runs
 from mmtf.reliability import resolve_resume
 from mmtf.tasks import Task
+from mmtf.utils.checkpoint import validate_safe_targets
 from mmtf.utils.config import check_target_signatures, print_config_tree, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.distributed import is_distributed
@@ -69,6 +70,7 @@ def train(cfg: DictConfig) -> float | None:
     """Train and test one configuration; return ``cfg.optimized_metric`` (None if not logged)."""
     require_values(cfg)
     check_target_signatures(cfg)
+    validate_safe_targets(cfg.get("safe_targets") or [])   # refuses os, subprocess, builtins...
     output_dir = Path(cfg.paths.output_dir)
     # last | auto | <file>: checked (complete, weights-only loadable) before anything is built.
     ckpt_path = resolve_resume(cfg.get("ckpt_path"), output_dir)
