@@ -10,6 +10,8 @@ W&B / MLflow run per run dir.
 * :func:`continue_tracker_runs` / :func:`record_tracker_runs`: the W&B run id and the MLflow
   run id live in ``<run_dir>/.mmtf/tracker_runs.json``; a resume in that run dir continues the
   same tracker run (W&B ``id=..., resume="allow"``; MLflow ``run_id=...``).
+
+Why: see docs/design/trackers-and-run-records.md
 """
 
 from __future__ import annotations

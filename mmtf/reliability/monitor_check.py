@@ -7,6 +7,7 @@ traceback, or, with ``strict=False``, as checkpoints that never track a best mod
 :class:`MonitorCheck` runs after the first real validation (not the sanity check), before
 EarlyStopping (it is earlier in the callback list; Lightning moves only checkpoint callbacks to
 the end), and raises :class:`MonitorError` naming the key and the metrics that exist.
+Why: see docs/design/monitored-metric.md
 """
 
 from __future__ import annotations
