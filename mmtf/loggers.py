@@ -140,7 +140,7 @@ def continue_tracker_runs(logger_cfg: DictConfig | None, run_dir: Path) -> None:
     for entry in logger_cfg.values():
         if not isinstance(entry, DictConfig) or "_target_" not in entry:
             continue
-        kind = _tracker_kind(str(entry._target_))
+        kind = _tracker_kind(str(entry["_target_"]))
         with open_dict(entry):
             if kind == "wandb":
                 if not entry.get("id"):
