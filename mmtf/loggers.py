@@ -26,6 +26,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 TRACKER_RUNS_FILE = Path(".mmtf") / "tracker_runs.json"
@@ -66,6 +67,11 @@ def log_config(loggers: Iterable[Logger], cfg: DictConfig) -> None:
         if isinstance(logger, TensorBoardLogger):
             # Without a metric TensorBoard writes no HParams summary; NaN until the run ends.
             logger.log_hyperparams(flat, metrics={hp_metric: float("nan")})
+        elif isinstance(logger, MLFlowLogger):
+            # MLflow params are write-once: a resumed run keeps those of its first start
+            # (ckpt_path, max_epochs of a resume are in run_info.json) and adds new keys.
+            logged = logger.experiment.get_run(logger.run_id).data.params
+            logger.log_hyperparams({k: v for k, v in flat.items() if k not in logged})
         else:
             logger.log_hyperparams(flat)
 
@@ -133,8 +139,8 @@ def continue_tracker_runs(logger_cfg: DictConfig | None, run_dir: Path) -> None:
     ``resume="allow"``. MLflow: ``run_id`` = the stored id once :func:`record_tracker_runs`
     has stored one. Values the user set explicitly are kept.
     """
-    if not logger_cfg:
-        return
+    if not logger_cfg or rank_zero_only.rank != 0:
+        return                    # other ranks' tracker loggers log nothing; rank 0 owns the file
     runs = read_tracker_runs(run_dir)
     changed = False
     for entry in logger_cfg.values():

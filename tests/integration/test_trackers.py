@@ -182,3 +182,26 @@ def test_sample_table_reaches_wandb_and_mlflow(data_dir, tmp_path):
     (run_id, text, artifact), = mlflow.client.calls
     assert run_id == "run-7" and artifact == "samples/val_epoch000_step0000000.md"
     assert "| clip2 | rain | rain falls |" in text
+
+
+@pytest.mark.slow
+def test_mlflow_resume_continues_one_run_with_params_and_samples(data_dir, tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    common = ["logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "test=false",
+              "data.synthetic.num_train=8", "model.optimizer.lr=0.00077"]
+    run_dir = tmp_path / "run"
+    train(compose_train(tiny_overrides("audio_captioning", data_dir, *common), run_dir))
+    first = json.loads((run_dir / TRACKER_RUNS_FILE).read_text())["mlflow"]
+    train(compose_train(tiny_overrides("audio_captioning", data_dir, *common, "ckpt_path=last",
+                                       "trainer.max_epochs=2"), run_dir))
+    assert json.loads((run_dir / TRACKER_RUNS_FILE).read_text())["mlflow"] == first
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("audio_captioning").experiment_id])
+    assert [r.info.run_id for r in runs] == [first]
+    assert runs[0].data.params["model.optimizer.lr"] == "0.00077"
+    epochs = {int(m.step) for m in client.get_metric_history(first, "epoch")}
+    assert {0, 1} <= epochs
+    artifacts = [a.path for a in client.list_artifacts(first, "samples")]
+    assert any(p.endswith("val_epoch000_step0000002.md") for p in artifacts), artifacts
+    assert any("epoch001" in p for p in artifacts), artifacts
