@@ -88,10 +88,10 @@ def train(cfg: DictConfig) -> float | None:
     loggers = instantiate_group(cfg.get("logger"))
     _pin_ddp_children_to_this_run(str(output_dir))
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-    if trainer.is_global_zero:
+    if trainer.is_global_zero:                 # the loggers write on rank 0 only
         write_run_info(output_dir)
         record_tracker_runs(loggers, output_dir)
-    log_config(loggers, cfg)
+        log_config(loggers, cfg)
 
     if cfg.get("train", True):
         trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
