@@ -185,8 +185,9 @@ def test_sample_table_reaches_wandb_and_mlflow(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_mlflow_resume_continues_one_run_with_params_and_samples(data_dir, tmp_path):
+def test_mlflow_resume_continues_one_run_with_params_and_samples(data_dir, tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)              # MLflow's default artifact root is ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     common = ["logger=mlflow", f"logger.mlflow.tracking_uri={uri}", "test=false",
               "data.synthetic.num_train=8", "model.optimizer.lr=0.00077"]
