@@ -134,8 +134,9 @@ def word_spans(weights: Tensor, words: Sequence[tuple[str, Sequence[int]]],
         medfilt_width: median filter width along time (odd; 1 = off).
 
     Returns:
-        One :class:`WordSpan` per word; a word covers positions ``[first, next word's first)``
-        (at least its first), whose edges are half a position around the centres.
+        One :class:`WordSpan` per word, in order and never overlapping; a word covers
+        positions ``[first, next word's first)`` (at least its first), whose edges are half a
+        position around the centres.
     """
     if weights.dim() != 3:
         raise ValueError(f"word_spans: weights must be (maps, tokens, positions), got "
@@ -148,11 +149,13 @@ def word_spans(weights: Tensor, words: Sequence[tuple[str, Sequence[int]]],
     firsts = [int(starts[min(tokens)]) for _, tokens in words]
     last_token = max(words[-1][1])
     closing = int(starts[last_token + 1]) if last_token + 1 < n else m
-    spans = []
+    spans: list[WordSpan] = []
     for i, (word, tokens) in enumerate(words):
         begin = firsts[i]
         stop = max(firsts[i + 1] if i + 1 < len(words) else closing, begin + 1)   # exclusive
-        start = max(0.0, (begin - 0.5) * seconds_per_position)
+        # Words never overlap: several words whose tokens share a first position follow
+        # each other there (zero-length after the first), as Whisper's do.
+        start = max(0.0, (begin - 0.5) * seconds_per_position, spans[-1].end if spans else 0.0)
         end = min(end_limit, (stop - 0.5) * seconds_per_position)
         spans.append(WordSpan(word, start, max(start, end), tuple(int(t) for t in tokens)))
     return spans

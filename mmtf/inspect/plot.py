@@ -66,24 +66,48 @@ def _spectrogram(ax, spec: np.ndarray, frame_seconds: float, duration: float):
     return im
 
 
-def _time_map(ax, matrix: np.ndarray, position_seconds: float, labels: Sequence[str],
-              vmax: float | None = None):
-    """Draw an (n, m) token-by-position map with positions centred at k * position_seconds."""
+def _time_map(ax, matrix: np.ndarray, position_seconds: float, labels: Sequence[str]):
+    """Draw an (n, m) token-by-position map with positions centred at k * position_seconds.
+
+    The colour range is the map's own (the colour bar gives the values): near-uniform
+    attention of an early model would otherwise be one flat colour.
+    """
     n, m = matrix.shape
-    im = ax.imshow(matrix, aspect="auto", cmap=CMAP, interpolation="nearest", vmin=0.0,
-                   vmax=vmax, extent=(-0.5 * position_seconds, (m - 0.5) * position_seconds,
-                                      n - 0.5, -0.5))
+    im = ax.imshow(matrix, aspect="auto", cmap=CMAP, interpolation="nearest",
+                   extent=(-0.5 * position_seconds, (m - 0.5) * position_seconds, n - 0.5, -0.5))
     _token_axis(ax, labels)
     ax.tick_params(axis="x", labelsize=TICK_SIZE)
     return im
+
+
+def _word_strip(ax, spans: Sequence[WordSpan]) -> None:
+    """Each word as a bar over its span, on two alternating levels so neighbours never overlap."""
+    colors = ("#4e79a7", "#f28e2b")
+    for i, span in enumerate(spans):
+        level = i % 2
+        ax.barh(level, max(span.end - span.start, 1e-3), left=span.start, height=0.8,
+                color=colors[level], alpha=0.35, edgecolor=colors[level], linewidth=1.0)
+        ax.text((span.start + span.end) / 2, level, span.word, ha="center", va="center",
+                fontsize=TICK_SIZE, clip_on=True)
+    ax.set_ylim(1.6, -0.6)
+    ax.set_yticks([])
+    ax.set_ylabel("words", fontsize=LABEL_SIZE, rotation=0, ha="right", va="center")
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+
+
+def _mark_starts(ax, spans: Sequence[WordSpan]) -> None:
+    """Thin dashed lines on the spectrogram where each word starts."""
+    for span in spans:
+        ax.axvline(span.start, color="white", lw=0.8, ls="--", alpha=0.7)
 
 
 def audio_attention_figure(spec: np.ndarray, *, frame_seconds: float, duration: float,
                            maps: dict[str, np.ndarray], position_seconds: float,
                            labels: Sequence[str], caption: str,
                            spans: Sequence[WordSpan] | None = None) -> Figure:
-    """Log-mel spectrogram on top, one cross-attention map per entry of ``maps`` below it,
-    all on one time axis in seconds.
+    """Log-mel spectrogram on top, the aligned words (if any), then one cross-attention map per
+    entry of ``maps``, all on one time axis in seconds.
 
     Args:
         spec: (f, t) log-mel features of the valid frames.
@@ -93,19 +117,22 @@ def audio_attention_figure(spec: np.ndarray, *, frame_seconds: float, duration: 
         position_seconds: seconds between memory positions (position k centred at k times it).
         labels: n token labels (the rows).
         caption: the generated caption (figure title).
-        spans: word spans to mark on the spectrogram, or None.
+        spans: aligned words to show under the spectrogram, or None.
     """
     n = len(labels)
     map_height = max(1.8, 0.24 * n + 0.6)
-    heights = [2.4] + [map_height] * len(maps)
+    heights = [2.4, *([0.7] if spans else []), *([map_height] * len(maps))]
     fig = Figure(figsize=(12, sum(heights) + 0.9), layout="constrained")
     axes = fig.subplots(len(heights), 1, sharex=True, height_ratios=heights, squeeze=False)[:, 0]
     im = _spectrogram(axes[0], spec, frame_seconds, duration)
     fig.colorbar(im, ax=axes[0], pad=0.01, fraction=0.025).set_label("log-mel (norm.)",
                                                                       fontsize=TICK_SIZE)
+    map_axes = axes[1:]
     if spans:
-        _mark_spans(axes[0], spans, spec.shape[0])
-    for ax, (title, matrix) in zip(axes[1:], maps.items()):
+        _mark_starts(axes[0], spans)
+        _word_strip(axes[1], spans)
+        map_axes = axes[2:]
+    for ax, (title, matrix) in zip(map_axes, maps.items()):
         im = _time_map(ax, matrix, position_seconds, labels)
         ax.set_title(title, fontsize=LABEL_SIZE, loc="left")
         ax.set_ylabel("generated token", fontsize=LABEL_SIZE)
@@ -114,20 +141,6 @@ def audio_attention_figure(spec: np.ndarray, *, frame_seconds: float, duration: 
     axes[-1].set_xlabel("time (s)", fontsize=LABEL_SIZE)
     fig.suptitle(_wrap(f"caption: {caption}"), fontsize=TITLE_SIZE)
     return fig
-
-
-def _mark_spans(ax, spans: Sequence[WordSpan], height: float) -> None:
-    """Shade each word's span on a spectrogram and write the word above it, staggered in two
-    rows so neighbouring words do not overlap."""
-    colors = ("#ffffff", "#ffd54f")
-    for i, span in enumerate(spans):
-        ax.axvspan(span.start, span.end, ymin=0.0, ymax=1.0, color=colors[i % 2], alpha=0.18,
-                   lw=0)
-        ax.axvline(span.start, color=colors[i % 2], lw=0.8, alpha=0.8)
-        y = height * (0.9 if i % 2 == 0 else 0.76)
-        ax.text((span.start + span.end) / 2, y, span.word, ha="center", va="center",
-                fontsize=TICK_SIZE, color="black",
-                bbox=dict(boxstyle="round,pad=0.15", fc=colors[i % 2], ec="none", alpha=0.85))
 
 
 def alignment_figure(spec: np.ndarray, *, frame_seconds: float, duration: float,
@@ -146,13 +159,14 @@ def alignment_figure(spec: np.ndarray, *, frame_seconds: float, duration: float,
         caption: the generated caption.
     """
     n = len(labels)
-    heights = [2.6, max(1.8, 0.24 * n + 0.6)]
+    heights = [2.6, 0.7, max(1.8, 0.24 * n + 0.6)]
     fig = Figure(figsize=(12, sum(heights) + 0.9), layout="constrained")
-    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=heights)
+    top, strip, bottom = fig.subplots(3, 1, sharex=True, height_ratios=heights)
     im = _spectrogram(top, spec, frame_seconds, duration)
     fig.colorbar(im, ax=top, pad=0.01, fraction=0.025).set_label("log-mel (norm.)",
                                                                   fontsize=TICK_SIZE)
-    _mark_spans(top, spans, spec.shape[0])
+    _mark_starts(top, spans)
+    _word_strip(strip, spans)
     top.set_title("words aligned to time (DTW over cross-attention)", fontsize=LABEL_SIZE,
                   loc="left")
     m = matrix.shape[1]
@@ -197,14 +211,15 @@ def image_attention_figure(image: np.ndarray, *, maps: np.ndarray, grid: tuple[i
     axes = fig.subplots(rows, columns, squeeze=False).ravel()
     h, w = image.shape[:2]
     extent = (0, w, h, 0)
-    vmax = float(maps.max()) if maps.size else 1.0
+    # One colour scale for every token, over the range the patches actually get.
+    vmin, vmax = (float(maps.min()), float(maps.max())) if maps.size else (0.0, 1.0)
     axes[0].imshow(image, extent=extent)
     axes[0].set_title("input", fontsize=LABEL_SIZE)
     im = None
     for i in range(n):
         ax = axes[i + 1]
         ax.imshow(image, extent=extent)
-        im = ax.imshow(maps[i].reshape(gh, gw), cmap=CMAP, alpha=0.6, vmin=0.0, vmax=vmax,
+        im = ax.imshow(maps[i].reshape(gh, gw), cmap=CMAP, alpha=0.6, vmin=vmin, vmax=vmax,
                        extent=extent, interpolation="bilinear")
         name = f"{i}: {labels[i]}"
         if prefix_weight is not None:
@@ -242,7 +257,7 @@ def self_attention_figure(matrix: np.ndarray, *, title: str, labels: Sequence[st
     if position_seconds is not None:
         e = (k - 0.5) * position_seconds
         extent = (-0.5 * position_seconds, e, e, -0.5 * position_seconds)
-    im = ax.imshow(matrix, cmap=CMAP, interpolation="nearest", vmin=0.0, extent=extent)
+    im = ax.imshow(matrix, cmap=CMAP, interpolation="nearest", extent=extent)
     if labels is not None:
         _token_axis(ax, labels, "y")
         _token_axis(ax, labels, "x")
