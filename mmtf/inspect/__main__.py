@@ -53,7 +53,7 @@ def _inspect(cfg: DictConfig) -> None:
         layers=_list(cfg.layers), head=cfg.head, encoder_self=_list(cfg.encoder_self),
         decoder_self=_list(cfg.decoder_self), with_alignment=cfg.align,
         align_layers=_list(cfg.align_layers), align_heads=_list(cfg.align_heads),
-        medfilt_width=cfg.medfilt_width, generation=generation)
+        medfilt_width=cfg.medfilt_width, generation=generation, data_cfg=stored.get("data"))
     print(f"caption: {result.attention.caption}")
     if result.spans:
         print(spans_table(result.spans))

@@ -65,7 +65,9 @@ class AttentionFigureCallback(L.Callback):
             generation["max_new_tokens"] = self.max_new_tokens
         _, _, figures = inspection_figures(model, tokenizer, inputs, lengths, layers=layers,
                                            head=self.head, with_alignment=False,
-                                           generation=generation)
+                                           generation=generation,
+                                           data_cfg=(getattr(pl_module, "run_config", None)
+                                                     or {}).get("data"))
         name, fig = next(iter(figures.items()))
         step, epoch = trainer.global_step, trainer.current_epoch
         image = plot.render_rgb(fig)

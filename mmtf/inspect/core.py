@@ -191,12 +191,23 @@ def spans_table(spans: Sequence[WordSpan]) -> str:
     return "\n".join(lines)
 
 
-def _display_image(image: Tensor) -> np.ndarray:
-    """A normalised (3, H, W) input back to (H, W, 3) in [0, 1] by per-channel min-max."""
+def display_image(image: Tensor, data_cfg: dict[str, Any] | None = None) -> np.ndarray:
+    """A model input (3, H, W) back to a picture (H, W, 3) in [0, 1].
+
+    The last ``Normalize`` of the data config's ``eval_transforms`` is inverted; without one
+    each channel is min-max scaled.
+    """
     x = image.float()
-    lo = x.amin(dim=(1, 2), keepdim=True)
-    hi = x.amax(dim=(1, 2), keepdim=True)
-    return ((x - lo) / (hi - lo).clamp_min(1e-8)).permute(1, 2, 0).numpy()
+    norm = [t for t in (data_cfg or {}).get("eval_transforms") or []
+            if isinstance(t, dict) and str(t.get("_target_", "")).endswith(".Normalize")]
+    if norm:
+        mean = torch.tensor(norm[-1]["mean"], dtype=torch.float32)[:, None, None]
+        std = torch.tensor(norm[-1]["std"], dtype=torch.float32)[:, None, None]
+        x = (x * std + mean).clamp(0.0, 1.0)
+    else:
+        lo = x.amin(dim=(1, 2), keepdim=True)
+        x = (x - lo) / (x.amax(dim=(1, 2), keepdim=True) - lo).clamp_min(1e-8)
+    return x.permute(1, 2, 0).numpy()
 
 
 def _head_name(head: int | None) -> str:
@@ -210,7 +221,7 @@ def inspection_figures(model, tokenizer, inputs: Tensor, lengths: Tensor | None,
                        decoder_self: Sequence[int] | None = None, with_alignment: bool = True,
                        align_layers: Sequence[int] | None = None,
                        align_heads: Sequence[int] | None = None, medfilt_width: int = 7,
-                       generation: dict | None = None,
+                       generation: dict | None = None, data_cfg: dict[str, Any] | None = None,
                        ) -> tuple[CaptionAttention, list[WordSpan], dict[str, Any]]:
     """Collect the attention of one input and draw its figures (not yet saved).
 
@@ -226,6 +237,7 @@ def inspection_figures(model, tokenizer, inputs: Tensor, lengths: Tensor | None,
             of the layers, all heads).
         medfilt_width: median filter width of the alignment.
         generation: options of ``EncoderDecoder.generate`` (default greedy).
+        data_cfg: the checkpoint's data config, to undo the image normalisation for display.
 
     Returns:
         The attention, the word spans (empty for images or without alignment) and
@@ -274,7 +286,7 @@ def inspection_figures(model, tokenizer, inputs: Tensor, lengths: Tensor | None,
         for layer in draw:
             weights = pick_heads(attention.cross[layer], head)                  # (n, m)
             figures[f"cross_layer{layer}"] = plot.image_attention_figure(
-                _display_image(inputs[0].cpu()), maps=weights[:, skip:].numpy(), grid=(gh, gw),
+                display_image(inputs[0].cpu(), data_cfg), maps=weights[:, skip:].numpy(), grid=(gh, gw),
                 labels=labels, caption=attention.caption,
                 title=f"cross-attention, decoder layer {layer}, {_head_name(head)}",
                 prefix_weight=weights[:, :skip].sum(-1).numpy() if skip else None)
