@@ -39,9 +39,11 @@ def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
 
 
 def _wrap(text: str, width: int = 110) -> str:
+    """Each line of ``text`` wrapped at ``width`` characters (line breaks kept)."""
     import textwrap
 
-    return "\n".join(textwrap.wrap(text, width)) or "(empty caption)"
+    return "\n".join(part for line in text.splitlines()
+                     for part in (textwrap.wrap(line, width) or [""]))
 
 
 def _token_axis(ax, labels: Sequence[str], axis: str = "y") -> None:
@@ -202,11 +204,12 @@ def image_attention_figure(image: np.ndarray, *, maps: np.ndarray, grid: tuple[i
         caption: the generated caption.
         title: what the maps are (layer, heads).
         prefix_weight: (n,) attention each token gave the CLS token (not on the grid), or None.
-        columns: panels per row.
+        columns: most panels per row (rows are balanced).
     """
     n = len(labels)
     gh, gw = grid
     rows = int(np.ceil((n + 1) / columns))
+    columns = int(np.ceil((n + 1) / rows))          # balanced rows: no lone panel at the end
     fig = Figure(figsize=(2.1 * columns, 2.25 * rows + 0.9), layout="constrained")
     axes = fig.subplots(rows, columns, squeeze=False).ravel()
     h, w = image.shape[:2]

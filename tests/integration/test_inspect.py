@@ -29,13 +29,14 @@ def _train(data_dir: Path, run_dir: Path, experiment: str, *extra: str) -> Path:
 
 @pytest.fixture(scope="module")
 def audio_runs(data_dir, tmp_path_factory) -> tuple[Path, Path]:
-    """The same tiny audio captioning run with and without the attention figure callback; two
-    epochs, so the second epoch's SpecAugment masks and shuffling would show any random number
-    the callback drew at the end of the first."""
+    """The same tiny audio captioning run with and without the attention figure callback: two
+    epochs, so the second epoch's SpecAugment masks would show any random number the callback
+    drew at the end of the first. ResumeState is off: it restores the generators after every
+    validation and would hide such a draw."""
     work = tmp_path_factory.mktemp("inspect_audio")
-    return (_train(data_dir, work / "with", "audio_captioning", "trainer.max_epochs=2",
-                   CALLBACK),
-            _train(data_dir, work / "without", "audio_captioning", "trainer.max_epochs=2"))
+    common = ("trainer.max_epochs=2", "callbacks.resume_state=null")
+    return (_train(data_dir, work / "with", "audio_captioning", *common, CALLBACK),
+            _train(data_dir, work / "without", "audio_captioning", *common))
 
 
 def _first_val_clip(data_dir: Path) -> Path:
@@ -44,6 +45,7 @@ def _first_val_clip(data_dir: Path) -> Path:
         return root / "validation" / next(csv.DictReader(f))["file_name"]
 
 
+@pytest.mark.timeout(900)      # the fixture trains two runs before this first test
 def test_callback_logs_a_figure_per_epoch_and_changes_no_weight(audio_runs):
     with_cb, without = audio_runs
     for epoch in (0, 1):
