@@ -292,9 +292,11 @@ def inspection_figures(model, tokenizer, inputs: Tensor, lengths: Tensor | None,
                 prefix_weight=weights[:, :skip].sum(-1).numpy() if skip else None)
     if dec_req:
         layer, dec_head = dec_req[0], dec_req[1] if len(dec_req) > 1 else None
+        # Both axes are the decoder's input tokens, [bos] + caption without its last token:
+        # query t reads input t and attends to inputs 0..t.
         figures["decoder_self"] = plot.self_attention_figure(
             pick_heads(attention.decoder_self[layer % depth], dec_head, "decoder_self head"
-                       ).numpy(), labels=labels,
+                       ).numpy(), labels=["<bos>", *labels[:-1]],
             title=f"decoder self-attention, layer {layer % depth}, {_head_name(dec_head)}")
     if enc_req:
         layer, enc_head = enc_req[0], enc_req[1] if len(enc_req) > 1 else None

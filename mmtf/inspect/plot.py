@@ -177,13 +177,13 @@ def alignment_figure(spec: np.ndarray, *, frame_seconds: float, duration: float,
                        extent=(-0.5 * position_seconds, (m - 0.5) * position_seconds,
                                n - 0.5, -0.5))
     rows, cols = path
-    bottom.plot(cols * position_seconds, rows, color="black", lw=1.6, label="DTW path")
-    bottom.legend(loc="upper right", fontsize=TICK_SIZE)
+    bottom.plot(cols * position_seconds, rows, color="black", lw=1.6)
     _token_axis(bottom, labels)
     bottom.tick_params(axis="x", labelsize=TICK_SIZE)
     bottom.set_ylabel("generated token", fontsize=LABEL_SIZE)
     bottom.set_xlabel("time (s)", fontsize=LABEL_SIZE)
-    bottom.set_title("alignment matrix: attention z-scored over tokens, median-filtered",
+    bottom.set_title("alignment matrix: attention z-scored over tokens, median-filtered; "
+                     "black: the DTW path",
                      fontsize=LABEL_SIZE, loc="left")
     fig.colorbar(im, ax=bottom, pad=0.01, fraction=0.025).set_label("z-score", fontsize=TICK_SIZE)
     fig.suptitle(_wrap(f"caption: {caption}"), fontsize=TITLE_SIZE)
@@ -264,8 +264,8 @@ def self_attention_figure(matrix: np.ndarray, *, title: str, labels: Sequence[st
     if labels is not None:
         _token_axis(ax, labels, "y")
         _token_axis(ax, labels, "x")
-        ax.set_xlabel("key token", fontsize=LABEL_SIZE)
-        ax.set_ylabel("query token", fontsize=LABEL_SIZE)
+        ax.set_xlabel("key (input token)", fontsize=LABEL_SIZE)
+        ax.set_ylabel("query (input token)", fontsize=LABEL_SIZE)
     elif position_seconds is not None:
         ax.set_xlabel("key time (s)", fontsize=LABEL_SIZE)
         ax.set_ylabel("query time (s)", fontsize=LABEL_SIZE)
