@@ -15,8 +15,7 @@ from mmtf.utils.checkpoint import load_checkpoint
 
 from .conftest import run_cli, tiny_overrides
 
-CALLBACK = ("+callbacks.attention_figure._target_="
-            "mmtf.inspect.callback.AttentionFigureCallback")
+CALLBACK = "callbacks=[default,attention_figure]"     # conf/callbacks/attention_figure.yaml
 
 
 def _train(data_dir: Path, run_dir: Path, experiment: str, *extra: str) -> Path:
