@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from mmtf.data.formats.clotho import SPLIT_NAMES
+from mmtf.data.synthetic import MARKER
 from mmtf.data.synthetic_audio import EVENTS, PHRASES, Scene, sample_scene
 from mmtf.errors import UserError
 from mmtf.inspect.align import WordSpan
 
 SPLIT_INDEX = {"train": 0, "val": 1, "test": 2}      # the order write_caption_set draws them in
-MARKER = ".mmtf_synthetic.json"
 SCENE_KEYS = ("min_seconds", "max_seconds", "min_events", "max_events", "snr_db")
 _FILE = re.compile(r"^synth_(?P<name>[a-z]+)_(?P<index>\d+)$")
 
