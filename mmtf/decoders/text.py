@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from mmtf.errors import UserError
 from mmtf.nn import KVCache, TransformerStack
-from mmtf.nn.transformer import MlpKind, NormKind
+from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
 
 
 @dataclass
@@ -133,8 +133,9 @@ class TextDecoder(nn.Module):
         return (f"vocab_size={self.vocab_size}, context_dim={self.context_dim}, "
                 f"max_len={self.max_len}, tie_embeddings={self.tie_embeddings}")
 
-    def forward(self, tokens: Tensor, memory: Tensor, memory_mask: Tensor | None = None,
-                ) -> Tensor:
+    def forward(self, tokens: Tensor, memory: Tensor, memory_mask: Tensor | None = None, *,
+                attention_layers: AttentionLayers | None = None,
+                ) -> Tensor | tuple[Tensor, AttentionMaps]:
         """Logits for every position at once (teacher forcing; no cache).
 
         Args:
@@ -142,17 +143,26 @@ class TextDecoder(nn.Module):
                 never lets a real token see the pads after it).
             memory: encoder output, (b, m, c_ctx).
             memory_mask: (b, m) bool, True = real memory position; None = all real.
+            attention_layers: ``{"self": [..], "cross": [..]}`` layers whose attention
+                probabilities to return (see :meth:`mmtf.nn.TransformerStack.forward`); only
+                they leave the fused kernel. Query row i is the position that predicts
+                ``tokens[:, i + 1]``.
 
         Returns:
-            Logits, (b, n, v).
+            Logits, (b, n, v); with ``attention_layers`` also ``{kind: {layer: (b, h, n, k)}}``,
+            k = n for "self" and m for "cross".
 
         Raises:
             ValueError: if n > max_len or the memory width is not ``context_dim``.
         """
         self._check(tokens, 0, self.max_len, memory)
         x = self.drop(self.embed(tokens))                                # (b, n, c)
-        x = self.stack(x, context=memory, context_mask=memory_mask)
-        return self.lm_head(x)                                           # (b, n, v)
+        if attention_layers is None:
+            x = self.stack(x, context=memory, context_mask=memory_mask)
+            return self.lm_head(x)                                       # (b, n, v)
+        x, maps = self.stack(x, context=memory, context_mask=memory_mask,
+                             attention_layers=attention_layers)
+        return self.lm_head(x), maps
 
     def make_cache(self, *, batch_size: int, context_len: int, max_len: int | None = None,
                    dtype: torch.dtype | None = None, device: torch.device | str | None = None,

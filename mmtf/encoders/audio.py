@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
 from mmtf.errors import UserError
 from mmtf.nn import TransformerStack
-from mmtf.nn.transformer import MlpKind, NormKind
+from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
 from mmtf.utils.compat import module_apply
 
 FeatureNorm = Literal["utterance", "global"]
@@ -193,7 +193,13 @@ class SpecAugment(nn.Module):
 
 
 class ConvStem(nn.Module):
-    """Two kernel-3, stride-2 GELU convolutions (t -> ~t/4) that never mix in padded frames."""
+    """Two kernel-3, stride-2 GELU convolutions (t -> ~t/4) that never mix in padded frames.
+
+    Output position k is centred on input frame ``stride * k`` (each padding-1 convolution
+    centres output i on input 2i) and sees frames ``4k - 3 .. 4k + 3``.
+    """
+
+    stride = 4   # frames per output position: two stride-2 convolutions
 
     def __init__(self, *, in_channels: int, dim: int) -> None:
         super().__init__()
@@ -285,23 +291,46 @@ class AudioEncoder(Encoder):
         """Memory positions (tokens) for clips of ``lengths`` samples, (b,) -> (b,)."""
         return ConvStem.output_lengths(self.frontend.num_frames(lengths))
 
-    def forward(self, inputs: Tensor, lengths: Tensor | None = None) -> EncoderOutput:
+    @property
+    def seconds_per_position(self) -> float:
+        """Seconds between consecutive memory positions: ``ConvStem.stride * hop / rate``."""
+        return ConvStem.stride * self.frontend.hop_length / self.sample_rate
+
+    def memory_seconds(self, num_positions: int) -> Tensor:
+        """Centre of each memory position in seconds from the clip start, (s,) float64.
+
+        Position k is centred on log-mel frame ``ConvStem.stride * k``, and frame j on sample
+        ``j * hop_length`` (the STFT is centred), so k sits at ``k * seconds_per_position``.
+        """
+        return torch.arange(num_positions, dtype=torch.float64) * self.seconds_per_position
+
+    def forward(self, inputs: Tensor, lengths: Tensor | None = None, *,
+                attention_layers: AttentionLayers | None = None,
+                ) -> EncoderOutput | tuple[EncoderOutput, AttentionMaps]:
         """Encode a batch of waveforms.
 
         Args:
             inputs: (b, n) float mono waveforms at ``sample_rate``, padded with anything.
             lengths: (b,) valid samples per clip (long); None = all n samples valid.
+            attention_layers: ``{"self": [layers]}`` whose attention probabilities to return
+                (see :meth:`mmtf.nn.TransformerStack.forward`); None = the output alone.
 
         Returns:
-            EncoderOutput: memory (b, s, c), zeros at padding; mask (b, s), True = valid.
+            EncoderOutput: memory (b, s, c), zeros at padding; mask (b, s), True = valid. With
+            ``attention_layers`` also ``{"self": {layer: (b, h, s, s)}}``.
         """
         lengths = self._check_inputs(inputs, lengths)
         feats, frames = self.frontend(inputs, lengths)           # (b, f, t), (b,)
         feats = self.spec_augment(feats, frames)
         x, tokens = self.stem(feats.to(self.stem.conv1.weight.dtype), frames)   # (b, s, c)
         mask = _lengths_mask(tokens, x.shape[1])                 # (b, s)
-        x = self.stack(self.drop(x), key_mask=mask)
-        return EncoderOutput(x.masked_fill(~mask[..., None], 0.0), mask)
+        maps = None
+        if attention_layers is None:
+            x = self.stack(self.drop(x), key_mask=mask)
+        else:
+            x, maps = self.stack(self.drop(x), key_mask=mask, attention_layers=attention_layers)
+        out = EncoderOutput(x.masked_fill(~mask[..., None], 0.0), mask)
+        return out if maps is None else (out, maps)
 
     def _check_inputs(self, wave: Tensor, lengths: Tensor | None) -> Tensor:
         if wave.dim() != 2 or not wave.is_floating_point():

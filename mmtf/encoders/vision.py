@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
 from mmtf.errors import UserError
 from mmtf.nn import TransformerStack
-from mmtf.nn.transformer import MlpKind, NormKind
+from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
 
 
 class VisionEncoder(Encoder):
@@ -140,16 +140,21 @@ class VisionEncoder(Encoder):
                               align_corners=False, antialias=True)
         return rearrange(table, "1 c gh gw -> 1 (gh gw) c").to(self.pos_embed.dtype)
 
-    def forward(self, inputs: Tensor, lengths: Tensor | None = None) -> EncoderOutput:
+    def forward(self, inputs: Tensor, lengths: Tensor | None = None, *,
+                attention_layers: AttentionLayers | None = None,
+                ) -> EncoderOutput | tuple[EncoderOutput, AttentionMaps]:
         """Encode a batch of images.
 
         Args:
             inputs: (b, in_channels, H, W) float, H and W multiples of ``patch_size``.
             lengths: ignored (every patch is valid); accepted for the common signature.
+            attention_layers: ``{"self": [layers]}`` whose attention probabilities to return
+                (see :meth:`mmtf.nn.TransformerStack.forward`); None = the output alone.
 
         Returns:
             EncoderOutput: memory (b, s, c), s = (H / patch) * (W / patch) (+1 with CLS first);
-            mask (b, s) all True.
+            mask (b, s) all True. With ``attention_layers`` also ``{"self": {layer: (b, h, s,
+            s)}}``.
         """
         self._check_inputs(inputs)
         dtype = next(self.patch_embed.parameters()).dtype
@@ -158,9 +163,13 @@ class VisionEncoder(Encoder):
         x = rearrange(x, "b c gh gw -> b (gh gw) c") + self.position_table(gh, gw).to(x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)   # (b, s, c)
-        x = self.stack(self.drop(x))
+        maps = None
+        if attention_layers is None:
+            x = self.stack(self.drop(x))
+        else:
+            x, maps = self.stack(self.drop(x), attention_layers=attention_layers)
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-        return EncoderOutput(x, mask)
+        return EncoderOutput(x, mask) if maps is None else (EncoderOutput(x, mask), maps)
 
     def _check_inputs(self, images: Tensor) -> None:
         if images.dim() != 4 or images.shape[1] != self.in_channels:

@@ -3,11 +3,16 @@
 A block is: x + SelfAttn(Norm(x)), [x + CrossAttn(Norm(x), context)], x + MLP(Norm(x)).
 Encoders build it with ``causal=False``, decoders with ``causal=True`` and ``cross_dim`` set.
 
-Shapes: b batch, n sequence length, m context length, c = dim.
+Attention maps for inspection: ``TransformerStack.forward(..., attention_layers={"cross": [1]})``
+also returns the attention probabilities of the chosen layers, taken from the attention core's
+explicit softmax path (``need_weights``); every other layer stays on the fused SDPA kernel.
+
+Shapes: b batch, h heads, n sequence length, m context (or key) length, c = dim.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -21,6 +26,11 @@ from mmtf.nn.rope import RotaryEmbedding
 
 NormKind = Literal["layernorm", "rmsnorm"]
 MlpKind = Literal["gelu", "swiglu"]
+AttentionKind = Literal["self", "cross"]
+# {"self": [0, -1], "cross": [1]}: which layers' attention probabilities to return.
+AttentionLayers = Mapping[AttentionKind, Sequence[int]]
+# {"cross": {1: (b, h, n, m)}}: the returned maps, keyed by kind then (non-negative) layer index.
+AttentionMaps = dict[str, dict[int, Tensor]]
 
 
 def make_norm(kind: NormKind, dim: int, eps: float = 1e-5) -> nn.Module:
@@ -101,25 +111,38 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None,
                 context: Tensor | None = None, context_mask: Tensor | None = None,
-                cache: KVCache | None = None, cross_cache: KVCache | None = None) -> Tensor:
+                cache: KVCache | None = None, cross_cache: KVCache | None = None,
+                need_weights: frozenset[AttentionKind] = frozenset(),
+                ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """Args:
             x: (b, n, c).
             key_mask: (b, m_self) bool self-attention key mask, True = real token.
             context: (b, m, cross_dim) encoder memory, for blocks with cross-attention.
             context_mask: (b, m) bool, True = real memory position.
             cache, cross_cache: per-layer KV caches for incremental decoding.
+            need_weights: attentions ("self", "cross") whose probabilities to return; they run
+                the explicit softmax path, the others the fused kernel.
 
         Returns:
-            (b, n, c).
+            (b, n, c); with ``need_weights`` also ``{kind: (b, h, n, m)}`` for each kind asked.
         """
-        x = x + self.drop(self.self_attn(self.norm_self(x), key_mask=key_mask, cache=cache))
+        weights: dict[str, Tensor] = {}
+        out = self.self_attn(self.norm_self(x), key_mask=key_mask, cache=cache,
+                             need_weights="self" in need_weights)
+        if "self" in need_weights:
+            out, weights["self"] = out
+        x = x + self.drop(out)
         if self.cross_attn is not None:
-            x = x + self.drop(self.cross_attn(self.norm_cross(x), context, key_mask=context_mask,
-                                              cache=cross_cache))
+            out = self.cross_attn(self.norm_cross(x), context, key_mask=context_mask,
+                                  cache=cross_cache, need_weights="cross" in need_weights)
+            if "cross" in need_weights:
+                out, weights["cross"] = out
+            x = x + self.drop(out)
         elif context is not None:
             raise ValueError("TransformerBlock: context given but the block has no "
                              "cross-attention; build it with cross_dim=<context width>.")
-        return x + self.mlp(self.norm_mlp(x))
+        x = x + self.mlp(self.norm_mlp(x))
+        return (x, weights) if need_weights else x
 
 
 class TransformerStack(nn.Module):
@@ -173,22 +196,60 @@ class TransformerStack(nn.Module):
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None,
                 context: Tensor | None = None, context_mask: Tensor | None = None,
                 cache: list[KVCache] | None = None, cross_cache: list[KVCache] | None = None,
-                ) -> Tensor:
+                attention_layers: AttentionLayers | None = None,
+                ) -> Tensor | tuple[Tensor, AttentionMaps]:
         """Args:
             x: (b, n, c).
             key_mask: (b, m) bool self-attention key mask, True = real token.
             context, context_mask: encoder memory (b, m, cross_dim) and its (b, m) bool mask.
             cache, cross_cache: one KVCache per block, or None.
+            attention_layers: ``{"self": [layers], "cross": [layers]}`` (indices from 0,
+                negative counts from the end) whose attention probabilities to return; None
+                returns the output alone.
 
         Returns:
-            (b, n, c), after the final norm.
+            (b, n, c), after the final norm. With ``attention_layers`` also the maps
+            ``{kind: {layer: (b, h, n, m)}}`` of exactly the layers asked for (rows sum to 1,
+            masked keys are 0).
         """
         for name, caches in (("cache", cache), ("cross_cache", cross_cache)):
             if caches is not None and len(caches) != self.depth:
                 raise ValueError(f"TransformerStack: {name} has {len(caches)} entries but the "
                                  f"stack has depth={self.depth}; build it with make_cache().")
+        wanted = self.attention_request(attention_layers)
+        maps: AttentionMaps = {kind: {} for kind in (attention_layers or {})}
         for i, block in enumerate(self.blocks):
-            x = block(x, key_mask=key_mask, context=context, context_mask=context_mask,
-                      cache=None if cache is None else cache[i],
-                      cross_cache=None if cross_cache is None else cross_cache[i])
-        return self.norm(x)
+            out = block(x, key_mask=key_mask, context=context, context_mask=context_mask,
+                        cache=None if cache is None else cache[i],
+                        cross_cache=None if cross_cache is None else cross_cache[i],
+                        need_weights=wanted[i])
+            if wanted[i]:
+                out, weights = out
+                for kind, w in weights.items():
+                    maps[kind][i] = w
+            x = out
+        x = self.norm(x)
+        return x if attention_layers is None else (x, maps)
+
+    def attention_request(self, attention_layers: AttentionLayers | None,
+                          ) -> list[frozenset[AttentionKind]]:
+        """Per block, the attention kinds whose weights ``attention_layers`` asks for.
+
+        Raises:
+            UserError: an unknown kind, a layer index outside ``[-depth, depth)`` or "cross" on
+                a stack without cross-attention; the message names the value and the range.
+        """
+        wanted: list[set[AttentionKind]] = [set() for _ in range(self.depth)]
+        for kind, layers in (attention_layers or {}).items():
+            if kind not in ("self", "cross"):
+                raise UserError(f"attention_layers: kind {kind!r} must be 'self' or 'cross'.")
+            if kind == "cross" and self.cross_dim is None:
+                raise UserError("attention_layers: 'cross' asked of a stack without "
+                                "cross-attention (an encoder); ask for 'self' layers only.")
+            for layer in layers:
+                if not -self.depth <= int(layer) < self.depth:
+                    raise UserError(f"attention_layers: {kind} layer {layer} is outside "
+                                    f"[{-self.depth}, {self.depth}) for a stack of depth "
+                                    f"{self.depth}; pick layers 0..{self.depth - 1} (or -1 = last).")
+                wanted[int(layer) % self.depth].add(kind)
+        return [frozenset(w) for w in wanted]

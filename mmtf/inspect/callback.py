@@ -1,0 +1,97 @@
+"""A Lightning callback that draws the attention of one fixed validation example every epoch.
+
+At the end of each validation epoch (not the sanity check) it captions the first item of the
+validation set, draws the cross-attention figure (:func:`mmtf.inspect.core.inspection_figures`),
+logs it to every logger that takes images (TensorBoard's ``add_image``) and writes the PNG to
+``<run dir>/samples/`` beside the sample-caption tables. It cannot change training: the item is
+read from the dataset directly (no loader iterator, whose creation draws a seed), decoding is
+greedy, everything runs in eval mode under ``no_grad`` and every submodule's train/eval state is
+restored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from mmtf.inspect import plot
+
+log = logging.getLogger(__name__)
+
+
+class AttentionFigureCallback(L.Callback):
+    """Log the cross-attention of the first validation item as a figure per epoch.
+
+    Args:
+        every_n_epochs: draw on epochs divisible by it.
+        layers: decoder layers to draw (None = the last one).
+        head: head to draw (None = heads averaged).
+        max_new_tokens: caption length limit for the figure (None = the task's generation).
+    """
+
+    def __init__(self, *, every_n_epochs: int = 1, layers: Sequence[int] | None = None,
+                 head: int | None = None, max_new_tokens: int | None = None) -> None:
+        super().__init__()
+        from mmtf.errors import UserError
+
+        if every_n_epochs < 1:
+            raise UserError(f"callbacks.attention_figure.every_n_epochs ({every_n_epochs}) must "
+                            f"be >= 1.")
+        self.every_n_epochs, self.layers, self.head = every_n_epochs, layers, head
+        self.max_new_tokens = max_new_tokens
+
+    @torch.no_grad()
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if (trainer.sanity_checking or not trainer.is_global_zero
+                or trainer.current_epoch % self.every_n_epochs):
+            return
+        from mmtf.tasks import CaptioningTask
+
+        if not isinstance(pl_module, CaptioningTask) or pl_module.tokenizer is None:
+            return                      # only captioners generate text to attend with
+        model, tokenizer = pl_module.model, pl_module.tokenizer
+        inputs, lengths = self._first_item(trainer, pl_module.device)
+        if inputs is None:
+            return
+        from mmtf.inspect.core import inspection_figures
+
+        layers = self.layers if self.layers is not None else [-1]
+        generation = dict(pl_module.generation)
+        generation["strategy"] = "greedy" if generation.get("strategy") == "sample" else \
+            generation.get("strategy", "greedy")
+        if self.max_new_tokens is not None:
+            generation["max_new_tokens"] = self.max_new_tokens
+        _, _, figures = inspection_figures(model, tokenizer, inputs, lengths, layers=layers,
+                                           head=self.head, with_alignment=False,
+                                           generation=generation,
+                                           data_cfg=(pl_module.run_config or {}).get("data"))
+        name, fig = next(iter(figures.items()))
+        step, epoch = trainer.global_step, trainer.current_epoch
+        image = plot.render_rgb(fig)
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_image"):
+                experiment.add_image("val/attention", image, step, dataformats="HWC")
+        out = Path(trainer.default_root_dir) / "samples" / f"val_attention_epoch{epoch:03d}.png"
+        plot.save(fig, out)
+        log.info("attention figure (%s) of the first val item: %s", name, out)
+
+    @staticmethod
+    def _first_item(trainer: L.Trainer, device: torch.device):
+        """The first validation item as a batch of 1 on ``device``: (inputs, lengths)."""
+        loaders = trainer.val_dataloaders
+        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+        dataset = getattr(loader, "dataset", None)
+        collate = getattr(loader, "collate_fn", None)
+        if dataset is None or collate is None or len(dataset) == 0:
+            return None, None
+        batch = collate([dataset[0]])
+        if "audio" in batch:
+            return batch["audio"].to(device), batch["audio_lengths"].to(device)
+        if "image" in batch:
+            return batch["image"].to(device), None
+        return None, None
