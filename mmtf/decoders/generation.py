@@ -71,6 +71,8 @@ class GenerationConfig:
             same tokens. The first call compiles (tens of seconds on a CPU, again after the
             weights change), so it pays off for inference on fixed weights, not for validation
             during training. Needs ``use_cache``.
+        suppress_tokens: ids never generated (Whisper's option), e.g. the decoder's ids past
+            the tokenizer's vocabulary, which the tokenizer could not decode.
     """
 
     strategy: Strategy = "greedy"
@@ -85,6 +87,7 @@ class GenerationConfig:
     top_p: float = 1.0
     use_cache: bool = True
     compile: bool = False
+    suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.strategy not in ("greedy", "beam", "sample"):
@@ -120,6 +123,10 @@ class GenerationConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise UserError(f"GenerationConfig: top_p ({self.top_p}) must be in (0, 1] "
                             f"(1.0 = off).")
+        self.suppress_tokens = tuple(int(i) for i in self.suppress_tokens)
+        if any(i < 0 for i in self.suppress_tokens):
+            raise UserError(f"GenerationConfig: suppress_tokens ({list(self.suppress_tokens)}) "
+                            f"must be token ids >= 0.")
 
     @classmethod
     def build(cls, config: GenerationConfig | None = None, **overrides) -> GenerationConfig:
@@ -235,10 +242,11 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
             memory_mask = repeat(memory_mask, "b m -> (b k) m", k=rows)
     stepper = _Stepper(decoder, memory, memory_mask, max_new_tokens=config.max_new_tokens,
                        bos_id=bos_id, use_cache=config.use_cache, compile=config.compile)
-    # Never generated: pad and bos, and eos during the first min_new_tokens steps. Built once;
-    # step t masks banned[t >= min_new_tokens] in place (a few elements, no full-vocab pass).
-    banned = (torch.tensor([pad_id, bos_id, eos_id], device=memory.device),
-              torch.tensor([pad_id, bos_id], device=memory.device))
+    # Never generated: pad, bos, suppress_tokens, and eos in the first min_new_tokens steps.
+    # Built once;    # step t masks banned[t >= min_new_tokens] in place (a few elements, no full-vocab pass).
+    never = [pad_id, bos_id, *config.suppress_tokens]
+    banned = (torch.tensor([*never, eos_id], device=memory.device),
+              torch.tensor(never, device=memory.device))
     ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     if config.strategy == "beam":
         return _beam_search(stepper, config, b, banned, callback=callback, **ids)

@@ -58,6 +58,7 @@ class CaptioningTask(Task):
                                     label_smoothing=label_smoothing)
         self.optimizer = optimizer
         self.generation = dict(generation or {"strategy": "greedy"})
+        self.user_suppress_tokens = tuple(self.generation.get("suppress_tokens", ()))
         self.check_generation()
         self.caption_metrics = {
             "val": CaptionMetrics(metrics=None if val_metrics is None else list(val_metrics)),
@@ -71,7 +72,20 @@ class CaptioningTask(Task):
     def update_generation(self, overrides: dict[str, Any]) -> None:
         """Merge ``overrides`` into the generation settings (``evaluate``, ``predict``)."""
         self.generation.update(overrides)
+        self.user_suppress_tokens = tuple(self.generation.get("suppress_tokens", ()))
+        self.suppress_undecodable_ids()
         self.check_generation()
+
+    def suppress_undecodable_ids(self) -> None:
+        """Never generate the decoder's ids past the tokenizer's vocabulary.
+
+        A BPE tokenizer trained on little text can learn fewer tokens than
+        ``model.decoder.vocab_size``; those extra ids have no text and would stop decoding.
+        """
+        if self.tokenizer is None:
+            return
+        extra = range(self.tokenizer.vocab_size, self.model.decoder.vocab_size)
+        self.generation["suppress_tokens"] = tuple(sorted({*self.user_suppress_tokens, *extra}))
 
     def check_generation(self) -> None:
         """``generation.max_new_tokens`` plus ``bos`` must fit the decoder's positions."""
@@ -118,6 +132,7 @@ class CaptioningTask(Task):
                 f"model.decoder.vocab_size is {vocab}; raise model.decoder.vocab_size to at least "
                 f"{tokenizer.vocab_size} (or lower data.tokenizer.vocab_size).")
         self.tokenizer = tokenizer
+        self.suppress_undecodable_ids()
 
     def configure_optimizers(self) -> dict[str, Any]:
         # Lightning restores a checkpoint after setup() and before this hook, and

@@ -4,6 +4,7 @@ silently swapped once token ids were built with it."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mmtf.text import CharTokenizer
 from mmtf.utils.checkpoint import CheckpointError
@@ -51,3 +52,23 @@ def test_a_checkpoint_without_tokenizer_and_a_too_large_one_are_refused():
     with pytest.raises(ConfigError, match=r"the tokenizer has \d+ tokens but "
                                           r"model.decoder.vocab_size is 8"):
         captioner(vocab_size=8).on_load_checkpoint(_checkpoint(CharTokenizer.train(TEXTS)))
+
+
+def test_ids_past_the_tokenizer_vocabulary_are_never_generated():
+    # A tokenizer with fewer tokens than the decoder's vocabulary (BPE on little text): make
+    # the ids it cannot decode the most likely ones, then caption.
+    tokenizer = CharTokenizer.train(TEXTS)
+    task = captioner(vocab_size=64, generation={"strategy": "greedy", "max_new_tokens": 6})
+    task.use_tokenizer(tokenizer)
+    assert task.generation["suppress_tokens"] == tuple(range(tokenizer.vocab_size, 64))
+    with torch.no_grad():
+        task.model.decoder.lm_head.weight[tokenizer.vocab_size:] *= 1000.0  # tied: also embeds
+    task.eval()
+    audio, lengths = torch.randn(2, 16000), torch.tensor([16000, 8000])
+    raw = task.model.generate(audio, lengths, strategy="greedy", max_new_tokens=6)
+    assert int(raw.tokens.max()) >= tokenizer.vocab_size      # control: they would win
+    captions = task.generate_captions(audio, lengths)         # decodes: none generated
+    tokens = task.model.generate(audio, lengths, **task.generation).tokens
+    assert int(tokens.max()) < tokenizer.vocab_size and len(captions) == 2
+    task.update_generation({"suppress_tokens": [5]})          # a user's list is kept beside
+    assert task.generation["suppress_tokens"] == (5, *range(tokenizer.vocab_size, 64))
