@@ -17,10 +17,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
 from mmtf.inspect import plot
 
 log = logging.getLogger(__name__)
+SHARDED_STRATEGIES = (FSDPStrategy, ModelParallelStrategy, DeepSpeedStrategy)
 
 
 class AttentionFigureCallback(L.Callback):
@@ -43,11 +45,20 @@ class AttentionFigureCallback(L.Callback):
                             f"be >= 1.")
         self.every_n_epochs, self.layers, self.head = every_n_epochs, layers, head
         self.max_new_tokens = max_new_tokens
+        self._said_sharded = False
 
     @torch.no_grad()
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if (trainer.sanity_checking or not trainer.is_global_zero
                 or trainer.current_epoch % self.every_n_epochs):
+            return
+        if isinstance(trainer.strategy, SHARDED_STRATEGIES):
+            # Rank 0 alone cannot run a sharded model: every forward gathers from all ranks.
+            if not self._said_sharded:
+                log.info("attention figure: off under %s (parameters are sharded); draw it "
+                         "from a checkpoint with python -m mmtf.inspect.",
+                         type(trainer.strategy).__name__)
+                self._said_sharded = True
             return
         from mmtf.tasks import CaptioningTask
 
