@@ -85,8 +85,8 @@ def group_panels(scalars: dict[str, Series], optimized_metric: str | None) -> di
     families: dict[str, list[str]] = {}
     lr: list[str] = []
     for key in scalars:
-        if key == "epoch":
-            continue
+        if key == "epoch" or key.startswith("hp/"):
+            continue              # hp/<metric>: TensorBoard's HParams copy of a plotted metric
         if key.startswith("lr-"):
             lr.append(key)
             continue

@@ -71,3 +71,12 @@ def test_sweep_figure_overlays_each_jobs_curve(tmp_path):
     lines = {line.get_label(): line for line in fig.axes[1].get_lines()}
     assert set(lines) == {"job 0: lr=1e-3", "job 1: lr=3e-3"}
     assert list(lines["job 0: lr=1e-3"].get_ydata()) == VAL_ACCURACY
+
+
+def test_tensorboard_hparams_copy_of_a_metric_gets_no_panel():
+    from mmtf.report.plots import group_panels
+
+    point = [(9, 0.5)]
+    scalars = {"val/event_accuracy": point, "hp/val/event_accuracy": point, "val/loss": point}
+    assert group_panels(scalars, "val/event_accuracy") == {
+        "loss": ["val/loss"], "event_accuracy": ["val/event_accuracy"]}
