@@ -29,6 +29,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -368,10 +369,26 @@ def parse_caption(text: str) -> EventSequence | None:
 
 
 # ----------------------------------------------------------------------------- writing sets
+CAPTION_SPLITS = ("train", "val", "test")   # drawn in this order: a split's index seeds its clips
+
+
+def clip_scene(seed: int, split: str, index: int, **scene_kw: Any) -> Scene:
+    """The scene of clip ``index`` of ``split`` in a caption set written with ``seed``.
+
+    The one seeding rule of :func:`write_caption_set`, so evaluators can recover the true events
+    (onsets, durations) of a written clip from its name and the set's parameters.
+    """
+    return _scene((seed, CAPTION_SPLITS.index(split), index), **scene_kw)
+
+
+def _scene(seed_key: tuple[int, ...], **scene_kw: Any) -> Scene:
+    return sample_scene(np.random.default_rng([*seed_key, 0]), **scene_kw)
+
+
 def _clip(task: tuple) -> tuple[str, list[str], int]:
     """Generate and write one clip; return (file name, captions, first-event class)."""
     path, seed_key, sr, scene_kw, n_captions = task
-    scene = sample_scene(np.random.default_rng([*seed_key, 0]), **scene_kw)
+    scene = _scene(seed_key, **scene_kw)
     wave = render(scene, sr, np.random.default_rng([*seed_key, 1]))
     sf.write(path, wave, sr, subtype="PCM_16")
     captions = make_captions(scene, np.random.default_rng([*seed_key, 2]), n_captions)
@@ -404,8 +421,8 @@ def write_caption_set(root: str | Path, *, num_train: int = 3000, num_val: int =
     root = Path(root)
     scene_kw = dict(min_seconds=min_seconds, max_seconds=max_seconds, min_events=min_events,
                     max_events=max_events, snr_db=tuple(snr_db))
-    for split_idx, (split, count) in enumerate((("train", num_train), ("val", num_val),
-                                                ("test", num_test))):
+    for split_idx, (split, count) in enumerate(zip(CAPTION_SPLITS,
+                                                   (num_train, num_val, num_test))):
         name = SPLIT_NAMES[split]
         (root / name).mkdir(parents=True, exist_ok=True)
         tasks = [(str(root / name / f"synth_{name}_{i:05d}.wav"), (seed, split_idx, i),

@@ -1,8 +1,7 @@
 """How well word-to-time alignment finds the events of the built-in synthetic audio set.
 
 Every clip of the set is a deterministic function of ``(seed, split, index)``
-(:func:`mmtf.data.synthetic_audio.sample_scene` drawn from ``default_rng([seed, split, index,
-0])``), so the true onset and offset of each event are recovered from the file name and the
+(:func:`mmtf.data.synthetic_audio.clip_scene`, the writer's own seeding rule), so the true onset and offset of each event are recovered from the file name and the
 generator parameters stored beside the set (``.mmtf_synthetic.json``); nothing new is written to
 disk. For each caption a checkpoint generates, each phrase that names an event class (e.g. "high
 -pitched beep") is aligned to time (:mod:`mmtf.inspect.align`) and paired with the clip's event
@@ -21,15 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from mmtf.data import synthetic_audio
 from mmtf.data.formats.clotho import SPLIT_NAMES
 from mmtf.data.synthetic import MARKER
-from mmtf.data.synthetic_audio import EVENTS, PHRASES, Scene, sample_scene
+from mmtf.data.synthetic_audio import EVENTS, PHRASES, Scene
 from mmtf.errors import UserError, require_file
 from mmtf.inspect.align import WordSpan
 
-SPLIT_INDEX = {"train": 0, "val": 1, "test": 2}      # the order write_caption_set draws them in
 SCENE_KEYS = ("min_seconds", "max_seconds", "min_events", "max_events", "snr_db")
 _FILE = re.compile(r"^synth_(?P<name>[a-z]+)_(?P<index>\d+)$")
 
@@ -64,10 +61,9 @@ def clip_scene(path: str | Path, params: dict) -> Scene:
     names = {v: k for k, v in SPLIT_NAMES.items()}
     if match is None or match["name"] not in names:
         raise UserError(f"{path}: not a clip of the synthetic set (synth_<split>_<index>.wav).")
-    key = [int(params["seed"]), SPLIT_INDEX[names[match["name"]]], int(match["index"]), 0]
-    return sample_scene(np.random.default_rng(key),
-                        **{k: (tuple(params[k]) if k == "snr_db" else params[k])
-                           for k in SCENE_KEYS})
+    return synthetic_audio.clip_scene(
+        int(params["seed"]), names[match["name"]], int(match["index"]),
+        **{k: (tuple(params[k]) if k == "snr_db" else params[k]) for k in SCENE_KEYS})
 
 
 def named_events(spans: Sequence[WordSpan]) -> list[tuple[tuple[str, str], float, float]]:
@@ -167,8 +163,9 @@ def event_overlap(task, data_root: str | Path, *, split: str = "val",
     """
     from mmtf.inspect.core import align
 
-    if split not in SPLIT_INDEX:
-        raise UserError(f"synthetic_split={split!r} must be one of {sorted(SPLIT_INDEX)}.")
+    if split not in synthetic_audio.CAPTION_SPLITS:
+        raise UserError(f"synthetic_split={split!r} must be one of "
+                        f"{list(synthetic_audio.CAPTION_SPLITS)}.")
     params = set_params(data_root)
     files = sorted((Path(data_root) / SPLIT_NAMES[split]).glob("synth_*.wav"))[:num_clips]
     if not files:
