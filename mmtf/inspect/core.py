@@ -44,10 +44,11 @@ class Inspection:
 
 def load_task(ckpt_path: str | Path, device: str = "cpu"):
     """The captioning task of a checkpoint in eval mode, and the config it carries."""
+    from mmtf.tasks import CaptioningTask
     from mmtf.utils.checkpoint import build_task, load_checkpoint
 
     task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
-    if not hasattr(task, "model") or not hasattr(task.model, "generate"):
+    if not isinstance(task, CaptioningTask):
         raise UserError(f"ckpt_path={ckpt_path}: {type(task).__name__} has no encoder-decoder; "
                         f"inspection draws the cross-attention of a captioning checkpoint.")
     return task.to(device).eval(), stored
@@ -55,7 +56,9 @@ def load_task(ckpt_path: str | Path, device: str = "cpu"):
 
 def is_audio(model) -> bool:
     """Whether the model's encoder takes waveforms (it has a log-mel front end)."""
-    return hasattr(model.encoder, "frontend")
+    from mmtf.encoders import AudioEncoder
+
+    return isinstance(model.encoder, AudioEncoder)
 
 
 def load_input(path: str | Path, model, data_cfg: dict[str, Any] | None,
