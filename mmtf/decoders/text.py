@@ -1,10 +1,12 @@
 """Autoregressive text decoder with cross-attention to an encoder memory.
 
-Token embedding -> ``depth`` pre-norm blocks (causal self-attention with RoPE, cross-attention to
-the encoder memory, MLP; :class:`mmtf.nn.TransformerStack`) -> final norm -> LM head, tied to the
-embedding by default (Press & Wolf 2017, arXiv:1608.05859). Positions come only from RoPE in the
-self-attention, so there is no learned position table; ``max_len`` bounds the positions a forward
-pass or a cache may hold and longer inputs raise (truncate in the caller, e.g. the tokenizer).
+Token embedding -> ``depth`` pre-norm blocks (causal self-attention, cross-attention to the
+encoder memory, MLP; :class:`mmtf.nn.TransformerStack`) -> final norm -> LM head, tied to the
+embedding by default (Press & Wolf 2017, arXiv:1608.05859). Positions come from RoPE in the
+self-attention (``positions="rope"``, mmtf's own decoders) or from a learned table added to the
+token embeddings (``positions="learned"``: GPT-2, Whisper's decoder). ``max_len`` bounds the
+positions a forward pass or a cache may hold and longer inputs raise (truncate in the caller,
+e.g. the tokenizer).
 
 Two ways to run it:
 
@@ -21,13 +23,17 @@ c_ctx = context_dim, v = vocab_size.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from mmtf.errors import UserError
 from mmtf.nn import KVCache, TransformerStack
+from mmtf.nn.positions import LearnedPositions
 from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
+
+PositionKind = Literal["rope", "learned"]
 
 
 @dataclass
@@ -84,23 +90,30 @@ class TextDecoder(nn.Module):
         vocab_size: token ids are in ``[0, vocab_size)``.
         dim: model width c.
         depth: number of transformer blocks.
-        num_heads: attention heads; ``dim // num_heads`` must be even (RoPE).
+        num_heads: attention heads; with RoPE ``dim // num_heads`` must be even.
         num_kv_heads: key/value heads (grouped-query attention); None = ``num_heads``.
         context_dim: width of the encoder memory; must equal the encoder's ``dim``.
-        max_len: most target positions a forward pass or a cache may hold.
+        max_len: most target positions a forward pass or a cache may hold (with learned
+            positions: the size of the table).
         tie_embeddings: share the LM head weight with the token embedding.
-        mlp: "gelu" or "swiglu". mlp_ratio: hidden width over ``dim``.
-        norm: "layernorm" or "rmsnorm".
+        mlp: an MLP kind of :class:`mmtf.nn.MLP`. mlp_ratio: hidden width over ``dim``.
+        norm, norm_eps: "layernorm" or "rmsnorm", and its epsilon.
         dropout: embedding, residual and MLP dropout. attn_dropout: attention dropout.
         pad_id: id of the padding token (used by callers; kept here so configs carry it).
+        positions: "rope" (rotary, in self-attention) or "learned" (a table added to the
+            token embeddings).
         rope_base: RoPE wavelength base.
+        bias: attention projection biases (bool or letters of "qkvo", e.g. Whisper's "qvo").
+        mlp_bias: MLP biases (default: True when any attention projection has one).
     """
 
     def __init__(self, *, vocab_size: int, dim: int, depth: int, num_heads: int,
                  num_kv_heads: int | None = None, context_dim: int, max_len: int = 256,
                  tie_embeddings: bool = True, mlp: MlpKind = "gelu", mlp_ratio: float = 4.0,
-                 norm: NormKind = "layernorm", dropout: float = 0.0, attn_dropout: float = 0.0,
-                 pad_id: int = 0, rope_base: float = 10000.0) -> None:
+                 norm: NormKind = "layernorm", norm_eps: float = 1e-5, dropout: float = 0.0,
+                 attn_dropout: float = 0.0, pad_id: int = 0, positions: PositionKind = "rope",
+                 rope_base: float = 10000.0, bias: bool | str = False,
+                 mlp_bias: bool | None = None) -> None:
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("dim", dim), ("depth", depth),
                             ("num_heads", num_heads), ("context_dim", context_dim),
@@ -113,13 +126,18 @@ class TextDecoder(nn.Module):
                             f"{vocab_size}); set model.decoder.pad_id to the tokenizer's pad id.")
         self.vocab_size, self.dim, self.depth = vocab_size, dim, depth
         self.context_dim, self.max_len, self.pad_id = context_dim, max_len, pad_id
+        if positions not in ("rope", "learned"):
+            raise UserError(f"TextDecoder: positions ({positions!r}) must be 'rope' or "
+                            f"'learned'; fix model.decoder.positions.")
         self.tie_embeddings = tie_embeddings
         self.embed = nn.Embedding(vocab_size, dim)
+        self.positions = LearnedPositions(max_len, dim) if positions == "learned" else None
         self.drop = nn.Dropout(dropout)
         self.stack = TransformerStack(
             depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=True,
-            cross_dim=context_dim, rope=True, rope_base=rope_base, max_len=max_len,
-            mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, dropout=dropout, attn_dropout=attn_dropout)
+            cross_dim=context_dim, rope=positions == "rope", rope_base=rope_base,
+            max_len=max_len, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
+            dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
         # Unit-variance embeddings would make tied logits ~sqrt(dim) large; GPT-2's 0.02 keeps
         # the initial next-token distribution near uniform.
@@ -156,13 +174,21 @@ class TextDecoder(nn.Module):
             ValueError: if n > max_len or the memory width is not ``context_dim``.
         """
         self._check(tokens, 0, self.max_len, memory)
-        x = self.drop(self.embed(tokens))                                # (b, n, c)
+        x = self.drop(self.embed_tokens(tokens, offset=0))               # (b, n, c)
         if attention_layers is None:
             x = self.stack(x, context=memory, context_mask=memory_mask)
             return self.lm_head(x)                                       # (b, n, v)
         x, maps = self.stack(x, context=memory, context_mask=memory_mask,
                              attention_layers=attention_layers)
         return self.lm_head(x), maps
+
+    def embed_tokens(self, tokens: Tensor, *, offset: int) -> Tensor:
+        """Token embeddings (b, n) -> (b, n, c), plus the learned positions ``offset ..`` when
+        the decoder has them."""
+        x = self.embed(tokens)
+        if self.positions is not None:
+            x = x + self.positions(tokens.shape[1], offset)
+        return x
 
     def make_cache(self, *, batch_size: int, context_len: int, max_len: int | None = None,
                    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
@@ -210,7 +236,7 @@ class TextDecoder(nn.Module):
         else:
             memory = None                              # the cross K/V are already cached
             self._check(tokens, cache.length, cache.max_len, None)
-        x = self.embed(tokens)                                           # (b, n, c)
+        x = self.embed_tokens(tokens, offset=cache.length)               # (b, n, c)
         x = self.stack(x, context=memory, context_mask=cache.memory_mask,
                        cache=cache.self_caches, cross_cache=cache.cross_caches)
         return self.lm_head(x)                                           # (b, n, v)

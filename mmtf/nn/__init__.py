@@ -2,8 +2,10 @@
 
 from mmtf.nn.attention import Attention
 from mmtf.nn.kv_cache import KVCache
+from mmtf.nn.positions import FixedPositions, LearnedPositions, sinusoidal_table
 from mmtf.nn.rope import RotaryEmbedding
 from mmtf.nn.transformer import MLP, TransformerBlock, TransformerStack, make_norm
 
-__all__ = ["MLP", "Attention", "KVCache", "RotaryEmbedding", "TransformerBlock",
-           "TransformerStack", "make_norm"]
+__all__ = ["MLP", "Attention", "FixedPositions", "KVCache", "LearnedPositions",
+           "RotaryEmbedding", "TransformerBlock", "TransformerStack", "make_norm",
+           "sinusoidal_table"]

@@ -48,14 +48,20 @@ class Attention(nn.Module):
         kv_dim: width of the ``context`` for cross-attention. A layer built with ``kv_dim`` is a
             cross-attention layer and must be called with ``context``; one built without it
             rejects ``context``.
-        bias: add biases to the projections.
+        bias: biases of the projections: True (all four), False (none) or a string naming the
+            projections that have one, from "q", "k", "v", "o" (query, key, value, output);
+            Whisper's attention is "qvo" (no key bias). A key bias adds the same ``q . b_k`` to
+            every score of a query row, which softmax cancels, so leaving it out changes no
+            output; imported weights map one to one.
         dropout: attention-probability dropout, active in training only.
     """
 
     def __init__(self, *, dim: int, num_heads: int, num_kv_heads: int | None = None,
                  causal: bool = False, rope: RotaryEmbedding | None = None,
-                 kv_dim: int | None = None, bias: bool = False, dropout: float = 0.0) -> None:
+                 kv_dim: int | None = None, bias: bool | str = False, dropout: float = 0.0,
+                 ) -> None:
         super().__init__()
+        biased = projection_biases(bias)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if dim < 1 or num_heads < 1 or num_kv_heads < 1:
             raise UserError(f"Attention: dim ({dim}), num_heads ({num_heads}) and num_kv_heads "
@@ -82,9 +88,17 @@ class Attention(nn.Module):
                             f"({self.head_dim}); build RotaryEmbedding(head_dim={self.head_dim}).")
         self.causal, self.rope, self.kv_dim, self.dropout = causal, rope, kv_dim, dropout
         self.is_cross = kv_dim is not None
-        self.to_q = nn.Linear(dim, dim, bias=bias)
-        self.to_kv = nn.Linear(kv_dim or dim, 2 * num_kv_heads * self.head_dim, bias=bias)
-        self.to_out = nn.Linear(dim, dim, bias=bias)
+        kv_width = num_kv_heads * self.head_dim
+        self.to_q = nn.Linear(dim, dim, bias="q" in biased)
+        # Keys and values share one GEMM; a bias on only one of them is a separate vector.
+        fused_bias = {"k", "v"} <= biased
+        self.to_kv = nn.Linear(kv_dim or dim, 2 * kv_width, bias=fused_bias)
+        self.k_bias = self.v_bias = None
+        if not fused_bias and "k" in biased:
+            self.k_bias = nn.Parameter(torch.zeros(kv_width))
+        if not fused_bias and "v" in biased:
+            self.v_bias = nn.Parameter(torch.zeros(kv_width))
+        self.to_out = nn.Linear(dim, dim, bias="o" in biased)
 
     def extra_repr(self) -> str:
         kind = "cross" if self.is_cross else ("causal" if self.causal else "bidirectional")
@@ -96,6 +110,10 @@ class Attention(nn.Module):
         # chunk, not one "(two g d)" rearrange: unpacking a stacked view makes autograd stack
         # the two gradients and copy them back strided. Why: see docs/design/attention-core.md
         k, v = self.to_kv(source).chunk(2, dim=-1)                         # (b, m, g d) each
+        if self.k_bias is not None:
+            k = k + self.k_bias
+        if self.v_bias is not None:
+            v = v + self.v_bias
         return (rearrange(k, "b m (g d) -> b g m d", g=self.num_kv_heads),
                 rearrange(v, "b m (g d) -> b g m d", g=self.num_kv_heads))
 
@@ -224,6 +242,22 @@ class Attention(nn.Module):
         if tuple(key_mask.shape) != (b, m):
             raise ValueError(f"Attention: key_mask shape {tuple(key_mask.shape)} != (batch={b}, "
                              f"keys={m}); with a cache the mask covers cached plus new keys.")
+
+
+def projection_biases(bias: bool | str) -> frozenset[str]:
+    """Which projections of :class:`Attention` have a bias: True -> all of "qkvo", False -> none,
+    or the letters of a string such as "qvo".
+
+    Raises:
+        UserError: a string with letters other than q, k, v, o.
+    """
+    if isinstance(bias, bool):
+        return frozenset("qkvo" if bias else "")
+    letters = frozenset(str(bias))
+    if not letters <= frozenset("qkvo"):
+        raise UserError(f"Attention: bias ({bias!r}) must be true, false or a string of the "
+                        f"projections that have a bias, from 'q', 'k', 'v', 'o' (e.g. 'qvo').")
+    return letters
 
 
 def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None,

@@ -20,12 +20,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmtf.errors import UserError
-from mmtf.nn.attention import Attention
+from mmtf.nn.attention import Attention, projection_biases
 from mmtf.nn.kv_cache import KVCache
 from mmtf.nn.rope import RotaryEmbedding
 
 NormKind = Literal["layernorm", "rmsnorm"]
-MlpKind = Literal["gelu", "swiglu"]
+# gelu: exact (erf) GELU, as Whisper, ViT, BERT; gelu_tanh: the tanh approximation (GPT-2's
+# "gelu_new"); quick_gelu: x * sigmoid(1.702 x) (CLIP); swiglu: gated SiLU.
+MlpKind = Literal["gelu", "gelu_tanh", "quick_gelu", "swiglu"]
+MLP_KINDS: tuple[str, ...] = ("gelu", "gelu_tanh", "quick_gelu", "swiglu")
 AttentionKind = Literal["self", "cross"]
 # {"self": [0, -1], "cross": [1]}: which layers' attention probabilities to return.
 AttentionLayers = Mapping[AttentionKind, Sequence[int]]
@@ -43,16 +46,19 @@ def make_norm(kind: NormKind, dim: int, eps: float = 1e-5) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """Feed-forward layer: GELU (c -> 4c -> c) or SwiGLU (Shazeer 2020, arXiv:2002.05202).
+    """Feed-forward layer: c -> hidden -> c with a GELU variant, or SwiGLU (Shazeer 2020,
+    arXiv:2002.05202).
 
-    SwiGLU uses 2/3 of the hidden width so both kinds have the same parameter count.
+    Kinds: "gelu" (exact erf GELU), "gelu_tanh" (its tanh approximation, GPT-2), "quick_gelu"
+    (``x * sigmoid(1.702 x)``, CLIP), "swiglu". SwiGLU uses 2/3 of the hidden width so every
+    kind has the same parameter count.
     """
 
     def __init__(self, *, dim: int, mlp_ratio: float = 4.0, kind: MlpKind = "gelu",
                  dropout: float = 0.0, bias: bool = False) -> None:
         super().__init__()
-        if kind not in ("gelu", "swiglu"):
-            raise UserError(f"MLP: mlp ({kind!r}) must be 'gelu' or 'swiglu'.")
+        if kind not in MLP_KINDS:
+            raise UserError(f"MLP: mlp ({kind!r}) must be one of {', '.join(MLP_KINDS)}.")
         if mlp_ratio <= 0:
             raise UserError(f"MLP: mlp_ratio ({mlp_ratio}) must be > 0.")
         self.kind = kind
@@ -71,8 +77,10 @@ class MLP(nn.Module):
         if self.kind == "swiglu":
             gate, value = h.chunk(2, dim=-1)
             h = F.silu(gate) * value
+        elif self.kind == "quick_gelu":
+            h = h * torch.sigmoid(1.702 * h)
         else:
-            h = F.gelu(h)
+            h = F.gelu(h, approximate="tanh" if self.kind == "gelu_tanh" else "none")
         return self.drop(self.fc_out(h))
 
 
@@ -85,28 +93,33 @@ class TransformerBlock(nn.Module):
         causal: causal self-attention (decoders) or bidirectional (encoders).
         cross_dim: width of the cross-attention context; None = no cross-attention.
         rope: shared rotary table for self-attention, or None.
-        mlp_ratio, mlp: hidden width ratio and kind ("gelu" or "swiglu").
-        norm: "layernorm" or "rmsnorm".
+        mlp_ratio, mlp: hidden width ratio and kind (see :class:`MLP`).
+        norm, norm_eps: "layernorm" or "rmsnorm", and its epsilon.
         dropout: residual and MLP dropout. attn_dropout: attention-probability dropout.
-        bias: biases in linear layers.
+        bias: biases of the attention projections (bool or letters of "qkvo", see
+            :class:`~mmtf.nn.attention.Attention`). mlp_bias: biases of the MLP's linear layers
+            (default: True when any attention projection has one).
     """
 
     def __init__(self, *, dim: int, num_heads: int, num_kv_heads: int | None = None,
                  causal: bool = False, cross_dim: int | None = None,
                  rope: RotaryEmbedding | None = None, mlp_ratio: float = 4.0,
-                 mlp: MlpKind = "gelu", norm: NormKind = "layernorm", dropout: float = 0.0,
-                 attn_dropout: float = 0.0, bias: bool = False) -> None:
+                 mlp: MlpKind = "gelu", norm: NormKind = "layernorm", norm_eps: float = 1e-5,
+                 dropout: float = 0.0, attn_dropout: float = 0.0, bias: bool | str = False,
+                 mlp_bias: bool | None = None) -> None:
         super().__init__()
-        self.norm_self = make_norm(norm, dim)
+        if mlp_bias is None:
+            mlp_bias = bool(projection_biases(bias))
+        self.norm_self = make_norm(norm, dim, norm_eps)
         self.self_attn = Attention(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
                                    causal=causal, rope=rope, bias=bias, dropout=attn_dropout)
         self.norm_cross = self.cross_attn = None
         if cross_dim is not None:
-            self.norm_cross = make_norm(norm, dim)
+            self.norm_cross = make_norm(norm, dim, norm_eps)
             self.cross_attn = Attention(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
                                         kv_dim=cross_dim, bias=bias, dropout=attn_dropout)
-        self.norm_mlp = make_norm(norm, dim)
-        self.mlp = MLP(dim=dim, mlp_ratio=mlp_ratio, kind=mlp, dropout=dropout, bias=bias)
+        self.norm_mlp = make_norm(norm, dim, norm_eps)
+        self.mlp = MLP(dim=dim, mlp_ratio=mlp_ratio, kind=mlp, dropout=dropout, bias=mlp_bias)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None,
@@ -150,17 +163,22 @@ class TransformerStack(nn.Module):
 
     Args:
         depth: number of blocks.
-        dim, num_heads, num_kv_heads, causal, cross_dim, mlp_ratio, mlp, norm, dropout,
-            attn_dropout, bias: as in :class:`TransformerBlock`.
-        rope: use rotary position embedding in self-attention.
+        dim, num_heads, num_kv_heads, causal, cross_dim, mlp_ratio, mlp, norm, norm_eps,
+            dropout, attn_dropout, bias, mlp_bias: as in :class:`TransformerBlock`.
+        rope: use rotary position embedding in self-attention (False: the caller adds
+            absolute positions, see :mod:`mmtf.nn.positions`).
         rope_base, max_len: RoPE table base and initial length (extended on demand).
+        final_norm: end with a norm (pre-norm stacks do). False for a model whose sequence
+            output is read before its last norm, e.g. CLIP's vision tower, whose
+            ``post_layernorm`` applies to the pooled token only.
     """
 
     def __init__(self, *, depth: int, dim: int, num_heads: int, num_kv_heads: int | None = None,
                  causal: bool = False, cross_dim: int | None = None, rope: bool = False,
                  rope_base: float = 10000.0, max_len: int = 4096, mlp_ratio: float = 4.0,
-                 mlp: MlpKind = "gelu", norm: NormKind = "layernorm", dropout: float = 0.0,
-                 attn_dropout: float = 0.0, bias: bool = False) -> None:
+                 mlp: MlpKind = "gelu", norm: NormKind = "layernorm", norm_eps: float = 1e-5,
+                 dropout: float = 0.0, attn_dropout: float = 0.0, bias: bool | str = False,
+                 mlp_bias: bool | None = None, final_norm: bool = True) -> None:
         super().__init__()
         if depth < 1:
             raise UserError(f"TransformerStack: depth ({depth}) must be >= 1.")
@@ -176,10 +194,11 @@ class TransformerStack(nn.Module):
         self.blocks = nn.ModuleList(
             TransformerBlock(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
                              causal=causal, cross_dim=cross_dim, rope=self.rope,
-                             mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, dropout=dropout,
-                             attn_dropout=attn_dropout, bias=bias)
+                             mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
+                             dropout=dropout, attn_dropout=attn_dropout, bias=bias,
+                             mlp_bias=mlp_bias)
             for _ in range(depth))
-        self.norm = make_norm(norm, dim)
+        self.norm = make_norm(norm, dim, norm_eps) if final_norm else nn.Identity()
 
     def make_cache(self, *, batch_size: int, max_len: int, context_len: int | None = None,
                    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
@@ -208,7 +227,7 @@ class TransformerStack(nn.Module):
                 returns the output alone.
 
         Returns:
-            (b, n, c), after the final norm. With ``attention_layers`` also the maps
+            (b, n, c), after the final norm (if the stack has one). With ``attention_layers`` also the maps
             ``{kind: {layer: (b, h, n, m)}}`` of exactly the layers asked for (rows sum to 1,
             masked keys are 0).
         """

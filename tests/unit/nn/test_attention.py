@@ -439,3 +439,47 @@ def test_bad_call_arguments():
         self_attn(x, cache=KVCache(batch_size=2, num_kv_heads=2, max_len=8, head_dim=8))
     with pytest.raises(UserError, match=r"head_dim \(7\) must be even"):
         RotaryEmbedding(head_dim=7)
+
+
+def test_bias_patterns_build_exactly_the_named_biases_and_match_a_float64_reference():
+    from mmtf.nn.attention import Attention
+    attn = Attention(dim=16, num_heads=2, bias="qvo").eval()        # Whisper: no key bias
+    names = {n for n, _ in attn.named_parameters()}
+    assert names == {"to_q.weight", "to_q.bias", "to_kv.weight", "v_bias", "to_out.weight",
+                     "to_out.bias"}
+    with torch.no_grad():
+        for p in (attn.to_q.bias, attn.v_bias, attn.to_out.bias):
+            p.normal_()
+    x = torch.randn(2, 5, 16)
+    xd = x.double()
+    wk, wv = attn.to_kv.weight.double().chunk(2)
+    q = (xd @ attn.to_q.weight.double().T + attn.to_q.bias.double()).unflatten(-1, (2, 8))
+    k = (xd @ wk.T).unflatten(-1, (2, 8))
+    v = (xd @ wv.T + attn.v_bias.double()).unflatten(-1, (2, 8))
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))                 # (b, h, n, d)
+    out = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), -1) @ v
+    out = out.transpose(1, 2).flatten(2) @ attn.to_out.weight.double().T + attn.to_out.bias.double()
+    torch.testing.assert_close(attn(x).double(), out, atol=1e-5, rtol=1e-5)
+
+
+def test_a_key_bias_changes_no_output():
+    """Why leaving Whisper's key bias out is exact: softmax cancels a per-row constant."""
+    from mmtf.nn.attention import Attention
+    torch.manual_seed(0)
+    plain = Attention(dim=16, num_heads=2, bias="qvo").eval()
+    keyed = Attention(dim=16, num_heads=2, bias="qkvo").eval()
+    with torch.no_grad():
+        keyed.to_q.load_state_dict(plain.to_q.state_dict())
+        keyed.to_out.load_state_dict(plain.to_out.state_dict())
+        keyed.to_kv.weight.copy_(plain.to_kv.weight)
+        k_bias = torch.randn(16)
+        keyed.to_kv.bias.copy_(torch.cat([k_bias, plain.v_bias]))
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(keyed(x), plain(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_bad_bias_pattern_names_the_letters():
+    from mmtf.errors import UserError
+    from mmtf.nn.attention import Attention
+    with pytest.raises(UserError, match=r"bias \('qx'\) must be .* 'q', 'k', 'v', 'o'"):
+        Attention(dim=16, num_heads=2, bias="qx")

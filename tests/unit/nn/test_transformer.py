@@ -70,9 +70,36 @@ def test_block_with_swiglu_and_rmsnorm_matches_a_float64_reference():
 
 @pytest.mark.parametrize(("factory", "match"), [
     (lambda: make_norm("batchnorm", 8), r"norm \('batchnorm'\) must be 'layernorm' or 'rmsnorm'"),
-    (lambda: MLP(dim=8, kind="relu"), r"mlp \('relu'\) must be 'gelu' or 'swiglu'"),
+    (lambda: MLP(dim=8, kind="relu"), r"mlp \('relu'\) must be one of gelu, gelu_tanh, quick_gelu, swiglu"),
     (lambda: MLP(dim=8, mlp_ratio=0), r"mlp_ratio \(0\) must be > 0"),
 ])
 def test_bad_options_are_user_errors(factory, match):
     with pytest.raises(UserError, match=match):
         factory()
+
+
+@pytest.mark.parametrize("kind,reference", [
+    ("gelu", lambda h: 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))),
+    ("gelu_tanh", lambda h: 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi)
+                                                     * (h + 0.044715 * h ** 3)))),
+    ("quick_gelu", lambda h: h * torch.sigmoid(1.702 * h)),
+])
+def test_gelu_variants_match_their_formulas(kind, reference):
+    mlp = MLP(dim=16, kind=kind, bias=True)
+    with torch.no_grad():
+        mlp.fc_in.bias.normal_()
+        mlp.fc_out.bias.normal_()
+    x = torch.randn(2, 5, 16) * 3
+    h = x.double() @ mlp.fc_in.weight.double().T + mlp.fc_in.bias.double()
+    expected = reference(h) @ mlp.fc_out.weight.double().T + mlp.fc_out.bias.double()
+    torch.testing.assert_close(mlp(x).double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_norm_eps_reaches_every_norm_and_final_norm_can_be_left_out():
+    from mmtf.nn import TransformerStack
+    stack = TransformerStack(depth=2, dim=16, num_heads=2, cross_dim=8, norm_eps=1e-12)
+    eps = {m.eps for m in stack.modules() if isinstance(m, torch.nn.LayerNorm)}
+    assert eps == {1e-12}
+    bare = TransformerStack(depth=1, dim=16, num_heads=2, final_norm=False).eval()
+    x = torch.randn(2, 3, 16)
+    torch.testing.assert_close(bare(x), bare.blocks[0](x))           # no norm after the block
