@@ -1,0 +1,213 @@
+"""Reading a Hugging Face–format model directory without ``transformers``.
+
+A pretrained model is a folder with ``config.json`` and ``model.safetensors`` (or sharded
+``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json``), tokenizer files
+beside them; or a hub id (``openai/whisper-tiny``), resolved through ``huggingface_hub`` into
+its usual cache when the machine is online (offline, a hub id already in the cache resolves
+too). Pickled weights (``pytorch_model.bin``, ``*.pt``) are refused: nothing is ever unpickled.
+
+:func:`open_hf_model` checks the folder and its ``config.json`` (``model_type`` must be one the
+caller imports); :func:`copy_weights` copies the original tensors into an mmtf module through a
+name map, checking every name and shape first so a failed import changes nothing. Each model
+family's map lives in its own module of :mod:`mmtf.pretrained`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import Tensor, nn
+
+from mmtf.errors import UserError
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.ckpt")
+# What a hub download fetches: config, safetensors weights, tokenizer and preprocessing files.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
+
+# A transform applied to an original tensor before it is copied (e.g. GPT-2's Conv1D -> Linear
+# transpose, or slicing a fused projection).
+Transform = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class HFModel:
+    """A checked Hugging Face–format folder.
+
+    Attributes:
+        folder: the local folder (a hub id is resolved to its cache snapshot).
+        config: ``config.json`` as a dict.
+        source: what the user passed (folder or hub id), for messages.
+    """
+
+    folder: Path
+    config: dict[str, Any]
+    source: str
+    _files: list[Path] = field(default_factory=list, repr=False)
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config.get("model_type", ""))
+
+    def field(self, key: str, *, owner: str) -> Any:
+        """``config.json[key]``; a UserError naming the file and the key when it is missing."""
+        if key not in self.config:
+            raise UserError(f"{owner}: {self.folder / CONFIG_FILE} has no field {key!r}, which "
+                            f"a {self.model_type or 'model'} config must have; is the folder "
+                            f"complete (save it again with save_pretrained)?")
+        return self.config[key]
+
+    def weight_files(self) -> list[Path]:
+        """The safetensors files holding the weights (one, or the shards of the index)."""
+        return list(self._files)
+
+    def tensors(self, keys: Collection[str] | None = None) -> dict[str, Tensor]:
+        """The original tensors, float as stored (all of them, or only ``keys``)."""
+        out: dict[str, Tensor] = {}
+        for file in self._files:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                for key in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    if keys is None or key in keys:
+                        out[key] = handle.get_tensor(key)
+        return out
+
+
+def open_hf_model(source: str | Path, *, model_types: Collection[str], owner: str) -> HFModel:
+    """Check and open a Hugging Face–format model folder or hub id.
+
+    Args:
+        source: a folder, or a hub id ``org/name`` (downloaded into the hub cache when online).
+        model_types: the ``config.json`` ``model_type`` values the caller imports.
+        owner: the importing class or config key, named in every message.
+
+    Raises:
+        UserError: the folder or hub id cannot be found; ``config.json`` is missing or not
+            JSON; only pickled weights are present (the message says how to convert); no
+            safetensors weights; ``model_type`` is not one of ``model_types``.
+    """
+    folder = resolve_source(source, owner=owner)
+    config_file = folder / CONFIG_FILE
+    if not config_file.is_file():
+        raise UserError(f"{owner}: {config_file} not found; a pretrained model folder holds "
+                        f"{CONFIG_FILE} and {WEIGHTS_FILE} (as save_pretrained writes them).")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{owner}: {config_file} is not valid JSON ({err}).") from None
+    files = _weight_files(folder, owner=owner)
+    model = HFModel(folder=folder, config=config, source=str(source), _files=files)
+    if model.model_type not in model_types:
+        raise UserError(f"{owner}: {config_file} has model_type={model.model_type!r}, but this "
+                        f"loader reads {' or '.join(repr(t) for t in sorted(model_types))}; "
+                        f"point it at a model of that family or pick the matching config.")
+    return model
+
+
+def resolve_source(source: str | Path, *, owner: str) -> Path:
+    """A local folder as is; otherwise a hub id through ``huggingface_hub`` (its cache)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    text = str(source)
+    looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise UserError(f"{owner}: {text!r} is neither a folder nor a hub id (org/name); "
+                        f"pass the folder that holds {CONFIG_FILE}.")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UserError(f"{owner}: {text!r} is not a folder, and reading hub ids needs "
+                        f"huggingface_hub: pip install 'mmtf[hf]', or download the model "
+                        f"elsewhere and pass its folder.") from None
+    try:
+        return Path(snapshot_download(text, allow_patterns=HUB_PATTERNS))
+    except Exception as err:  # offline, unknown repo, gated repo: one message for each
+        try:
+            return Path(snapshot_download(text, allow_patterns=HUB_PATTERNS,
+                                          local_files_only=True))
+        except Exception:
+            raise UserError(f"{owner}: could not fetch {text!r} from the hub "
+                            f"({type(err).__name__}: {err}); on an offline machine download it "
+                            f"elsewhere (huggingface-cli download {text}) and pass the "
+                            f"folder.") from None
+
+
+def _weight_files(folder: Path, *, owner: str) -> list[Path]:
+    index = folder / WEIGHTS_INDEX
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                                .values()))
+        except (json.JSONDecodeError, KeyError) as err:
+            raise UserError(f"{owner}: {index} is not a safetensors index ({err}).") from None
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise UserError(f"{owner}: {index} lists {missing[0]!r}, which is not in {folder}; "
+                            f"download every shard.")
+        return [folder / s for s in shards]
+    if (folder / WEIGHTS_FILE).is_file():
+        return [folder / WEIGHTS_FILE]
+    pickled = [name for name in PICKLED_WEIGHTS if (folder / name).is_file()]
+    if pickled:
+        raise UserError(f"{owner}: {folder} holds only pickled weights ({pickled[0]}), which "
+                        f"mmtf never unpickles; convert them once with transformers: "
+                        f"AutoModel.from_pretrained(folder).save_pretrained(folder, "
+                        f"safe_serialization=True), which writes {WEIGHTS_FILE}.")
+    raise UserError(f"{owner}: {folder / WEIGHTS_FILE} not found; a pretrained model folder "
+                    f"holds {CONFIG_FILE} and {WEIGHTS_FILE}.")
+
+
+def copy_weights(module: nn.Module, tensors: Mapping[str, Tensor],
+                 mapping: Mapping[str, str | tuple[str, Transform]], *, owner: str,
+                 source: str, keep_initialised: Collection[str] = ()) -> None:
+    """Copy original tensors into ``module`` by name, all checks before any copy.
+
+    Args:
+        module: the mmtf module to fill.
+        tensors: the original tensors by their original names (:meth:`HFModel.tensors`).
+        mapping: ``{mmtf name: original name}`` or ``{mmtf name: (original name, transform)}``
+            for every parameter and persistent buffer of ``module`` that the original holds.
+        owner, source: named in messages (the importing class, the folder).
+        keep_initialised: mmtf names that have no original (e.g. new cross-attention layers
+            on GPT-2) and keep their fresh initialisation.
+
+    Raises:
+        UserError: an original tensor is missing (named, with the file it was expected in), a
+            shape differs (both shapes named), or ``module`` has a tensor that neither the
+            mapping nor ``keep_initialised`` covers.
+    """
+    own = module.state_dict()
+    uncovered = sorted(set(own) - set(mapping) - set(keep_initialised))
+    if uncovered:
+        raise UserError(f"{owner}: {len(uncovered)} tensor(s) of the mmtf model have no "
+                        f"source in {source}: {', '.join(uncovered[:4])}"
+                        f"{', ...' if len(uncovered) > 4 else ''}; the model config does not "
+                        f"match the pretrained architecture.")
+    values: dict[str, Tensor] = {}
+    for name, spec in mapping.items():
+        original, transform = (spec, None) if isinstance(spec, str) else spec
+        if name not in own:
+            raise UserError(f"{owner}: the mmtf model has no tensor {name!r} (for {original!r} "
+                            f"of {source}); the model config does not match the pretrained "
+                            f"architecture.")
+        if original not in tensors:
+            raise UserError(f"{owner}: tensor {original!r} not found in {source}; the weights "
+                            f"do not belong to this architecture or are incomplete.")
+        value = tensors[original] if transform is None else transform(tensors[original])
+        if tuple(value.shape) != tuple(own[name].shape):
+            raise UserError(f"{owner}: {original!r} in {source} has shape "
+                            f"{tuple(value.shape)} but mmtf's {name!r} has "
+                            f"{tuple(own[name].shape)}; build the model with the pretrained "
+                            f"config's sizes.")
+        values[name] = value
+    with torch.no_grad():
+        for name, value in values.items():
+            own[name].copy_(value.to(own[name].dtype))
