@@ -59,7 +59,7 @@ def run_mmtf(dec: TextDecoder, memory: torch.Tensor, tokens: int, use_cache: boo
     record: Callable = lambda t, tok, logits: stamps.append(time.perf_counter())  # noqa: E731
     with torch.inference_mode():
         start = time.perf_counter()
-        out = generate(dec, memory, None, cfg, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+        out = generate(dec, memory, None, cfg, prompt_ids=[BOS], eos_id=EOS, pad_id=PAD,
                        callback=record)
         total = time.perf_counter() - start
     steps = [b - a for a, b in zip([start, *stamps[:-1]], stamps)]

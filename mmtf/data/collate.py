@@ -6,7 +6,7 @@ Batch keys (the Lightning tasks rely on them):
 ``audio``          float32 (b, s), zero-padded to the longest clip in the batch
 ``audio_lengths``  long (b,), real samples per clip
 ``image``          float32 (b, 3, h, w)
-``tokens``         long (b * k, n): ``[bos, ..., eos]`` then pad (0) — captioning;
+``tokens``         long (b * k, n): ``[*prompt, ..., eos]`` then pad — captioning;
                    k = ``data.captions_per_item`` training captions per item
                    (item-major), 1 in evaluation
 ``token_lengths``  long (b * k,) — captioning
@@ -52,7 +52,7 @@ class Collate:
     Args:
         modality: ``audio`` | ``image``.
         task: ``caption`` | ``label``.
-        pad_id: token padding id (0 in every mmtf tokenizer).
+        pad_id: token padding id (the tokenizer's; 0 in mmtf's own).
     """
 
     def __init__(self, *, modality: str, task: str, pad_id: int = 0) -> None:

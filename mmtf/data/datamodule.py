@@ -240,12 +240,15 @@ class MediaDataModule(L.LightningDataModule):
         # Train: resumable mid-epoch (Lightning checkpoints the sampler's position). Every
         # loader has its own generator, so iterating one never shifts the training stream.
         loader = make_loader(dataset, sampler, resumable=train, seed=self.seed,
-                             collate_fn=Collate(modality=self.modality, task=self.task),
+                             collate_fn=self._collate(),
                              num_workers=self.num_workers, pin_memory=self.pin_memory,
                              persistent_workers=self.persistent_workers,
                              counter=self.error_counts, split=split)
         self._loaders[split] = loader
         return loader
+
+    def _collate(self) -> Collate:
+        return Collate(modality=self.modality, task=self.task)
 
     def train_dataloader(self) -> StatefulDataLoader:
         return self._loader("train")
@@ -275,7 +278,8 @@ class CaptionDataModule(MediaDataModule):
 
     Args:
         tokenizer: ``{kind: bpe | char, **training args}``: how :meth:`train_tokenizer` trains
-            a tokenizer on every training reference for a fresh run.
+            a tokenizer on every training reference for a fresh run; or ``{kind: pretrained,
+            path: <model folder or hub id>, prompt: [...]}``: a pretrained model's tokenizer.
         tokenizer_path: a tokenizer JSON saved by ``Tokenizer.save``, used by
             :meth:`train_tokenizer` instead of training one.
         max_caption_tokens: longer captions are truncated (keeping ``eos``) and counted as
@@ -344,6 +348,8 @@ class CaptionDataModule(MediaDataModule):
                                 fix="pass a JSON written by Tokenizer.save or remove the key",
                                 error=DataError)
             return load_tokenizer(path)
+        if self.tokenizer_spec.get("kind") == "pretrained":     # read, never trained
+            return build_tokenizer(self.tokenizer_spec, ())
         texts = [c for item in self.items("train") for c in item.captions]
         tokenizer = build_tokenizer(self.tokenizer_spec, texts)
         log.info("[data] trained a %s tokenizer on %d training captions: %d tokens",
@@ -394,6 +400,10 @@ class CaptionDataModule(MediaDataModule):
 
     def _num_captions(self, split: str) -> list[int] | None:
         return [len(item.captions) for item in self.items(split)]
+
+    def _collate(self) -> Collate:
+        # Built after _dataset, which sets the tokenizer (its ids) when none was set.
+        return Collate(modality=self.modality, task=self.task, pad_id=self.tokenizer.pad_id)
 
     def _policy(self, split: str) -> str:
         return self.caption_policy if split == "train" else "first"

@@ -1,4 +1,5 @@
-"""Build the caption tokenizer from a plain config dict (the data module's ``tokenizer`` arg)."""
+"""Build the caption tokenizer from a plain config dict (the data module's ``tokenizer`` arg):
+train one of mmtf's own, or read a pretrained model's (never trained)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,18 @@ from typing import Any
 
 from mmtf.utils.config import ConfigError
 
-TOKENIZER_KINDS = ("bpe", "char")
+TOKENIZER_KINDS = ("bpe", "char", "pretrained")
 
 
 def build_tokenizer(spec: Mapping[str, Any], texts: Iterable[str]) -> Any:
-    """Train a tokenizer of ``mmtf.text`` on ``texts``.
+    """Train a tokenizer of ``mmtf.text`` on ``texts``, or read a pretrained one.
 
     Args:
         spec: ``{"kind": "bpe" | "char", **training kwargs}``, e.g. ``{kind: bpe,
-            vocab_size: 1000, lowercase: true}``. A ``max_len`` key is allowed and ignored here
-            (it is the data module's caption length limit, not a training option).
+            vocab_size: 1000, lowercase: true}``; or ``{kind: pretrained, path: <model folder or
+            hub id>, prompt: [token, ...] | null}`` (``texts`` unused). A ``max_len`` key is
+            allowed and ignored here (it is the data module's caption length limit, not a
+            training option).
         texts: the training captions (every reference of every training item).
 
     Returns:
@@ -25,15 +28,23 @@ def build_tokenizer(spec: Mapping[str, Any], texts: Iterable[str]) -> Any:
     Raises:
         ConfigError: unknown ``kind`` (or a training option the tokenizer rejects).
     """
-    from mmtf.text import BPETokenizer, CharTokenizer
+    from mmtf.text import BPETokenizer, CharTokenizer, PretrainedTokenizer
 
     spec = dict(spec)
     kind = spec.pop("kind", "bpe")
     spec.pop("max_len", None)
+    if kind == "pretrained":
+        unknown = sorted(set(spec) - {"path", "prompt"})
+        if unknown or not spec.get("path"):
+            raise ConfigError(f"data.tokenizer (kind: pretrained) takes path (a model folder or "
+                              f"hub id) and prompt (token strings or null); got {sorted(spec)}.")
+        prompt = spec.get("prompt")
+        return PretrainedTokenizer.from_folder(
+            spec["path"], prompt=None if prompt is None else [str(t) for t in prompt])
     classes = {"bpe": BPETokenizer, "char": CharTokenizer}
     if kind not in classes:
         raise ConfigError(f"tokenizer kind ({kind!r}) must be one of {TOKENIZER_KINDS}; set "
-                          f"data.tokenizer.kind=bpe or char.")
+                          f"data.tokenizer.kind=bpe, char or pretrained.")
     try:
         return classes[kind].train(list(texts), **spec)
     except TypeError as e:

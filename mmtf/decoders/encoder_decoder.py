@@ -3,14 +3,18 @@
 The encoder is any module called as ``encoder(inputs, lengths=lengths)`` that returns an object
 with ``.memory`` (b, m, c_ctx) and ``.mask`` (b, m) bool (True = valid, or None), and that has an
 int ``.dim`` (``mmtf.encoders``' encoders do; it is duck-typed, not imported). Targets are token
-ids ``[bos, w1 .. wk, eos, pad ...]``; the decoder reads ``tokens[:, :-1]`` and predicts
-``tokens[:, 1:]``. Targets that are pad, or that come after the first eos, are not scored.
+ids ``[*prompt, w1 .. wk, eos, pad ...]`` (the prompt is ``[bos]`` for mmtf's tokenizers); the
+decoder reads ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``. Prompt positions, the targets
+after the first eos and pads are not scored; the first eos is, also when pad == eos (GPT-2,
+Whisper). Why: see docs/design/prompt-and-special-tokens.md.
 
-Shapes: b batch, n target length (with bos), m memory length, v vocab, c_ctx = encoder dim.
+Shapes: b batch, n target length (with the prompt), m memory length, v vocab, c_ctx = encoder
+dim, p prompt length.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -41,14 +45,20 @@ class EncoderDecoder(nn.Module):
         encoder: module with ``.dim`` returning ``.memory``/``.mask`` (see the module docstring).
         decoder: the text decoder; ``decoder.context_dim`` must equal ``encoder.dim``.
         label_smoothing: cross-entropy label smoothing in [0, 1).
-        pad_id, bos_id, eos_id: special token ids (the mmtf tokenizers use 0, 1, 2).
+        pad_id: padding id; default ``decoder.pad_id`` (which it must equal).
+        eos_id: end-of-sequence id; may equal pad_id (GPT-2, Whisper).
+        prompt_ids: the ids every target starts with and generation is fed first: ``[bos]``
+            for mmtf's tokenizers (ids 0, 2 and [1] by default), e.g. Whisper's
+            ``<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>``. The task sets all
+            three from its tokenizer (:meth:`set_special_tokens`).
 
     Raises:
         ValueError: on a width mismatch, bad special ids or label smoothing out of range.
     """
 
     def __init__(self, *, encoder: nn.Module, decoder: TextDecoder, label_smoothing: float = 0.0,
-                 pad_id: int = 0, bos_id: int = 1, eos_id: int = 2) -> None:
+                 pad_id: int | None = None, eos_id: int = 2, prompt_ids: Sequence[int] = (1,),
+                 ) -> None:
         super().__init__()
         enc_dim = getattr(encoder, "dim", None)
         if not isinstance(enc_dim, int):
@@ -58,23 +68,31 @@ class EncoderDecoder(nn.Module):
             raise UserError(f"EncoderDecoder: model.encoder.dim ({enc_dim}) != "
                             f"model.decoder.context_dim ({decoder.context_dim}); set "
                             f"model.decoder.context_dim: ${{model.encoder.dim}}.")
-        ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
-        for name, value in ids.items():
-            if not 0 <= value < decoder.vocab_size:
-                raise UserError(f"EncoderDecoder: {name} ({value}) must be in [0, "
-                                f"model.decoder.vocab_size={decoder.vocab_size}); set "
-                                 f"model.decoder.vocab_size from the tokenizer.")
-        if len(set(ids.values())) != 3:
-            raise UserError(f"EncoderDecoder: pad_id, bos_id and eos_id must differ; got {ids}.")
-        if pad_id != decoder.pad_id:
-            raise UserError(f"EncoderDecoder: pad_id ({pad_id}) != model.decoder.pad_id "
-                            f"({decoder.pad_id}); set both from the tokenizer.")
         if not 0.0 <= label_smoothing < 1.0:
             raise UserError(f"EncoderDecoder: label_smoothing ({label_smoothing}) must be in "
                             f"[0, 1).")
         self.encoder, self.decoder = encoder, decoder
         self.label_smoothing = label_smoothing
-        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.set_special_tokens(pad_id=decoder.pad_id if pad_id is None else pad_id,
+                                eos_id=eos_id, prompt_ids=prompt_ids)
+
+    def set_special_tokens(self, *, pad_id: int, eos_id: int, prompt_ids: Sequence[int]) -> None:
+        """Use a tokenizer's ids (checked against the decoder); see the class docstring."""
+        prompt_ids = [int(i) for i in prompt_ids]
+        if not prompt_ids:
+            raise UserError("EncoderDecoder: prompt_ids is empty; the decoder needs at least "
+                            "one start token (the tokenizer's bos).")
+        vocab = self.decoder.vocab_size
+        for name, value in (("pad_id", pad_id), ("eos_id", eos_id),
+                            *(("prompt_ids", i) for i in prompt_ids)):
+            if not 0 <= value < vocab:
+                raise UserError(f"EncoderDecoder: {name} ({value}) must be in [0, "
+                                f"model.decoder.vocab_size={vocab}); set "
+                                f"model.decoder.vocab_size from the tokenizer.")
+        if pad_id != self.decoder.pad_id:
+            raise UserError(f"EncoderDecoder: pad_id ({pad_id}) != model.decoder.pad_id "
+                            f"({self.decoder.pad_id}); set both from the tokenizer.")
+        self.pad_id, self.eos_id, self.prompt_ids = pad_id, eos_id, prompt_ids
 
     def encode(self, inputs: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Run the encoder once.
@@ -94,7 +112,7 @@ class EncoderDecoder(nn.Module):
 
         Args:
             inputs, lengths: encoder inputs, as in :meth:`encode`.
-            tokens: (b * k, n) long targets, ``[bos, words .., eos, pad ...]``: k >= 1
+            tokens: (b * k, n) long targets, ``[*prompt, words .., eos, pad ...]``: k >= 1
                 captions per input, item-major (rows i*k .. i*k+k-1 describe input i), all
                 decoded against one encoder pass of their input.
 
@@ -102,9 +120,10 @@ class EncoderDecoder(nn.Module):
             :class:`Seq2SeqOutput` with logits (b * k, n - 1, v) and the mean loss over scored
             targets.
         """
-        if tokens.dim() != 2 or tokens.shape[1] < 2:
-            raise ValueError(f"EncoderDecoder: tokens must be (batch, length >= 2) ids "
-                             f"[bos, ..., eos]; got shape {tuple(tokens.shape)}.")
+        min_len = len(self.prompt_ids) + 1
+        if tokens.dim() != 2 or tokens.shape[1] < min_len:
+            raise ValueError(f"EncoderDecoder: tokens must be (batch, length >= {min_len}) ids "
+                             f"[*prompt, ..., eos]; got shape {tuple(tokens.shape)}.")
         memory, mask = self.encode(inputs, lengths)
         b, rows = memory.shape[0], tokens.shape[0]
         if rows != b:
@@ -119,15 +138,19 @@ class EncoderDecoder(nn.Module):
         return Seq2SeqOutput(logits, self.loss(logits, tokens[:, 1:]))
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Mean cross-entropy over targets that are neither pad nor after the first eos.
+        """Mean cross-entropy over the targets past the prompt, up to and including the first
+        eos, pads excluded (a pad equal to eos is that eos, so it is scored once).
 
         Args:
             logits: (b, n, v).
-            targets: (b, n) long.
+            targets: (b, n) long, ``tokens[:, 1:]``: its first p - 1 columns are the prompt.
         """
-        is_eos = (targets == self.eos_id).long()
+        in_prompt = torch.arange(targets.shape[1], device=targets.device) < len(
+            self.prompt_ids) - 1                                          # (n,)
+        is_eos = ((targets == self.eos_id) & ~in_prompt).long()
         after_eos = (is_eos.cumsum(dim=1) - is_eos) > 0                  # an eos came before
-        ignore = (targets == self.pad_id) | after_eos
+        is_pad = (targets == self.pad_id) & (targets != self.eos_id)
+        ignore = in_prompt | after_eos | is_pad
         return F.cross_entropy(logits.flatten(0, 1).float(),
                                targets.masked_fill(ignore, -100).flatten(),
                                ignore_index=-100, label_smoothing=self.label_smoothing)
@@ -150,10 +173,11 @@ class EncoderDecoder(nn.Module):
             callback: ``callback(step, tokens, logits)`` after every step.
 
         Returns:
-            :class:`GenerationOutput`: tokens (b, t) or (b, n, t) without bos, eos-terminated
-            then pad; scores (b,) or (b, n); lengths likewise.
+            :class:`GenerationOutput`: tokens (b, t) or (b, n, t) without the prompt,
+            eos-terminated then pad; scores (b,) or (b, n); lengths likewise.
         """
         cfg = GenerationConfig.build(config, **options)
         memory, mask = self.encode(inputs, lengths)
-        return generate(self.decoder, memory, mask, cfg, bos_id=self.bos_id, eos_id=self.eos_id,
-                        pad_id=self.pad_id, generator=generator, callback=callback)
+        return generate(self.decoder, memory, mask, cfg, prompt_ids=self.prompt_ids,
+                        eos_id=self.eos_id, pad_id=self.pad_id, generator=generator,
+                        callback=callback)

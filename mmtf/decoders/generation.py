@@ -7,14 +7,16 @@ through the stack). ``compile=True`` runs that step compiled (:mod:`mmtf.decoder
 ``use_cache=False`` recomputes the whole prefix every step; it exists only as the reference for
 tests and benchmarks.
 
-Conventions: rows start from ``bos``; ``pad`` and ``bos`` are never generated (their logits are
-masked); a row stops at its first ``eos`` and is padded afterwards while the other rows continue;
-the loop ends when every row has stopped or after ``max_new_tokens``. ``min_new_tokens`` masks
-``eos`` for the first steps (benchmarks force a fixed length with
-``min_new_tokens = max_new_tokens``).
+Conventions: every row starts from the prompt (``[bos]`` for mmtf's tokenizers, Whisper's
+``<|startoftranscript|> .. <|notimestamps|>``), fed whole on the first step; ``pad`` and the
+prompt's ids are never generated (their logits are masked), except ``eos``, which may equal
+them (GPT-2: bos = eos = pad); outputs hold the generated tokens only; a row stops at its
+first ``eos`` and is padded afterwards while the other rows continue; the loop ends when every
+row has stopped or after ``max_new_tokens``. ``min_new_tokens`` masks ``eos`` for the first
+steps (benchmarks force a fixed length with ``min_new_tokens = max_new_tokens``).
 
-Scores are sums of the model's log-probabilities (after masking pad/bos, before temperature or
-top-k/top-p filtering) over the generated tokens, eos included. Beam search divides the sum by
+Scores are sums of the model's log-probabilities (after masking pad and the prompt's ids,
+before temperature or top-k/top-p filtering) over the generated tokens, eos included. Beam search divides the sum by
 ``length ** length_penalty`` (Hugging Face's convention; length counts the generated tokens,
 eos included), and ranks hypotheses by that.
 
@@ -140,7 +142,7 @@ class GenerationConfig:
 
 
 class GenerationOutput(NamedTuple):
-    """Generated tokens (without bos; eos-terminated, then pad) and their scores.
+    """Generated tokens (without the prompt; eos-terminated, then pad) and their scores.
 
     tokens: (b, t) long, or (b, n, t) when ``num_return_sequences`` n > 1.
     scores: (b,) or (b, n) float sequence scores (length-penalised for beam search), best first.
@@ -168,36 +170,40 @@ class StepDecoder(Protocol):
 
 
 class _Stepper:
-    """Next-token logits (r, v) for every row, cached (one position) or uncached (whole prefix)."""
+    """Next-token logits (r, v) for every row, cached (the whole prompt on the first call, then
+    one position) or uncached (prompt + whole prefix)."""
 
     def __init__(self, decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None, *,
-                 max_new_tokens: int, bos_id: int, use_cache: bool, compile: bool = False,
-                 ) -> None:
+                 max_new_tokens: int, prompt_ids: list[int], use_cache: bool,
+                 compile: bool = False) -> None:
         self.decoder, self.memory, self.memory_mask = decoder, memory, memory_mask
         self.cache = None
         self.compiled = compiled_decode_step(decoder) if compile else None
+        self.prompt = repeat(torch.tensor(prompt_ids, dtype=torch.long, device=memory.device),
+                             "p -> r p", r=memory.shape[0])                       # (r, p)
         if use_cache:
             # The only allocation of K/V memory in a generate call: every position it will hold.
             self.cache = decoder.make_cache(batch_size=memory.shape[0],
-                                            context_len=memory.shape[1], max_len=max_new_tokens)
-        else:
-            self.bos = torch.full((memory.shape[0], 1), bos_id, dtype=torch.long,
-                                  device=memory.device)
+                                            context_len=memory.shape[1],
+                                            max_len=len(prompt_ids) + max_new_tokens - 1)
 
     def __call__(self, last: Tensor, generated: Tensor) -> Tensor:
-        """last: (r,) latest token of each row (bos first); generated: (r, t) tokens so far."""
-        if self.cache is not None:
+        """last: (r,) latest token of each row (unused on the first, prompt-fed call);
+        generated: (r, t) tokens so far."""
+        if self.cache is not None and not self.cache.filled:
+            # The first step feeds the whole prompt and projects the cross-attention K/V.
+            logits = self.decoder.step(self.prompt, self.cache, memory=self.memory,
+                                       memory_mask=self.memory_mask)     # (r, p, v)
+        elif self.cache is not None:
             if self.compiled is not None and self.cache.length >= MIN_COMPILED_LENGTH:
                 logits = self.compiled(last[:, None], self.cache,
                                        same_call=self.cache.length > MIN_COMPILED_LENGTH)
             else:
-                # The first step projects the cross-attention K/V from the memory; the first
-                # two run eagerly with compile too (mmtf.decoders.compiled says why).
-                memory = None if self.cache.filled else self.memory
-                logits = self.decoder.step(last[:, None], self.cache, memory=memory,
-                                           memory_mask=self.memory_mask)
+                # Until the cache holds MIN_COMPILED_LENGTH positions the step runs eagerly with
+                # compile too (mmtf.decoders.compiled says why).
+                logits = self.decoder.step(last[:, None], self.cache)
         else:
-            prefix = torch.cat([self.bos, generated], dim=1)             # (r, t + 1)
+            prefix = torch.cat([self.prompt, generated], dim=1)          # (r, p + t)
             logits = self.decoder(prefix, self.memory, self.memory_mask)
         return logits[:, -1]                                             # (r, v)
 
@@ -208,7 +214,7 @@ class _Stepper:
 
 
 def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
-             config: GenerationConfig, *, bos_id: int, eos_id: int, pad_id: int,
+             config: GenerationConfig, *, prompt_ids: list[int], eos_id: int, pad_id: int,
              generator: torch.Generator | None = None, callback: StepCallback | None = None,
              ) -> GenerationOutput:
     """Decode from an encoder memory (use :meth:`EncoderDecoder.generate` for raw inputs).
@@ -218,7 +224,8 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
         memory: (b, m, c_ctx) encoder output.
         memory_mask: (b, m) bool, True = real position, or None.
         config: decoding options.
-        bos_id, eos_id, pad_id: special token ids.
+        prompt_ids: the ids every row starts from (``[bos]`` for mmtf's tokenizers).
+        eos_id, pad_id: special token ids (they may be equal).
         generator: random generator for sampling (reproducible draws).
         callback: called after every step as ``callback(step, tokens, logits)`` with the chosen
             tokens (r,) and the logits (r, v) of that step, banned tokens already at -inf
@@ -227,10 +234,15 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
     Returns:
         A :class:`GenerationOutput`.
     """
-    if config.max_new_tokens > decoder.max_len:
-        raise UserError(f"generate: max_new_tokens ({config.max_new_tokens}) > "
-                        f"model.decoder.max_len ({decoder.max_len}); lower max_new_tokens or "
-                        f"raise model.decoder.max_len.")
+    prompt_ids = [int(i) for i in prompt_ids]
+    if not prompt_ids:
+        raise UserError("generate: prompt_ids is empty; give at least the bos id.")
+    # The decoder reads the prompt and every generated token but the last.
+    if len(prompt_ids) + config.max_new_tokens - 1 > decoder.max_len:
+        raise UserError(f"generate: the prompt ({len(prompt_ids)} tokens) + max_new_tokens "
+                        f"({config.max_new_tokens}) - 1 > model.decoder.max_len "
+                        f"({decoder.max_len}); lower max_new_tokens or raise "
+                        f"model.decoder.max_len.")
     if memory_mask is not None and bool(memory_mask.all()):
         memory_mask = None               # one check per call; no mask is built in any step then
     b = memory.shape[0]
@@ -241,13 +253,15 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
         if memory_mask is not None:
             memory_mask = repeat(memory_mask, "b m -> (b k) m", k=rows)
     stepper = _Stepper(decoder, memory, memory_mask, max_new_tokens=config.max_new_tokens,
-                       bos_id=bos_id, use_cache=config.use_cache, compile=config.compile)
-    # Never generated: pad, bos, suppress_tokens, and eos in the first min_new_tokens steps.
-    # Built once;    # step t masks banned[t >= min_new_tokens] in place (a few elements, no full-vocab pass).
-    never = [pad_id, bos_id, *config.suppress_tokens]
+                       prompt_ids=prompt_ids, use_cache=config.use_cache,
+                       compile=config.compile)
+    # Never generated: pad and the prompt's ids unless they are eos, suppress_tokens, and eos in
+    # the first min_new_tokens steps. Built once; step t masks banned[t >= min_new_tokens] in
+    # place (a few elements, no full-vocab pass).
+    never = [*sorted({pad_id, *prompt_ids} - {eos_id}), *config.suppress_tokens]
     banned = (torch.tensor([*never, eos_id], device=memory.device),
-              torch.tensor(never, device=memory.device))
-    ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+              torch.tensor(never, dtype=torch.long, device=memory.device))
+    ids = dict(start_id=prompt_ids[-1], eos_id=eos_id, pad_id=pad_id)
     if config.strategy == "beam":
         return _beam_search(stepper, config, b, banned, callback=callback, **ids)
     out = _greedy_or_sample(stepper, config, b * rows, banned, generator=generator,
@@ -258,7 +272,7 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
 
 
 def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
-                      banned: tuple[Tensor, Tensor], *, bos_id: int, eos_id: int, pad_id: int,
+                      banned: tuple[Tensor, Tensor], *, start_id: int, eos_id: int, pad_id: int,
                       generator: torch.Generator | None, callback: StepCallback | None,
                       ) -> GenerationOutput:
     device = banned[0].device
@@ -267,7 +281,7 @@ def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
     scores = torch.zeros(rows, device=device)
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
-    last = torch.full((rows,), bos_id, dtype=torch.long, device=device)
+    last = torch.full((rows,), start_id, dtype=torch.long, device=device)
     t = 0
     for t in range(max_t):
         logits = stepper(last, tokens[:, :t]).float()                    # (r, v)
@@ -337,7 +351,7 @@ def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tens
 
 
 def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
-                 banned: tuple[Tensor, Tensor], *, bos_id: int, eos_id: int, pad_id: int,
+                 banned: tuple[Tensor, Tensor], *, start_id: int, eos_id: int, pad_id: int,
                  callback: StepCallback | None) -> GenerationOutput:
     """Vectorised beam search over r = b * k rows (no Python loop over the batch)."""
     k, max_t, lp = config.num_beams, config.max_new_tokens, config.length_penalty
@@ -354,7 +368,7 @@ def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
     item_done = torch.zeros(b, dtype=torch.bool, device=device)
     row_base = torch.arange(b, device=device)[:, None] * k                       # (b, 1)
     top_rank_ok = torch.arange(2 * k, device=device) < k                         # (2k,)
-    last = torch.full((rows,), bos_id, dtype=torch.long, device=device)
+    last = torch.full((rows,), start_id, dtype=torch.long, device=device)
     t = 0
     for t in range(max_t):
         logits = stepper(last, seqs[:, :t]).float()                              # (r, v)

@@ -115,10 +115,16 @@ def caption_attention(model: nn.Module, inputs: Tensor, lengths: Tensor | None, 
             out, enc_maps = encoder(inputs, lengths=lengths), {}
         mask = out.mask if out.mask is not None else torch.ones(
             out.memory.shape[:2], dtype=torch.bool, device=out.memory.device)
-        bos = torch.full((1, 1), model.bos_id, dtype=torch.long, device=tokens.device)
-        queries = torch.cat([bos, tokens[None, :-1]], dim=1)                 # (1, n)
+        prompt = torch.tensor([model.prompt_ids], dtype=torch.long, device=tokens.device)
+        queries = torch.cat([prompt, tokens[None, :-1]], dim=1)              # (1, p - 1 + n)
         request = {"cross": cross, "self": list(decoder_self_layers)}
         logits, maps = decoder(queries, out.memory, mask, attention_layers=request)
+        # Keep the rows (and self-attention keys) of the generated tokens; a prompt longer than
+        # bos is not shown.
+        skip = prompt.shape[1] - 1
+        logits = logits[:, skip:]
+        maps = {kind: {layer: m[:, :, skip:, skip:] if kind == "self" else m[:, :, skip:]
+                       for layer, m in by_layer.items()} for kind, by_layer in maps.items()}
     finally:
         for module, training in modes.items():
             module.training = training

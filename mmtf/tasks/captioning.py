@@ -88,11 +88,13 @@ class CaptioningTask(Task):
         self.generation["suppress_tokens"] = tuple(sorted({*self.user_suppress_tokens, *extra}))
 
     def check_generation(self) -> None:
-        """``generation.max_new_tokens`` plus ``bos`` must fit the decoder's positions."""
+        """``generation.max_new_tokens`` plus the prompt must fit the decoder's positions."""
         max_new = self.generation.get("max_new_tokens")
         max_len = self.model.decoder.max_len
-        if max_new is not None and max_new + 1 > max_len:
-            raise ConfigError(f"model.generation.max_new_tokens ({max_new}) + bos exceeds "
+        prompt = len(self.model.prompt_ids)
+        if max_new is not None and max_new + prompt > max_len:
+            raise ConfigError(f"model.generation.max_new_tokens ({max_new}) + the prompt "
+                              f"({prompt} token{'s' if prompt > 1 else ''}) exceeds "
                               f"model.decoder.max_len ({max_len}); lower max_new_tokens.")
 
     # ------------------------------------------------------------------ wiring
@@ -124,15 +126,19 @@ class CaptioningTask(Task):
         datamodule.set_tokenizer(self.tokenizer)
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
-        """Adopt ``tokenizer``; its ids must fit the decoder's vocabulary."""
+        """Adopt ``tokenizer``: its ids must fit the decoder's vocabulary, and the model takes
+        its pad, eos and prompt ids."""
         vocab = self.model.decoder.vocab_size
         if tokenizer.vocab_size > vocab:
             raise ConfigError(
                 f"CaptioningTask: the tokenizer has {tokenizer.vocab_size} tokens but "
                 f"model.decoder.vocab_size is {vocab}; raise model.decoder.vocab_size to at least "
                 f"{tokenizer.vocab_size} (or lower data.tokenizer.vocab_size).")
+        self.model.set_special_tokens(pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id,
+                                      prompt_ids=tokenizer.prompt_ids)
         self.tokenizer = tokenizer
         self.suppress_undecodable_ids()
+        self.check_generation()
 
     def configure_optimizers(self) -> dict[str, Any]:
         # Lightning restores a checkpoint after setup() and before this hook, and

@@ -1,7 +1,10 @@
 """The tokenizer interface shared by every mmtf text model, and its JSON (de)serialisation.
 
-Every tokenizer maps text to a list of integer ids and back. The four special tokens have the
-same ids in every tokenizer, so models, collate functions and generation code can hard-wire them:
+Every tokenizer maps text to a list of integer ids and back, and names its special ids
+(``pad_id``, ``bos_id``, ``eos_id``, ``unk_id``) and the decoder prompt (``prompt_ids``, the ids a
+target starts with and generation is fed first). Models, collate functions and generation read
+them from the tokenizer. mmtf's own tokenizers (BPE, char) fix the four specials at ids 0..3 and
+prompt with ``[bos]``:
 
 ====== ==
 token  id
@@ -12,7 +15,12 @@ token  id
 <unk>  3
 ====== ==
 
-Text is normalised before it is split (Unicode NFKC, optional lower-casing, optional punctuation
+A tokenizer imported from a ``tokenizer.json`` (:mod:`mmtf.text.pretrained`) keeps the
+original's ids: GPT-2's ``bos = eos = pad = <|endoftext|>``, Whisper's prompt
+``<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>``. Why: see
+docs/design/prompt-and-special-tokens.md.
+
+mmtf's own tokenizers normalise text before it is split (Unicode NFKC, optional lower-casing, optional punctuation
 removal, runs of whitespace collapsed to one space, leading/trailing whitespace stripped), so
 ``decode(encode(x)) == normalize(x)`` whenever every character of ``x`` was seen in training.
 
@@ -37,7 +45,7 @@ from tokenizers import Regex, normalizers
 from mmtf.errors import UserError, require_file
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)  # index == id in every tokenizer
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)  # index == id in mmtf's own tokenizers
 FORMAT_VERSION = 1
 
 # What counts as punctuation: Unicode category P plus the ASCII symbols that Rust's
@@ -72,11 +80,22 @@ class Tokenizer(ABC):
     kind: ClassVar[str] = ""
     _registry: ClassVar[dict[str, type[Tokenizer]]] = {}
 
-    pad_id: ClassVar[int] = 0
-    bos_id: ClassVar[int] = 1
-    eos_id: ClassVar[int] = 2
-    unk_id: ClassVar[int] = 3
+    # mmtf's own ids; a tokenizer imported from elsewhere sets its own per instance.
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    unk_id: int | None = 3
     special_tokens: ClassVar[tuple[str, ...]] = SPECIAL_TOKENS
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The ids every target starts with and generation is fed first (``[bos]`` here)."""
+        return [self.bos_id]
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids that ``decode(skip_special=True)`` drops (the specials, ids 0..3 here)."""
+        return frozenset(range(len(self.special_tokens)))
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -123,10 +142,12 @@ class Tokenizer(ABC):
         """Ids of one text.
 
         Args:
-            text: the input string; "" encodes to ``[bos, eos]`` (or ``[]`` without specials).
-            add_special: wrap the ids as ``[bos, ..., eos]``.
+            text: the input string; "" encodes to ``[*prompt, eos]`` (or ``[]`` without
+                specials).
+            add_special: wrap the ids as ``[*prompt_ids, ..., eos]`` (``[bos, ..., eos]`` for
+                mmtf's own tokenizers).
             max_len: keep at most this many ids in total; with specials the body is cut and the
-                final ``eos`` is kept, so ``max_len`` must be >= 2.
+                final ``eos`` is kept, so ``max_len`` must be >= ``len(prompt_ids) + 1``.
 
         Returns:
             The ids, a list of length n <= max_len.
@@ -148,19 +169,20 @@ class Tokenizer(ABC):
                     f"{type(self).__name__}.encode: texts[{i}] must be a str, got "
                     f"{type(text).__name__} ({text!r})."
                 )
-        min_len = 2 if add_special else 0
+        prompt = self.prompt_ids
+        min_len = len(prompt) + 1 if add_special else 0
         if max_len is not None and (isinstance(max_len, bool) or max_len < min_len):
             raise UserError(
                 f"{type(self).__name__}.encode: max_len ({max_len}) must be >= {min_len}"
-                + (" to hold <bos> and <eos>; raise max_len or pass add_special=False."
+                + (" to hold the prompt and <eos>; raise max_len or pass add_special=False."
                    if add_special else "; pass max_len=None for no limit.")
             )
         out = []
         for ids in self._encode_many(texts):
             if add_special:
                 if max_len is not None:
-                    ids = ids[: max_len - 2]
-                ids = [self.bos_id, *ids, self.eos_id]
+                    ids = ids[: max_len - min_len]
+                ids = [*prompt, *ids, self.eos_id]
             elif max_len is not None:
                 ids = ids[:max_len]
             out.append(ids)
@@ -172,9 +194,10 @@ class Tokenizer(ABC):
 
         Args:
             ids: a sequence of ints (a list, or a 1-D tensor / array with ``tolist``).
-            skip_special: stop at the first ``eos`` and drop the other specials (pad, bos,
-                unk); whitespace left behind by a dropped ``<unk>`` is collapsed. Otherwise
-                every id is rendered, specials as their token text (``<eos>``).
+            skip_special: drop a leading prompt, stop at the first ``eos`` after it and drop
+                the other specials (pad, bos, unk); whitespace left behind by a dropped
+                ``<unk>`` is collapsed. Otherwise every id is rendered, specials as their
+                token text (``<eos>``).
 
         Returns:
             The text; ``decode([]) == ""``.
@@ -194,10 +217,13 @@ class Tokenizer(ABC):
             )
         if not skip_special:
             return self._decode_one(ids, skip_special=False)
+        prompt = self.prompt_ids
+        if ids[: len(prompt)] == prompt:          # a target; generated ids carry no prompt
+            ids = ids[len(prompt):]
         if self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id)]
-        n_special = len(self.special_tokens)
-        text = self._decode_one([i for i in ids if i >= n_special], skip_special=True)
+        special = self.special_ids
+        text = self._decode_one([i for i in ids if i not in special], skip_special=True)
         return _WHITESPACE.sub(" ", text).strip()
 
     def decode_batch(self, batch: Iterable[Sequence[int]], skip_special: bool = True) -> list[str]:
@@ -218,8 +244,9 @@ class Tokenizer(ABC):
 
         Raises:
             ValueError: the string is not JSON, ``kind`` is unknown, ``version`` is newer than
-                this code, the specials are not at ids 0..3, or ``cls`` is a subclass that does
-                not match ``kind``.
+                this code, the payload is rejected by its class (mmtf's own tokenizers: the
+                specials are not at ids 0..3), or ``cls`` is a subclass that does not match
+                ``kind``.
         """
         try:
             data = json.loads(s)
@@ -248,14 +275,7 @@ class Tokenizer(ABC):
                 f"{cls.__name__}.from_json_str: the JSON holds kind={kind!r}, not "
                 f"{cls.kind!r}; use Tokenizer.from_json_str or load_tokenizer to dispatch."
             )
-        tok = target._from_dict(data)
-        found = [tok.id_to_token(i) for i in range(min(len(SPECIAL_TOKENS), tok.vocab_size))]
-        if tuple(found) != SPECIAL_TOKENS:
-            raise UserError(
-                f"Tokenizer.from_json_str: ids 0..3 must be {list(SPECIAL_TOKENS)}, got {found}; "
-                f"the tokenizer was not built by mmtf."
-            )
-        return tok
+        return target._from_dict(data)
 
     def save(self, path: str | Path) -> Path:
         """Write :meth:`to_json_str` to ``path`` (UTF-8); returns the path."""

@@ -178,8 +178,8 @@ def test_beam_search_on_text_decoder_equals_brute_force(seed, length_penalty):
     # 9 beams hold every 2-word prefix, so the search is exact for the best sequence.
     config = GenerationConfig(strategy="beam", num_beams=9, max_new_tokens=3,
                               length_penalty=length_penalty, early_stopping=False)
-    out = generate(decoder, memory, mask, config, bos_id=BOS, eos_id=EOS, pad_id=PAD)
-    greedy = generate(decoder, memory, mask, GenerationConfig(max_new_tokens=3), bos_id=BOS,
+    out = generate(decoder, memory, mask, config, prompt_ids=[BOS], eos_id=EOS, pad_id=PAD)
+    greedy = generate(decoder, memory, mask, GenerationConfig(max_new_tokens=3), prompt_ids=[BOS],
                       eos_id=EOS, pad_id=PAD)
     greedy_missed = False
     for i in range(2):

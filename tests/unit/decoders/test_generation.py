@@ -198,7 +198,8 @@ def test_generation_config_from_yaml_and_errors(batch):
     assert torch.equal(from_cfg.tokens, from_kwargs.tokens)
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['beams'\]"):
         model.generate(*batch, beams=2)
-    with pytest.raises(UserError, match=r"max_new_tokens \(33\) > model.decoder.max_len \(32\)"):
+    with pytest.raises(UserError, match=r"the prompt \(1 tokens\) \+ max_new_tokens \(33\) - 1 > "
+                                        r"model.decoder.max_len \(32\)"):
         model.generate(*batch, max_new_tokens=33)
 
 

@@ -51,11 +51,11 @@ def test_caption_is_the_plain_generation_and_rows_reproduce_its_tokens():
     # The inspection pass decodes the same caption: each row's argmax (over the tokens
     # generation may pick: never pad or bos) is the generated token.
     allowed = got.logits.clone()
-    allowed[:, [model.pad_id, model.bos_id]] = float("-inf")
+    allowed[:, [model.pad_id, *model.prompt_ids]] = float("-inf")
     assert allowed.argmax(-1).tolist() == got.tokens.tolist()
     # and its logits are the cached generation's logits (recomputed here, fused kernels)
     memory, mask = model.encode(wave, lengths)
-    queries = torch.cat([torch.tensor([[model.bos_id]]), got.tokens[None, :-1]], dim=1)
+    queries = torch.cat([torch.tensor([model.prompt_ids]), got.tokens[None, :-1]], dim=1)
     with torch.no_grad():
         fused = model.decoder(queries, memory, mask)[0]
     torch.testing.assert_close(got.logits, fused, atol=1e-5, rtol=1e-5)

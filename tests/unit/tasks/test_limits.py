@@ -32,7 +32,7 @@ def test_data_past_the_model_limits_is_rejected(dm, pattern):
 
 
 def test_generation_longer_than_the_decoder_is_rejected_at_construction():
-    with pytest.raises(UserError, match=r"max_new_tokens \(64\) \+ bos exceeds "
+    with pytest.raises(UserError, match=r"max_new_tokens \(64\) \+ the prompt \(1 token\) exceeds "
                                         r"model.decoder.max_len \(64\)"):
         captioner(generation={"max_new_tokens": 64})
     task = captioner()

@@ -1,0 +1,218 @@
+"""A tokenizer imported from a Hugging Face ``tokenizer.json``, with the original's special ids.
+
+Pretrained decoders (GPT-2, Whisper) were trained with their own vocabulary and their own
+special tokens, so the ids must stay theirs. :meth:`PretrainedTokenizer.from_folder` reads a
+model folder (or hub id): ``tokenizer.json`` (the `tokenizers` pipeline, used as is) and the
+special tokens from ``tokenizer_config.json`` / ``special_tokens_map.json`` and the ids of
+``generation_config.json`` / ``config.json``:
+
+* ``eos``: the ``eos_token`` (GPT-2 and Whisper: ``<|endoftext|>``);
+* ``pad``: the ``pad_token``, else ``eos`` (GPT-2 has none; padding after eos is never scored);
+* ``bos``: the ``bos_token``, else ``eos``; ``unk``: the ``unk_token`` or None;
+* the prompt (the ids a target starts with and generation is fed first): the ``prompt``
+  argument (token strings, e.g. Whisper's ``[<|startoftranscript|>, <|en|>, <|transcribe|>,
+  <|notimestamps|>]``), else ``[decoder_start_token_id]`` when the folder names one, else
+  ``[bos]``.
+
+The whole ``tokenizer.json`` is embedded in :meth:`to_json_str`, so a checkpoint needs no side
+file. Text is not normalised beyond the original pipeline's own normaliser. Why: see
+docs/design/prompt-and-special-tokens.md.
+
+Shapes: ids are python ``list[int]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from mmtf.errors import UserError, require_file
+from mmtf.text.base import Tokenizer
+
+TOKENIZER_FILE = "tokenizer.json"
+# Read in this order; a later file fills only what the earlier ones left unset.
+_TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+_ID_FILES = ("generation_config.json", "config.json")
+
+
+class PretrainedTokenizer(Tokenizer):
+    """A `tokenizers.Tokenizer` with the special ids and prompt of the model it came with.
+
+    Args:
+        tokenizer: the loaded ``tokenizer.json``.
+        pad_id, bos_id, eos_id: special ids (pad and bos may equal eos, as in GPT-2).
+        unk_id: the unknown-token id, or None (byte-level BPE never needs one).
+        prompt_ids: the decoder prompt; default ``[bos_id]``.
+        source: where it was read from (for messages and the repr).
+
+    Raises:
+        UserError: an id is outside the vocabulary or the prompt is empty.
+    """
+
+    kind = "pretrained"
+
+    def __init__(self, *, tokenizer: HFTokenizer, pad_id: int, bos_id: int, eos_id: int,
+                 unk_id: int | None = None, prompt_ids: Sequence[int] | None = None,
+                 source: str = "") -> None:
+        self._tok = tokenizer
+        self.source = source
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = pad_id, bos_id, eos_id, unk_id
+        self._prompt = [int(i) for i in (prompt_ids if prompt_ids is not None else [bos_id])]
+        if not self._prompt:
+            raise UserError(f"PretrainedTokenizer ({source}): the prompt is empty; give at "
+                            f"least one token (data.tokenizer.prompt).")
+        ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id, "unk_id": unk_id}
+        for name, value in [*ids.items(), *(("prompt_ids", i) for i in self._prompt)]:
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise UserError(f"PretrainedTokenizer ({source}): {name} ({value}) is outside "
+                                f"the vocabulary [0, {self.vocab_size}).")
+        # Text that spells a special token is encoded as ordinary text, never as the special.
+        tokenizer.encode_special_tokens = True
+        added = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+        self._special = frozenset(added | {i for i in ids.values() if i is not None}
+                                  | set(self._prompt))
+
+    @classmethod
+    def from_folder(cls, source: str | Path, *, prompt: Sequence[str] | None = None,
+                    ) -> PretrainedTokenizer:
+        """Read the tokenizer files of a model folder (or hub id); see the module docstring.
+
+        Args:
+            source: a folder holding ``tokenizer.json``, or a hub id (``openai/whisper-tiny``).
+            prompt: the decoder prompt as token strings; None = the folder's default.
+
+        Raises:
+            UserError: ``tokenizer.json`` is missing or invalid, no eos token is named, or a
+                named token is not in the vocabulary.
+        """
+        from mmtf.pretrained.hf import resolve_source
+
+        owner = "data.tokenizer (kind: pretrained)"
+        folder = resolve_source(source, owner=owner)
+        file = require_file(folder / TOKENIZER_FILE, what=f"{owner}: {TOKENIZER_FILE}",
+                            fix="save the tokenizer with save_pretrained beside the model")
+        try:
+            tok = HFTokenizer.from_file(str(file))
+        except Exception as err:  # the Rust side raises its own exception type
+            raise UserError(f"{owner}: {file} is not a tokenizers JSON ({err}).") from None
+        tokens = _merged(folder, _TOKEN_FILES, owner)
+        numbers = _merged(folder, _ID_FILES, owner)
+
+        def token_id(name: str) -> int | None:
+            text = _token_text(tokens.get(name))
+            if text is not None:
+                found = tok.token_to_id(text)
+                if found is None:
+                    raise UserError(f"{owner}: {name} {text!r} of {folder} is not in "
+                                    f"{file.name}'s vocabulary.")
+                return found
+            value = numbers.get(f"{name}_id")
+            return value[0] if isinstance(value, list) else value
+
+        eos = token_id("eos_token")
+        if eos is None:
+            raise UserError(f"{owner}: {folder} names no eos_token (tokenizer_config.json) nor "
+                            f"eos_token_id (generation_config.json); generation cannot stop.")
+        bos = token_id("bos_token")
+        pad = token_id("pad_token")
+        if prompt is not None:
+            prompt_ids = []
+            for text in prompt:
+                found = tok.token_to_id(str(text))
+                if found is None:
+                    raise UserError(f"{owner}: prompt token {text!r} is not in {file}; "
+                                    f"fix data.tokenizer.prompt.")
+                prompt_ids.append(found)
+        else:
+            start = numbers.get("decoder_start_token_id")
+            prompt_ids = [start if start is not None else (bos if bos is not None else eos)]
+        return cls(tokenizer=tok, pad_id=eos if pad is None else pad,
+                   bos_id=eos if bos is None else bos, eos_id=eos, unk_id=token_id("unk_token"),
+                   prompt_ids=prompt_ids, source=str(source))
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(self._prompt)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self._special
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def backend(self) -> HFTokenizer:
+        """The underlying `tokenizers.Tokenizer` (read it, do not mutate it)."""
+        return self._tok
+
+    def normalize(self, text: str) -> str:
+        normalizer = self._tok.normalizer
+        return text if normalizer is None else normalizer.normalize_str(text)
+
+    def id_to_token(self, idx: int) -> str:
+        return self._tok.id_to_token(idx)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def _decode_one(self, ids: list[int], skip_special: bool) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+    def _to_dict(self) -> dict[str, Any]:
+        return {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id,
+                "unk_id": self.unk_id, "prompt_ids": self.prompt_ids, "source": self.source,
+                "tokenizer": json.loads(self._tok.to_str())}
+
+    @classmethod
+    def _from_dict(cls, payload: dict[str, Any]) -> PretrainedTokenizer:
+        try:
+            hf = HFTokenizer.from_str(json.dumps(payload["tokenizer"]))
+            return cls(tokenizer=hf, pad_id=payload["pad_id"], bos_id=payload["bos_id"],
+                       eos_id=payload["eos_id"], unk_id=payload["unk_id"],
+                       prompt_ids=payload["prompt_ids"], source=payload.get("source", ""))
+        except KeyError as err:
+            raise UserError(f"PretrainedTokenizer: JSON is missing the field {err}.") from err
+        except Exception as err:  # the Rust side raises its own exception type
+            if isinstance(err, ValueError):
+                raise
+            raise UserError(f"PretrainedTokenizer: the 'tokenizer' field is not a valid "
+                            f"tokenizers JSON ({err}).") from err
+
+    def __repr__(self) -> str:
+        return (f"PretrainedTokenizer(vocab_size={self.vocab_size}, pad={self.pad_id}, "
+                f"bos={self.bos_id}, eos={self.eos_id}, prompt={self.prompt_ids}, "
+                f"source={self.source!r})")
+
+
+def _merged(folder: Path, names: Sequence[str], owner: str) -> dict[str, Any]:
+    """The keys of the JSON files ``names`` in ``folder`` (missing files skipped), earlier
+    files first."""
+    out: dict[str, Any] = {}
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise UserError(f"{owner}: {path} is not valid JSON ({err}).") from None
+        for key, value in data.items():
+            if out.get(key) is None:
+                out[key] = value
+    return out
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as ``tokenizer_config.json`` writes it: a string or ``{"content": ..}``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None

@@ -1,0 +1,89 @@
+"""PretrainedTokenizer: a tokenizer.json with its own special ids and prompt (GPT-2's and
+Whisper's conventions), encode/decode against the `tokenizers` library directly, and the round
+trip through a task checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+
+from mmtf.data.tokenizer import build_tokenizer
+from mmtf.errors import UserError
+from mmtf.text import PretrainedTokenizer, Tokenizer
+from tests.unit.pretrained.tiny_hf import ENDOFTEXT, WHISPER_PROMPT, write_tokenizer
+from tests.unit.tasks.conftest import captioner
+
+
+def test_gpt2_conventions_bos_eos_pad_are_endoftext(tmp_path):
+    hf = write_tokenizer(tmp_path, family="gpt2")
+    tok = PretrainedTokenizer.from_folder(tmp_path)
+    end = hf.token_to_id(ENDOFTEXT)
+    assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id) == (end, end, end, end)
+    assert tok.prompt_ids == [end]
+    body = hf.encode("a dog barks", add_special_tokens=False).ids
+    ids = tok.encode("a dog barks")
+    assert ids == [end, *body, end]
+    # bos == eos: the leading prompt is not mistaken for the end of the caption.
+    assert tok.decode(ids) == "a dog barks"
+    assert tok.decode([*body, end, end, end]) == "a dog barks"   # generated: eos then pads
+
+
+def test_whisper_prompt_and_specials(tmp_path):
+    hf = write_tokenizer(tmp_path, family="whisper")
+    tok = PretrainedTokenizer.from_folder(tmp_path, prompt=WHISPER_PROMPT)
+    prompt = [hf.token_to_id(t) for t in WHISPER_PROMPT]
+    end = hf.token_to_id(ENDOFTEXT)
+    assert tok.prompt_ids == prompt and tok.eos_id == tok.pad_id == end
+    assert tok.vocab_size == hf.get_vocab_size(with_added_tokens=True)
+    ids = tok.encode("rain falls")
+    assert ids == [*prompt, *hf.encode("rain falls", add_special_tokens=False).ids, end]
+    assert tok.decode(ids) == "rain falls"
+    assert tok.decode(ids, skip_special=False).startswith("<|startoftranscript|><|en|>")
+    # Truncation keeps the prompt and the final eos.
+    cut = tok.encode("rain falls on a tin roof", max_len=6)
+    assert len(cut) == 6 and cut[:4] == prompt and cut[-1] == end
+    with pytest.raises(UserError, match=r"max_len \(4\) must be >= 5 to hold the prompt"):
+        tok.encode("rain", max_len=4)
+    # A caption that spells a special token is text, not the special id.
+    assert end not in tok.encode("<|endoftext|>", add_special=False)
+
+
+def test_json_and_checkpoint_round_trip(tmp_path):
+    write_tokenizer(tmp_path, family="whisper")
+    tok = build_tokenizer({"kind": "pretrained", "path": str(tmp_path),
+                           "prompt": WHISPER_PROMPT, "max_len": 32}, ["ignored"])
+    restored = Tokenizer.from_json_str(tok.to_json_str())
+    assert isinstance(restored, PretrainedTokenizer) and restored == tok
+    assert restored.prompt_ids == tok.prompt_ids and restored.pad_id == tok.pad_id
+    assert json.loads(tok.to_json_str())["tokenizer"]["model"]["type"] == "BPE"
+    # Through a captioning task's checkpoint: the model takes the tokenizer's ids.
+    task = captioner(vocab_size=tok.vocab_size)
+    task.model.decoder.pad_id = tok.pad_id       # a decoder configured for this tokenizer
+    task.on_load_checkpoint({"mmtf": {"config": {}, "tokenizer": tok.to_json_str()}})
+    saved: dict = {}
+    task.on_save_checkpoint(saved)
+    again = Tokenizer.from_json_str(saved["mmtf"]["tokenizer"])
+    assert again == tok
+    assert task.model.prompt_ids == tok.prompt_ids
+    assert (task.model.eos_id, task.model.pad_id) == (tok.eos_id, tok.pad_id)
+
+
+def test_bad_folders_are_one_line_errors(tmp_path):
+    with pytest.raises(UserError, match=r"tokenizer.json .* does not exist"):
+        PretrainedTokenizer.from_folder(tmp_path)
+    write_tokenizer(tmp_path, family="whisper")
+    with pytest.raises(UserError, match=r"prompt token '<\|de\|>' is not in .*tokenizer.json"):
+        PretrainedTokenizer.from_folder(tmp_path, prompt=["<|startoftranscript|>", "<|de|>"])
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(UserError, match=r"names no eos_token"):
+        PretrainedTokenizer.from_folder(tmp_path)
+
+
+def test_mmtf_tokenizers_keep_their_ids():
+    from mmtf.text import CharTokenizer
+
+    tok = CharTokenizer.train(["ab"])
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id, tok.prompt_ids) == (0, 1, 2, 3, [1])
+    assert isinstance(HFTokenizer, type)
