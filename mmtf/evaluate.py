@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from mmtf.tasks import CaptioningTask
 from mmtf.utils.checkpoint import build_task, check_targets, load_checkpoint
 from mmtf.utils.config import ConfigError, generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
@@ -50,6 +51,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     output_dir = Path(cfg.paths.output_dir)
     task, stored = build_task(load_checkpoint(cfg.ckpt_path), cfg.ckpt_path)
     task.update_generation(generation_overrides(cfg.get("generation")))
+    if cfg.get("metrics_backend") is not None:
+        if not isinstance(task, CaptioningTask):
+            raise ConfigError(f"metrics_backend ({cfg.metrics_backend!r}) is set but a "
+                              f"{type(task).__name__} checkpoint has no caption metrics; "
+                              f"remove metrics_backend.")
+        task.set_metrics_backend(cfg.metrics_backend)
     datamodule = build_datamodule(stored, cfg.get("data"))
     if cfg.get("batch_size"):
         datamodule.batch_size = cfg.batch_size

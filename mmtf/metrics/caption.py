@@ -7,8 +7,10 @@ pycocoevalcap formulas, see the modules) and METEOR / SPICE by their Java jars w
 
 A metric that cannot be computed here is never reported as 0: it is left out of the scores and
 listed in ``scores.unavailable`` (metric -> reason). SPIDEr = (CIDEr-D + SPICE) / 2 needs SPICE;
-SPIDEr-FL additionally needs the FENSE fluency-error detector, a downloaded neural model, so it is
-always unavailable in mmtf.
+SPIDEr-FL additionally needs the FENSE fluency-error detector, a downloaded neural model, so the
+``mmtf`` backend reports it unavailable. ``backend="aac"`` (config key
+``model.metrics_backend``) computes every metric with aac-metrics instead
+(:mod:`mmtf.metrics.aac`): SPICE, SPIDEr and SPIDEr-FL wherever its downloaded files are present.
 
 :class:`CaptionMetrics` accumulates (candidate, references) pairs over an epoch and gathers them
 across DDP ranks before scoring. Usage from a LightningModule::
@@ -26,9 +28,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
+from mmtf.errors import UserError
 from mmtf.metrics import java
+from mmtf.metrics.aac import aac_scores
 from mmtf.metrics.bleu import corpus_bleu
 from mmtf.metrics.cider import corpus_cider_d
 from mmtf.metrics.event import event_sequence_accuracy
@@ -42,9 +46,12 @@ ALL_METRICS: tuple[str, ...] = ("bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l
                                 "meteor", "spice", "spider", "spider_fl")
 _GROUPS = {"bleu": ("bleu_1", "bleu_2", "bleu_3", "bleu_4")}
 FAST_METRICS: tuple[str, ...] = ("bleu", "rouge_l", "cider_d")  # no Java, no subprocess
+Backend = Literal["mmtf", "aac"]
+BACKENDS: tuple[str, ...] = ("mmtf", "aac")
 SPIDER_FL_REASON = (
-    "SPIDEr-FL needs the FENSE fluency-error detector, a neural checkpoint that aac-metrics "
-    "downloads at run time; mmtf never downloads models"
+    "SPIDEr-FL needs the FENSE fluency-error detector, a neural checkpoint the mmtf backend does "
+    "not run; set model.metrics_backend=aac (pip install 'mmtf[aac]', then aac-metrics-download "
+    "once where the machine is online)"
 )
 _warned: set[str] = set()
 
@@ -73,6 +80,14 @@ def resolve_metrics(metrics: Sequence[str] | None) -> list[str]:
             )
         out += [n for n in names if n not in out]
     return out
+
+
+def check_backend(backend: str) -> str:
+    """``backend`` if it is one of :data:`BACKENDS`; a ValueError naming the key otherwise."""
+    if backend not in BACKENDS:
+        raise UserError(f"model.metrics_backend ({backend!r}) must be one of {list(BACKENDS)}: "
+                         f"'mmtf' (built in) or 'aac' (aac-metrics, pip install 'mmtf[aac]').")
+    return backend
 
 
 def check_inputs(candidates: Sequence[str], references: Sequence[Sequence[str]]) -> None:
@@ -112,6 +127,7 @@ def caption_metrics(
     metrics: Sequence[str] | None = None,
     tokenize: bool = True,
     java_timeout_s: float = 900.0,
+    backend: Backend = "mmtf",
 ) -> CaptionScores:
     """Score a corpus of captions.
 
@@ -125,6 +141,8 @@ def caption_metrics(
         tokenize: run :func:`coco_tokenize` on every caption; False means the captions are
             already tokenised and are split on whitespace.
         java_timeout_s: time limit for each Java metric.
+        backend: "mmtf" (this module's metrics) or "aac" (every metric by aac-metrics,
+            :mod:`mmtf.metrics.aac`); both read the same tokens.
 
     Returns:
         A :class:`CaptionScores`: a dict metric -> float with ``.unavailable`` (metric ->
@@ -134,11 +152,27 @@ def caption_metrics(
         ValueError, TypeError: malformed inputs or an unknown metric name.
     """
     names = resolve_metrics(metrics)
+    check_backend(backend)
     check_inputs(candidates, references)
     split = coco_tokenize if tokenize else str.split
     cand_tok = [split(c) for c in candidates]
     refs_tok = [[split(r) for r in refs] for refs in references]
+    if backend == "aac":
+        scores, unavailable = aac_scores([" ".join(t) for t in cand_tok],
+                                         [[" ".join(t) for t in refs] for refs in refs_tok],
+                                         names, timeout_s=java_timeout_s)
+    else:
+        scores, unavailable = _mmtf_scores(cand_tok, refs_tok, names, java_timeout_s)
+    for name, reason in unavailable.items():
+        if name not in _warned:
+            _warned.add(name)
+            log.warning("caption_metrics: %s unavailable: %s", name, reason)
+    return CaptionScores({n: float(scores[n]) for n in names if n in scores},
+                         {n: unavailable[n] for n in names if n in unavailable})
 
+
+def _mmtf_scores(cand_tok: list[list[str]], refs_tok: list[list[list[str]]], names: list[str],
+                 java_timeout_s: float) -> tuple[dict[str, float], dict[str, str]]:
     scores: dict[str, float] = {}
     unavailable: dict[str, str] = {}
     if any(n.startswith("bleu_") for n in names):
@@ -169,14 +203,7 @@ def caption_metrics(
             unavailable["spider"] = f"SPIDEr = (CIDEr-D + SPICE) / 2 needs SPICE: {unavailable['spice']}"
     if "spider_fl" in names:
         unavailable["spider_fl"] = SPIDER_FL_REASON
-
-    for name, reason in unavailable.items():
-        if name not in _warned:
-            _warned.add(name)
-            log.warning("caption_metrics: %s unavailable: %s", name, reason)
-    result = CaptionScores({n: float(scores[n]) for n in names if n in scores},
-                           {n: unavailable[n] for n in names if n in unavailable})
-    return result
+    return scores, unavailable
 
 
 class CaptionRow(NamedTuple):
@@ -200,6 +227,7 @@ class CaptionMetrics:
         java_timeout_s: forwarded to :func:`caption_metrics`.
         event_parser: caption -> event sequence; when set, :meth:`compute` adds
             ``event_accuracy`` (:func:`~mmtf.metrics.event.event_sequence_accuracy`).
+        backend: forwarded to :func:`caption_metrics`.
 
     Attributes:
         unavailable: metric -> reason, from the last :meth:`compute`.
@@ -209,8 +237,10 @@ class CaptionMetrics:
 
     def __init__(self, *, metrics: Sequence[str] | None = None, tokenize: bool = True,
                  java_timeout_s: float = 900.0,
-                 event_parser: Callable[[str], Any] | None = None) -> None:
+                 event_parser: Callable[[str], Any] | None = None,
+                 backend: Backend = "mmtf") -> None:
         self.metrics = resolve_metrics(metrics)
+        self.backend = check_backend(backend)
         self.tokenize = tokenize
         self.java_timeout_s = java_timeout_s
         self.event_parser = event_parser
@@ -291,7 +321,8 @@ class CaptionMetrics:
         predictions = [row.prediction for row in rows]
         references = [row.references for row in rows]
         result = caption_metrics(predictions, references, metrics=self.metrics,
-                                 tokenize=self.tokenize, java_timeout_s=self.java_timeout_s)
+                                 tokenize=self.tokenize, java_timeout_s=self.java_timeout_s,
+                                 backend=self.backend)
         scores = dict(result)
         if self.event_parser is not None:
             scores["event_accuracy"] = event_sequence_accuracy(predictions, references,

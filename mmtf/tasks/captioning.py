@@ -14,6 +14,7 @@ from torch import nn
 
 from mmtf.decoders import EncoderDecoder
 from mmtf.metrics import CaptionMetrics
+from mmtf.metrics.caption import check_backend
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.optim import configure_adamw_cosine
 from mmtf.text import Tokenizer
@@ -43,6 +44,8 @@ class CaptioningTask(Task):
         val_metrics, test_metrics: metric names for ``mmtf.metrics.caption_metrics`` (None = every
             available metric). METEOR starts a JVM (10-50 s), so validation defaults to the fast
             ones (BLEU, ROUGE-L, CIDEr-D) and test to all.
+        metrics_backend: "mmtf" (built-in metrics) or "aac" (aac-metrics: SPICE, SPIDEr and
+            SPIDEr-FL where its downloaded files are present; see :mod:`mmtf.metrics.aac`).
         num_logged_samples: reference-vs-prediction rows logged per validation epoch.
     """
 
@@ -51,7 +54,7 @@ class CaptioningTask(Task):
                  label_smoothing: float = 0.1, generation: dict | None = None,
                  val_generate: bool = True, num_logged_samples: int = 8,
                  val_metrics: list[str] | None = ("bleu", "rouge_l", "cider_d"),
-                 test_metrics: list[str] | None = None) -> None:
+                 test_metrics: list[str] | None = None, metrics_backend: str = "mmtf") -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["encoder", "decoder", "optimizer"])
         self.model = EncoderDecoder(encoder=encoder, decoder=decoder,
@@ -61,9 +64,15 @@ class CaptioningTask(Task):
         self.user_suppress_tokens = tuple(self.generation.get("suppress_tokens", ()))
         self.check_generation()
         self.caption_metrics = {
-            "val": CaptionMetrics(metrics=None if val_metrics is None else list(val_metrics)),
-            "test": CaptionMetrics(metrics=None if test_metrics is None else list(test_metrics)),
+            split: CaptionMetrics(metrics=None if names is None else list(names),
+                                  backend=metrics_backend)
+            for split, names in (("val", val_metrics), ("test", test_metrics))
         }
+
+    def set_metrics_backend(self, backend: str) -> None:
+        """Score with ``backend`` ("mmtf" | "aac") from now on (``evaluate metrics_backend=``)."""
+        for metrics in self.caption_metrics.values():
+            metrics.backend = check_backend(backend)
 
     @property
     def encoder(self) -> nn.Module:
