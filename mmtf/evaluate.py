@@ -2,7 +2,8 @@
 
 Rebuilds the task from the config stored in the checkpoint (allowlisted ``_target_``s, weights
 loaded with ``weights_only=True``), scores it on a split with the checkpoint's data config, and
-writes ``metrics.json`` and ``predictions.jsonl`` (captioning) into the run dir.
+writes ``metrics.json`` and ``predictions.jsonl`` (captioning) into the run dir. Audio longer
+than ``model.encoder.max_seconds`` is scored on its first ``max_seconds`` (:func:`crop_long_audio`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mmtf.tasks import CaptioningTask
+from mmtf.tasks import CaptioningTask, Task
 from mmtf.utils.checkpoint import build_task, check_targets, load_checkpoint
 from mmtf.utils.config import ConfigError, generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
@@ -33,6 +34,31 @@ def build_datamodule(stored: dict[str, Any], overrides: Any) -> L.LightningDataM
     data_dict = OmegaConf.to_container(data_cfg, resolve=True)
     check_targets(data_dict, "data")
     return instantiate(OmegaConf.create(data_dict))
+
+
+def crop_long_audio(task: Task, datamodule: L.LightningDataModule, split: str) -> None:
+    """Score audio longer than ``model.encoder.max_seconds`` on its first ``max_seconds``.
+
+    Evaluation scores one caption per clip against its references, so the predict CLI's
+    ``long_audio=window`` does not apply: clips that fit are scored whole (as
+    ``data.eval_crop=full`` does), longer ones are cropped, with one warning naming them.
+    """
+    limit = task.encoder.max_seconds if task.modality == "audio" else None
+    if limit is None or datamodule.modality != "audio":
+        return
+    if datamodule.eval_crop == "full":
+        datamodule.eval_crop, datamodule.max_seconds = "start", limit
+    else:
+        datamodule.max_seconds = min(datamodule.max_seconds or limit, limit)
+    long = [(item.path, seconds) for item, seconds in zip(datamodule.items(split),
+                                                          datamodule.durations(split))
+            if seconds > limit]
+    if long:
+        shown = ", ".join(f"{path} ({seconds:.1f} s)" for path, seconds in long[:10])
+        more = f" and {len(long) - 10} more" if len(long) > 10 else ""
+        log.warning("%d %s clip(s) are longer than model.encoder.max_seconds (%g s) and are "
+                    "scored on their first %g s: %s%s", len(long), split, limit, limit, shown,
+                    more)
 
 
 def dump_predictions(path: str | Path, rows: list[dict]) -> None:
@@ -61,6 +87,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("batch_size"):
         datamodule.batch_size = cfg.batch_size
     stage = "validate" if cfg.split == "val" else "test"
+    crop_long_audio(task, datamodule, cfg.split)
     datamodule.setup(stage)
     task.connect_data(datamodule)              # the checkpoint's tokenizer for the token ids
     loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()

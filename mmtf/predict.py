@@ -1,8 +1,10 @@
 """`python -m mmtf.predict ckpt_path=... inputs=[a.wav,b.flac]` (files and/or folders).
 
-Prints one caption (or class) per input: ``path<TAB>caption``, or one JSON object per line with
-``json=true``. Audio is decoded with soundfile and resampled to the encoder's rate; images go
-through the checkpoint's evaluation transforms.
+Prints one caption (or class name) per input: ``path<TAB>caption``, or one JSON object per line
+with ``json=true``. Audio is decoded with soundfile and resampled to the encoder's rate; images go
+through the checkpoint's evaluation transforms. Audio longer than ``model.encoder.max_seconds``
+is cropped (``long_audio=crop``, a warning per file) or captioned per window
+(``long_audio=window``: ``path<TAB>start-end<TAB>caption``); see :mod:`mmtf.inference`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mmtf.data.audio import AUDIO_EXTENSIONS, load_audio
-from mmtf.data.collate import pad_1d
-from mmtf.data.image import IMAGE_EXTENSIONS, build_eval_image_transform, load_image
+from mmtf.api import load
+from mmtf.data.audio import AUDIO_EXTENSIONS
+from mmtf.data.image import IMAGE_EXTENSIONS
 from mmtf.errors import UserError, require_file
-from mmtf.utils.checkpoint import build_task, load_checkpoint
+from mmtf.inference import LongAudio, check_long_audio, predict_inputs
 from mmtf.utils.config import generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 
@@ -41,46 +43,41 @@ def expand_inputs(inputs: Iterable[str], extensions: Sequence[str]) -> list[Path
     return files
 
 
-@torch.no_grad()
 def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = None,
-            batch_size: int = 8, device: str = "cpu") -> list[dict[str, Any]]:
-    """Caption (or classify) ``inputs`` with a checkpoint; one dict per input file
-    (``path`` plus the task's :meth:`~mmtf.tasks.Task.predict_batch` keys)."""
-    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
-    task = task.to(device).eval()
-    task.update_generation(generation or {})
-    audio = task.modality == "audio"
-    files = expand_inputs(inputs, AUDIO_EXTENSIONS if audio else IMAGE_EXTENSIONS)
-    transform = None if audio else build_eval_image_transform(stored["data"])
-    results: list[dict[str, Any]] = []
-    for start in range(0, len(files), batch_size):
-        chunk = files[start:start + batch_size]
-        if audio:
-            waves = [load_audio(p, sample_rate=task.encoder.sample_rate) for p in chunk]
-            x, lengths = pad_1d(waves, dtype=torch.float32)                # (b, samples)
-            x, lengths = x.to(device), lengths.to(device)
-        else:
-            x = torch.stack([transform(load_image(p)) for p in chunk]).to(device)  # (b, 3, h, w)
-            lengths = None
-        results += [{"path": str(p), **row} for p, row in zip(chunk, task.predict_batch(x, lengths))]
-    return results
+            batch_size: int = 8, device: str = "cpu", long_audio: LongAudio = "crop",
+            ) -> list[dict[str, Any]]:
+    """Caption (or classify) ``inputs`` with a checkpoint; one dict per input file (per window
+    with ``long_audio="window"``): ``path`` plus the task's
+    :meth:`~mmtf.tasks.Task.predict_batch` keys (see :func:`mmtf.inference.predict_inputs`)."""
+    check_long_audio(long_audio)
+    task, _ = load(ckpt_path, device=device, **(generation or {}))
+    extensions = AUDIO_EXTENSIONS if task.modality == "audio" else IMAGE_EXTENSIONS
+    files = expand_inputs(inputs, extensions)
+    return predict_inputs(task, files, batch_size=batch_size, long_audio=long_audio)
 
 
-def _print_predictions(cfg: DictConfig) -> None:
+def format_row(row: dict[str, Any]) -> str:
+    """``path<TAB>caption`` (or class name); windows add ``<TAB>start-end`` after the path."""
+    text = row["caption"] if "caption" in row else row["class"]
+    span = f"\t{row['start']:.2f}-{row['end']:.2f}" if "start" in row else ""
+    return f"{row['path']}{span}\t{text}"
+
+
+def print_predictions(cfg: DictConfig) -> None:
+    """The CLI: predict ``cfg.inputs`` and print one line per prediction."""
     require_values(cfg)
     inputs = cfg.inputs if OmegaConf.is_list(cfg.inputs) else [cfg.inputs]
     device = "cuda" if cfg.accelerator in ("auto", "gpu") and torch.cuda.is_available() else "cpu"
     generation = generation_overrides(cfg.get("generation"))
-    for row in predict(cfg.ckpt_path, [str(i) for i in inputs], generation, cfg.batch_size, device):
-        if cfg.json:
-            print(json.dumps(row))
-        else:
-            print(f"{row['path']}\t{row.get('caption', row.get('class'))}")
+    rows = predict(cfg.ckpt_path, [str(i) for i in inputs], generation, cfg.batch_size, device,
+                   long_audio=cfg.get("long_audio", "crop"))
+    for row in rows:
+        print(json.dumps(row) if cfg.json else format_row(row))
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")
 def _hydra_main(cfg: DictConfig) -> None:
-    run_cli(_print_predictions, cfg)
+    run_cli(print_predictions, cfg)
 
 
 def main() -> None:

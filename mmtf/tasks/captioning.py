@@ -4,7 +4,7 @@ generation-based validation scored with captioning metrics against all reference
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogg
 from torch import nn
 
 from mmtf.decoders import EncoderDecoder
+from mmtf.inference import Input, predict_inputs
 from mmtf.metrics import CaptionMetrics
 from mmtf.metrics.caption import check_backend
 from mmtf.tasks.base import Task, batch_inputs
@@ -209,6 +210,19 @@ class CaptioningTask(Task):
                       ) -> list[dict[str, Any]]:
         """``{"caption": str}`` per input, with the configured generation strategy."""
         return [{"caption": c} for c in self.generate_captions(inputs, lengths)]
+
+    def caption(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
+                **generation: Any) -> list[str]:
+        """One caption per input: audio files or waveforms, image files, PIL images or tensors,
+        preprocessed as the checkpoint's data (:mod:`mmtf.inference`; longer audio is cropped to
+        ``model.encoder.max_seconds``). ``generation`` overrides the settings for this call."""
+        saved = dict(self.generation), self.user_suppress_tokens
+        self.update_generation(generation)
+        try:
+            rows = predict_inputs(self, inputs, batch_size=batch_size, long_audio="crop")
+        finally:
+            self.generation, self.user_suppress_tokens = saved
+        return [row["caption"] for row in rows]
 
     @torch.no_grad()
     def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None) -> list[str]:

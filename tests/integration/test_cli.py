@@ -20,7 +20,7 @@ from mmtf.errors import UserError
 from mmtf.evaluate import build_datamodule, evaluate
 from mmtf.export import export_part, load_exported
 from mmtf.metrics import caption_metrics, event_sequence_accuracy
-from mmtf.predict import expand_inputs, predict
+from mmtf.predict import expand_inputs, predict, print_predictions
 from mmtf.text import load_tokenizer
 from mmtf.train import train
 from mmtf.utils.checkpoint import build_task, load_checkpoint
@@ -286,7 +286,7 @@ def _evaluate(ckpt: Path, out_dir: Path, *overrides: str) -> dict[str, float]:
     return evaluate(cfg)
 
 
-def test_evaluate_and_predict_a_classification_checkpoint(data_dir, tmp_path):
+def test_evaluate_and_predict_a_classification_checkpoint(data_dir, tmp_path, capsys):
     ckpt = _train_tiny("image_classification", data_dir, tmp_path / "run")
     metrics = _evaluate(ckpt, tmp_path / "eval")
     # Recompute the accuracy from the model's logits on the same test loader.
@@ -309,6 +309,15 @@ def test_evaluate_and_predict_a_classification_checkpoint(data_dir, tmp_path):
     assert task.class_names == dm.class_names
     assert [r["label"] for r in rows] == [predicted[item.id] for item in items]
     assert [r["class"] for r in rows] == [dm.class_names[predicted[item.id]] for item in items]
+    # The CLI prints the class name, not the index.
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("predict", overrides=[f"ckpt_path={ckpt}", "accelerator=cpu",
+                                            f"inputs=[{','.join(str(i.path) for i in items)}]"])
+    capsys.readouterr()                                   # drop what training printed
+    print_predictions(cfg)
+    printed = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert printed == [[str(item.path), dm.class_names[predicted[item.id]]] for item in items]
+    assert set(dm.class_names) == {"circle", "square", "triangle", "cross"}
 
 
 def test_evaluate_and_predict_an_image_captioning_checkpoint(data_dir, tmp_path):

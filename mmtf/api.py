@@ -1,0 +1,44 @@
+"""The notebook API: a checkpoint in, predictions out, no Hydra.
+
+.. code-block:: python
+
+    import mmtf
+    model, tokenizer = mmtf.load("outputs/.../checkpoints/last.ckpt")
+    model.caption(["a.wav", "b.flac"])                  # -> ["a dog barks ...", ...]
+    model.caption([waveform], strategy="beam", num_beams=4)
+
+``model`` is the checkpoint's task (a LightningModule, in eval mode); ``caption`` preprocesses
+as :mod:`mmtf.inference` says (the checkpoint's sample rate and image transforms) and generates
+with the checkpoint's settings, which keyword arguments override for that call.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from mmtf.utils.checkpoint import build_task, load_checkpoint
+
+if TYPE_CHECKING:
+    from mmtf.tasks.base import Task
+    from mmtf.text import Tokenizer
+
+
+def load(ckpt_path: str | os.PathLike, *, device: str = "cpu",
+         **generation: Any) -> tuple[Task, Tokenizer | None]:
+    """Rebuild the task of an mmtf checkpoint for inference.
+
+    Args:
+        ckpt_path: a checkpoint written by ``mmtf.train`` (read with ``weights_only=True``; its
+            config may name only allowlisted ``_target_``s).
+        device: where the model runs (``"cpu"``, ``"cuda"``, ...).
+        **generation: generation settings kept for every later call (``strategy="beam"`` ...).
+
+    Returns:
+        ``(model, tokenizer)``: the task in eval mode, and its tokenizer (None for
+        classification).
+    """
+    task, _ = build_task(load_checkpoint(ckpt_path), ckpt_path)
+    task = task.to(device).eval()
+    task.update_generation(generation)
+    return task, task.tokenizer

@@ -1,0 +1,173 @@
+"""From raw inputs to a task's predictions: what ``mmtf.predict`` and the notebook API share.
+
+Inputs are preprocessed as the checkpoint's data pipeline does: audio files decoded by soundfile,
+mixed to mono and resampled to the encoder's rate with torchaudio (:func:`mmtf.data.audio.
+load_audio`); images decoded to RGB and passed through the stored ``data.eval_transforms``.
+In-memory inputs are taken too: waveforms (1-D tensor or array at the encoder's rate, or a
+``(waveform, sample_rate)`` pair, resampled), PIL images and (3, h, w) image tensors.
+
+Audio longer than ``model.encoder.max_seconds`` follows ``long_audio``:
+
+* ``crop`` (default): keep its first ``max_seconds``, with one warning naming the input, its
+  length and the limit. One prediction per input.
+* ``window``: split it into the fewest equal windows of at most ``max_seconds`` and predict
+  each; every row carries its window's ``start`` and ``end`` in seconds.
+
+Why these two and not a refusal: see docs/design/long-audio.md
+
+Shapes: s samples at the encoder's rate; b batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torchvision.transforms import v2
+
+from mmtf.data.audio import audio_info, load_audio, resample
+from mmtf.data.collate import pad_1d
+from mmtf.data.image import build_eval_image_transform, load_image, to_rgb
+from mmtf.errors import UserError
+
+if TYPE_CHECKING:
+    from mmtf.tasks.base import Task
+
+log = logging.getLogger(__name__)
+
+LongAudio = Literal["crop", "window"]
+LONG_AUDIO: tuple[str, ...] = ("crop", "window")
+Input = str | os.PathLike | Tensor | np.ndarray | tuple | Image.Image
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One encoder input: a waveform (s,) or an image (3, h, w), the input it came from, and
+    its time span (seconds) when ``long_audio="window"``."""
+
+    name: str
+    data: Tensor
+    span: tuple[float, float] | None = None
+
+
+def check_long_audio(long_audio: str) -> str:
+    """``long_audio`` if valid; a UserError naming the key and the choices otherwise."""
+    if long_audio not in LONG_AUDIO:
+        raise UserError(f"long_audio ({long_audio!r}) must be 'crop' (keep the first "
+                        f"model.encoder.max_seconds) or 'window' (predict every window).")
+    return long_audio
+
+
+def _name(item: Input, index: int) -> str:
+    return str(item) if isinstance(item, (str, os.PathLike)) else f"input[{index}]"
+
+
+def _waveform(item: Input, index: int, sample_rate: int) -> Tensor:
+    """An in-memory waveform as (s,) float32 at ``sample_rate``."""
+    wave, rate = item if isinstance(item, tuple) else (item, sample_rate)
+    wave = torch.as_tensor(np.asarray(wave) if not isinstance(wave, Tensor) else wave)
+    if wave.dim() != 1 or not wave.is_floating_point():
+        raise UserError(f"inputs[{index}]: a waveform must be 1-D float (samples,), got "
+                        f"{wave.dtype} {tuple(wave.shape)}; mix it to mono first.")
+    return resample(wave.float().cpu(), int(rate), sample_rate)
+
+
+def audio_segments(item: Input, index: int, *, sample_rate: int, max_seconds: float | None,
+                   long_audio: LongAudio = "crop") -> list[Segment]:
+    """The encoder inputs of one audio input under the ``long_audio`` policy."""
+    name = _name(item, index)
+    limit = None if max_seconds is None else int(round(max_seconds * sample_rate))
+    if isinstance(item, (str, os.PathLike)):
+        info = audio_info(item)
+        crop = long_audio == "crop" and max_seconds is not None and info.duration > max_seconds
+        # Decode only what is kept: a crop of a long file reads max_seconds, not the file.
+        wave = load_audio(item, sample_rate=sample_rate, max_seconds=max_seconds if crop else None,
+                          crop="start")
+        seconds = info.duration
+    else:
+        wave = _waveform(item, index, sample_rate)
+        seconds = wave.shape[0] / sample_rate
+    if limit is not None and wave.shape[0] > limit and long_audio == "crop":
+        wave = wave[:limit]
+    if long_audio == "crop":
+        if max_seconds is not None and seconds > max_seconds:
+            log.warning("%s: %.2f s is longer than model.encoder.max_seconds (%g s); captioning "
+                        "its first %g s (long_audio=crop; long_audio=window covers all of it).",
+                        name, seconds, max_seconds, max_seconds)
+        return [Segment(name, wave)]
+    n = wave.shape[0]
+    count = 1 if limit is None else max(1, math.ceil(n / limit))
+    width = math.ceil(n / count)            # equal windows, none longer than the limit
+    return [Segment(name, wave[start:start + width],
+                    (start / sample_rate, min(start + width, n) / sample_rate))
+            for start in range(0, n, width)]
+
+
+def image_segment(item: Input, index: int, transform) -> Segment:
+    """The encoder input of one image: a file, a PIL image or a (3, h, w) tensor."""
+    if isinstance(item, (str, os.PathLike)):
+        image = load_image(item)
+    elif isinstance(item, Image.Image):
+        image = v2.functional.pil_to_tensor(to_rgb(item))
+    elif isinstance(item, Tensor) and item.dim() == 3 and item.shape[0] == 3:
+        image = item.cpu()
+    else:
+        raise UserError(f"inputs[{index}]: an image must be a file path, a PIL image or a "
+                        f"(3, h, w) tensor, got {type(item).__name__}.")
+    return Segment(_name(item, index), transform(image))      # (3, h, w) float32
+
+
+@torch.no_grad()
+def predict_inputs(task: Task, inputs: Sequence[Input], *, batch_size: int = 8,
+                   long_audio: LongAudio = "crop") -> list[dict[str, Any]]:
+    """Predict ``inputs`` with ``task`` (in eval mode, on its device).
+
+    Args:
+        task: a task rebuilt from a checkpoint (:func:`mmtf.load`); its ``run_config`` supplies
+            the image transforms.
+        inputs: audio or image inputs (see the module docstring), files already expanded.
+        batch_size: inputs per forward pass.
+        long_audio: ``crop`` | ``window`` (see the module docstring).
+
+    Returns:
+        One dict per prediction: ``path`` (the file, or ``input[i]``), ``start``/``end`` with
+        ``long_audio="window"``, and the task's :meth:`~mmtf.tasks.Task.predict_batch` keys.
+    """
+    check_long_audio(long_audio)
+    if isinstance(inputs, (str, os.PathLike, Tensor, np.ndarray, Image.Image)):
+        inputs = [inputs]
+    device = next(task.parameters()).device
+    if task.modality == "audio":
+        encoder = task.encoder
+        segments = [s for i, item in enumerate(inputs)
+                    for s in audio_segments(item, i, sample_rate=encoder.sample_rate,
+                                            max_seconds=encoder.max_seconds,
+                                            long_audio=long_audio)]
+    else:
+        transform = build_eval_image_transform((task.run_config or {}).get("data") or {})
+        segments = [image_segment(item, i, transform) for i, item in enumerate(inputs)]
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(segments), batch_size):
+        chunk = segments[start:start + batch_size]
+        if task.modality == "audio":
+            x, lengths = pad_1d([s.data for s in chunk], dtype=torch.float32)   # (b, s)
+            x, lengths = x.to(device), lengths.to(device)
+        else:
+            x, lengths = torch.stack([s.data for s in chunk]).to(device), None  # (b, 3, h, w)
+        for segment, row in zip(chunk, task.predict_batch(x, lengths)):
+            span = {} if segment.span is None else {"start": round(segment.span[0], 3),
+                                                    "end": round(segment.span[1], 3)}
+            rows.append({"path": segment.name, **span, **row})
+    return rows
+
+
+__all__ = ["LONG_AUDIO", "Input", "LongAudio", "Segment", "audio_segments", "check_long_audio",
+           "image_segment", "predict_inputs"]

@@ -1,0 +1,107 @@
+"""Long audio in predict/evaluate, and the notebook API (mmtf.load + caption) against predict."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+import mmtf
+from mmtf.evaluate import evaluate
+from mmtf.predict import predict
+from mmtf.train import train
+
+from .conftest import CONF, compose_train, run_cli, tiny_overrides
+
+LIMIT = 1.2          # model.encoder.max_seconds of the checkpoint; the synthetic clips are 1-1.5 s
+RATE = 16000
+
+
+@pytest.fixture(scope="module")
+def ckpt(data_dir, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("short_limit")
+    train(compose_train(tiny_overrides(
+        "audio_captioning", data_dir, "test=false", f"model.encoder.max_seconds={LIMIT}",
+        f"data.max_seconds={LIMIT}", "data.eval_crop=start"), run_dir))
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    """A 3 s clip, its first LIMIT seconds, and its three 1 s windows, as exact float WAVs."""
+    folder = tmp_path_factory.mktemp("clips")
+    rng = np.random.default_rng(0)
+    wave = (rng.normal(0, 0.1, 3 * RATE) * np.sin(np.linspace(0, 40, 3 * RATE))).astype(np.float32)
+    parts = {"long": wave, "head": wave[: int(LIMIT * RATE)],
+             **{f"w{i}": wave[i * RATE:(i + 1) * RATE] for i in range(3)}}
+    for name, part in parts.items():
+        sf.write(folder / f"{name}.wav", part, RATE, subtype="FLOAT")
+    return {name: folder / f"{name}.wav" for name in parts}
+
+
+def test_predict_crops_long_audio_with_a_warning(ckpt, clips, caplog):
+    with caplog.at_level(logging.WARNING, logger="mmtf.inference"):
+        (row,) = predict(str(ckpt), [str(clips["long"])])
+    (head,) = predict(str(ckpt), [str(clips["head"])])
+    assert row["caption"] == head["caption"] and "start" not in row
+    (message,) = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
+    assert str(clips["long"]) in message and "3.00 s" in message and f"({LIMIT:g} s)" in message
+
+
+def test_predict_windows_caption_every_window_with_its_span(ckpt, clips):
+    rows = predict(str(ckpt), [str(clips["long"])], long_audio="window")
+    windows = predict(str(ckpt), [str(clips[f"w{i}"]) for i in range(3)])
+    assert [(r["start"], r["end"]) for r in rows] == [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)]
+    assert [r["caption"] for r in rows] == [w["caption"] for w in windows]
+    assert {r["path"] for r in rows} == {str(clips["long"])}
+
+
+def test_predict_cli_prints_window_spans(ckpt, clips, tmp_path):
+    out = run_cli("mmtf.predict", [f"ckpt_path={ckpt}", f"inputs=[{clips['long']}]",
+                                   "long_audio=window", f"hydra.run.dir={tmp_path / 'p'}"],
+                  cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split("\t") for line in out.stdout.splitlines() if line.startswith("/")]
+    assert [line[1] for line in lines] == ["0.00-1.00", "1.00-2.00", "2.00-3.00"]
+
+
+def _evaluate(ckpt: Path, out_dir: Path, *overrides: str) -> dict[str, float]:
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("eval", overrides=[f"ckpt_path={ckpt}", "accelerator=cpu", *overrides])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(out_dir)
+    return evaluate(cfg)
+
+
+def test_evaluate_crops_clips_longer_than_the_encoder_accepts(ckpt, tmp_path, caplog):
+    """data.eval_crop=full used to pass clips over the encoder's limit (an error mid-test)."""
+    with caplog.at_level(logging.WARNING, logger="mmtf.evaluate"):
+        full = _evaluate(ckpt, tmp_path / "full", "+data.eval_crop=full")
+    assert any("longer than model.encoder.max_seconds" in r.getMessage() for r in caplog.records)
+    cropped = _evaluate(ckpt, tmp_path / "start", "+data.eval_crop=start")
+    assert full == cropped
+    rows = (tmp_path / "full" / "predictions.jsonl").read_text().splitlines()
+    assert rows == (tmp_path / "start" / "predictions.jsonl").read_text().splitlines()
+
+
+def test_notebook_api_captions_equal_predict(ckpt, clips):
+    files = [clips["head"], clips["w1"], clips["long"]]
+    model, tokenizer = mmtf.load(ckpt)
+    expected = [r["caption"] for r in predict(str(ckpt), [str(p) for p in files])]
+    assert model.caption(files) == expected
+    assert tokenizer is model.tokenizer and not model.training
+    # In-memory waveforms: at the encoder's rate, or with their own rate (resampled).
+    waves = [torch.from_numpy(sf.read(p, dtype="float32")[0]) for p in files]
+    assert model.caption(waves) == expected
+    # Generation options for one call, then the checkpoint's again.
+    before = dict(model.generation)
+    beam = [r["caption"] for r in predict(str(ckpt), [str(p) for p in files],
+                                          {"strategy": "beam", "num_beams": 3})]
+    assert model.caption(files, strategy="beam", num_beams=3) == beam
+    assert model.generation == before
