@@ -15,10 +15,18 @@ first ``eos`` and is padded afterwards while the other rows continue; the loop e
 row has stopped or after ``max_new_tokens``. ``min_new_tokens`` masks ``eos`` for the first
 steps (benchmarks force a fixed length with ``min_new_tokens = max_new_tokens``).
 
-Scores are sums of the model's log-probabilities (after masking pad and the prompt's ids,
-before temperature or top-k/top-p filtering) over the generated tokens, eos included. Beam search divides the sum by
-``length ** length_penalty`` (Hugging Face's convention; length counts the generated tokens,
-eos included), and ranks hypotheses by that.
+Repeats: ``repetition_penalty`` (Keskar et al. 2019, CTRL, arXiv:1909.05858) divides the positive
+and multiplies the negative logits of every token already in the row (the prompt included, as
+Hugging Face counts the decoder's input ids); ``no_repeat_ngram_size`` n bans every token that
+would complete an n-gram already in the row. Both act on the logits of every strategy, before the
+special tokens are masked and before log-softmax; Hugging Face applies them to the logits in
+greedy search and sampling but to the log-probabilities in beam search, so beam search here ranks
+by the penalised distribution instead. Why: see docs/design/generation-and-metrics.md
+
+Scores are sums of the model's log-probabilities (after the repeat penalties and masking pad and
+the prompt's ids, before temperature or top-k/top-p filtering) over the generated tokens, eos
+included. Beam search divides the sum by ``length ** length_penalty`` (Hugging Face's
+convention; length counts the generated tokens, eos included), and ranks hypotheses by that.
 
 Shapes: b batch, k beams, r = b * k (or b * num_return_sequences) decoder rows, t generated
 tokens, m memory length, v vocab.
@@ -75,6 +83,11 @@ class GenerationConfig:
             during training. Needs ``use_cache``.
         suppress_tokens: ids never generated (Whisper's option), e.g. the decoder's ids past
             the tokenizer's vocabulary, which the tokenizer could not decode.
+        repetition_penalty: > 0; the logits of tokens already in the row are divided by it
+            when positive and multiplied by it when negative (CTRL). 1.0 = off; > 1 discourages
+            repeats.
+        no_repeat_ngram_size: n > 0 bans tokens that would repeat an n-gram of the row;
+            0 = off.
     """
 
     strategy: Strategy = "greedy"
@@ -90,6 +103,8 @@ class GenerationConfig:
     use_cache: bool = True
     compile: bool = False
     suppress_tokens: tuple[int, ...] = ()
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy not in ("greedy", "beam", "sample"):
@@ -125,6 +140,15 @@ class GenerationConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise UserError(f"GenerationConfig: top_p ({self.top_p}) must be in (0, 1] "
                             f"(1.0 = off).")
+        if not self.repetition_penalty > 0:
+            raise UserError(f"GenerationConfig: repetition_penalty ({self.repetition_penalty}) "
+                            f"must be > 0 (1.0 = off, > 1 discourages repeated tokens).")
+        if isinstance(self.no_repeat_ngram_size, bool) or self.no_repeat_ngram_size != int(
+                self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
+            raise UserError(f"GenerationConfig: no_repeat_ngram_size "
+                            f"({self.no_repeat_ngram_size}) must be an integer >= 0 (0 = off, "
+                            f"n bans repeating any n-gram).")
+        self.no_repeat_ngram_size = int(self.no_repeat_ngram_size)
         self.suppress_tokens = tuple(int(i) for i in self.suppress_tokens)
         if any(i < 0 for i in self.suppress_tokens):
             raise UserError(f"GenerationConfig: suppress_tokens ({list(self.suppress_tokens)}) "
@@ -271,6 +295,41 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
     return out
 
 
+def penalize_repeats(logits: Tensor, history: Tensor, *, repetition_penalty: float = 1.0,
+                     no_repeat_ngram_size: int = 0) -> Tensor:
+    """Apply the repeat penalties to next-token logits, in place.
+
+    Args:
+        logits: (r, v) float, the next-token logits of each row.
+        history: (r, t) long, each row's tokens so far (the prompt first).
+        repetition_penalty, no_repeat_ngram_size: as in :class:`GenerationConfig`.
+
+    Returns:
+        ``logits``, modified.
+    """
+    if repetition_penalty != 1.0:
+        seen = logits.gather(1, history)                                 # (r, t)
+        seen = torch.where(seen < 0, seen * repetition_penalty, seen / repetition_penalty)
+        logits.scatter_(1, history, seen)      # a repeated id writes the same value each time
+    n = no_repeat_ngram_size
+    if 0 < n <= history.shape[1]:
+        grams = history.unfold(1, n, 1)                                  # (r, w, n)
+        tail = history[:, history.shape[1] - n + 1:]                     # (r, n - 1)
+        match = (grams[:, :, :-1] == tail[:, None, :]).all(dim=-1)      # (r, w)
+        # Count matches per completing token: scatter_add is exact with repeated ids.
+        hits = torch.zeros_like(logits).scatter_add_(1, grams[:, :, -1], match.to(logits.dtype))
+        logits.masked_fill_(hits > 0, -math.inf)
+    return logits
+
+
+def _penalties(config: GenerationConfig) -> dict[str, float | int] | None:
+    """The repeat-penalty options when any is on, else None (the loops skip the history)."""
+    if config.repetition_penalty == 1.0 and config.no_repeat_ngram_size == 0:
+        return None
+    return dict(repetition_penalty=config.repetition_penalty,
+                no_repeat_ngram_size=config.no_repeat_ngram_size)
+
+
 def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
                       banned: tuple[Tensor, Tensor], *, start_id: int, eos_id: int, pad_id: int,
                       generator: torch.Generator | None, callback: StepCallback | None,
@@ -282,9 +341,13 @@ def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     last = torch.full((rows,), start_id, dtype=torch.long, device=device)
+    penalties = _penalties(config)
     t = 0
     for t in range(max_t):
         logits = stepper(last, tokens[:, :t]).float()                    # (r, v)
+        if penalties is not None:
+            history = torch.cat([stepper.prompt, tokens[:, :t]], dim=1)
+            penalize_repeats(logits, history, **penalties)               # history (r, p + t)
         logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
         if config.strategy == "greedy":
             # max(dim).indices: the first maximum, as argmax, one kernel cheaper on CPU.
@@ -369,9 +432,13 @@ def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
     row_base = torch.arange(b, device=device)[:, None] * k                       # (b, 1)
     top_rank_ok = torch.arange(2 * k, device=device) < k                         # (2k,)
     last = torch.full((rows,), start_id, dtype=torch.long, device=device)
+    penalties = _penalties(config)
     t = 0
     for t in range(max_t):
         logits = stepper(last, seqs[:, :t]).float()                              # (r, v)
+        if penalties is not None:
+            history = torch.cat([stepper.prompt, seqs[:, :t]], dim=1)
+            penalize_repeats(logits, history, **penalties)                       # (r, p + t)
         logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
         logprobs = logits.log_softmax(dim=-1)
         vocab = logprobs.shape[-1]
@@ -437,4 +504,4 @@ def _keep_best(k: int, kept: tuple[Tensor, Tensor, Tensor], new: tuple[Tensor, T
 
 
 __all__ = ["GenerationConfig", "GenerationOutput", "StepCallback", "filter_logits", "generate",
-           "sample_next"]
+           "penalize_repeats", "sample_next"]

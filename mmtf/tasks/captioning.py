@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogg
 from torch import nn
 
 from mmtf.decoders import EncoderDecoder
+from mmtf.decoders.generation import GenerationConfig
 from mmtf.inference import Input, predict_inputs
 from mmtf.metrics import CaptionMetrics
 from mmtf.metrics.caption import check_backend
@@ -98,7 +99,9 @@ class CaptioningTask(Task):
         self.generation["suppress_tokens"] = tuple(sorted({*self.user_suppress_tokens, *extra}))
 
     def check_generation(self) -> None:
-        """``generation.max_new_tokens`` plus the prompt must fit the decoder's positions."""
+        """The generation settings are valid options (:class:`GenerationConfig`), and
+        ``max_new_tokens`` plus the prompt fits the decoder's positions."""
+        GenerationConfig.build(**self.generation)
         max_new = self.generation.get("max_new_tokens")
         max_len = self.model.decoder.max_len
         prompt = len(self.model.prompt_ids)

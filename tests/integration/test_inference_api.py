@@ -13,8 +13,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
 import mmtf
+from mmtf.errors import UserError
 from mmtf.evaluate import evaluate
-from mmtf.predict import predict
+from mmtf.predict import predict, print_predictions
 from mmtf.train import train
 
 from .conftest import CONF, compose_train, run_cli, tiny_overrides
@@ -105,3 +106,35 @@ def test_notebook_api_captions_equal_predict(ckpt, clips):
                                           {"strategy": "beam", "num_beams": 3})]
     assert model.caption(files, strategy="beam", num_beams=3) == beam
     assert model.generation == before
+
+
+def test_repeat_penalties_reach_generation_from_predict_and_evaluate(ckpt, clips, tmp_path,
+                                                                     capsys):
+    files = [clips["head"], clips["w0"], clips["w2"]]
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("predict", overrides=[
+            f"ckpt_path={ckpt}", "accelerator=cpu", f"inputs=[{','.join(map(str, files))}]",
+            "generation.repetition_penalty=1.5", "generation.no_repeat_ngram_size=1"])
+    print_predictions(cfg)
+    printed = [line.split("\t")[1] for line in capsys.readouterr().out.splitlines()]
+    model, tokenizer = mmtf.load(ckpt)
+    gen = model.model.generate(*_batch(files), **{**model.generation, "repetition_penalty": 1.5,
+                                                   "no_repeat_ngram_size": 1})
+    for row, length in zip(gen.tokens.tolist(), gen.lengths.tolist()):
+        assert len(set(row[:length])) == length                   # no token twice
+    assert printed == tokenizer.decode_batch(gen.tokens.tolist())
+    plain = _evaluate(ckpt, tmp_path / "plain")
+    banned = _evaluate(ckpt, tmp_path / "banned", "generation.no_repeat_ngram_size=1")
+    assert plain != banned
+    with pytest.raises(UserError, match=r"repetition_penalty \(0.0\) must be > 0"):
+        _evaluate(ckpt, tmp_path / "bad", "generation.repetition_penalty=0.0")
+
+
+def _batch(files: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clips padded by hand, (b, samples), and their lengths."""
+    waves = [torch.from_numpy(sf.read(p, dtype="float32")[0]) for p in files]
+    lengths = torch.tensor([len(w) for w in waves])
+    x = torch.zeros(len(waves), int(lengths.max()))
+    for i, w in enumerate(waves):
+        x[i, : len(w)] = w
+    return x, lengths

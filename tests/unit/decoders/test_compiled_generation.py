@@ -84,6 +84,12 @@ def _greedy_and_beam_case() -> None:
     assert torch.equal(compiled_beam.tokens, eager_beam.tokens)
     torch.testing.assert_close(compiled_beam.scores, eager_beam.scores, atol=1e-5, rtol=1e-5)
 
+    # The repeat penalties act on the logits in the shared loop: the compiled step obeys them.
+    penalties = dict(repetition_penalty=1.3, no_repeat_ngram_size=2, max_new_tokens=12)
+    eager_p = gqa_model.generate(*batch, **penalties)
+    compiled_p = gqa_model.generate(*batch, compile=True, **penalties)
+    assert torch.equal(compiled_p.tokens, eager_p.tokens)
+
 
 @pytest.mark.slow
 @needs_cxx
