@@ -10,8 +10,9 @@ Audio longer than ``model.encoder.max_seconds`` follows ``long_audio``:
 
 * ``crop`` (default): keep its first ``max_seconds``, with one warning naming the input, its
   length and the limit. One prediction per input.
-* ``window``: split it into the fewest equal windows of at most ``max_seconds`` and predict
-  each; every row carries its window's ``start`` and ``end`` in seconds.
+* ``window``: split it into the fewest equal windows of at most ``max_seconds`` (widths differ
+  by at most one sample) and predict each; every row carries its window's ``start`` and ``end``
+  in seconds.
 
 Why these two and not a refusal: see docs/design/long-audio.md
 
@@ -105,10 +106,10 @@ def audio_segments(item: Input, index: int, *, sample_rate: int, max_seconds: fl
         return [Segment(name, wave)]
     n = wave.shape[0]
     count = 1 if limit is None else max(1, math.ceil(n / limit))
-    width = math.ceil(n / count)            # equal windows, none longer than the limit
-    return [Segment(name, wave[start:start + width],
-                    (start / sample_rate, min(start + width, n) / sample_rate))
-            for start in range(0, n, width)]
+    # Equal windows (widths differ by at most one sample), none longer than the limit.
+    bounds = [i * n // count for i in range(count + 1)]
+    return [Segment(name, wave[a:b], (a / sample_rate, b / sample_rate))
+            for a, b in zip(bounds, bounds[1:])]
 
 
 def image_segment(item: Input, index: int, transform) -> Segment:

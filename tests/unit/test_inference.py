@@ -54,7 +54,7 @@ def test_window_splits_into_equal_windows_within_the_limit(tmp_path):
     for item in (path, wave):
         segments = audio_segments(item, 0, sample_rate=RATE, max_seconds=2.0,
                                   long_audio="window")
-        bounds = [(0, 26667), (26667, 53334), (53334, 80000)]          # ceil(80000 / 3) = 26667
+        bounds = [(0, 26666), (26666, 53333), (53333, 80000)]          # i * 80000 // 3
         assert [s.span for s in segments] == [(a / RATE, b / RATE) for a, b in bounds]
         for segment, (a, b) in zip(segments, bounds):
             torch.testing.assert_close(segment.data, wave[a:b], rtol=0, atol=0)
