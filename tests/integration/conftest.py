@@ -53,6 +53,17 @@ def compose_train(overrides: list[str], output_dir: Path) -> DictConfig:
     return copy.deepcopy(cfg)
 
 
+def evaluate_in_process(ckpt: Path, out_dir: Path, *overrides: str) -> dict[str, float]:
+    """``mmtf.evaluate`` on ``ckpt`` (CPU) with eval.yaml ``overrides``; its metrics dict."""
+    from mmtf.evaluate import evaluate
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("eval", overrides=[f"ckpt_path={ckpt}", "accelerator=cpu", *overrides])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(out_dir)
+    return evaluate(cfg)
+
+
 def run_cli(module: str, args: list[str], cwd: Path, timeout: float = 300,
             env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m module args`` as a user runs it; output captured for assertions."""

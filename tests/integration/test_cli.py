@@ -11,13 +11,12 @@ import soundfile as sf
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import open_dict
 
 from mmtf.data import synthetic_audio, synthetic_image
 from mmtf.data.audio import AUDIO_EXTENSIONS
 from mmtf.data.image import IMAGE_EXTENSIONS
 from mmtf.errors import UserError
-from mmtf.evaluate import build_datamodule, evaluate
+from mmtf.evaluate import build_datamodule
 from mmtf.export import export_part, load_exported
 from mmtf.metrics import caption_metrics, event_sequence_accuracy
 from mmtf.predict import expand_inputs, predict, print_predictions
@@ -25,7 +24,7 @@ from mmtf.text import load_tokenizer
 from mmtf.train import train
 from mmtf.utils.checkpoint import build_task, load_checkpoint
 
-from .conftest import CONF, compose_train, run_cli, tiny_overrides
+from .conftest import CONF, compose_train, evaluate_in_process, run_cli, tiny_overrides
 
 USER_ERRORS = {"HYDRA_FULL_ERROR": "0"}   # run_cli's default (1) shows every traceback
 
@@ -263,8 +262,8 @@ def test_a_user_error_is_one_line_unless_hydra_full_error(tiny_run, tmp_path):
 
 def test_evaluate_uses_the_checkpoint_tokenizer_whatever_the_data_override(tiny_run, tmp_path):
     ckpt = tiny_run / "checkpoints" / "last.ckpt"
-    plain = _evaluate(ckpt, tmp_path / "plain")
-    other = _evaluate(ckpt, tmp_path / "other", "data={tokenizer: {kind: char}}")
+    plain = evaluate_in_process(ckpt, tmp_path / "plain")
+    other = evaluate_in_process(ckpt, tmp_path / "other", "data={tokenizer: {kind: char}}")
     _, stored = build_task(load_checkpoint(ckpt), ckpt)        # control: the override applies
     assert build_datamodule(stored, {"tokenizer": {"kind": "char"}}).tokenizer_spec["kind"] == "char"
     assert other["test/loss"] == plain["test/loss"]        # the same token ids as targets
@@ -278,17 +277,9 @@ def _train_tiny(experiment: str, data_dir: Path, run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "last.ckpt"
 
 
-def _evaluate(ckpt: Path, out_dir: Path, *overrides: str) -> dict[str, float]:
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("eval", overrides=[f"ckpt_path={ckpt}", "accelerator=cpu", *overrides])
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(out_dir)
-    return evaluate(cfg)
-
-
 def test_evaluate_and_predict_a_classification_checkpoint(data_dir, tmp_path, capsys):
     ckpt = _train_tiny("image_classification", data_dir, tmp_path / "run")
-    metrics = _evaluate(ckpt, tmp_path / "eval")
+    metrics = evaluate_in_process(ckpt, tmp_path / "eval")
     # Recompute the accuracy from the model's logits on the same test loader.
     task, stored = build_task(load_checkpoint(ckpt), ckpt)
     task.eval()
@@ -322,7 +313,7 @@ def test_evaluate_and_predict_a_classification_checkpoint(data_dir, tmp_path, ca
 
 def test_evaluate_and_predict_an_image_captioning_checkpoint(data_dir, tmp_path):
     ckpt = _train_tiny("image_captioning", data_dir, tmp_path / "run")
-    _evaluate(ckpt, tmp_path / "eval")
+    evaluate_in_process(ckpt, tmp_path / "eval")
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     rows = [json.loads(line)
             for line in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]

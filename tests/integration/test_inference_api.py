@@ -10,15 +10,13 @@ import pytest
 import soundfile as sf
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
 
 import mmtf
 from mmtf.errors import UserError
-from mmtf.evaluate import evaluate
 from mmtf.predict import predict, print_predictions
 from mmtf.train import train
 
-from .conftest import CONF, compose_train, run_cli, tiny_overrides
+from .conftest import CONF, compose_train, evaluate_in_process, run_cli, tiny_overrides
 
 LIMIT = 1.2          # model.encoder.max_seconds of the checkpoint; the synthetic clips are 1-1.5 s
 RATE = 16000
@@ -72,20 +70,12 @@ def test_predict_cli_prints_window_spans(ckpt, clips, tmp_path):
     assert [line[1] for line in lines] == ["0.00-1.00", "1.00-2.00", "2.00-3.00"]
 
 
-def _evaluate(ckpt: Path, out_dir: Path, *overrides: str) -> dict[str, float]:
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("eval", overrides=[f"ckpt_path={ckpt}", "accelerator=cpu", *overrides])
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(out_dir)
-    return evaluate(cfg)
-
-
 def test_evaluate_crops_clips_longer_than_the_encoder_accepts(ckpt, tmp_path, caplog):
     """data.eval_crop=full used to pass clips over the encoder's limit (an error mid-test)."""
     with caplog.at_level(logging.WARNING, logger="mmtf.evaluate"):
-        full = _evaluate(ckpt, tmp_path / "full", "+data.eval_crop=full")
+        full = evaluate_in_process(ckpt, tmp_path / "full", "+data.eval_crop=full")
     assert any("longer than model.encoder.max_seconds" in r.getMessage() for r in caplog.records)
-    cropped = _evaluate(ckpt, tmp_path / "start", "+data.eval_crop=start")
+    cropped = evaluate_in_process(ckpt, tmp_path / "start", "+data.eval_crop=start")
     assert full == cropped
     rows = (tmp_path / "full" / "predictions.jsonl").read_text().splitlines()
     assert rows == (tmp_path / "start" / "predictions.jsonl").read_text().splitlines()
@@ -108,7 +98,7 @@ def test_notebook_api_captions_equal_predict(ckpt, clips):
     assert model.generation == before
 
 
-def test_repeat_penalties_reach_generation_from_predict_and_evaluate(ckpt, clips, tmp_path,
+def test_repeat_penalties_reach_generation_from_predict_andevaluate_in_process(ckpt, clips, tmp_path,
                                                                      capsys):
     files = [clips["head"], clips["w0"], clips["w2"]]
     with initialize_config_dir(str(CONF), version_base="1.3"):
@@ -123,11 +113,11 @@ def test_repeat_penalties_reach_generation_from_predict_and_evaluate(ckpt, clips
     for row, length in zip(gen.tokens.tolist(), gen.lengths.tolist()):
         assert len(set(row[:length])) == length                   # no token twice
     assert printed == tokenizer.decode_batch(gen.tokens.tolist())
-    plain = _evaluate(ckpt, tmp_path / "plain")
-    banned = _evaluate(ckpt, tmp_path / "banned", "generation.no_repeat_ngram_size=1")
+    plain = evaluate_in_process(ckpt, tmp_path / "plain")
+    banned = evaluate_in_process(ckpt, tmp_path / "banned", "generation.no_repeat_ngram_size=1")
     assert plain != banned
     with pytest.raises(UserError, match=r"repetition_penalty \(0.0\) must be > 0"):
-        _evaluate(ckpt, tmp_path / "bad", "generation.repetition_penalty=0.0")
+        evaluate_in_process(ckpt, tmp_path / "bad", "generation.repetition_penalty=0.0")
 
 
 def _batch(files: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
