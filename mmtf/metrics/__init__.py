@@ -3,7 +3,8 @@
 ``caption_metrics(candidates, references)`` scores a corpus; ``CaptionMetrics`` accumulates
 captions during an epoch (DDP-aware); ``event_sequence_accuracy`` scores the event sequences of
 the synthetic sets. Metrics that need missing Java jars are reported in
-``scores.unavailable`` with the reason, never as 0.
+``scores.unavailable`` with the reason, never as 0. ``backend="aac"`` (``model.metrics_backend``)
+computes them with aac-metrics instead (:mod:`mmtf.metrics.aac`).
 """
 
 from mmtf.metrics.bleu import corpus_bleu

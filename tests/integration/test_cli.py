@@ -11,7 +11,9 @@ import soundfile as sf
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from PIL import Image
 
+import mmtf
 from mmtf.data import synthetic_audio, synthetic_image
 from mmtf.data.audio import AUDIO_EXTENSIONS
 from mmtf.data.image import IMAGE_EXTENSIONS
@@ -326,3 +328,11 @@ def test_evaluate_and_predict_an_image_captioning_checkpoint(data_dir, tmp_path)
     paths = {item.id: str(item.path) for item in dm.items("test")}
     predicted = predict(str(ckpt), [paths[r["id"]] for r in rows])
     assert [p["caption"] for p in predicted] == [r["prediction"] for r in rows]
+    # The notebook API on files, PIL images and uint8 tensors: the same captions.
+    model, _ = mmtf.load(ckpt)
+    files = [paths[r["id"]] for r in rows]
+    assert model.caption(files) == [r["prediction"] for r in rows]
+    images = [Image.open(f) for f in files]
+    assert model.caption(images) == [r["prediction"] for r in rows]
+    tensors = [torch.from_numpy(np.asarray(im.convert("RGB"))).permute(2, 0, 1) for im in images]
+    assert model.caption(tensors, batch_size=2) == [r["prediction"] for r in rows]
