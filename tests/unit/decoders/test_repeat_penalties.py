@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmtf.decoders import EncoderDecoder
-from mmtf.decoders.generation import GenerationConfig, penalize_repeats
+from mmtf.decoders.generation import GenerationConfig, generate, penalize_repeats
 from mmtf.errors import UserError
 from tests.unit.decoders.conftest import IN_DIM, make_model
 from tests.unit.decoders.stubs import BOS, EOS, IdentityEncoder, ToyDecoder, toy_inputs
@@ -142,3 +142,24 @@ def test_uncached_reference_agrees_with_penalties():
 def test_bad_values_name_the_key_and_rule(key, value, rule):
     with pytest.raises(UserError, match=rule):
         GenerationConfig(**{key: value})
+
+
+def test_the_prompt_counts_as_already_in_the_row():
+    """Hugging Face penalises the decoder's input ids, prompt included: so does generate."""
+    model = make_model(2)
+    memory = torch.randn(2, 5, model.decoder.context_dim)
+    prompt = [BOS, 7, 9, 7]
+    seen = {}
+
+    def first_step(penalty: float) -> torch.Tensor:
+        config = GenerationConfig(max_new_tokens=1, repetition_penalty=penalty)
+        generate(model.decoder, memory, None, config, prompt_ids=prompt, eos_id=EOS, pad_id=0,
+                 callback=lambda t, tokens, logits: seen.__setitem__(penalty, logits.clone()))
+        return seen[penalty]
+
+    free, penalised = first_step(1.0), first_step(2.0)
+    for token in (7, 9):
+        expected = torch.where(free[:, token] < 0, free[:, token] * 2.0, free[:, token] / 2.0)
+        torch.testing.assert_close(penalised[:, token], expected, rtol=0, atol=0)
+    others = [i for i in range(free.shape[1]) if i not in (7, 9)]
+    torch.testing.assert_close(penalised[:, others], free[:, others], rtol=0, atol=0)
