@@ -220,8 +220,8 @@ def test_config_errors_are_one_readable_line(data_dir, tmp_path):
     base = _tiny(data_dir, f"hydra.run.dir={tmp_path / 'r'}")
     cases = {
         "model.encoder.dimm=3": ("Could not override 'model.encoder.dimm'", 1),
-        "model.generation.max_new_tokens=64": ("max_new_tokens (64) + bos exceeds "
-                                               "model.decoder.max_len (64)", 2),
+        "model.generation.max_new_tokens=64": ("max_new_tokens (64) + the prompt (1 token) "
+                                               "exceeds model.decoder.max_len (64)", 2),
         "model.encoder.dim=oops": ("'model.encoder.dim' = 'oops' (str) does not fit", 2),
     }
     for override, (message, code) in cases.items():
