@@ -12,18 +12,27 @@ A task is a LightningModule around one mmtf encoder. Besides Lightning's hooks i
 * ``run_config`` (the composed config) and ``tokenizer``, stored in every checkpoint under
   ``checkpoint["mmtf"]`` as plain data, so it loads with ``weights_only=True``.
 
+Fine-tuning controls are the task's too, per export part (``encoder``, ``decoder``): frozen or
+trainable, unfrozen at an epoch, a learning-rate scale, layer-wise decay
+(:meth:`Task.init_finetuning`). Why: see docs/design/finetuning-controls.md
+
 Why one interface instead of ``hasattr`` probes: see docs/design/task-interface.md
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from mmtf.encoders import AudioEncoder
+from mmtf.encoders import AudioEncoder, Encoder
+from mmtf.errors import UserError
+from mmtf.tasks.optim import PartOptim
 from mmtf.utils.config import ConfigError
 from mmtf.utils.fsdp import shard_model
 
@@ -41,6 +50,12 @@ class Task(L.LightningModule):
         self.tokenizer: Any = None            # mmtf.text.Tokenizer of tasks that emit text
         # split -> rows {"id", "prediction", "references"} of the last scored epoch
         self.last_predictions: dict[str, list[dict[str, Any]]] = {}
+        # Fine-tuning controls, set by init_finetuning: part -> epoch / lr scale; the parts
+        # frozen here rather than by their own freeze() (the decoder); layer-wise decay.
+        self.unfreeze_at: dict[str, int] = {}
+        self.lr_scale: dict[str, float] = {}
+        self.layer_decay: float | None = None
+        self._pinned_eval: set[str] = set()
 
     @property
     def modality(self) -> Modality:
@@ -61,9 +76,125 @@ class Task(L.LightningModule):
         shard_model(self)
 
     def setup(self, stage: str) -> None:
+        if stage == "fit" and self.unfreeze_at:
+            self.check_unfreeze_strategy()
         datamodule = self.attached_datamodule()
         if datamodule is not None:
             self.connect_data(datamodule)
+
+    # ------------------------------------------------------------------ fine-tuning controls
+    def init_finetuning(self, *, freeze: Mapping[str, bool], unfreeze_at: Mapping[str, int | None],
+                        lr_scale: Mapping[str, float], layer_decay: float | None) -> None:
+        """Freeze parts, schedule their unfreezing and set their learning rates; checks each value.
+
+        Args:
+            freeze: part -> freeze it now, for parts without their own ``freeze`` (an encoder
+                is frozen by ``model.encoder.freeze``, the decoder by ``model.freeze_decoder``).
+            unfreeze_at: part -> epoch at whose start a frozen part becomes trainable (None:
+                never). The check runs at every epoch start, so a run resumed past that epoch
+                unfreezes it too.
+            lr_scale: part -> multiplier of the optimizer's lr for its parameters.
+            layer_decay: layer-wise lr decay inside each part (None = off), in (0, 1].
+
+        Raises:
+            UserError: a value out of range, an unfreeze epoch for a part that is not frozen, or
+                nothing left to train; the message names the ``model.*`` key.
+        """
+        parts = self.export_parts()
+        for name, flag in freeze.items():
+            if flag:
+                self.set_part_frozen(name, True)
+        for name, scale in lr_scale.items():
+            if not scale > 0:
+                raise UserError(f"model.{name}_lr_scale ({scale}) must be > 0; freeze the "
+                                f"{name} ({self.freeze_key(name)}=true) to keep it fixed.")
+        if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
+            raise UserError(f"model.layer_decay ({layer_decay}) must be in (0, 1] (e.g. 0.75), "
+                            f"or null for none.")
+        for name, epoch in unfreeze_at.items():
+            if epoch is None:
+                continue
+            if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+                raise UserError(f"model.unfreeze_{name}_at_epoch ({epoch!r}) must be an epoch "
+                                f">= 0 or null.")
+            if not self.part_frozen(name):
+                raise UserError(f"model.unfreeze_{name}_at_epoch ({epoch}) is set but the {name} "
+                                f"is not frozen; set {self.freeze_key(name)}=true or "
+                                f"model.unfreeze_{name}_at_epoch=null.")
+        if not any(p.requires_grad for p in self.parameters()):
+            raise UserError(f"every part is frozen ({', '.join(self.freeze_key(n) for n in parts)})"
+                            f": nothing trains in epoch 0; leave one part trainable and unfreeze "
+                            f"the other later with model.unfreeze_<part>_at_epoch.")
+        self.unfreeze_at = {k: v for k, v in unfreeze_at.items() if v is not None}
+        self.lr_scale = dict(lr_scale)
+        self.layer_decay = layer_decay
+
+    def freeze_key(self, name: str) -> str:
+        """The config key that freezes part ``name``."""
+        return (f"model.{name}.freeze" if isinstance(self.export_parts()[name], Encoder)
+                else f"model.freeze_{name}")
+
+    def part_frozen(self, name: str) -> bool:
+        """Whether part ``name`` is frozen (no trainable parameters, pinned in eval mode)."""
+        part = self.export_parts()[name]
+        return part.frozen if isinstance(part, Encoder) else name in self._pinned_eval
+
+    def set_part_frozen(self, name: str, frozen: bool) -> None:
+        """Freeze or unfreeze part ``name``: ``requires_grad`` off and eval mode, or back.
+
+        An encoder does it itself (:meth:`Encoder.freeze`); any other part is pinned in eval
+        mode here, by :meth:`train`.
+        """
+        part = self.export_parts()[name]
+        if isinstance(part, Encoder):
+            if frozen:
+                part.freeze()
+            else:
+                part.unfreeze(train=self.training)
+            return
+        part.requires_grad_(not frozen)
+        if frozen:
+            self._pinned_eval.add(name)
+        else:
+            self._pinned_eval.discard(name)
+        part.train(self.training and not frozen)
+
+    def train(self, mode: bool = True) -> Task:
+        # A frozen part stays in eval mode whatever Lightning or a parent asks: its dropout must
+        # stay off, else "frozen" outputs would still change every step.
+        super().train(mode)
+        parts = self.export_parts() if self._pinned_eval else {}
+        for name in self._pinned_eval:
+            parts[name].train(False)
+        return self
+
+    def optim_parts(self) -> dict[str, PartOptim]:
+        """The parts with their lr scale, frozen parameters kept when they unfreeze later."""
+        return {name: PartOptim(part, self.lr_scale.get(name, 1.0), name in self.unfreeze_at)
+                for name, part in self.export_parts().items()}
+
+    def on_train_epoch_start(self) -> None:
+        self.unfreeze_due_parts()
+
+    def unfreeze_due_parts(self) -> None:
+        """Unfreeze every frozen part whose epoch has come (also when a resumed run starts past
+        it), then rebuild the DDP wrapper, on every rank alike: the epoch is the same on all."""
+        due = [name for name, epoch in self.unfreeze_at.items()
+               if self.current_epoch >= epoch and self.part_frozen(name)]
+        for name in due:
+            self.set_part_frozen(name, False)
+        if due:
+            rebuild_ddp(self.trainer)
+
+    def check_unfreeze_strategy(self) -> None:
+        """Unfreezing at an epoch is supported on one device and under DDP only."""
+        strategy = self.trainer.strategy
+        if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
+            name = next(iter(self.unfreeze_at))
+            raise UserError(f"model.unfreeze_{name}_at_epoch is set but the trainer's strategy "
+                            f"is {type(strategy).__name__}, which fixes the trainable parameters "
+                            f"when it shards the model; use trainer=gpu or trainer=ddp, or "
+                            f"train the {name} from the start.")
 
     def connect_data(self, datamodule: Any) -> None:
         """Exchange with a data module what each side owns; check the data fits the model."""
@@ -111,6 +242,20 @@ class Task(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.run_config = (checkpoint.get("mmtf") or {}).get("config")
+
+
+def rebuild_ddp(trainer: L.Trainer) -> None:
+    """Wrap the trainer's module in a new ``DistributedDataParallel`` (no-op without DDP).
+
+    DDP's reducer fixes the set of parameters it all-reduces when it is built: a parameter frozen
+    then would, once unfrozen, step on each rank's own gradient and the ranks would drift apart.
+    Collective (DDP broadcasts rank 0's weights when it is built): every rank calls it at the
+    same point. Why: see docs/design/finetuning-controls.md
+    """
+    strategy = trainer.strategy
+    if isinstance(strategy, DDPStrategy) and isinstance(strategy.model, DistributedDataParallel):
+        strategy.model = strategy.lightning_module     # drops the old wrapper and its reducer
+        strategy.configure_ddp()
 
 
 def batch_inputs(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:

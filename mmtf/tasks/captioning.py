@@ -49,6 +49,13 @@ class CaptioningTask(Task):
         metrics_backend: "mmtf" (built-in metrics) or "aac" (aac-metrics: SPICE, SPIDEr and
             SPIDEr-FL where its downloaded files are present; see :mod:`mmtf.metrics.aac`).
         num_logged_samples: reference-vs-prediction rows logged per validation epoch.
+        freeze_decoder: no trainable decoder parameters, decoder pinned in eval mode (the
+            encoder has its own ``freeze``).
+        unfreeze_encoder_at_epoch, unfreeze_decoder_at_epoch: unfreeze that frozen part at the
+            start of this epoch, also when a run resumes past it (None = keep it as built).
+        encoder_lr_scale, decoder_lr_scale: multipliers of the optimizer's lr for each part.
+        layer_decay: layer-wise lr decay inside each part (None = off); see
+            :mod:`mmtf.tasks.optim`.
     """
 
     def __init__(self, *, encoder: nn.Module, decoder: nn.Module, optimizer: Callable,
@@ -56,7 +63,10 @@ class CaptioningTask(Task):
                  label_smoothing: float = 0.1, generation: dict | None = None,
                  val_generate: bool = True, num_logged_samples: int = 8,
                  val_metrics: list[str] | None = ("bleu", "rouge_l", "cider_d"),
-                 test_metrics: list[str] | None = None, metrics_backend: str = "mmtf") -> None:
+                 test_metrics: list[str] | None = None, metrics_backend: str = "mmtf",
+                 freeze_decoder: bool = False, unfreeze_encoder_at_epoch: int | None = None,
+                 unfreeze_decoder_at_epoch: int | None = None, encoder_lr_scale: float = 1.0,
+                 decoder_lr_scale: float = 1.0, layer_decay: float | None = None) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["encoder", "decoder", "optimizer"])
         self.model = EncoderDecoder(encoder=encoder, decoder=decoder,
@@ -70,6 +80,12 @@ class CaptioningTask(Task):
                                   backend=metrics_backend)
             for split, names in (("val", val_metrics), ("test", test_metrics))
         }
+        self.init_finetuning(
+            freeze={"decoder": freeze_decoder},
+            unfreeze_at={"encoder": unfreeze_encoder_at_epoch,
+                         "decoder": unfreeze_decoder_at_epoch},
+            lr_scale={"encoder": encoder_lr_scale, "decoder": decoder_lr_scale},
+            layer_decay=layer_decay)
 
     def set_metrics_backend(self, backend: str) -> None:
         """Score with ``backend`` ("mmtf" | "aac") from now on (``evaluate metrics_backend=``)."""
@@ -163,7 +179,8 @@ class CaptioningTask(Task):
         hp = self.hparams
         return configure_adamw_cosine(self.optimizer, [self.model], weight_decay=hp.weight_decay,
                                       warmup_steps=hp.warmup_steps, min_lr_ratio=hp.min_lr_ratio,
-                                      total_steps=int(self.trainer.estimated_stepping_batches))
+                                      total_steps=int(self.trainer.estimated_stepping_batches),
+                                      parts=self.optim_parts(), layer_decay=self.layer_decay)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)

@@ -25,15 +25,19 @@ class ClassificationTask(Task):
         optimizer: partial optimizer (Hydra ``_partial_: true``).
         pooling: "mean" (masked mean over valid positions) or "cls".
         head: "linear" (a linear probe) or "mlp" (one hidden layer of ``hidden_dim``).
-        unfreeze_encoder_at_epoch: unfreeze a frozen encoder at the start of this epoch
-            (None = keep it as built).
+        unfreeze_encoder_at_epoch: unfreeze a frozen encoder at the start of this epoch, also
+            when a run resumes past it (None = keep it as built).
+        encoder_lr_scale: multiplier of the optimizer's lr for the encoder (the head keeps it).
+        layer_decay: layer-wise lr decay inside the encoder (None = off); see
+            :mod:`mmtf.tasks.optim`.
         weight_decay, warmup_steps, min_lr_ratio, label_smoothing: as in captioning.
     """
 
     def __init__(self, *, encoder: nn.Module, num_classes: int, optimizer: Callable,
                  pooling: Literal["mean", "cls"] = "mean", head: Literal["linear", "mlp"] = "linear",
                  hidden_dim: int | None = None, dropout: float = 0.0,
-                 unfreeze_encoder_at_epoch: int | None = None, weight_decay: float = 0.05,
+                 unfreeze_encoder_at_epoch: int | None = None, encoder_lr_scale: float = 1.0,
+                 layer_decay: float | None = None, weight_decay: float = 0.05,
                  warmup_steps: int = 100, min_lr_ratio: float = 0.05,
                  label_smoothing: float = 0.0) -> None:
         super().__init__()
@@ -60,6 +64,8 @@ class ClassificationTask(Task):
                 "accuracy": MulticlassAccuracy(num_classes, average="micro"),
                 "macro_f1": MulticlassF1Score(num_classes, average="macro"),
             }) for split in ("train_", "val", "test")})   # "train" is a reserved ModuleDict key
+        self.init_finetuning(freeze={}, unfreeze_at={"encoder": unfreeze_encoder_at_epoch},
+                             lr_scale={"encoder": encoder_lr_scale}, layer_decay=layer_decay)
 
     def connect_data(self, datamodule: Any) -> None:
         """Check the data's classes (read at its setup) and audio length; keep the class names."""
@@ -79,20 +85,15 @@ class ClassificationTask(Task):
         """Class logits, (b, k)."""
         return self.head(self.features(inputs, lengths))
 
-    def on_train_epoch_start(self) -> None:
-        at = self.hparams.unfreeze_encoder_at_epoch
-        if at is not None and self.current_epoch == at:
-            self.encoder.unfreeze()
-
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        # A frozen encoder that unfreezes later must already be in the optimizer; until then its
-        # parameters get no gradient and AdamW leaves them untouched.
+        # A frozen encoder that unfreezes later is already in the optimizer (optim_parts); until
+        # then its parameters get no gradient and AdamW leaves them untouched.
         return configure_adamw_cosine(self.optimizer, [self.head, self.encoder],
                                       weight_decay=hp.weight_decay, warmup_steps=hp.warmup_steps,
                                       min_lr_ratio=hp.min_lr_ratio,
                                       total_steps=int(self.trainer.estimated_stepping_batches),
-                                      include_frozen=hp.unfreeze_encoder_at_epoch is not None)
+                                      parts=self.optim_parts(), layer_decay=self.layer_decay)
 
     def _step(self, batch: dict[str, Any], split: str) -> torch.Tensor:
         inputs, lengths = batch_inputs(batch)

@@ -1,42 +1,128 @@
-"""Optimizer parameter groups and the warmup + cosine learning-rate schedule shared by all tasks."""
+"""Optimizer parameter groups and the warmup + cosine learning-rate schedule shared by all tasks.
+
+Fine-tuning a pretrained part (an imported Whisper encoder, a GPT-2 decoder) usually wants a lower
+learning rate for it than for the new layers: a per-part multiplier (``model.encoder_lr_scale``)
+and, optionally, layer-wise decay (``model.layer_decay``, BEiT / ELECTRA): in a part whose stack
+has depth L, block i (from 0) gets ``decay ** (L - i)``, what comes before the stack (embeddings,
+front end, positions) ``decay ** (L + 1)`` and what comes after it (final norm, untied head) 1;
+both multiply the optimizer's ``lr``. Every group carries a ``name`` (what Lightning's
+LearningRateMonitor logs) and its ``lr_scale``. Why: see docs/design/finetuning-controls.md
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from mmtf.errors import UserError
+from mmtf.nn.transformer import TransformerStack
+
+BASE_GROUP = "base"   # parameters at the optimizer's own lr: new layers, parts at scale 1
+
+
+@dataclass(frozen=True)
+class PartOptim:
+    """How one (possibly pretrained) part of a model is optimised.
+
+    Attributes:
+        module: the part (``task.export_parts()[name]``).
+        lr_scale: multiplier of the optimizer's lr for this part.
+        include_frozen: put its frozen parameters in the optimizer too, because they unfreeze at
+            a later epoch; until then they get no gradient, and AdamW neither updates them nor
+            keeps state for them.
+    """
+
+    module: nn.Module
+    lr_scale: float = 1.0
+    include_frozen: bool = False
+
+
+def layer_ids(part: nn.Module, owner: str = "part") -> tuple[dict[int, int], int]:
+    """Layer index of every parameter of ``part`` for layer-wise decay, and the stack depth L.
+
+    Block i of the part's one :class:`TransformerStack` is layer i + 1; parameters registered
+    before the stack (embeddings, front end, positions, CLS token) are layer 0; the stack's final
+    norm and everything registered after it (an untied LM head) are layer L + 1.
+
+    Raises:
+        UserError: the part holds no TransformerStack or several (``owner`` names it).
+    """
+    stacks = [m for m in part.modules() if isinstance(m, TransformerStack)]
+    if len(stacks) != 1:
+        raise UserError(f"model.layer_decay: {owner} ({type(part).__name__}) holds "
+                        f"{len(stacks)} transformer stacks, layer-wise decay needs exactly one; "
+                        f"set model.layer_decay=null.")
+    stack = stacks[0]
+    depth = len(stack.blocks)
+    in_stack = {id(p) for p in stack.parameters()}
+    ids: dict[int, int] = {}
+    for i, block in enumerate(stack.blocks):
+        ids.update((id(p), i + 1) for p in block.parameters())
+    after = False
+    for _, param in part.named_parameters():
+        after = after or id(param) in in_stack
+        ids.setdefault(id(param), depth + 1 if after else 0)
+    return ids, depth
 
 
 def param_groups(modules: Iterable[nn.Module], weight_decay: float,
-                 include_frozen: bool = False) -> list[dict]:
-    """Split trainable parameters into decayed and non-decayed groups.
+                 include_frozen: bool = False, *, parts: Mapping[str, PartOptim] | None = None,
+                 layer_decay: float | None = None) -> list[dict]:
+    """Parameter groups by learning-rate scale, each split into decayed and non-decayed.
 
     Norm weights, biases (every tensor with fewer than 2 dims) and embedding tables get no weight
     decay: decaying them only pulls scales and token vectors towards zero.
+
+    Args:
+        modules: every module the optimizer trains (shared parameters are counted once).
+        weight_decay: of the decayed groups.
+        include_frozen: keep parameters without ``requires_grad`` that belong to no part.
+        parts: named parts with their own lr scale (see :class:`PartOptim`); every other
+            parameter is in the ``base`` groups at scale 1.
+        layer_decay: layer-wise decay inside each part (None = off), see :func:`layer_ids`.
+
+    Returns:
+        Groups ``{"name", "params", "weight_decay", "lr_scale"}`` in order of first parameter, the
+        decayed group of a name before its ``<name>.no_decay`` group; empty groups left out.
     """
+    where: dict[int, tuple[str, PartOptim]] = {}       # id(param) -> (group name, part)
+    scales: dict[str, float] = {BASE_GROUP: 1.0}
+    for name, part in (parts or {}).items():
+        if layer_decay is not None:
+            ids, depth = layer_ids(part.module, f"model.{name}")
+            for pid, layer in ids.items():
+                label = f"{name}.layer{layer}"
+                where.setdefault(pid, (label, part))
+                scales[label] = part.lr_scale * layer_decay ** (depth + 1 - layer)
+        else:
+            label = name if part.lr_scale != 1.0 else BASE_GROUP
+            where.update((id(p), (label, part)) for p in part.module.parameters()
+                         if id(p) not in where)
+            scales.setdefault(label, part.lr_scale)
     no_decay_ids: set[int] = set()
     seen: set[int] = set()
-    decay, no_decay = [], []
+    groups: dict[str, dict[str, Any]] = {}
     for module in modules:
         for sub in module.modules():
             if isinstance(sub, nn.Embedding):
                 no_decay_ids.update(id(p) for p in sub.parameters(recurse=False))
         for param in module.parameters():
-            if id(param) in seen or not (param.requires_grad or include_frozen):
+            label, part = where.get(id(param), (BASE_GROUP, None))
+            keep_frozen = part.include_frozen if part is not None else include_frozen
+            if id(param) in seen or not (param.requires_grad or keep_frozen):
                 continue
             seen.add(id(param))
-            if param.ndim < 2 or id(param) in no_decay_ids:
-                no_decay.append(param)
-            else:
-                decay.append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+            for key, decay in ((label, weight_decay), (f"{label}.no_decay", 0.0)):
+                groups.setdefault(key, {"name": key, "params": [], "weight_decay": decay,
+                                        "lr_scale": scales[label]})
+            no_decay = param.ndim < 2 or id(param) in no_decay_ids
+            groups[f"{label}.no_decay" if no_decay else label]["params"].append(param)
+    return [g for g in groups.values() if g["params"]]
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0,
@@ -60,18 +146,30 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
 
 
 def build_optimizer(optimizer: Callable[..., torch.optim.Optimizer], modules: Iterable[nn.Module],
-                    weight_decay: float, include_frozen: bool = False) -> torch.optim.Optimizer:
-    """Call a partial optimizer (from Hydra, ``_partial_: true``) on the parameter groups."""
-    return optimizer(param_groups(modules, weight_decay, include_frozen))
+                    weight_decay: float, include_frozen: bool = False, *,
+                    parts: Mapping[str, PartOptim] | None = None,
+                    layer_decay: float | None = None) -> torch.optim.Optimizer:
+    """Call a partial optimizer (from Hydra, ``_partial_: true``) on :func:`param_groups` and
+    set each group's ``lr`` to the optimizer's lr times the group's ``lr_scale``."""
+    opt = optimizer(param_groups(modules, weight_decay, include_frozen, parts=parts,
+                                 layer_decay=layer_decay))
+    for group in opt.param_groups:
+        # Before any scheduler exists: LambdaLR records each group's lr as its base lr, so the
+        # warmup and cosine multiply every group's own scaled lr.
+        group["lr"] = group["lr"] * group["lr_scale"]
+    return opt
 
 
 def configure_adamw_cosine(optimizer: Callable[..., torch.optim.Optimizer],
                            modules: list[nn.Module], *, weight_decay: float, warmup_steps: int,
                            min_lr_ratio: float, total_steps: int,
-                           include_frozen: bool = False) -> dict[str, Any]:
-    """Lightning's ``configure_optimizers`` result: the optimizer over decay/no-decay groups and
+                           include_frozen: bool = False,
+                           parts: Mapping[str, PartOptim] | None = None,
+                           layer_decay: float | None = None) -> dict[str, Any]:
+    """Lightning's ``configure_optimizers`` result: the optimizer over :func:`param_groups` and
     the warmup + cosine schedule over ``total_steps``, stepped every optimizer step."""
-    opt = build_optimizer(optimizer, modules, weight_decay, include_frozen)
+    opt = build_optimizer(optimizer, modules, weight_decay, include_frozen, parts=parts,
+                          layer_decay=layer_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, warmup_cosine(warmup_steps, max(1, total_steps), min_lr_ratio))
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
