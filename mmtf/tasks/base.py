@@ -187,14 +187,14 @@ class Task(L.LightningModule):
             rebuild_ddp(self.trainer)
 
     def check_unfreeze_strategy(self) -> None:
-        """Unfreezing at an epoch is supported on one device and under DDP only."""
+        """Unfreezing at an epoch is built for one device and DDP (:func:`rebuild_ddp`) only."""
         strategy = self.trainer.strategy
         if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
             name = next(iter(self.unfreeze_at))
             raise UserError(f"model.unfreeze_{name}_at_epoch is set but the trainer's strategy "
-                            f"is {type(strategy).__name__}, which fixes the trainable parameters "
-                            f"when it shards the model; use trainer=gpu or trainer=ddp, or "
-                            f"train the {name} from the start.")
+                            f"is {type(strategy).__name__}; unfreezing at an epoch works on one "
+                            f"device and under DDP only: use trainer=gpu, ddp or ddp_cpu, or "
+                            f"train the {name} from the start ({self.freeze_key(name)}=false).")
 
     def connect_data(self, datamodule: Any) -> None:
         """Exchange with a data module what each side owns; check the data fits the model."""

@@ -16,6 +16,7 @@ from mmtf.errors import UserError
 from mmtf.reliability import ResumeState
 from mmtf.tasks import CaptioningTask
 from mmtf.tasks.optim import build_optimizer, warmup_cosine
+from mmtf.utils.fsdp import FSDP2Strategy
 
 from .conftest import ADAMW, audio_encoder, captioner, classifier, vision_encoder
 
@@ -255,3 +256,14 @@ def test_freezing_every_part_is_refused():
                                         r"model.freeze_decoder\): nothing trains in epoch 0"):
         CaptioningTask(encoder=audio_encoder(freeze=True), decoder=decoder, optimizer=ADAMW,
                        freeze_decoder=True, unfreeze_decoder_at_epoch=1)
+
+
+def test_unfreezing_under_fsdp_is_refused_with_the_trainers_that_work():
+    task = classifier(encoder=vision_encoder(freeze=True), unfreeze_encoder_at_epoch=1)
+    task.trainer = L.Trainer(accelerator="cpu", devices=2, logger=False,
+                             strategy=FSDP2Strategy(process_group_backend="gloo"))
+    with pytest.raises(UserError, match=r"model.unfreeze_encoder_at_epoch is set but the "
+                                        r"trainer's strategy is FSDP2Strategy; .* use "
+                                        r"trainer=gpu, ddp or ddp_cpu, or train the encoder from "
+                                        r"the start \(model.encoder.freeze=false\)"):
+        task.setup("fit")
