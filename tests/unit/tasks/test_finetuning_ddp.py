@@ -1,20 +1,81 @@
-"""Unfreezing at an epoch under two-rank CPU DDP (gloo): the unfrozen encoder's gradients are
-all-reduced (both ranks end with the same weights though each trains on its own batches), and a
-run resumed past the unfreeze epoch ends bit for bit where the uninterrupted run ended (gloo's
-sum of two ranks is deterministic)."""
+"""Unfreezing at an epoch under DDP on the CPU (gloo).
+
+A world of one (forked, in-process): the rebuilt DDP wrapper's gradient buckets hold the unfrozen
+encoder. Two ranks (slow, subprocesses): the unfrozen encoder's gradients are all-reduced (both
+ranks end with the same weights though each trains on its own batches), and a run resumed past
+the unfreeze epoch ends bit for bit where the uninterrupted run ended (gloo's sum of two ranks is
+deterministic).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader
+
+from tests.unit.reliability.toy import run_forked
+
+from .conftest import classifier, vision_encoder
 
 SCRIPT = Path(__file__).with_name("ddp_unfreeze_script.py")
 REPO = Path(__file__).resolve().parents[3]
+
+
+class BucketParams(Callback):
+    """Per epoch, the ids of the parameters in the DDP wrapper's gradient buckets (a comm hook
+    on every new wrapper; it passes each bucket on unchanged)."""
+
+    def __init__(self) -> None:
+        self.wrappers: set[int] = set()
+        self.seen: dict[int, set[int]] = {}
+
+    def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
+        ddp = trainer.strategy.model
+        if id(ddp) in self.wrappers:
+            return
+        self.wrappers.add(id(ddp))
+
+        def hook(state, bucket):
+            self.seen.setdefault(trainer.current_epoch, set()).update(map(id, bucket.parameters()))
+            done = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+
+        ddp.register_comm_hook(None, hook)
+
+
+def _fit_world_of_one(out: Path) -> None:
+    """Forked child: a DDP fit on one CPU rank; writes {epoch: [encoder params, all params]}
+    found in the gradient buckets."""
+    task = classifier(encoder=vision_encoder(freeze=True), unfreeze_encoder_at_epoch=1)
+    buckets = BucketParams()
+    g = torch.Generator().manual_seed(0)
+    batches = [{"image": torch.rand(4, 3, 32, 32, generator=g), "label": torch.arange(4) % 3}
+               for _ in range(2)]
+    L.Trainer(strategy=DDPStrategy(process_group_backend="gloo"), accelerator="cpu", devices=1,
+              max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, callbacks=[buckets]).fit(
+        task, DataLoader(batches, batch_size=None))
+    encoder = {id(p) for p in task.encoder.parameters()}
+    out.write_text(json.dumps({epoch: [len(ids & encoder), len(ids)]
+                               for epoch, ids in buckets.seen.items()}))
+
+
+def test_the_rebuilt_ddp_wrapper_all_reduces_the_unfrozen_encoder(tmp_path):
+    out = tmp_path / "buckets.json"
+    assert run_forked(_fit_world_of_one, out) == 0
+    n_encoder = len(list(vision_encoder().parameters()))
+    # epoch 0: the head's weight and bias only; epoch 1: the encoder's parameters too
+    assert json.loads(out.read_text()) == {"0": [0, 2], "1": [n_encoder, n_encoder + 2]}
 
 
 def run(mode: str, out: Path) -> list[dict]:
