@@ -9,13 +9,14 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger
+from torch import nn
 from torch.utils.data import DataLoader
 
 from mmtf.decoders import TextDecoder
 from mmtf.errors import UserError
 from mmtf.reliability import ResumeState
 from mmtf.tasks import CaptioningTask
-from mmtf.tasks.optim import build_optimizer, warmup_cosine
+from mmtf.tasks.optim import PartOptim, build_optimizer, warmup_cosine
 from mmtf.utils.fsdp import FSDP2Strategy
 
 from .conftest import ADAMW, audio_encoder, captioner, classifier, vision_encoder
@@ -267,3 +268,10 @@ def test_unfreezing_under_fsdp_is_refused_with_the_trainers_that_work():
                                         r"trainer=gpu, ddp or ddp_cpu, or train the encoder from "
                                         r"the start \(model.encoder.freeze=false\)"):
         task.setup("fit")
+
+
+def test_layer_decay_needs_one_transformer_stack_in_the_part():
+    part = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    with pytest.raises(UserError, match=r"model.layer_decay: model.encoder \(Sequential\) holds "
+                                        r"0 transformer stacks, .* set model.layer_decay=null"):
+        build_optimizer(ADAMW, [part], 0.05, parts={"encoder": PartOptim(part)}, layer_decay=0.5)
