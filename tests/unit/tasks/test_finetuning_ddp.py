@@ -56,6 +56,9 @@ class BucketParams(Callback):
 def _fit_world_of_one(out: Path) -> None:
     """Forked child: a DDP fit on one CPU rank; writes {epoch: [encoder params, all params]}
     found in the gradient buckets."""
+    # Lightning's DDP raises the thread count unless OMP_NUM_THREADS is set, and OpenMP's pool
+    # does not survive a fork: the child would hang in its first convolution.
+    os.environ["OMP_NUM_THREADS"] = "1"
     task = classifier(encoder=vision_encoder(freeze=True), unfreeze_encoder_at_epoch=1)
     buckets = BucketParams()
     g = torch.Generator().manual_seed(0)
