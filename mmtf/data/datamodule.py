@@ -76,7 +76,8 @@ class MediaDataModule(L.LightningDataModule):
         eval_batch_size: val/test batch size (None: ``batch_size``, read when the loader is
             built, so setting ``datamodule.batch_size`` later changes both).
         num_workers: DataLoader worker processes.
-        pin_memory: pin batches (for GPU training).
+        pin_memory: pin batches in page-locked memory; None = when the trainer's device is
+            CUDA (Lightning then copies them with ``non_blocking=True``).
         persistent_workers: keep workers between epochs (only with ``num_workers > 0``).
         bucketing: batch similar audio lengths together.
         bucket_size: batches per length-sorting pool.
@@ -95,7 +96,7 @@ class MediaDataModule(L.LightningDataModule):
                  channels: int | None = None, train_transforms: Sequence[Any] | None = None,
                  eval_transforms: Sequence[Any] | None = None, batch_size: int = 32,
                  eval_batch_size: int | None = None, num_workers: int = 0,
-                 pin_memory: bool = False, persistent_workers: bool = False,
+                 pin_memory: bool | None = None, persistent_workers: bool = False,
                  bucketing: bool = True, bucket_size: int = 50, drop_last: bool = False,
                  seed: int = 0, on_error: Literal["raise", "skip"] = "raise") -> None:
         super().__init__()
@@ -241,7 +242,7 @@ class MediaDataModule(L.LightningDataModule):
         # loader has its own generator, so iterating one never shifts the training stream.
         loader = make_loader(dataset, sampler, resumable=train, seed=self.seed,
                              collate_fn=self._collate(),
-                             num_workers=self.num_workers, pin_memory=self.pin_memory,
+                             num_workers=self.num_workers, pin_memory=self._pin_memory(),
                              persistent_workers=self.persistent_workers,
                              counter=self.error_counts, split=split)
         self._loaders[split] = loader
@@ -249,6 +250,12 @@ class MediaDataModule(L.LightningDataModule):
 
     def _collate(self) -> Collate:
         return Collate(modality=self.modality, task=self.task)
+
+    def _pin_memory(self) -> bool:
+        if self.pin_memory is not None:
+            return self.pin_memory
+        trainer = self.trainer
+        return trainer is not None and trainer.strategy.root_device.type == "cuda"
 
     def train_dataloader(self) -> StatefulDataLoader:
         return self._loader("train")

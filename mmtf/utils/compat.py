@@ -108,3 +108,28 @@ def checkpoint_every_n_train_steps(callback: Any) -> int:
     """``ModelCheckpoint``'s step trigger (0: none); only the constructor argument is public,
     the stored value is private (checked with lightning 2.6.6)."""
     return int(callback._every_n_train_steps)
+
+
+def dispatched_ops(fn: Callable[[], Any]) -> list[str]:
+    """Names of the ATen ops ``fn()`` reaches below autograd, in call order.
+
+    Through ``torch.utils._python_dispatch.TorchDispatchMode``: the one way to see which
+    kernel ``scaled_dot_product_attention`` picked (``_scaled_dot_product_flash_attention``,
+    ``..._efficient_attention``, ``..._cudnn_attention``, ``..._flash_attention_for_cpu``, or the
+    math path's plain ops) without the profiler, whose Kineto start-up prints to stderr on
+    every call. Checked: torch 2.14.1 (2.11 has the same class; not run there).
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Record(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with _Record() as record:
+        fn()
+    return record.ops

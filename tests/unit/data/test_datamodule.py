@@ -309,3 +309,15 @@ def test_empty_split_is_a_clear_error(tiny_audio_captions, tmp_path):
     dm.setup("fit")
     with pytest.raises(DataError, match="split 'val' has no usable items"):
         dm.val_dataloader()
+
+
+@pytest.mark.parametrize(("pin_memory", "device", "pinned"), [
+    (None, "cpu", False), (None, "cuda", True), (False, "cuda", False), (True, "cpu", True)])
+def test_pin_memory_follows_the_trainer_device_when_unset(tiny_audio_captions, pin_memory,
+                                                          device, pinned):
+    from types import SimpleNamespace
+    dm = _audio_dm(tiny_audio_captions, pin_memory=pin_memory)
+    dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+    dm.setup("fit")
+    assert dm.train_dataloader().pin_memory is pinned
+    assert dm.val_dataloader().pin_memory is pinned

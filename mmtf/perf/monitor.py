@@ -1,0 +1,179 @@
+"""Training efficiency in every run: samples/s, tokens/s, model FLOP/s and MFU, per device.
+
+:class:`EfficiencyMonitor` (``conf/callbacks/efficiency.yaml``, in the default callbacks) logs at
+the start of fit, once::
+
+    [perf] cuda (NVIDIA H100), precision bf16-mixed (compute bfloat16), TF32 matmuls on;
+    SDPA kernels: causal self-attention=flash, padded self-attention=efficient, cross-attention=efficient;
+    dense bfloat16 matmul 612.3 TFLOP/s measured
+
+then, every ``log_every_n_steps`` optimizer steps, ``perf/samples_per_s``, ``perf/tokens_per_s``
+(scored caption tokens), ``perf/model_flops_per_s`` and ``perf/mfu`` to the loggers, and a line
+per training epoch. Rates are this device's: its own batches over the wall time between
+batches, data wait included, validation excluded. Model FLOPs are counted by
+:class:`mmtf.perf.flops.FlopCounter` (the same count as ``experiments/training_throughput``);
+MFU divides their rate by the dense matmul rate measured at start in the compute dtype
+(:func:`mmtf.perf.flops.matmul_flops_per_s`), or by ``peak_flops_per_s`` when given.
+
+Where bf16 is requested on a CPU without native bf16 it logs one warning
+(:func:`mmtf.perf.device.bf16_warning`); on CUDA it turns on TF32 matmuls for float32 work
+(``torch.set_float32_matmul_precision("high")``) if the process has not chosen a precision.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from mmtf.perf.device import bf16_warning, describe_cpu, sdpa_backends
+from mmtf.perf.flops import FlopCounter, matmul_flops_per_s
+from mmtf.tasks.base import batch_inputs
+
+log = logging.getLogger(__name__)
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The matmul dtype of Lightning's ``trainer.precision`` string."""
+    precision = str(precision)
+    if "bf16" in precision:
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    if precision.startswith("64"):
+        return torch.float64
+    return torch.float32
+
+
+class EfficiencyMonitor(Callback):
+    """Log samples/s, tokens/s, model FLOP/s and MFU of training; see the module docstring.
+
+    Args:
+        log_every_n_steps: steps per logged window; None = the trainer's ``log_every_n_steps``.
+        peak_flops_per_s: the MFU denominator of one device; None = measure the dense matmul
+            rate at the start of fit (about a second).
+        clock: seconds, monotonic (``time.perf_counter``); replaceable for tests.
+    """
+
+    def __init__(self, *, log_every_n_steps: int | None = None,
+                 peak_flops_per_s: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__()
+        self.log_every_n_steps = log_every_n_steps
+        self.peak_flops_per_s = peak_flops_per_s
+        self.clock = clock
+        self._device = torch.device("cpu")
+        self._counter: FlopCounter | None = None
+        self._mark = 0.0
+        self._window = self._zero()
+        self._epoch = self._zero()
+        self.last: dict[str, float] = {}      # the last logged window's metrics
+
+    @staticmethod
+    def _zero() -> dict[str, float]:
+        return {"seconds": 0.0, "samples": 0, "tokens": 0, "flops": 0, "steps": 0}
+
+    # ------------------------------------------------------------------ start
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._device = trainer.strategy.root_device
+        precision = str(trainer.precision)
+        dtype = compute_dtype(precision)
+        warning = bf16_warning(precision, self._device.type)
+        if warning:
+            log.warning(warning)
+        if self._device.type == "cuda" and torch.get_float32_matmul_precision() == "highest":
+            torch.set_float32_matmul_precision("high")          # TF32 for float32 matmuls
+        if self.peak_flops_per_s is None:
+            self.peak_flops_per_s = matmul_flops_per_s(self._device, dtype)
+        kernels = sdpa_backends(pl_module, self._device, dtype)
+        where = (describe_cpu() if self._device.type == "cpu"
+                 else f"{self._device} ({torch.cuda.get_device_name(self._device)})"
+                 if self._device.type == "cuda" else str(self._device))
+        tf32 = torch.get_float32_matmul_precision() != "highest"
+        log.info("[perf] %s; precision %s (compute %s)%s; SDPA kernels: %s; dense %s matmul "
+                 "%.1f GFLOP/s (the MFU denominator)", where, precision,
+                 str(dtype).removeprefix("torch."),
+                 f", TF32 matmuls {'on' if tf32 else 'off'}" if self._device.type == "cuda" else "",
+                 ", ".join(f"{k}={v}" for k, v in kernels.items()) or "none",
+                 str(dtype).removeprefix("torch."), self.peak_flops_per_s / 1e9)
+
+    # ------------------------------------------------------------------ counting
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch = self._zero()
+        self._mark = self.clock()
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._counter = FlopCounter(pl_module).__enter__()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        counter, self._counter = self._counter, None
+        if counter is not None:
+            counter.__exit__(None, None, None)
+            self._window["flops"] += counter.training_flops
+        self._window["samples"] += batch_inputs(batch)[0].shape[0]
+        self._window["tokens"] += _target_tokens(batch, getattr(pl_module, "model", None))
+        self._window["steps"] += 1
+        every = self.log_every_n_steps or trainer.log_every_n_steps
+        if self._window["steps"] >= every:
+            self._flush(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._flush(trainer)              # validation time is not training time
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._mark = self.clock()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._flush(trainer)
+        total = self._epoch
+        if total["steps"] and total["seconds"] > 0 and trainer.is_global_zero:
+            rates = self._rates(total)
+            log.info("[perf] train epoch %d: %d samples in %.1f s: %.1f samples/s, %.0f tokens/s, "
+                     "%.2f GFLOP/s model, MFU %.1f%%", trainer.current_epoch, total["samples"],
+                     total["seconds"], rates["perf/samples_per_s"], rates["perf/tokens_per_s"],
+                     rates["perf/model_flops_per_s"] / 1e9, 100 * rates["perf/mfu"])
+
+    # ------------------------------------------------------------------ output
+    def _rates(self, totals: dict[str, float]) -> dict[str, float]:
+        seconds = totals["seconds"]
+        flops_per_s = totals["flops"] / seconds
+        return {"perf/samples_per_s": totals["samples"] / seconds,
+                "perf/tokens_per_s": float(totals["tokens"]) / seconds,
+                "perf/model_flops_per_s": flops_per_s,
+                "perf/mfu": flops_per_s / self.peak_flops_per_s if self.peak_flops_per_s else 0.0}
+
+    def _flush(self, trainer: L.Trainer) -> None:
+        """Close the current window: time it, add it to the epoch, log its rates."""
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)   # the window's kernels have finished
+        now = self.clock()
+        window, self._window = self._window, self._zero()
+        window["seconds"] = now - self._mark
+        self._mark = now
+        if not window["steps"] or window["seconds"] <= 0:
+            return
+        window["tokens"] = int(window["tokens"])
+        for key, value in window.items():
+            self._epoch[key] += value
+        self.last = self._rates(window)
+        for logger in trainer.loggers:
+            logger.log_metrics(self.last, step=trainer.global_step)
+
+
+def _target_tokens(batch: Any, model: Any) -> int | torch.Tensor:
+    """Scored target tokens of a captioning batch (``tokens[:, 1:]`` that are not pad), kept on
+    the batch's device (no synchronisation per step); 0 for batches without tokens."""
+    tokens = batch.get("tokens") if isinstance(batch, dict) else None
+    if tokens is None:
+        return 0
+    pad = getattr(model, "pad_id", 0)
+    return (tokens[:, 1:] != pad).sum()
