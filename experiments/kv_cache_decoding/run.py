@@ -35,6 +35,7 @@ from collections.abc import Callable
 import torch
 
 from mmtf.decoders import GenerationConfig, TextDecoder, generate
+from mmtf.perf.device import cpu_flags, describe_cpu
 
 BOS, EOS, PAD = 1, 2, 0
 
@@ -61,6 +62,7 @@ def run_mmtf(dec: TextDecoder, memory: torch.Tensor, tokens: int, use_cache: boo
         start = time.perf_counter()
         out = generate(dec, memory, None, cfg, prompt_ids=[BOS], eos_id=EOS, pad_id=PAD,
                        callback=record)
+        sync(memory.device)
         total = time.perf_counter() - start
     steps = [b - a for a, b in zip([start, *stamps[:-1]], stamps)]
     assert out.tokens.shape == (memory.shape[0], tokens)
@@ -96,13 +98,14 @@ def build_peer(kind: str, args: argparse.Namespace):
 
 def run_peer(model, memory: torch.Tensor, tokens: int) -> float:
     from transformers.modeling_outputs import BaseModelOutput
-    start_ids = torch.full((memory.shape[0], 1), BOS, dtype=torch.long)
+    start_ids = torch.full((memory.shape[0], 1), BOS, dtype=torch.long, device=memory.device)
     with torch.inference_mode():
         start = time.perf_counter()
         out = model.generate(encoder_outputs=BaseModelOutput(last_hidden_state=memory),
                              decoder_input_ids=start_ids, max_new_tokens=tokens,
                              min_new_tokens=tokens, do_sample=False, num_beams=1,
                              use_cache=True)
+        sync(memory.device)
         total = time.perf_counter() - start
     # Whisper's generate strips the start token, BART's keeps it.
     start_kept = model.config.model_type != "whisper"
@@ -110,21 +113,30 @@ def run_peer(model, memory: torch.Tensor, tokens: int) -> float:
     return total
 
 
-def memory_bandwidth(mib: int = 256, repeats: int = 5) -> tuple[float, float]:
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5,
+                     ) -> tuple[float, float]:
     """(copy, read) bandwidth in bytes/s, medians of repeats on a large tensor.
 
     Copy: ``dst.copy_(src)`` into a preallocated tensor (a fresh ``clone`` would also time
     page faults), counting bytes read plus bytes written. Read: ``src.sum()``.
     """
-    src = torch.randn(mib * 2**20 // 4)
+    src = torch.randn(mib * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     copy, read = [], []
     for _ in range(repeats):
+        sync(device)
         start = time.perf_counter()
         dst.copy_(src)
+        sync(device)
         copy.append(time.perf_counter() - start)
         start = time.perf_counter()
         src.sum()
+        sync(device)
         read.append(time.perf_counter() - start)
     size = src.numel() * src.element_size()
     return 2 * size / statistics.median(copy), size / statistics.median(read)
@@ -161,6 +173,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="weights, memory and caches of both systems (bf16 uses AMX/AVX512 "
                              "where the CPU has it)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for experiments/gpu_check")
     args = parser.parse_args()
     args.batch, args.frames, args.dim, args.depth, args.heads = 8, 256, 512, 6, 8
     args.ffn, args.vocab, args.tokens = 2048, 8000, 128
@@ -171,9 +184,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dtype = getattr(torch, args.dtype)
-    memory = torch.randn(args.batch, args.frames, args.dim).to(dtype)
-    dec = build_mmtf(args).to(dtype)
-    peers = {kind: build_peer(kind, args).to(dtype) for kind in args.peers.split(",") if kind}
+    device = torch.device(args.device)
+    log(describe_cpu())
+    memory = torch.randn(args.batch, args.frames, args.dim).to(device, dtype)
+    dec = build_mmtf(args).to(device, dtype)
+    peers = {kind: build_peer(kind, args).to(device, dtype)
+             for kind in args.peers.split(",") if kind}
     window = args.tokens // 4              # 32 of 128: tokens 1-32 vs 97-128
 
     compile_s = None
@@ -200,7 +216,7 @@ def main() -> None:
         # Bytes each step must read at least once / its measured time, steps 2..T.
         moved = sum(sum(bytes_per_step(dec, args.batch, args.frames, t)) / dt
                     for t, dt in enumerate(steps) if t > 0) / (len(steps) - 1)
-        bw_copy, bw_read = memory_bandwidth()            # measured between the decodes
+        bw_copy, bw_read = memory_bandwidth(device)      # measured between the decodes
         achieved.append(moved), copy_bw.append(bw_copy), read_bw.append(bw_read)
         copy_frac.append(moved / bw_copy), read_frac.append(moved / bw_read)
         eager_total, _, eager_toks = run_mmtf(dec, memory, args.tokens, True)
@@ -236,7 +252,8 @@ def main() -> None:
     rows = [
         ("setting", f"B={args.batch}, memory {args.frames}, {args.tokens} tokens, depth "
                     f"{args.depth}, dim {args.dim}, vocab {args.vocab}, threads {args.threads}, "
-                    f"{args.dtype}, repeats {args.repeats} (medians)"),
+                    f"{args.dtype}, {args.device}, repeats {args.repeats} (medians)"),
+        ("cpu", describe_cpu()),
         (f"mmtf cached, {step_kind} step: s / tokens/s", f"{t_mmtf:.2f} s / {tps:.0f}"),
         ("mmtf cached, eager step: s / tokens/s", f"{t_eager:.2f} s / {n_tok / t_eager:.0f}"),
         ("mmtf uncached (eager): s / tokens/s", f"{uncached:.2f} s / {n_tok / uncached:.0f}"),
@@ -269,7 +286,9 @@ def main() -> None:
     print(f"| {'quantity':<{width}} | value |\n|{'-' * (width + 2)}|-------|")
     for key, value in rows:
         print(f"| {key:<{width}} | {value} |")
-    print(json.dumps(result))
+    print(json.dumps({**result, "eager_vs_peer_tokens_per_s": round(
+        med(p / c for p, c in zip(peer_times[best_peer], eager)), 2), "cpu_flags": cpu_flags(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "device": args.device}))
 
 
 if __name__ == "__main__":
