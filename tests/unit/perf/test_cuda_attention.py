@@ -52,3 +52,15 @@ def test_probe_reports_no_math_kernel_on_cuda():
     kernels = sdpa_backends(model, "cuda", torch.bfloat16, batch=B, length=N)
     assert len(kernels) == 3
     assert "math" not in kernels.values(), kernels
+
+
+def test_log_mel_front_end_runs_on_the_gpu_inside_the_model():
+    from mmtf.encoders import AudioEncoder
+    encoder = AudioEncoder(dim=64, depth=1, num_heads=4, n_mels=16).cuda().train()
+    assert encoder.frontend.mel.mel_scale.fb.is_cuda                 # filterbank moved with it
+    wave = torch.randn(2, 16000, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        feats, frames = encoder.frontend(wave, torch.tensor([16000, 8000], device="cuda"))
+        out = encoder(wave, torch.tensor([16000, 8000], device="cuda"))
+    assert feats.is_cuda and feats.dtype == torch.float32             # STFT kept in fp32
+    assert out.memory.is_cuda and out.mask.is_cuda
