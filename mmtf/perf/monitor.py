@@ -3,9 +3,9 @@
 :class:`EfficiencyMonitor` (``conf/callbacks/efficiency.yaml``, in the default callbacks) logs at
 the start of fit, once::
 
-    [perf] cuda (NVIDIA H100), precision bf16-mixed (compute bfloat16), TF32 matmuls on;
-    SDPA kernels: causal self-attention=flash, padded self-attention=efficient, cross-attention=efficient;
-    dense bfloat16 matmul 612.3 TFLOP/s measured
+    [perf] cuda:0 (NVIDIA H100 80GB HBM3); precision bf16-mixed (compute bfloat16), TF32 matmuls
+    on; SDPA kernels: causal self-attention=flash, padded self-attention=efficient,
+    cross-attention=efficient; dense bfloat16 matmul ... GFLOP/s (the MFU denominator)
 
 then, every ``log_every_n_steps`` optimizer steps, ``perf/samples_per_s``, ``perf/tokens_per_s``
 (scored caption tokens), ``perf/model_flops_per_s`` and ``perf/mfu`` to the loggers, and a line

@@ -111,3 +111,23 @@ def test_start_line_names_precision_and_kernels(caplog):
                                                   ("64-true", torch.float64)])
 def test_compute_dtype(precision, dtype):
     assert compute_dtype(precision) == dtype
+
+
+def test_bf16_on_a_cpu_without_native_bf16_warns_once_at_start(monkeypatch, caplog):
+    import mmtf.perf.device as device
+    monkeypatch.setattr(device, "cpu_flags", lambda: {"avx2": True, "avx512f": False,
+                                                      "avx512_bf16": False, "amx_bf16": False})
+    clock = FakeClock()
+    logger = Capture()
+    trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", max_epochs=1, logger=logger,
+                        callbacks=[EfficiencyMonitor(peak_flops_per_s=1e4, clock=clock)],
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    with caplog.at_level(logging.INFO, logger="mmtf.perf.monitor"):
+        trainer.fit(Tiny(clock), train_dataloaders=torch.utils.data.DataLoader(batches(2),
+                                                                                batch_size=None))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "trainer.precision=bf16-mixed" in warnings[0].message and "avx512_bf16" in \
+        warnings[0].message
+    assert "precision bf16-mixed (compute bfloat16)" in caplog.text
