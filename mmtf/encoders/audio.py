@@ -223,7 +223,9 @@ class ConvStem(nn.Module):
             x = F.gelu(conv(x))                                  # (b, c, ceil(t / 2))
             lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
         x = x.masked_fill(~_lengths_mask(lengths, x.shape[-1])[:, None], 0.0)   # clean padding
-        return rearrange(x, "b c s -> b s c"), lengths
+        # contiguous: a transposed view would leave the whole residual stream channel-strided
+        # (slower norms, adds and GEMM inputs; experiments/training_throughput/README.md).
+        return rearrange(x, "b c s -> b s c").contiguous(), lengths
 
 
 class AudioEncoder(Encoder):
