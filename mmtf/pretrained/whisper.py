@@ -8,7 +8,9 @@ positions, pre-LN blocks with query/value/output biases and exact GELU, final La
 output projection tied to the token embedding). This module is the translation: ``config.json``
 -> constructor arguments, and a name map original -> mmtf (keys and values fused into
 ``to_kv``, the value bias kept as ``v_bias`` because Whisper's key projection has none).
-:func:`export_whisper` is the inverse map, for ``python -m mmtf.export format=hf``.
+:func:`whisper_state` is the inverse map and :func:`export_hf` writes it, for
+``python -m mmtf.export ... format=hf``; :func:`resolved_sizes` records the sizes read from
+``config.json`` in the run's config (:mod:`mmtf.pretrained` says why).
 
 Sizes come from ``config.json``; a size also given in the YAML must agree (one-line error naming
 both). Why and what was compared: see docs/design/whisper-import.md.
@@ -22,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from mmtf.decoders.text import TextDecoder
 from mmtf.encoders.audio import AudioEncoder
 from mmtf.errors import UserError
-from mmtf.pretrained.hf import CONFIG_FILE, HFModel, copy_weights, open_hf_model
+from mmtf.pretrained.hf import CONFIG_FILE, WEIGHTS_FILE, HFModel, copy_weights, open_hf_model
 
 MODEL_TYPES = frozenset({"whisper"})
 # Whisper's fixed front end (whisper/audio.py): 16 kHz, 25 ms window, 10 ms hop, 30 s windows.
@@ -124,7 +127,8 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
     """A :class:`TextDecoder` in Whisper's configuration, with Whisper's weights if given.
 
     Args:
-        pretrained: a Whisper folder or hub id (sizes from its ``config.json``), or None.
+        pretrained: a Whisper folder or hub id (sizes from its ``config.json``), an mmtf
+            export of such a decoder (sizes from the YAML), or None (random weights).
         vocab_size, dim, depth, num_heads, mlp_ratio, context_dim, max_len, pad_id: sizes and
             the pad id; None = from ``config.json``; a disagreeing value is an error.
         **options: other :class:`TextDecoder` arguments (dropout, attn_dropout).
@@ -137,12 +141,12 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
              "mlp_ratio": mlp_ratio, "context_dim": context_dim, "max_len": max_len,
              "pad_id": pad_id}
     hf = _open(pretrained, owner)
-    if pretrained is not None and hf is None:
-        raise UserError(f"{owner}: {pretrained} is not a Hugging Face Whisper folder (no "
-                        f"{CONFIG_FILE}); pass the folder or hub id of a Whisper model.")
     sizes = _merge_sizes(given, decoder_sizes(hf, owner) if hf else None, owner, hf)
     decoder = TextDecoder(**sizes, **BLOCK, **options, positions="learned", tie_embeddings=True)
-    if hf is not None:
+    if pretrained is not None and hf is None:             # an mmtf export (weights.safetensors)
+        file = Path(str(pretrained)).expanduser() / "weights.safetensors"
+        decoder.load_state_dict(load_file(str(file)), strict=True)
+    elif hf is not None:
         tensors = hf.tensors()
         prefix = _prefix(tensors, "decoder.embed_tokens.weight", hf, owner)
         embed = f"{prefix}decoder.embed_tokens.weight"
@@ -153,8 +157,69 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
     return decoder
 
 
-def export_whisper(encoder: AudioEncoder, decoder: TextDecoder, folder: Path) -> dict[str, Tensor]:
-    """The inverse map: ``config.json`` written into ``folder``, the tensors returned by their
+def resolved_sizes(part: str, module: AudioEncoder | TextDecoder) -> dict[str, Any]:
+    """The sizes a built part was given (from ``config.json``), by builder argument."""
+    if part == "encoder":
+        return {k: module.config[k] for k in ("dim", "depth", "num_heads", "mlp_ratio", "n_mels",
+                                              "max_seconds")}
+    block = module.stack.blocks[0]
+    return {"vocab_size": module.vocab_size, "dim": module.dim, "depth": module.depth,
+            "num_heads": block.self_attn.num_heads,
+            "mlp_ratio": block.mlp.fc_in.out_features / module.dim,
+            "context_dim": module.context_dim, "max_len": module.max_len,
+            "pad_id": module.pad_id}
+
+
+def export_hf(task: Any, out: Path) -> None:
+    """Write a captioning task's Whisper-architecture model as ``WhisperForConditionalGeneration``
+    would save it: ``config.json``, ``generation_config.json``, ``model.safetensors`` and the
+    tokenizer files; then import the folder back and check every tensor.
+
+    Raises:
+        UserError: the pair is not in Whisper's configuration (the setting is named) or the
+            task's tokenizer is not a pretrained one (Whisper's).
+    """
+    from mmtf.text import PretrainedTokenizer
+
+    encoder, decoder, tokenizer = task.model.encoder, task.model.decoder, task.tokenizer
+    if not isinstance(tokenizer, PretrainedTokenizer):
+        raise UserError(f"export format=hf: the checkpoint's tokenizer is "
+                        f"{type(tokenizer).__name__}, not Whisper's (data.tokenizer.kind: "
+                        f"pretrained); transformers could not read its captions.")
+    config, tensors = whisper_state(encoder, decoder)
+    ids = {"pad_token_id": tokenizer.pad_id, "bos_token_id": tokenizer.bos_id,
+           "eos_token_id": tokenizer.eos_id, "decoder_start_token_id": tokenizer.prompt_ids[0]}
+    config.update(ids)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    generation = {**ids, "forced_decoder_ids": None, "max_length": decoder.max_len,
+                  "begin_suppress_tokens": None, "suppress_tokens": None}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    tokenizer.backend.save(str(out / "tokenizer.json"))
+    names = {name: tokenizer.id_to_token(i) for name, i in (
+        ("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id),
+        ("pad_token", tokenizer.pad_id))}
+    if tokenizer.unk_id is not None:
+        names["unk_token"] = tokenizer.id_to_token(tokenizer.unk_id)
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {**names, "tokenizer_class": "WhisperTokenizer", "model_max_length": decoder.max_len},
+        indent=2))
+    enc_back, dec_back = whisper_encoder(pretrained=out), whisper_decoder(pretrained=out)
+    for ours, back in ((encoder, enc_back), (decoder, dec_back)):
+        theirs = back.state_dict()
+        for key, value in ours.state_dict().items():
+            if key.startswith("frontend.") or (key == "positions.weight" and ours is encoder):
+                continue                                 # computed from the config
+            if not torch.equal(value.detach().cpu().float(), theirs[key].float()):
+                raise RuntimeError(f"export format=hf: {out} does not import back into the "
+                                   f"exported weights ({key}).")
+    print(f"Exported Whisper ({sum(t.numel() for t in tensors.values()):,} values) to {out}/")
+
+
+def whisper_state(encoder: AudioEncoder, decoder: TextDecoder,
+                  ) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The inverse map: a Whisper ``config.json`` (without token ids) and the tensors by their
     Hugging Face names (``WhisperForConditionalGeneration``'s layout).
 
     Raises:
@@ -176,23 +241,19 @@ def export_whisper(encoder: AudioEncoder, decoder: TextDecoder, folder: Path) ->
     tensors["model.decoder.embed_positions.weight"] = dec_state["positions.weight"]
     tensors.update(_stack_export(decoder.stack.state_dict(), "model.decoder", decoder.depth,
                                  cross=True))
-    enc_cfg, dim = encoder.config, encoder.dim
+    enc, dec = resolved_sizes("encoder", encoder), resolved_sizes("decoder", decoder)
     config = {
         "model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"],
-        "vocab_size": decoder.vocab_size, "num_mel_bins": enc_cfg["n_mels"], "d_model": dim,
-        "encoder_layers": encoder.stack.depth, "decoder_layers": decoder.depth,
-        "encoder_attention_heads": encoder.stack.blocks[0].self_attn.num_heads,
-        "decoder_attention_heads": decoder.stack.blocks[0].self_attn.num_heads,
-        "encoder_ffn_dim": encoder.stack.blocks[0].mlp.fc_in.out_features,
-        "decoder_ffn_dim": decoder.stack.blocks[0].mlp.fc_in.out_features,
-        "max_source_positions": positions, "max_target_positions": decoder.max_len,
-        "pad_token_id": decoder.pad_id, "activation_function": "gelu",
-        "scale_embedding": False, "tie_word_embeddings": True, "is_encoder_decoder": True,
-        "torch_dtype": "float32",
+        "vocab_size": dec["vocab_size"], "num_mel_bins": enc["n_mels"], "d_model": enc["dim"],
+        "encoder_layers": enc["depth"], "decoder_layers": dec["depth"],
+        "encoder_attention_heads": enc["num_heads"], "decoder_attention_heads": dec["num_heads"],
+        "encoder_ffn_dim": round(enc["mlp_ratio"] * enc["dim"]),
+        "decoder_ffn_dim": round(dec["mlp_ratio"] * dec["dim"]),
+        "max_source_positions": positions, "max_target_positions": dec["max_len"],
+        "activation_function": "gelu", "scale_embedding": False, "tie_word_embeddings": True,
+        "is_encoder_decoder": True,
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-    return {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    return config, {k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}
 
 
 # ---------------------------------------------------------------------------- name maps

@@ -80,3 +80,36 @@ def test_bad_pretrained_folder_is_one_line_before_any_data(case, tiny_whisper, t
     errors = [line for line in out.stderr.splitlines() if line.startswith("mmtf: error:")]
     assert len(errors) == 1 and re.search(pattern, errors[0]), out.stderr[-3000:]
     assert not data_dir.exists()                           # no data generated
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_trained_checkpoint_rebuilds_alone_and_exports_for_transformers(tiny_whisper,
+                                                                           data_dir, tmp_path):
+    import torch
+    import transformers
+
+    from mmtf.utils.checkpoint import build_task, load_checkpoint
+
+    run = tmp_path / "run"
+    train(compose_train(["experiment=audio_captioning_clotho_whisper",
+                         f"paths.data_dir={data_dir}", *COMMON, *DATA,
+                         f"model.encoder.pretrained={tiny_whisper}"], run))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    stored = load_checkpoint(ckpt)["mmtf"]["config"]["model"]
+    assert stored["encoder"]["dim"] == 64 and stored["decoder"]["vocab_size"] == 310
+    task, _ = build_task(load_checkpoint(ckpt), ckpt)    # sizes from the checkpoint alone
+    out = run_cli("mmtf.export", [f"ckpt_path={ckpt}", "format=hf", f"out={tmp_path / 'hf'}",
+                                  f"hydra.run.dir={tmp_path / 'x'}"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    hf = transformers.WhisperForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
+    wave = 0.1 * torch.randn(1, 16000 * 2, generator=torch.Generator().manual_seed(0))
+    features = transformers.WhisperFeatureExtractor()(wave[0].numpy(), sampling_rate=16000,
+                                                      return_tensors="pt").input_features
+    tokens = torch.tensor([[*task.tokenizer.prompt_ids, 5, 6, 7]])
+    task.eval()
+    with torch.no_grad():
+        ref = hf(input_features=features, decoder_input_ids=tokens).logits
+        memory, mask = task.model.encode(wave, torch.tensor([wave.shape[1]]))
+        logits = task.model.decoder(tokens, memory, mask)
+    assert (logits - ref).abs().max().item() <= 1e-4

@@ -211,3 +211,51 @@ def test_bad_folders_are_one_line_errors(whisper, tmp_path):
     with pytest.raises(UserError, match=r"model.encoder.dim \(64\) != "
                                         r"model.decoder.context_dim \(32\)"):
         EncoderDecoder(encoder=encoder, decoder=decoder)
+
+
+def test_export_to_the_hugging_face_layout_loads_in_transformers_with_equal_outputs(
+        whisper, tmp_path):
+    """A fine-tuned (here: perturbed) pair written by ``format=hf`` is the same model in
+    transformers: logits under teacher forcing, greedy tokens, tokenizer ids."""
+    from functools import partial
+
+    from mmtf.pretrained import export_hf
+    from mmtf.tasks import CaptioningTask
+
+    folder, _, extractor, tokenizer = whisper
+    task = CaptioningTask(encoder=whisper_encoder(pretrained=folder),
+                          decoder=whisper_decoder(pretrained=folder),
+                          optimizer=partial(torch.optim.AdamW, lr=1e-3))
+    task.use_tokenizer(tokenizer)
+    torch.manual_seed(3)
+    with torch.no_grad():                                 # "training" moved every weight
+        for p in task.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    task.eval()
+    cfg = {"encoder": {"_target_": "mmtf.pretrained.whisper.whisper_encoder"},
+           "decoder": {"_target_": "mmtf.pretrained.whisper.whisper_decoder"}}
+    out = export_hf(task, cfg, tmp_path / "hf")
+    hf = transformers.WhisperForConditionalGeneration.from_pretrained(out).eval()
+    waves = clips()[:2]
+    wave, lengths = batch(waves)
+    features = hf_features(extractor, waves)
+    tokens = torch.tensor([[*tokenizer.prompt_ids, 5, 17, 42, 99]] * 2)
+    with torch.no_grad():
+        ref = hf(input_features=features, decoder_input_ids=tokens).logits
+        memory, mask = task.model.encode(wave, lengths)
+        logits = task.model.decoder(tokens, memory, mask)
+    assert (logits - ref).abs().max().item() <= 1e-4
+    greedy = task.model.generate(wave, lengths, strategy="greedy", max_new_tokens=8).tokens
+    expected = hf_greedy(hf, features, tokenizer.prompt_ids, tokenizer.prompt_ids, 8)
+    for row, ref_row in zip(greedy.tolist(), expected):
+        eos = tokenizer.eos_id
+        ref_row = ref_row[: ref_row.index(eos) + 1] if eos in ref_row else ref_row
+        assert row[: len(ref_row)] == ref_row
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    text = "rain falls on a tin roof"
+    assert hf_tok(text, add_special_tokens=False).input_ids == tokenizer.encode(
+        text, add_special=False)
+    assert hf_tok.eos_token_id == tokenizer.eos_id == hf.config.eos_token_id
+    # mmtf's own models have no Hugging Face family.
+    with pytest.raises(UserError, match=r"format=hf writes models built from \['whisper'\]"):
+        export_hf(task, {"encoder": {"_target_": "mmtf.encoders.AudioEncoder"}}, tmp_path / "x")
