@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -74,8 +75,8 @@ def whisper_encoder(*, pretrained: str | Path | None = None, dim: int | None = N
 
     Args:
         pretrained: a Whisper folder / hub id (sizes from its ``config.json``), an mmtf export
-            of such an encoder (a folder with ``weights.safetensors``; sizes from the YAML), or
-            None (random weights; sizes from the YAML).
+            of such an encoder (a folder with ``weights.safetensors``; sizes from its
+            ``config.yaml``), or None (random weights; sizes from the YAML).
         dim, depth, num_heads, mlp_ratio, n_mels, max_seconds: sizes; None = from
             ``config.json``. A value that disagrees with ``config.json`` is an error.
         pad_to_seconds: 30 = Whisper's padding (what pretrained weights expect); None = mmtf's
@@ -91,6 +92,8 @@ def whisper_encoder(*, pretrained: str | Path | None = None, dim: int | None = N
     given = {"dim": dim, "depth": depth, "num_heads": num_heads, "mlp_ratio": mlp_ratio,
              "n_mels": n_mels, "max_seconds": max_seconds}
     hf = _open(pretrained, owner)
+    if pretrained is not None and hf is None:
+        given = _export_sizes(pretrained, given)
     sizes = _merge_sizes(given, encoder_sizes(hf, owner) if hf else None, owner, hf)
     if pad_to_seconds is not None and sizes["max_seconds"] is None:
         sizes["max_seconds"] = pad_to_seconds
@@ -123,14 +126,16 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
                     dim: int | None = None, depth: int | None = None,
                     num_heads: int | None = None, mlp_ratio: float | None = None,
                     context_dim: int | None = None, max_len: int | None = None,
-                    pad_id: int | None = None, **options: Any) -> TextDecoder:
+                    pad_id: int | None = None, freeze: bool = False,
+                    **options: Any) -> TextDecoder:
     """A :class:`TextDecoder` in Whisper's configuration, with Whisper's weights if given.
 
     Args:
         pretrained: a Whisper folder or hub id (sizes from its ``config.json``), an mmtf
-            export of such a decoder (sizes from the YAML), or None (random weights).
+            export of such a decoder (sizes from its ``config.yaml``), or None (random weights).
         vocab_size, dim, depth, num_heads, mlp_ratio, context_dim, max_len, pad_id: sizes and
             the pad id; None = from ``config.json``; a disagreeing value is an error.
+        freeze: no trainable parameters, eval mode (after loading).
         **options: other :class:`TextDecoder` arguments (dropout, attn_dropout).
 
     Raises:
@@ -141,6 +146,8 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
              "mlp_ratio": mlp_ratio, "context_dim": context_dim, "max_len": max_len,
              "pad_id": pad_id}
     hf = _open(pretrained, owner)
+    if pretrained is not None and hf is None:
+        given = _export_sizes(pretrained, given)
     sizes = _merge_sizes(given, decoder_sizes(hf, owner) if hf else None, owner, hf)
     decoder = TextDecoder(**sizes, **BLOCK, **options, positions="learned", tie_embeddings=True)
     if pretrained is not None and hf is None:             # an mmtf export (weights.safetensors)
@@ -154,6 +161,8 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
                    "positions.weight": f"{prefix}decoder.embed_positions.weight",
                    **_stack_map(tensors, f"{prefix}decoder", decoder.depth, cross=True)}
         copy_weights(decoder, tensors, mapping, owner=owner, source=str(hf.folder))
+    if freeze:
+        decoder.requires_grad_(False).eval()
     return decoder
 
 
@@ -323,6 +332,13 @@ def _open(pretrained: str | Path | None, owner: str) -> HFModel | None:
             path / "weights.safetensors").is_file():
         return None                                        # an mmtf export
     return open_hf_model(pretrained, model_types=MODEL_TYPES, owner=owner)
+
+
+def _export_sizes(folder: str | Path, given: dict[str, Any]) -> dict[str, Any]:
+    """Null sizes filled from an mmtf export's ``config.yaml`` (written by ``mmtf.export``)."""
+    file = Path(str(folder)).expanduser() / "config.yaml"
+    stored = OmegaConf.to_container(OmegaConf.load(file)) if file.is_file() else {}
+    return {k: stored.get(k) if v is None else v for k, v in given.items()}
 
 
 def _merge_sizes(given: dict[str, Any], found: dict[str, Any] | None, owner: str,

@@ -113,3 +113,12 @@ def test_a_trained_checkpoint_rebuilds_alone_and_exports_for_transformers(tiny_w
         memory, mask = task.model.encode(wave, torch.tensor([wave.shape[1]]))
         logits = task.model.decoder(tokens, memory, mask)
     assert (logits - ref).abs().max().item() <= 1e-4
+    # The mmtf format of each part loads back by the override that loads any export.
+    from mmtf.export import export_part
+    from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
+
+    for part, build in (("encoder", whisper_encoder), ("decoder", whisper_decoder)):
+        folder = export_part(ckpt, part, tmp_path / part)
+        back = build(pretrained=folder).eval()           # sizes from the export's config.yaml
+        ours = getattr(task.model, part).state_dict()
+        assert all(torch.equal(v, ours[k]) for k, v in back.state_dict().items())
