@@ -30,6 +30,8 @@ from torch import Tensor
 
 from mmtf.decoders.text import TextDecoder
 from mmtf.encoders.audio import AudioEncoder
+from mmtf.encoders.base import CONFIG_FILE as EXPORT_CONFIG
+from mmtf.encoders.base import WEIGHTS_FILE as EXPORT_WEIGHTS
 from mmtf.errors import UserError
 from mmtf.pretrained.hf import CONFIG_FILE, WEIGHTS_FILE, HFModel, copy_weights, open_hf_model
 
@@ -151,7 +153,7 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
     sizes = _merge_sizes(given, decoder_sizes(hf, owner) if hf else None, owner, hf)
     decoder = TextDecoder(**sizes, **BLOCK, **options, positions="learned", tie_embeddings=True)
     if pretrained is not None and hf is None:             # an mmtf export (weights.safetensors)
-        file = Path(str(pretrained)).expanduser() / "weights.safetensors"
+        file = Path(str(pretrained)).expanduser() / EXPORT_WEIGHTS
         decoder.load_state_dict(load_file(str(file)), strict=True)
     elif hf is not None:
         tensors = hf.tensors()
@@ -329,14 +331,14 @@ def _open(pretrained: str | Path | None, owner: str) -> HFModel | None:
         return None
     path = Path(str(pretrained)).expanduser()
     if path.is_dir() and not (path / CONFIG_FILE).is_file() and (
-            path / "weights.safetensors").is_file():
+            path / EXPORT_WEIGHTS).is_file():
         return None                                        # an mmtf export
     return open_hf_model(pretrained, model_types=MODEL_TYPES, owner=owner)
 
 
 def _export_sizes(folder: str | Path, given: dict[str, Any]) -> dict[str, Any]:
     """Null sizes filled from an mmtf export's ``config.yaml`` (written by ``mmtf.export``)."""
-    file = Path(str(folder)).expanduser() / "config.yaml"
+    file = Path(str(folder)).expanduser() / EXPORT_CONFIG
     stored = OmegaConf.to_container(OmegaConf.load(file)) if file.is_file() else {}
     return {k: stored.get(k) if v is None else v for k, v in given.items()}
 

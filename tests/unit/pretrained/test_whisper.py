@@ -259,3 +259,23 @@ def test_export_to_the_hugging_face_layout_loads_in_transformers_with_equal_outp
     # mmtf's own models have no Hugging Face family.
     with pytest.raises(UserError, match=r"format=hf writes models built from \['whisper'\]"):
         export_hf(task, {"encoder": {"_target_": "mmtf.encoders.AudioEncoder"}}, tmp_path / "x")
+
+
+def test_the_yaml_parts_build_from_a_folder_with_null_sizes(whisper):
+    """conf/model/{encoder,decoder}/whisper_*.yaml: every size null, read from config.json."""
+    from pathlib import Path
+
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    folder = whisper[0]
+    conf = Path(__file__).resolve().parents[3] / "conf" / "model"
+    for path in (conf / "encoder" / "whisper_encoder.yaml",
+                 conf / "decoder" / "whisper_decoder.yaml"):
+        cfg = OmegaConf.load(path)
+        assert cfg.dim is None and cfg.pretrained is None
+        part = instantiate(cfg, pretrained=str(folder))
+        assert part.dim == 64
+    with pytest.raises(InstantiationException, match=r"no pretrained folder and no depth, dim"):
+        instantiate(OmegaConf.load(conf / "encoder" / "whisper_encoder.yaml"))
