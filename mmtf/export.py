@@ -1,5 +1,10 @@
 """`python -m mmtf.export ckpt_path=... part=encoder out=enc/`: reusable weights without pickle.
 
+``format=hf`` instead writes a model imported from a Hugging Face family (``model=whisper``)
+back in that layout (``config.json``, ``model.safetensors``, tokenizer files) for
+``transformers``' ``from_pretrained``; each family registers its writer in
+:data:`mmtf.pretrained.HF_FAMILIES`.
+
 Writes ``out/weights.safetensors`` (the part's state dict) and ``out/config.yaml`` (the part's
 ``_target_`` and constructor arguments), then loads the folder back with :func:`load_exported`
 and checks every tensor, so a written folder is known to load. Any experiment loads an encoder
@@ -24,11 +29,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from mmtf.errors import require_file
+from mmtf.pretrained import export_hf
 from mmtf.utils.checkpoint import CheckpointError, build_task, check_targets, load_checkpoint
 from mmtf.utils.config import ConfigError, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 
 PARTS = ("encoder", "decoder")
+FORMATS = ("mmtf", "hf")
 
 
 def export_part(ckpt_path: str | Path, part: str, out: str | Path) -> Path:
@@ -61,6 +68,12 @@ def export_part(ckpt_path: str | Path, part: str, out: str | Path) -> Path:
     count = sum(p.numel() for p in module.parameters())
     print(f"Exported {part} ({count:,} parameters) to {out}/")
     return out
+
+
+def export_hf_model(ckpt_path: str | Path, out: str | Path) -> Path:
+    """Export the checkpoint's whole model in its family's Hugging Face layout; return ``out``."""
+    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
+    return export_hf(task, stored["model"], out)
 
 
 def load_exported(path: str | Path, *, freeze: bool = False) -> nn.Module:
@@ -103,6 +116,11 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def _export(cfg: DictConfig) -> Path:
     require_values(cfg)
+    if cfg.format not in FORMATS:
+        raise ConfigError(f"format ({cfg.format!r}) must be one of {FORMATS}: mmtf (one part, "
+                          f"safetensors + config.yaml) or hf (the whole model for transformers).")
+    if cfg.format == "hf":
+        return export_hf_model(cfg.ckpt_path, cfg.out)
     return export_part(cfg.ckpt_path, cfg.part, cfg.out)
 
 

@@ -17,7 +17,8 @@ def build_tokenizer(spec: Mapping[str, Any], texts: Iterable[str]) -> Any:
     Args:
         spec: ``{"kind": "bpe" | "char", **training kwargs}``, e.g. ``{kind: bpe,
             vocab_size: 1000, lowercase: true}``; or ``{kind: pretrained, path: <model folder or
-            hub id>, prompt: [token, ...] | null}`` (``texts`` unused). A ``max_len`` key is
+            hub id>, prompt: [token, ...] | null}`` (``texts`` unused; other keys must be
+            null). A ``max_len`` key is
             allowed and ignored here (it is the data module's caption length limit, not a
             training option).
         texts: the training captions (every reference of every training item).
@@ -34,10 +35,13 @@ def build_tokenizer(spec: Mapping[str, Any], texts: Iterable[str]) -> Any:
     kind = spec.pop("kind", "bpe")
     spec.pop("max_len", None)
     if kind == "pretrained":
-        unknown = sorted(set(spec) - {"path", "prompt"})
+        # Keys of mmtf's trainable tokenizers may be present (inherited from a data config)
+        # but must be null: a pretrained vocabulary is never retrained.
+        unknown = sorted(k for k, v in spec.items() if k not in ("path", "prompt") and v is not None)
         if unknown or not spec.get("path"):
             raise ConfigError(f"data.tokenizer (kind: pretrained) takes path (a model folder or "
-                              f"hub id) and prompt (token strings or null); got {sorted(spec)}.")
+                              f"hub id) and prompt (token strings or null); got {unknown or 'no path'}"
+                              f"; set the other keys to null.")
         prompt = spec.get("prompt")
         return PretrainedTokenizer.from_folder(
             spec["path"], prompt=None if prompt is None else [str(t) for t in prompt])

@@ -203,6 +203,7 @@ class _Stepper:
         self.decoder, self.memory, self.memory_mask = decoder, memory, memory_mask
         self.cache = None
         self.compiled = compiled_decode_step(decoder) if compile else None
+        self.compiled_steps = 0       # of this generation: only after one are guards skipped
         self.prompt = repeat(torch.tensor(prompt_ids, dtype=torch.long, device=memory.device),
                              "p -> r p", r=memory.shape[0])                       # (r, p)
         if use_cache:
@@ -221,7 +222,8 @@ class _Stepper:
         elif self.cache is not None:
             if self.compiled is not None and self.cache.length >= MIN_COMPILED_LENGTH:
                 logits = self.compiled(last[:, None], self.cache,
-                                       same_call=self.cache.length > MIN_COMPILED_LENGTH)
+                                       same_call=self.compiled_steps > 0)
+                self.compiled_steps += 1
             else:
                 # Until the cache holds MIN_COMPILED_LENGTH positions the step runs eagerly with
                 # compile too (mmtf.decoders.compiled says why).

@@ -17,11 +17,29 @@ transformer gets the key mask, and memory at padded positions is zero.
 SpecAugment (Park et al. 2019, arXiv:1904.08779) masks mel bands and frame spans of the
 normalised features (value 0 = the utterance mean) in training mode only.
 
+Whisper's configuration (``features="whisper"``, ``stem_strides=(1, 2)``,
+``positions="sinusoidal"``, ``bias="qvo"``; :mod:`mmtf.pretrained.whisper` builds it) computes
+Whisper's log-mel exactly: the same STFT (n_fft 400, hop 160, Hann, reflect padding at the
+start), the power spectrum, Slaney mel filters, ``log10(max(x, 1e-10))``, a floor 8 below each
+clip's maximum, ``(x + 4) / 4``; then its conv stem (stride 1 then 2) and fixed sinusoidal
+positions. Padding, two ways:
+
+* ``pad_to_seconds=30`` (Whisper's own behaviour, the whisper preset's default, what pretrained
+  weights expect): every clip is zero-padded to 30 s, the last STFT frame is dropped (3000
+  frames), and the encoder attends to the padding; the output equals Whisper's on the padded
+  clip.
+* ``pad_to_seconds=None``: mmtf's padding mask. A short clip's valid frames equal Whisper's
+  features of the same clip padded to 30 s (zeros follow the clip before the STFT, as in the
+  padded clip; the per-clip maximum cannot come from padding, whose frames hold the 1e-10
+  floor), and the encoder attends to valid positions only, so its output differs from
+  Whisper's, which also sees the padding. Why: see docs/design/whisper-import.md.
+
 Shapes: b batch, n samples, f mel bins, t frames, s memory length (= tokens), c = dim.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -35,12 +53,17 @@ from torch import Tensor, nn
 from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
 from mmtf.errors import UserError
 from mmtf.nn import TransformerStack
+from mmtf.nn.positions import FixedPositions, sinusoidal_table
 from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
 from mmtf.utils.compat import module_apply
 
 FeatureNorm = Literal["utterance", "global"]
+FeatureKind = Literal["mmtf", "whisper"]
+PositionKind = Literal["rope", "sinusoidal"]
 LOG_EPS = 1e-6   # log(mel + 1e-6): a floor near 16-bit quantisation noise, finite for silence
 STD_FLOOR = 1e-5
+# Whisper's log-mel: log10(max(mel, 1e-10)), floored 8 below the clip's maximum, (x + 4) / 4.
+WHISPER_FLOOR, WHISPER_RANGE = 1e-10, 8.0
 
 
 def _lengths_mask(lengths: Tensor, size: int) -> Tensor:
@@ -61,26 +84,35 @@ class LogMelFrontEnd(nn.Module):
             the spectral shape, unlike per-band CMVN) or "global" (fixed constants below).
         feature_mean, feature_std: global statistics of the log-mel features (a scalar or one
             value per band); used when feature_norm="global".
+        features: "mmtf" (HTK mel filters, natural log, ``feature_norm``) or "whisper"
+            (Whisper's log-mel, see the module docstring; ``feature_norm`` unused).
+        pad_to_seconds: zero-pad every clip to this duration, drop the last STFT frame and
+            count every frame valid (Whisper's 30 s); None = mmtf's padding mask.
     """
 
     def __init__(self, *, sample_rate: int = 16000, n_mels: int = 64, n_fft: int = 400,
                  hop_length: int = 160, win_length: int | None = None, f_min: float = 0.0,
                  f_max: float | None = None, feature_norm: FeatureNorm = "utterance",
                  feature_mean: float | Sequence[float] = 0.0,
-                 feature_std: float | Sequence[float] = 1.0) -> None:
+                 feature_std: float | Sequence[float] = 1.0, features: FeatureKind = "mmtf",
+                 pad_to_seconds: float | None = None) -> None:
         super().__init__()
         win_length = n_fft if win_length is None else win_length
         f_max = sample_rate / 2 if f_max is None else f_max
         _check_front_end(sample_rate, n_mels, n_fft, hop_length, win_length, f_min, f_max,
-                         feature_norm)
+                         feature_norm, features, pad_to_seconds)
         self.sample_rate, self.n_mels, self.n_fft = sample_rate, n_mels, n_fft
-        self.hop_length, self.feature_norm = hop_length, feature_norm
+        self.hop_length, self.feature_norm, self.features = hop_length, feature_norm, features
+        self.pad_to_samples = (None if pad_to_seconds is None
+                               else int(round(pad_to_seconds * sample_rate)))
+        whisper = features == "whisper"
         # Built on the CPU: torchaudio's filterbank check calls .item(), impossible on meta.
         with torch.device("cpu"):
             mel = torchaudio.transforms.MelSpectrogram(
                 sample_rate=sample_rate, n_fft=n_fft, win_length=win_length,
                 hop_length=hop_length, f_min=f_min, f_max=f_max, n_mels=n_mels, power=2.0,
-                center=False)   # centring is done in forward with zeros, see the module doc
+                norm="slaney" if whisper else None, mel_scale="slaney" if whisper else "htk",
+                center=False)   # centring is done in forward, see the module doc
         self.mel = mel.to(torch.get_default_device())
         stats = {"feature_mean": _floats(feature_mean), "feature_std": _floats(feature_std)}
         for key, values in stats.items():   # checked as Python floats: works on meta too
@@ -95,7 +127,10 @@ class LogMelFrontEnd(nn.Module):
         self.register_buffer("feature_std", std)
 
     def num_frames(self, lengths: Tensor) -> Tensor:
-        """Valid frames of clips of ``lengths`` samples: ``lengths // hop_length + 1``."""
+        """Valid frames of clips of ``lengths`` samples: ``lengths // hop_length + 1``; with
+        ``pad_to_seconds`` every clip has ``pad_to_samples // hop_length`` (all frames)."""
+        if self.pad_to_samples is not None:
+            return torch.full_like(lengths, self.pad_to_samples // self.hop_length)
         return torch.div(lengths, self.hop_length, rounding_mode="floor") + 1
 
     def forward(self, wave: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
@@ -104,13 +139,17 @@ class LogMelFrontEnd(nn.Module):
             lengths: (b,) long, valid samples per clip.
 
         Returns:
-            Normalised log-mel features (b, f, t) with zeros at invalid frames, t = n // hop + 1,
-            and the valid frame counts (b,).
+            Normalised log-mel features (b, f, t) with zeros at invalid frames, t = n // hop + 1
+            (with ``pad_to_seconds``: t = pad_to_samples // hop), and the valid frame counts (b,).
         """
         n = wave.shape[-1]
         frames = self.num_frames(lengths)
         with torch.autocast(wave.device.type, enabled=False):   # STFT and statistics in fp32
             wave = wave.float().masked_fill(~_lengths_mask(lengths, n), 0.0)
+            if self.pad_to_samples is not None:
+                wave = F.pad(wave, (0, self.pad_to_samples - n))  # (b, pad_to_samples)
+            if self.features == "whisper":
+                return self._whisper_features(wave), frames
             half = self.n_fft // 2
             wave = F.pad(wave, (half, half))                     # (b, n + 2 * half)
             feats = torch.log(self.mel(wave) + LOG_EPS)          # (b, f, t)
@@ -125,6 +164,22 @@ class LogMelFrontEnd(nn.Module):
                 feats = (feats - self.feature_mean[:, None]) / self.feature_std[:, None]
             feats = feats.masked_fill(~valid, 0.0)
         return feats, frames
+
+    def _whisper_features(self, wave: Tensor) -> Tensor:
+        """Whisper's log-mel of zero-padded float32 waveforms (b, n) -> (b, f, t)."""
+        half = self.n_fft // 2
+        # torch.stft(center=True)'s reflect padding at the start; at the end the clip is
+        # followed by zeros, as in Whisper's 30 s padded clip (reflected zeros are zeros).
+        right = (wave[:, -half - 1:-1].flip(-1) if self.pad_to_samples is not None
+                 else wave.new_zeros(wave.shape[0], half))
+        wave = torch.cat([wave[:, 1:half + 1].flip(-1), wave, right], dim=1)   # (b, n + n_fft)
+        feats = self.mel(wave)                                   # (b, f, n // hop + 1)
+        if self.pad_to_samples is not None:
+            feats = feats[..., :-1]                              # Whisper drops the last frame
+        feats = feats.clamp_min(WHISPER_FLOOR).log10()
+        # Zeroed padding only gives floor frames, so the maximum is the clip's own.
+        peak = feats.amax(dim=(1, 2), keepdim=True)              # (b, 1, 1)
+        return (torch.maximum(feats, peak - WHISPER_RANGE) + 4.0) / 4.0
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> LogMelFrontEnd:
         # Keep the STFT window, filterbank and statistics in float32 under model.half() /
@@ -193,35 +248,44 @@ class SpecAugment(nn.Module):
 
 
 class ConvStem(nn.Module):
-    """Two kernel-3, stride-2 GELU convolutions (t -> ~t/4) that never mix in padded frames.
+    """Two kernel-3 GELU convolutions (stride 2 and 2: t -> ~t/4; Whisper's 1 and 2: t -> ~t/2)
+    that never mix in padded frames.
 
-    Output position k is centred on input frame ``stride * k`` (each padding-1 convolution
-    centres output i on input 2i) and sees frames ``4k - 3 .. 4k + 3``.
+    With strides (2, 2), output position k is centred on input frame ``stride * k`` (each
+    padding-1 convolution centres output i on input ``stride_i * i``) and sees frames
+    ``4k - 3 .. 4k + 3``.
+
+    Args:
+        in_channels: mel bins f. dim: output width c.
+        strides: the two convolutions' strides.
     """
 
-    stride = 4   # frames per output position: two stride-2 convolutions
-
-    def __init__(self, *, in_channels: int, dim: int) -> None:
+    def __init__(self, *, in_channels: int, dim: int, strides: Sequence[int] = (2, 2)) -> None:
         super().__init__()
-        self.conv1 = nn.Conv1d(in_channels, dim, kernel_size=3, stride=2, padding=1)
-        self.conv2 = nn.Conv1d(dim, dim, kernel_size=3, stride=2, padding=1)
+        strides = tuple(int(s) for s in strides)
+        if len(strides) != 2 or min(strides) < 1:
+            raise UserError(f"ConvStem: stem_strides ({list(strides)}) must be two strides >= 1 "
+                            f"(mmtf: [2, 2], Whisper: [1, 2]); fix model.encoder.stem_strides.")
+        self.strides = strides
+        self.stride = math.prod(strides)   # frames per output position
+        self.conv1 = nn.Conv1d(in_channels, dim, kernel_size=3, stride=strides[0], padding=1)
+        self.conv2 = nn.Conv1d(dim, dim, kernel_size=3, stride=strides[1], padding=1)
 
-    @staticmethod
-    def output_lengths(lengths: Tensor) -> Tensor:
-        """Valid positions after both convolutions: ``(t - 1) // 2 + 1``, twice."""
-        for _ in range(2):
-            lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
+    def output_lengths(self, lengths: Tensor) -> Tensor:
+        """Valid positions after both convolutions: ``(t - 1) // stride + 1``, twice."""
+        for stride in self.strides:
+            lengths = torch.div(lengths - 1, stride, rounding_mode="floor") + 1
         return lengths
 
     def forward(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """x: (b, f, t) features, lengths: (b,) valid frames -> (b, s, c) and (b,) valid tokens."""
-        for conv in (self.conv1, self.conv2):
+        for conv, stride in zip((self.conv1, self.conv2), self.strides):
             # Zero invalid frames before each conv: the kernel's right tap may reach one, and an
             # unpadded clip has zeros (the conv's padding) there. Conv1's bias and GELU made them
             # non-zero, so this also zeroes conv1's invalid outputs before conv2.
             x = x.masked_fill(~_lengths_mask(lengths, x.shape[-1])[:, None], 0.0)
-            x = F.gelu(conv(x))                                  # (b, c, ceil(t / 2))
-            lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
+            x = F.gelu(conv(x))                                  # (b, c, ceil(t / stride))
+            lengths = torch.div(lengths - 1, stride, rounding_mode="floor") + 1
         x = x.masked_fill(~_lengths_mask(lengths, x.shape[-1])[:, None], 0.0)   # clean padding
         # contiguous: a transposed view would leave the whole residual stream channel-strided
         # (slower norms, adds and GEMM inputs; experiments/training_throughput/README.md).
@@ -232,10 +296,14 @@ class AudioEncoder(Encoder):
     """Waveforms (b, n) + lengths -> memory (b, s, c), mask (b, s); s ~ n / (4 * hop_length).
 
     Args:
-        dim, depth, num_heads, num_kv_heads, mlp_ratio, mlp, norm, dropout, attn_dropout:
-            the transformer (see :class:`mmtf.nn.TransformerStack`); RoPE positions.
+        dim, depth, num_heads, num_kv_heads, mlp_ratio, mlp, norm, norm_eps, dropout,
+            attn_dropout, bias: the transformer (see :class:`mmtf.nn.TransformerStack`).
+        positions: "rope" (in the attention) or "sinusoidal" (Whisper's fixed table added after
+            the stem, as long as ``max_seconds`` needs).
         sample_rate, n_mels, n_fft, hop_length, win_length, f_min, f_max, feature_norm,
-            feature_mean, feature_std: the log-mel front end (:class:`LogMelFrontEnd`).
+            feature_mean, feature_std, features, pad_to_seconds: the log-mel front end
+            (:class:`LogMelFrontEnd`; "whisper" features and 30 s padding for Whisper).
+        stem_strides: the conv stem's strides (:class:`ConvStem`; Whisper: [1, 2]).
         freq_masks, freq_mask_width, time_masks, time_mask_width: SpecAugment
             (:class:`SpecAugment`), training mode only; 0 masks switch it off.
         max_seconds: longest input accepted (the padded width of the batch); longer batches
@@ -247,7 +315,10 @@ class AudioEncoder(Encoder):
 
     def __init__(self, *, dim: int = 128, depth: int = 4, num_heads: int = 4,
                  num_kv_heads: int | None = None, mlp_ratio: float = 4.0, mlp: MlpKind = "gelu",
-                 norm: NormKind = "layernorm", dropout: float = 0.0, attn_dropout: float = 0.0,
+                 norm: NormKind = "layernorm", norm_eps: float = 1e-5, dropout: float = 0.0,
+                 attn_dropout: float = 0.0, bias: bool | str = False,
+                 positions: PositionKind = "rope", features: FeatureKind = "mmtf",
+                 pad_to_seconds: float | None = None, stem_strides: Sequence[int] = (2, 2),
                  sample_rate: int = 16000, n_mels: int = 64, n_fft: int = 400,
                  hop_length: int = 160, win_length: int | None = None, f_min: float = 0.0,
                  f_max: float | None = None, feature_norm: FeatureNorm = "utterance",
@@ -258,31 +329,45 @@ class AudioEncoder(Encoder):
                  pretrained: str | Path | None = None, freeze: bool = False) -> None:
         super().__init__()
         self.config = record_config(locals())
+        if positions not in ("rope", "sinusoidal"):
+            raise UserError(f"AudioEncoder: positions ({positions!r}) must be 'rope' or "
+                            f"'sinusoidal'; fix model.encoder.positions.")
         check_transformer("AudioEncoder", dim=dim, depth=depth, num_heads=num_heads,
                           num_kv_heads=num_kv_heads, dropout=dropout, attn_dropout=attn_dropout,
-                          rope=True)
+                          rope=positions == "rope")
         if freq_mask_width > n_mels:
             raise UserError(f"AudioEncoder: freq_mask_width ({freq_mask_width}) must be <= "
                             f"n_mels ({n_mels}); lower model.encoder.freq_mask_width.")
         if max_seconds is not None and max_seconds <= 0:
             raise UserError(f"AudioEncoder: max_seconds ({max_seconds}) must be > 0 or null "
                             f"(no limit).")
+        if pad_to_seconds is not None and (max_seconds is None or max_seconds > pad_to_seconds):
+            raise UserError(f"AudioEncoder: max_seconds ({max_seconds}) must be <= "
+                            f"pad_to_seconds ({pad_to_seconds}): clips are padded to it, never "
+                            f"cropped; set model.encoder.max_seconds: {pad_to_seconds}.")
         self.dim, self.max_seconds = dim, max_seconds
         self.max_samples = None if max_seconds is None else int(round(max_seconds * sample_rate))
         self.frontend = LogMelFrontEnd(
             sample_rate=sample_rate, n_mels=n_mels, n_fft=n_fft, hop_length=hop_length,
             win_length=win_length, f_min=f_min, f_max=f_max, feature_norm=feature_norm,
-            feature_mean=feature_mean, feature_std=feature_std)
+            feature_mean=feature_mean, feature_std=feature_std, features=features,
+            pad_to_seconds=pad_to_seconds)
         self.spec_augment = SpecAugment(freq_masks=freq_masks, freq_mask_width=freq_mask_width,
                                         time_masks=time_masks, time_mask_width=time_mask_width)
-        self.stem = ConvStem(in_channels=n_mels, dim=dim)
+        self.stem = ConvStem(in_channels=n_mels, dim=dim, strides=stem_strides)
         self.drop = nn.Dropout(dropout)
         max_tokens = 4096 if self.max_samples is None else int(self.output_lengths(
             torch.tensor([self.max_samples], device="cpu")).item())
+        # Whisper's fixed table, built in float64 on the CPU (a meta device cannot hold values).
+        self.positions = None
+        if positions == "sinusoidal":
+            with torch.device("cpu"):
+                table = sinusoidal_table(max_tokens, dim)
+            self.positions = FixedPositions(table.to(torch.get_default_device()))
         self.stack = TransformerStack(
             depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
-            rope=True, max_len=max_tokens, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm,
-            dropout=dropout, attn_dropout=attn_dropout)
+            rope=positions == "rope", max_len=max_tokens, mlp_ratio=mlp_ratio, mlp=mlp,
+            norm=norm, norm_eps=norm_eps, dropout=dropout, attn_dropout=attn_dropout, bias=bias)
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
 
     @property
@@ -291,17 +376,17 @@ class AudioEncoder(Encoder):
 
     def output_lengths(self, lengths: Tensor) -> Tensor:
         """Memory positions (tokens) for clips of ``lengths`` samples, (b,) -> (b,)."""
-        return ConvStem.output_lengths(self.frontend.num_frames(lengths))
+        return self.stem.output_lengths(self.frontend.num_frames(lengths))
 
     @property
     def seconds_per_position(self) -> float:
-        """Seconds between consecutive memory positions: ``ConvStem.stride * hop / rate``."""
-        return ConvStem.stride * self.frontend.hop_length / self.sample_rate
+        """Seconds between consecutive memory positions: ``stem.stride * hop / rate``."""
+        return self.stem.stride * self.frontend.hop_length / self.sample_rate
 
     def memory_seconds(self, num_positions: int) -> Tensor:
         """Centre of each memory position in seconds from the clip start, (s,) float64.
 
-        Position k is centred on log-mel frame ``ConvStem.stride * k``, and frame j on sample
+        Position k is centred on log-mel frame ``stem.stride * k``, and frame j on sample
         ``j * hop_length`` (the STFT is centred), so k sits at ``k * seconds_per_position``.
         """
         return torch.arange(num_positions, dtype=torch.float64) * self.seconds_per_position
@@ -326,11 +411,16 @@ class AudioEncoder(Encoder):
         feats = self.spec_augment(feats, frames)
         x, tokens = self.stem(feats.to(self.stem.conv1.weight.dtype), frames)   # (b, s, c)
         mask = _lengths_mask(tokens, x.shape[1])                 # (b, s)
+        if self.positions is not None:
+            x = x + self.positions(x.shape[1])                   # (b, s, c)
         maps = None
+        # Padded to a fixed duration every position is valid (Whisper attends to padding).
+        key_mask = None if self.frontend.pad_to_samples is not None else mask
         if attention_layers is None:
-            x = self.stack(self.drop(x), key_mask=mask)
+            x = self.stack(self.drop(x), key_mask=key_mask)
         else:
-            x, maps = self.stack(self.drop(x), key_mask=mask, attention_layers=attention_layers)
+            x, maps = self.stack(self.drop(x), key_mask=key_mask,
+                                 attention_layers=attention_layers)
         out = EncoderOutput(x.masked_fill(~mask[..., None], 0.0), mask)
         return out if maps is None else (out, maps)
 
@@ -359,7 +449,8 @@ class AudioEncoder(Encoder):
 
 
 def _check_front_end(sample_rate: int, n_mels: int, n_fft: int, hop_length: int,
-                     win_length: int, f_min: float, f_max: float, feature_norm: str) -> None:
+                     win_length: int, f_min: float, f_max: float, feature_norm: str,
+                     features: str, pad_to_seconds: float | None) -> None:
     """One place for the front end's rules; messages name the model.encoder.* key."""
     rules = [
         (sample_rate > 0, f"sample_rate ({sample_rate}) must be > 0"),
@@ -374,6 +465,9 @@ def _check_front_end(sample_rate: int, n_mels: int, n_fft: int, hop_length: int,
          f"need 0 <= f_min ({f_min}) < f_max ({f_max}) <= sample_rate / 2 ({sample_rate / 2})"),
         (feature_norm in ("utterance", "global"),
          f"feature_norm ({feature_norm!r}) must be 'utterance' or 'global'"),
+        (features in ("mmtf", "whisper"), f"features ({features!r}) must be 'mmtf' or 'whisper'"),
+        (pad_to_seconds is None or pad_to_seconds * sample_rate >= n_fft,
+         f"pad_to_seconds ({pad_to_seconds}) must be null or hold at least n_fft samples"),
     ]
     for ok, message in rules:
         if not ok:

@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from mmtf.errors import UserError, require_file
+from mmtf.nn.positions import FixedPositions
 
 PoolMode = Literal["mean", "cls"]
 WEIGHTS_FILE = "weights.safetensors"
@@ -35,6 +36,9 @@ CONFIG_FILE = "config.yaml"
 # Norm layers whose buffers are learned running statistics: loaded from an export, not compared.
 RUNNING_STATS_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
                        nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+# Buffers loaded from an export, not compared: learned statistics, and fixed position tables,
+# which an import may have replaced by the original's (Whisper's float32 sinusoids).
+LOADED_BUFFER_MODULES = (*RUNNING_STATS_NORMS, FixedPositions)
 
 
 class EncoderOutput(NamedTuple):
@@ -178,10 +182,11 @@ class Encoder(nn.Module):
             # Persistent buffers (mel filterbank, STFT window, feature statistics) are computed
             # from the config, not learned: different values mean a different front-end config,
             # which loading would otherwise override without a word.
-            # BatchNorm running statistics are persistent buffers too, but learned: skip them.
+            # BatchNorm running statistics and position tables are persistent buffers too, but
+            # loaded data: skip them.
             learned = {f"{m_name}.{b_name}" if m_name else b_name
                        for m_name, module in self.named_modules()
-                       if isinstance(module, RUNNING_STATS_NORMS)
+                       if isinstance(module, LOADED_BUFFER_MODULES)
                        for b_name, _ in module.named_buffers(recurse=False)}
             buffers = {k for k, _ in self.named_buffers() if k in own and k not in learned}
             problems = [f"buffer {k!r} (computed from the config) differs between {file} and "

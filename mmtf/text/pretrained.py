@@ -168,8 +168,9 @@ class PretrainedTokenizer(Tokenizer):
         return self._tok.decode(ids, skip_special_tokens=skip_special)
 
     def _to_dict(self) -> dict[str, Any]:
+        # No source path: two copies of one tokenizer are equal wherever they were read from.
         return {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id,
-                "unk_id": self.unk_id, "prompt_ids": self.prompt_ids, "source": self.source,
+                "unk_id": self.unk_id, "prompt_ids": self.prompt_ids,
                 "tokenizer": json.loads(self._tok.to_str())}
 
     @classmethod
@@ -178,7 +179,7 @@ class PretrainedTokenizer(Tokenizer):
             hf = HFTokenizer.from_str(json.dumps(payload["tokenizer"]))
             return cls(tokenizer=hf, pad_id=payload["pad_id"], bos_id=payload["bos_id"],
                        eos_id=payload["eos_id"], unk_id=payload["unk_id"],
-                       prompt_ids=payload["prompt_ids"], source=payload.get("source", ""))
+                       prompt_ids=payload["prompt_ids"])
         except KeyError as err:
             raise UserError(f"PretrainedTokenizer: JSON is missing the field {err}.") from err
         except Exception as err:  # the Rust side raises its own exception type

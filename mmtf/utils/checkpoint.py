@@ -172,10 +172,12 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
     """
     cfg = stored_config(checkpoint, path, safe_targets)
     model_cfg = dict(cfg["model"])
-    encoder = model_cfg.get("encoder")
-    if isinstance(encoder, dict) and encoder.get("pretrained"):
-        # The checkpoint already holds the trained encoder weights; do not re-read the export.
-        model_cfg["encoder"] = {**encoder, "pretrained": None}
+    for name in ("encoder", "decoder"):
+        part = model_cfg.get(name)
+        if isinstance(part, dict) and part.get("pretrained"):
+            # The checkpoint already holds the trained weights; do not re-read the export or
+            # the pretrained model (its sizes are in the stored config).
+            model_cfg[name] = {**part, "pretrained": None}
     task = instantiate(OmegaConf.create(model_cfg))
     task.on_load_checkpoint(checkpoint)
     task.load_state_dict(checkpoint["state_dict"], strict=True)

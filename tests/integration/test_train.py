@@ -23,8 +23,10 @@ REAL_DATA = {  # real-format experiments read the tiny synthetic sets, written i
 
 def test_every_experiment_is_covered():
     # my_*: templates for a user's manifest, trained in test_own_data.py
+    # audio_captioning_clotho_whisper: test_whisper_experiment.py (a saved tiny Whisper)
     assert set(EXPERIMENTS) == set(TINY) | set(REAL_DATA) | {"audio_captioning_audiocaps",
-                                                             "my_audio_captions", "my_image_captions"}
+                                                             "my_audio_captions", "my_image_captions",
+                                                             "audio_captioning_clotho_whisper"}
 
 
 @pytest.mark.parametrize("experiment", sorted(TINY))

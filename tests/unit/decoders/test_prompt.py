@@ -13,6 +13,7 @@ from mmtf.decoders import EncoderDecoder, TextDecoder
 from mmtf.decoders.generation import GenerationConfig, generate
 from tests.unit.decoders.conftest import DIM, IN_DIM, VOCAB
 from tests.unit.decoders.stubs import StubEncoder
+from tests.unit.decoders.test_compiled_generation import in_fresh_process, needs_cxx
 
 PROMPT = [30, 31, 5, 32]          # a 4-token prompt, as Whisper's sot / lang / task / notimestamps
 EOS = 7                           # pad == eos, as in Whisper and GPT-2
@@ -140,3 +141,22 @@ def test_prompt_plus_new_tokens_must_fit_max_len():
                                          r"> model.decoder.max_len \(24\)"):
         generate(model.decoder, memory, None, GenerationConfig(max_new_tokens=22),
                  prompt_ids=PROMPT, eos_id=EOS, pad_id=EOS)
+
+
+def _compiled_prompt_case() -> None:
+    model = make(seed=3)
+    # Two generations with other shapes back to back: the first compiled step of the second
+    # must check the compiled graph's guards (the eager prompt step came before it).
+    for b, m, options in ((3, 10, {}), (2, 5, dict(strategy="beam", num_beams=3))):
+        x, lengths = torch.randn(b, m, IN_DIM), torch.tensor([m, 3, 2][:b])
+        eager = model.generate(x, lengths, max_new_tokens=8, min_new_tokens=8, **options)
+        compiled = model.generate(x, lengths, max_new_tokens=8, min_new_tokens=8, compile=True,
+                                  **options)
+        assert torch.equal(compiled.tokens, eager.tokens), (b, m)
+        torch.testing.assert_close(compiled.scores, eager.scores, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@needs_cxx
+def test_compiled_generation_with_a_prompt_equals_eager():
+    in_fresh_process(_compiled_prompt_case)

@@ -13,7 +13,9 @@ from mmtf.decoders import TextDecoder
 from mmtf.errors import UserError
 
 CONF = Path(__file__).resolve().parents[3] / "conf" / "model" / "decoder"
-DECODER_CONFIGS = sorted(p.stem for p in CONF.rglob("*.yaml"))
+# Builders of imported architectures (mmtf.pretrained.*) are tested with their families.
+DECODER_CONFIGS = sorted(p.stem for p in CONF.rglob("*.yaml")
+                         if not OmegaConf.load(p)._target_.startswith("mmtf.pretrained."))
 
 
 def tiny(**kw) -> TextDecoder:

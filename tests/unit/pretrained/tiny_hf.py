@@ -1,8 +1,9 @@
-"""Tiny tokenizer folders in the Hugging Face layout, built locally (never downloaded).
+"""Tiny model folders in the Hugging Face layout, built locally (never downloaded).
 
 A byte-level BPE trained with `tokenizers` on a few captions, with the special tokens of the
 family appended after the learned vocabulary as GPT-2 and Whisper have them, and the
-``tokenizer_config.json`` that names them as ``save_pretrained`` writes it.
+``tokenizer_config.json`` that names them as ``save_pretrained`` writes it; and a random-weight
+Whisper saved beside it with ``save_pretrained`` (transformers, a test dependency).
 """
 
 from __future__ import annotations
@@ -40,3 +41,38 @@ def write_tokenizer(folder: Path, *, family: str = "whisper", vocab_size: int = 
         config["pad_token"] = ENDOFTEXT
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return tok
+
+
+def write_whisper(folder: Path, *, n_mels: int = 80, d_model: int = 64, layers: int = 2,
+                  heads: int = 4, seed: int = 0):
+    """A random-weight ``WhisperForConditionalGeneration`` and its tokenizer in ``folder``;
+    returns the model (eval mode). Weights are drawn far from the default init (biases,
+    decoder positions, cross-attention) so that outputs depend on every tensor and the random
+    decoder does not just repeat one token."""
+    import torch
+    import transformers
+
+    tok = write_tokenizer(folder, family="whisper")
+    end = tok.token_to_id(ENDOFTEXT)
+    config = transformers.WhisperConfig(
+        vocab_size=tok.get_vocab_size(with_added_tokens=True), d_model=d_model,
+        encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
+        decoder_attention_heads=heads, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
+        num_mel_bins=n_mels, max_source_positions=1500, max_target_positions=48,
+        pad_token_id=end, bos_token_id=end, eos_token_id=end,
+        decoder_start_token_id=tok.token_to_id("<|startoftranscript|>"),
+        begin_suppress_tokens=None, suppress_tokens=None)
+    torch.manual_seed(seed)
+    model = transformers.WhisperForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            elif "decoder.embed_positions" in name:
+                p.normal_(0.0, 1.0)
+            elif "encoder_attn.out_proj" in name or "encoder_attn.v_proj" in name:
+                p.mul_(4.0)
+            elif "encoder.layers" in name and p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    return model

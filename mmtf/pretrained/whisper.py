@@ -1,0 +1,412 @@
+"""Whisper (Radford et al. 2022, arXiv:2212.04356) in mmtf's own modules.
+
+A Hugging Face Whisper folder (``WhisperForConditionalGeneration.save_pretrained``: tiny ..
+large-v3, 80 or 128 mel bins) or hub id becomes an :class:`mmtf.encoders.AudioEncoder` in
+Whisper's configuration (Whisper's log-mel, conv stem with strides 1 and 2, fixed sinusoidal
+positions, pre-LN blocks with query/value/output biases and exact GELU, final LayerNorm) and a
+:class:`mmtf.decoders.TextDecoder` (learned positions, the same blocks with cross-attention,
+output projection tied to the token embedding). This module is the translation: ``config.json``
+-> constructor arguments, and a name map original -> mmtf (keys and values fused into
+``to_kv``, the value bias kept as ``v_bias`` because Whisper's key projection has none).
+:func:`whisper_state` is the inverse map and :func:`export_hf` writes it, for
+``python -m mmtf.export ... format=hf``; :func:`resolved_sizes` records the sizes read from
+``config.json`` in the run's config (:mod:`mmtf.pretrained` says why).
+
+Sizes come from ``config.json``; a size also given in the YAML must agree (one-line error naming
+both). Why and what was compared: see docs/design/whisper-import.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from mmtf.decoders.text import TextDecoder
+from mmtf.encoders.audio import AudioEncoder
+from mmtf.encoders.base import CONFIG_FILE as EXPORT_CONFIG
+from mmtf.encoders.base import WEIGHTS_FILE as EXPORT_WEIGHTS
+from mmtf.errors import UserError
+from mmtf.pretrained.hf import CONFIG_FILE, WEIGHTS_FILE, HFModel, copy_weights, open_hf_model
+
+MODEL_TYPES = frozenset({"whisper"})
+# Whisper's fixed front end (whisper/audio.py): 16 kHz, 25 ms window, 10 ms hop, 30 s windows.
+SAMPLE_RATE, N_FFT, HOP_LENGTH = 16000, 400, 160
+STEM_STRIDES = (1, 2)
+# The default decoder prompt of the whisper experiment: English transcription, no timestamps.
+DEFAULT_PROMPT = ("<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>")
+# Architecture settings every Whisper size shares.
+BLOCK = {"bias": "qvo", "mlp": "gelu", "norm": "layernorm", "norm_eps": 1e-5}
+
+
+def encoder_sizes(model: HFModel, owner: str) -> dict[str, Any]:
+    """AudioEncoder sizes from a Whisper ``config.json``."""
+    d = model.field("d_model", owner=owner)
+    positions = model.field("max_source_positions", owner=owner)
+    return {"dim": d, "depth": model.field("encoder_layers", owner=owner),
+            "num_heads": model.field("encoder_attention_heads", owner=owner),
+            "mlp_ratio": model.field("encoder_ffn_dim", owner=owner) / d,
+            "n_mels": model.field("num_mel_bins", owner=owner),
+            # positions * 2 (conv2's stride) frames of HOP_LENGTH samples: 30 s for 1500.
+            "max_seconds": positions * STEM_STRIDES[1] * HOP_LENGTH / SAMPLE_RATE}
+
+
+def decoder_sizes(model: HFModel, owner: str) -> dict[str, Any]:
+    """TextDecoder sizes from a Whisper ``config.json``."""
+    d = model.field("d_model", owner=owner)
+    return {"vocab_size": model.field("vocab_size", owner=owner), "dim": d,
+            "depth": model.field("decoder_layers", owner=owner),
+            "num_heads": model.field("decoder_attention_heads", owner=owner),
+            "mlp_ratio": model.field("decoder_ffn_dim", owner=owner) / d, "context_dim": d,
+            "max_len": model.field("max_target_positions", owner=owner),
+            "pad_id": model.field("pad_token_id", owner=owner)}
+
+
+def whisper_encoder(*, pretrained: str | Path | None = None, dim: int | None = None,
+                    depth: int | None = None, num_heads: int | None = None,
+                    mlp_ratio: float | None = None, n_mels: int | None = None,
+                    max_seconds: float | None = None, pad_to_seconds: float | None = 30.0,
+                    freeze: bool = False, **options: Any) -> AudioEncoder:
+    """An :class:`AudioEncoder` in Whisper's configuration, with Whisper's weights if given.
+
+    Args:
+        pretrained: a Whisper folder / hub id (sizes from its ``config.json``), an mmtf export
+            of such an encoder (a folder with ``weights.safetensors``; sizes from its
+            ``config.yaml``), or None (random weights; sizes from the YAML).
+        dim, depth, num_heads, mlp_ratio, n_mels, max_seconds: sizes; None = from
+            ``config.json``. A value that disagrees with ``config.json`` is an error.
+        pad_to_seconds: 30 = Whisper's padding (what pretrained weights expect); None = mmtf's
+            padding mask (see :mod:`mmtf.encoders.audio`).
+        freeze: freeze after loading (:meth:`mmtf.encoders.Encoder.freeze`).
+        **options: other :class:`AudioEncoder` arguments (dropout, SpecAugment, ...).
+
+    Raises:
+        UserError: the folder is missing, not Whisper (``model_type``), incomplete, or a size
+            disagrees with it.
+    """
+    owner = "model.encoder (whisper_encoder)"
+    given = {"dim": dim, "depth": depth, "num_heads": num_heads, "mlp_ratio": mlp_ratio,
+             "n_mels": n_mels, "max_seconds": max_seconds}
+    hf = _open(pretrained, owner)
+    if pretrained is not None and hf is None:
+        given = _export_sizes(pretrained, given)
+    sizes = _merge_sizes(given, encoder_sizes(hf, owner) if hf else None, owner, hf)
+    if pad_to_seconds is not None and sizes["max_seconds"] is None:
+        sizes["max_seconds"] = pad_to_seconds
+    export = pretrained if pretrained is not None and hf is None else None
+    encoder = AudioEncoder(**sizes, **BLOCK, **options, positions="sinusoidal", features="whisper",
+                           stem_strides=STEM_STRIDES, pad_to_seconds=pad_to_seconds,
+                           sample_rate=SAMPLE_RATE, n_fft=N_FFT, hop_length=HOP_LENGTH,
+                           pretrained=export)
+    if hf is not None:
+        tensors = hf.tensors()
+        prefix = _prefix(tensors, "encoder.conv1.weight", hf, owner)
+        table = _checked_positions(encoder, tensors, f"{prefix}encoder.embed_positions.weight",
+                                   hf, owner)
+        mapping = {"stem.conv1.weight": f"{prefix}encoder.conv1.weight",
+                   "stem.conv1.bias": f"{prefix}encoder.conv1.bias",
+                   "stem.conv2.weight": f"{prefix}encoder.conv2.weight",
+                   "stem.conv2.bias": f"{prefix}encoder.conv2.bias",
+                   **_stack_map(tensors, f"{prefix}encoder", encoder.stack.depth, cross=False)}
+        computed = [k for k, _ in encoder.named_buffers()]      # mel filters, window, table
+        copy_weights(encoder, tensors, mapping, owner=owner, source=str(hf.folder),
+                     keep_initialised=computed)
+        with torch.no_grad():   # the checkpoint's float32 sinusoids, as the weights were trained
+            encoder.positions.weight[:table.shape[0]].copy_(table)
+    if freeze:
+        encoder.freeze()
+    return encoder
+
+
+def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None = None,
+                    dim: int | None = None, depth: int | None = None,
+                    num_heads: int | None = None, mlp_ratio: float | None = None,
+                    context_dim: int | None = None, max_len: int | None = None,
+                    pad_id: int | None = None, freeze: bool = False,
+                    **options: Any) -> TextDecoder:
+    """A :class:`TextDecoder` in Whisper's configuration, with Whisper's weights if given.
+
+    Args:
+        pretrained: a Whisper folder or hub id (sizes from its ``config.json``), an mmtf
+            export of such a decoder (sizes from its ``config.yaml``), or None (random weights).
+        vocab_size, dim, depth, num_heads, mlp_ratio, context_dim, max_len, pad_id: sizes and
+            the pad id; None = from ``config.json``; a disagreeing value is an error.
+        freeze: no trainable parameters, eval mode (after loading), for
+            :func:`mmtf.export.load_exported`; in a task use ``model.freeze_decoder``.
+        **options: other :class:`TextDecoder` arguments (dropout, attn_dropout).
+
+    Raises:
+        UserError: as :func:`whisper_encoder`.
+    """
+    owner = "model.decoder (whisper_decoder)"
+    given = {"vocab_size": vocab_size, "dim": dim, "depth": depth, "num_heads": num_heads,
+             "mlp_ratio": mlp_ratio, "context_dim": context_dim, "max_len": max_len,
+             "pad_id": pad_id}
+    hf = _open(pretrained, owner)
+    if pretrained is not None and hf is None:
+        given = _export_sizes(pretrained, given)
+    sizes = _merge_sizes(given, decoder_sizes(hf, owner) if hf else None, owner, hf)
+    decoder = TextDecoder(**sizes, **BLOCK, **options, positions="learned", tie_embeddings=True)
+    if pretrained is not None and hf is None:             # an mmtf export (weights.safetensors)
+        file = Path(str(pretrained)).expanduser() / EXPORT_WEIGHTS
+        decoder.load_state_dict(load_file(str(file)), strict=True)
+    elif hf is not None:
+        tensors = hf.tensors()
+        prefix = _prefix(tensors, "decoder.embed_tokens.weight", hf, owner)
+        embed = f"{prefix}decoder.embed_tokens.weight"
+        mapping = {"embed.weight": embed, "lm_head.weight": embed,     # tied (proj_out)
+                   "positions.weight": f"{prefix}decoder.embed_positions.weight",
+                   **_stack_map(tensors, f"{prefix}decoder", decoder.depth, cross=True)}
+        copy_weights(decoder, tensors, mapping, owner=owner, source=str(hf.folder))
+    if freeze:
+        decoder.requires_grad_(False).eval()
+    return decoder
+
+
+def resolved_sizes(part: str, module: AudioEncoder | TextDecoder) -> dict[str, Any]:
+    """The sizes a built part was given (from ``config.json``), by builder argument."""
+    if part == "encoder":
+        return {k: module.config[k] for k in ("dim", "depth", "num_heads", "mlp_ratio", "n_mels",
+                                              "max_seconds")}
+    block = module.stack.blocks[0]
+    return {"vocab_size": module.vocab_size, "dim": module.dim, "depth": module.depth,
+            "num_heads": block.self_attn.num_heads,
+            "mlp_ratio": block.mlp.fc_in.out_features / module.dim,
+            "context_dim": module.context_dim, "max_len": module.max_len,
+            "pad_id": module.pad_id}
+
+
+def export_hf(task: Any, out: Path) -> None:
+    """Write a captioning task's Whisper-architecture model as ``WhisperForConditionalGeneration``
+    would save it: ``config.json``, ``generation_config.json``, ``model.safetensors`` and the
+    tokenizer files; then import the folder back and check every tensor.
+
+    Raises:
+        UserError: the pair is not in Whisper's configuration (the setting is named) or the
+            task's tokenizer is not a pretrained one (Whisper's).
+    """
+    from mmtf.text import PretrainedTokenizer
+
+    encoder, decoder, tokenizer = task.model.encoder, task.model.decoder, task.tokenizer
+    if not isinstance(tokenizer, PretrainedTokenizer):
+        raise UserError(f"export format=hf: the checkpoint's tokenizer is "
+                        f"{type(tokenizer).__name__}, not Whisper's (data.tokenizer.kind: "
+                        f"pretrained); transformers could not read its captions.")
+    config, tensors = whisper_state(encoder, decoder)
+    ids = {"pad_token_id": tokenizer.pad_id, "bos_token_id": tokenizer.bos_id,
+           "eos_token_id": tokenizer.eos_id, "decoder_start_token_id": tokenizer.prompt_ids[0]}
+    config.update(ids)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    generation = {**ids, "forced_decoder_ids": None, "max_length": decoder.max_len,
+                  "begin_suppress_tokens": None, "suppress_tokens": None}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    tokenizer.backend.save(str(out / "tokenizer.json"))
+    names = {name: tokenizer.id_to_token(i) for name, i in (
+        ("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id),
+        ("pad_token", tokenizer.pad_id))}
+    if tokenizer.unk_id is not None:
+        names["unk_token"] = tokenizer.id_to_token(tokenizer.unk_id)
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {**names, "tokenizer_class": "WhisperTokenizer", "model_max_length": decoder.max_len},
+        indent=2))
+    enc_back, dec_back = whisper_encoder(pretrained=out), whisper_decoder(pretrained=out)
+    for ours, back in ((encoder, enc_back), (decoder, dec_back)):
+        theirs = back.state_dict()
+        for key, value in ours.state_dict().items():
+            if key.startswith("frontend.") or (key == "positions.weight" and ours is encoder):
+                continue                                 # computed from the config
+            if not torch.equal(value.detach().cpu().float(), theirs[key].float()):
+                raise RuntimeError(f"export format=hf: {out} does not import back into the "
+                                   f"exported weights ({key}).")
+    print(f"Exported Whisper ({sum(t.numel() for t in tensors.values()):,} values) to {out}/")
+
+
+def whisper_state(encoder: AudioEncoder, decoder: TextDecoder,
+                  ) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The inverse map: a Whisper ``config.json`` (without token ids) and the tensors by their
+    Hugging Face names (``WhisperForConditionalGeneration``'s layout).
+
+    Raises:
+        UserError: the pair is not in Whisper's configuration (the setting is named).
+    """
+    _check_exportable(encoder, decoder)
+    tensors: dict[str, Tensor] = {}
+    enc_state = encoder.state_dict()
+    for i in (1, 2):
+        for kind in ("weight", "bias"):
+            tensors[f"model.encoder.conv{i}.{kind}"] = enc_state[f"stem.conv{i}.{kind}"]
+    # Whisper's window: max_samples // hop frames (the last STFT frame dropped), halved by conv2.
+    positions = (encoder.max_samples // HOP_LENGTH - 1) // STEM_STRIDES[1] + 1
+    tensors["model.encoder.embed_positions.weight"] = encoder.positions.weight[:positions]
+    tensors.update(_stack_export(encoder.stack.state_dict(), "model.encoder",
+                                 encoder.stack.depth, cross=False))
+    dec_state = decoder.state_dict()
+    tensors["model.decoder.embed_tokens.weight"] = dec_state["embed.weight"]
+    tensors["model.decoder.embed_positions.weight"] = dec_state["positions.weight"]
+    tensors.update(_stack_export(decoder.stack.state_dict(), "model.decoder", decoder.depth,
+                                 cross=True))
+    enc, dec = resolved_sizes("encoder", encoder), resolved_sizes("decoder", decoder)
+    config = {
+        "model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"],
+        "vocab_size": dec["vocab_size"], "num_mel_bins": enc["n_mels"], "d_model": enc["dim"],
+        "encoder_layers": enc["depth"], "decoder_layers": dec["depth"],
+        "encoder_attention_heads": enc["num_heads"], "decoder_attention_heads": dec["num_heads"],
+        "encoder_ffn_dim": round(enc["mlp_ratio"] * enc["dim"]),
+        "decoder_ffn_dim": round(dec["mlp_ratio"] * dec["dim"]),
+        "max_source_positions": positions, "max_target_positions": dec["max_len"],
+        "activation_function": "gelu", "scale_embedding": False, "tie_word_embeddings": True,
+        "is_encoder_decoder": True,
+    }
+    return config, {k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}
+
+
+# ---------------------------------------------------------------------------- name maps
+def _stack_map(tensors: Mapping[str, Tensor], root: str, depth: int, *, cross: bool,
+               ) -> dict[str, Any]:
+    """mmtf TransformerStack names (under ``stack.``) -> Whisper's, for ``depth`` layers."""
+    out: dict[str, Any] = {}
+    attns = [("self_attn", "self_attn", "norm_self", "self_attn_layer_norm")]
+    if cross:
+        attns.append(("cross_attn", "encoder_attn", "norm_cross", "encoder_attn_layer_norm"))
+    for i in range(depth):
+        ours, theirs = f"stack.blocks.{i}", f"{root}.layers.{i}"
+        for attn, their_attn, norm, their_norm in attns:
+            a, t = f"{ours}.{attn}", f"{theirs}.{their_attn}"
+            v_name = f"{t}.v_proj.weight"
+            out.update({
+                f"{a}.to_q.weight": f"{t}.q_proj.weight", f"{a}.to_q.bias": f"{t}.q_proj.bias",
+                # (2 * c, c): keys then values, the layout of Attention.to_kv.
+                f"{a}.to_kv.weight": (f"{t}.k_proj.weight", _fuse_with(tensors, v_name)),
+                f"{a}.v_bias": f"{t}.v_proj.bias",
+                f"{a}.to_out.weight": f"{t}.out_proj.weight",
+                f"{a}.to_out.bias": f"{t}.out_proj.bias",
+                f"{ours}.{norm}.weight": f"{theirs}.{their_norm}.weight",
+                f"{ours}.{norm}.bias": f"{theirs}.{their_norm}.bias",
+            })
+        for ours_fc, their_fc in (("fc_in", "fc1"), ("fc_out", "fc2")):
+            for kind in ("weight", "bias"):
+                out[f"{ours}.mlp.{ours_fc}.{kind}"] = f"{theirs}.{their_fc}.{kind}"
+        out[f"{ours}.norm_mlp.weight"] = f"{theirs}.final_layer_norm.weight"
+        out[f"{ours}.norm_mlp.bias"] = f"{theirs}.final_layer_norm.bias"
+    out["stack.norm.weight"] = f"{root}.layer_norm.weight"
+    out["stack.norm.bias"] = f"{root}.layer_norm.bias"
+    return out
+
+
+def _stack_export(state: Mapping[str, Tensor], root: str, depth: int, *, cross: bool,
+                  ) -> dict[str, Tensor]:
+    """The inverse of :func:`_stack_map` on ``stack.state_dict()`` (names without ``stack.``)."""
+    out: dict[str, Tensor] = {}
+    for ours, spec in _stack_map({}, root, depth, cross=cross).items():
+        value = state[ours.removeprefix("stack.")]
+        if isinstance(spec, tuple):                        # to_kv: split keys and values
+            k, v = value.chunk(2, dim=0)
+            out[spec[0]] = k
+            out[spec[0].replace(".k_proj.", ".v_proj.")] = v
+        else:
+            out[spec] = value
+    return out
+
+
+def _fuse_with(tensors: Mapping[str, Tensor], v_name: str):
+    def fuse(k: Tensor) -> Tensor:
+        if v_name not in tensors:
+            raise UserError(f"whisper: tensor {v_name!r} not found; the weights do not belong "
+                            f"to this architecture or are incomplete.")
+        return torch.cat([k, tensors[v_name]], dim=0)     # (2 * c, c)
+    return fuse
+
+
+# ---------------------------------------------------------------------------- checks
+def _open(pretrained: str | Path | None, owner: str) -> HFModel | None:
+    """The Whisper folder, or None for no weights / an mmtf export (weights.safetensors)."""
+    if pretrained is None:
+        return None
+    path = Path(str(pretrained)).expanduser()
+    if path.is_dir() and not (path / CONFIG_FILE).is_file() and (
+            path / EXPORT_WEIGHTS).is_file():
+        return None                                        # an mmtf export
+    return open_hf_model(pretrained, model_types=MODEL_TYPES, owner=owner)
+
+
+def _export_sizes(folder: str | Path, given: dict[str, Any]) -> dict[str, Any]:
+    """Null sizes filled from an mmtf export's ``config.yaml`` (written by ``mmtf.export``)."""
+    file = Path(str(folder)).expanduser() / EXPORT_CONFIG
+    stored = OmegaConf.to_container(OmegaConf.load(file)) if file.is_file() else {}
+    return {k: stored.get(k) if v is None else v for k, v in given.items()}
+
+
+def _merge_sizes(given: dict[str, Any], found: dict[str, Any] | None, owner: str,
+                 hf: HFModel | None) -> dict[str, Any]:
+    """YAML sizes filled from ``config.json``; a YAML size that disagrees is an error."""
+    if found is None:
+        missing = sorted(k for k, v in given.items() if v is None and k not in (
+            "max_seconds", "pad_id", "mlp_ratio"))
+        if missing:
+            raise UserError(f"{owner}: no pretrained folder and no {', '.join(missing)}; set "
+                            f"{owner.split()[0]}.pretrained to a Whisper folder or hub id, or "
+                            f"give the sizes.")
+        return {k: v for k, v in given.items() if v is not None}
+    for key, value in given.items():
+        if value is not None and float(value) != float(found[key]):
+            raise UserError(f"{owner}: {owner.split()[0]}.{key} ({value}) disagrees with "
+                            f"{hf.folder / CONFIG_FILE} ({found[key]}); remove it from the "
+                            f"config (sizes are read from the pretrained model).")
+    return found
+
+
+def _prefix(tensors: Mapping[str, Tensor], probe: str, hf: HFModel, owner: str) -> str:
+    """"model." (WhisperForConditionalGeneration) or "" (WhisperModel)."""
+    for prefix in ("model.", ""):
+        if prefix + probe in tensors:
+            return prefix
+    raise UserError(f"{owner}: tensor 'model.{probe}' not found in {hf.folder}; the weights "
+                    f"are not a Whisper model's or are incomplete.")
+
+
+def _checked_positions(encoder: AudioEncoder, tensors: Mapping[str, Tensor], name: str,
+                       hf: HFModel, owner: str) -> Tensor:
+    """The stored encoder position table, (n, c), checked to be the sinusoids mmtf computes.
+
+    Whisper computed its table in float32 (up to ~1e-4 off the float64 values at position
+    1500); the stored rows are the ones the weights were trained with, so they are used once
+    they are shown to be Whisper's sinusoids (another table would be another model)."""
+    if name not in tensors:
+        raise UserError(f"{owner}: tensor {name!r} not found in {hf.folder}.")
+    stored = tensors[name].float()
+    ours = encoder.positions.weight[:stored.shape[0]].float()
+    if stored.shape[0] > encoder.positions.num_positions or stored.shape[1] != ours.shape[1]:
+        raise UserError(f"{owner}: {name} in {hf.folder} has shape {tuple(stored.shape)} but "
+                        f"the encoder's table is {tuple(encoder.positions.weight.shape)}; "
+                        f"raise model.encoder.max_seconds.")
+    error = float((stored - ours).abs().max())
+    if error > 1e-3:
+        raise UserError(f"{owner}: {name} in {hf.folder} differs from Whisper's sinusoids by "
+                        f"{error:.2e} (max abs); mmtf keeps the encoder positions fixed, so "
+                        f"this checkpoint is not a standard Whisper encoder.")
+    return stored
+
+
+def _check_exportable(encoder: AudioEncoder, decoder: TextDecoder) -> None:
+    cfg = encoder.config
+    rules = {"features": "whisper", "positions": "sinusoidal", "bias": "qvo", "mlp": "gelu",
+             "sample_rate": SAMPLE_RATE, "n_fft": N_FFT, "hop_length": HOP_LENGTH}
+    for key, value in rules.items():
+        if cfg.get(key) != value:
+            raise UserError(f"export format=hf: model.encoder.{key} is {cfg.get(key)!r}, not "
+                            f"Whisper's {value!r}; only a Whisper-architecture pair exports to "
+                            f"the Hugging Face layout.")
+    if list(cfg.get("stem_strides", ())) != list(STEM_STRIDES):
+        raise UserError(f"export format=hf: model.encoder.stem_strides is "
+                        f"{cfg.get('stem_strides')}, not Whisper's {list(STEM_STRIDES)}.")
+    if decoder.positions is None or not decoder.tie_embeddings:
+        raise UserError("export format=hf: the decoder must have learned positions and tied "
+                        "embeddings (model/decoder=whisper_decoder) to export as Whisper.")
