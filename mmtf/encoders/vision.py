@@ -9,11 +9,18 @@ borders and trains faster from scratch on small data (docs/design/vision-stem-an
 An optional CLS token is prepended, and a bidirectional ``TransformerStack`` runs over the
 sequence.
 
-Positions are added to the patch tokens (the CLS token has none: it is learned itself), either
+Imported towers are the same class configured: Hugging Face ViT (``patch_bias``, qkv biases,
+LayerNorm eps 1e-12, final norm) and CLIP's vision tower (no patch bias, ``embed_norm`` = its
+``pre_layrnorm``, quick-GELU, ``final_norm=False``: CLIP's ``post_layernorm`` is for the pooled
+token only). :meth:`VisionEncoder.load_pretrained` reads their Hugging Face folders
+(:mod:`mmtf.pretrained.vit`, :mod:`mmtf.pretrained.clip`) as well as mmtf exports.
+
+Positions are added to the patch tokens (the CLS token has none: it is learned itself; an
+imported table's CLS position is folded into it, the same sum), either
 ``pos_embed="sincos"``: fixed 2-D sine-cosine embeddings (half the channels encode the row, half
 the column, as MAE and MoCo v3 do), computed for any grid; or ``pos_embed="learned"``: one
 learned vector per patch of the ``image_size`` grid, resampled bicubically for images of another
-size, as timm's ``resample_abs_pos_embed`` and DeiT/ViT fine-tuning at higher resolution do.
+size as Hugging Face's ``interpolate_pos_encoding`` (DINO, DeiT) does: bicubic, no antialiasing.
 A learned table starts as noise beside O(1) patch features, so the model first has to learn
 *where* things are; the fixed table knows it from the start. Both are absolute tables rather than
 RoPE because the shared RoPE in ``mmtf.nn`` is 1-D and would see a row break of the flattened
@@ -39,15 +46,19 @@ from torch import Tensor, nn
 from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
 from mmtf.errors import UserError
 from mmtf.nn import TransformerStack
-from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
+from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind, make_norm
+from mmtf.pretrained.hf import is_hf_source
+from mmtf.pretrained.vit import load_hf_vision
 
 
 class VisionEncoder(Encoder):
     """Images (b, in_channels, H, W) -> memory (b, s, c), mask (b, s) all True.
 
     Args:
-        dim, depth, num_heads, num_kv_heads, mlp_ratio, mlp, norm, dropout, attn_dropout:
-            the transformer (see :class:`mmtf.nn.TransformerStack`).
+        dim, depth, num_heads, num_kv_heads, mlp_ratio, mlp, norm, norm_eps, dropout,
+            attn_dropout, bias, mlp_bias, final_norm: the transformer (see
+            :class:`mmtf.nn.TransformerStack`); ``bias`` are the attention projections' biases
+            (bool or letters of "qkvo").
         patch_size: side of the square patches, in pixels.
         in_channels: image channels (3 for RGB).
         image_size: size of the position table's grid, ``H`` or ``(H, W)``; other multiples of
@@ -63,8 +74,13 @@ class VisionEncoder(Encoder):
             channels: batch-independent, for tiny fine-tuning batches).
         pos_embed: "learned" (a trained table on the ``image_size`` grid) or "sincos" (fixed 2-D
             sine-cosine; dim must be a multiple of 4).
+        patch_bias: the patch-embedding convolution (``stem="patch"``) has a bias (ViT) or not
+            (CLIP).
+        embed_norm: a norm over the embedded tokens before the first block (CLIP's
+            ``pre_layrnorm``).
         causal: causal self-attention over the patch order (research only; warns).
-        pretrained: export folder to load weights from (:meth:`Encoder.load_pretrained`).
+        pretrained: an mmtf export folder, or a Hugging Face ViT / CLIP folder or hub id
+            (:meth:`load_pretrained`).
         freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
     """
 
@@ -74,7 +90,9 @@ class VisionEncoder(Encoder):
                  patch_size: int = 8, in_channels: int = 3, image_size: int | Sequence[int] = 64,
                  cls_token: bool = True, stem: Literal["patch", "conv"] = "patch",
                  stem_convs: int = 1, stem_norm: Literal["batch", "layer"] = "batch",
-                 pos_embed: Literal["learned", "sincos"] = "learned", causal: bool = False,
+                 pos_embed: Literal["learned", "sincos"] = "learned", patch_bias: bool = True,
+                 embed_norm: bool = False, final_norm: bool = True, norm_eps: float = 1e-5,
+                 bias: bool | str = False, mlp_bias: bool | None = None, causal: bool = False,
                  pretrained: str | Path | None = None, freeze: bool = False) -> None:
         super().__init__()
         self.config = record_config(locals())
@@ -103,7 +121,8 @@ class VisionEncoder(Encoder):
                             f"stem_norm ({stem_norm!r}) 'batch' or 'layer'; fix model.encoder.")
         self.patch_embed = (conv_stem(in_channels, dim, patch_size, convs=stem_convs,
                                       norm=stem_norm) if stem == "conv" else
-                            nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size))
+                            nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size,
+                                      bias=patch_bias))
         if pos_embed not in ("learned", "sincos"):
             raise UserError(f"VisionEncoder: pos_embed ({pos_embed!r}) must be 'learned' or "
                             f"'sincos'; fix model.encoder.pos_embed.")
@@ -119,25 +138,42 @@ class VisionEncoder(Encoder):
         if cls_token:
             self.cls_token = nn.Parameter(torch.empty(1, 1, dim))
             nn.init.trunc_normal_(self.cls_token, std=0.02)
+        self.embed_norm = make_norm(norm, dim, norm_eps) if embed_norm else None
         self.drop = nn.Dropout(dropout)
         self.stack = TransformerStack(
             depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
-            rope=False, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, dropout=dropout,
-            attn_dropout=attn_dropout)
+            rope=False, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
+            dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias,
+            final_norm=final_norm)
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
+
+    def load_pretrained(self, path: str | Path) -> None:
+        """Load weights by what ``path`` holds: a Hugging Face ViT or CLIP folder (``config.json``)
+        or hub id (:func:`mmtf.pretrained.vit.load_hf_vision`), else an mmtf export
+        (:meth:`Encoder.load_pretrained`).
+
+        Raises:
+            UserError: a missing file, a folder of another architecture (names the
+                ``config.json`` field) or of other sizes than this encoder's config.
+        """
+        if is_hf_source(path):
+            load_hf_vision(self, path)
+        else:
+            super().load_pretrained(path)
 
     def position_table(self, gh: int, gw: int) -> Tensor:
         """Position embeddings for a (gh, gw) grid, (1, gh * gw, c): sine-cosine of the grid, or
-        the learned table as is at its own grid, bicubically resampled (in float32, antialiased)
-        at any other."""
+        the learned table as is at its own grid, bicubically resampled (in float32) at any other,
+        exactly as Hugging Face's ``interpolate_pos_encoding``."""
         if self.pos_embed is None:
             device = next(self.patch_embed.parameters()).device
             return sincos_2d(gh, gw, self.dim, device=device)[None]
         if (gh, gw) == self.grid:
             return self.pos_embed
         table = rearrange(self.pos_embed, "1 (gh gw) c -> 1 c gh gw", gh=self.grid[0])
-        table = F.interpolate(table.float(), size=(gh, gw), mode="bicubic",
-                              align_corners=False, antialias=True)
+        # No antialias: that kernel is PIL's bicubic (a = -0.5), not the a = -0.75 one the
+        # imported ViT/CLIP towers were fine-tuned with at other resolutions.
+        table = F.interpolate(table.float(), size=(gh, gw), mode="bicubic", align_corners=False)
         return rearrange(table, "1 c gh gw -> 1 (gh gw) c").to(self.pos_embed.dtype)
 
     def forward(self, inputs: Tensor, lengths: Tensor | None = None, *,
@@ -163,6 +199,8 @@ class VisionEncoder(Encoder):
         x = rearrange(x, "b c gh gw -> b (gh gw) c") + self.position_table(gh, gw).to(x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)   # (b, s, c)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         maps = None
         if attention_layers is None:
             x = self.stack(self.drop(x))

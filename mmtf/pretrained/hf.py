@@ -15,6 +15,7 @@ family's map lives in its own module of :mod:`mmtf.pretrained`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +35,11 @@ PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.p
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
 
 # A transform applied to an original tensor before it is copied (e.g. GPT-2's Conv1D -> Linear
-# transpose, or slicing a fused projection).
-Transform = Callable[[Tensor], Tensor]
+# transpose, or slicing a fused projection); with several originals it receives them in order
+# (e.g. fusing separate key and value projections into one).
+Transform = Callable[..., Tensor]
+# What one mmtf tensor is made of: an original name, (name, transform) or ((names...), transform).
+Source = str | tuple[str, Transform] | tuple[tuple[str, ...], Transform]
 
 
 @dataclass
@@ -68,6 +72,29 @@ class HFModel:
     def weight_files(self) -> list[Path]:
         """The safetensors files holding the weights (one, or the shards of the index)."""
         return list(self._files)
+
+    def keys(self) -> list[str]:
+        """Names of every stored tensor (nothing is read)."""
+        names: list[str] = []
+        for file in self._files:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                names.extend(handle.keys())
+        return names
+
+    def prefix(self, anchor: str, *, owner: str) -> str:
+        """The prefix of the tensor names (``""``, ``"vit."``, ``"vision_model."``,
+        ``"decoder.transformer."``, ...), found from the one name that ends with ``anchor``.
+
+        Raises:
+            UserError: no tensor name ends with ``anchor`` (named, with the folder).
+        """
+        found = sorted(k[:-len(anchor)] for k in self.keys()
+                       if k == anchor or k.endswith("." + anchor))
+        if not found:
+            raise UserError(f"{owner}: no tensor named '*{anchor}' in {self.source}; the "
+                            f"weights do not belong to a {self.model_type or 'model'} of this "
+                            f"family or are incomplete.")
+        return min(found, key=len)
 
     def tensors(self, keys: Collection[str] | None = None) -> dict[str, Tensor]:
         """The original tensors, float as stored (all of them, or only ``keys``)."""
@@ -117,8 +144,7 @@ def resolve_source(source: str | Path, *, owner: str) -> Path:
     if path.is_dir():
         return path
     text = str(source)
-    looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
-    if not looks_like_hub_id:
+    if not _looks_like_hub_id(text):
         raise UserError(f"{owner}: {text!r} is neither a folder nor a hub id (org/name); "
                         f"pass the folder that holds {CONFIG_FILE}.")
     try:
@@ -134,10 +160,24 @@ def resolve_source(source: str | Path, *, owner: str) -> Path:
             return Path(snapshot_download(text, allow_patterns=HUB_PATTERNS,
                                           local_files_only=True))
         except Exception:
-            raise UserError(f"{owner}: could not fetch {text!r} from the hub "
-                            f"({type(err).__name__}: {err}); on an offline machine download it "
-                            f"elsewhere (huggingface-cli download {text}) and pass the "
-                            f"folder.") from None
+            raise UserError(f"{owner}: {text!r} is no local folder, and as a hub id it "
+                            f"could not be fetched ({type(err).__name__}: "
+                            f"{str(err).strip().splitlines()[0]}); check the "
+                            f"path, or on an offline machine download it elsewhere "
+                            f"(huggingface-cli download {text}) and pass the folder.") from None
+
+
+def is_hf_source(source: str | Path) -> bool:
+    """Whether ``source`` names a Hugging Face–format model rather than an mmtf export: a folder
+    holding ``config.json``, or an ``org/name`` hub id that is no local path."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return path.is_dir() and (path / CONFIG_FILE).is_file()
+    return path.suffix != ".safetensors" and _looks_like_hub_id(str(source))
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    return text.count("/") == 1 and not text.startswith((".", "/", "~"))
 
 
 def _weight_files(folder: Path, *, owner: str) -> list[Path]:
@@ -166,15 +206,16 @@ def _weight_files(folder: Path, *, owner: str) -> list[Path]:
 
 
 def copy_weights(module: nn.Module, tensors: Mapping[str, Tensor],
-                 mapping: Mapping[str, str | tuple[str, Transform]], *, owner: str,
+                 mapping: Mapping[str, Source], *, owner: str,
                  source: str, keep_initialised: Collection[str] = ()) -> None:
     """Copy original tensors into ``module`` by name, all checks before any copy.
 
     Args:
         module: the mmtf module to fill.
         tensors: the original tensors by their original names (:meth:`HFModel.tensors`).
-        mapping: ``{mmtf name: original name}`` or ``{mmtf name: (original name, transform)}``
-            for every parameter and persistent buffer of ``module`` that the original holds.
+        mapping: ``{mmtf name: original name}``, ``{mmtf name: (original name, transform)}``
+            or ``{mmtf name: ((original names...), transform)}`` for every parameter and
+            persistent buffer of ``module`` that the original holds.
         owner, source: named in messages (the importing class, the folder).
         keep_initialised: mmtf names that have no original (e.g. new cross-attention layers
             on GPT-2) and keep their fresh initialisation.
@@ -194,14 +235,18 @@ def copy_weights(module: nn.Module, tensors: Mapping[str, Tensor],
     values: dict[str, Tensor] = {}
     for name, spec in mapping.items():
         original, transform = (spec, None) if isinstance(spec, str) else spec
+        originals = (original,) if isinstance(original, str) else tuple(original)
+        original = "+".join(originals)
         if name not in own:
             raise UserError(f"{owner}: the mmtf model has no tensor {name!r} (for {original!r} "
                             f"of {source}); the model config does not match the pretrained "
                             f"architecture.")
-        if original not in tensors:
-            raise UserError(f"{owner}: tensor {original!r} not found in {source}; the weights "
-                            f"do not belong to this architecture or are incomplete.")
-        value = tensors[original] if transform is None else transform(tensors[original])
+        for key in originals:
+            if key not in tensors:
+                raise UserError(f"{owner}: tensor {key!r} not found in {source}; the weights "
+                                f"do not belong to this architecture or are incomplete.")
+        parts = [tensors[key] for key in originals]
+        value = parts[0] if transform is None else transform(*parts)
         if tuple(value.shape) != tuple(own[name].shape):
             raise UserError(f"{owner}: {original!r} in {source} has shape "
                             f"{tuple(value.shape)} but mmtf's {name!r} has "
@@ -211,3 +256,66 @@ def copy_weights(module: nn.Module, tensors: Mapping[str, Tensor],
     with torch.no_grad():
         for name, value in values.items():
             own[name].copy_(value.to(own[name].dtype))
+
+
+def original_names(mapping: Mapping[str, Source]) -> set[str]:
+    """Every original tensor name a :func:`copy_weights` mapping reads."""
+    names: set[str] = set()
+    for spec in mapping.values():
+        original = spec if isinstance(spec, str) else spec[0]
+        names.update((original,) if isinstance(original, str) else original)
+    return names
+
+
+def cat_rows(*tensors: Tensor) -> Tensor:
+    """Separate projections stacked into one fused layer's weight or bias (dim 0 = outputs):
+    key and value -> ``to_kv``."""
+    return torch.cat(tensors, dim=0)
+
+
+def require_config(owner: str, built: Mapping[str, Any],
+                   required: Mapping[str, tuple[Any, str]], *, source: str,
+                   key_prefix: str, hint: str = "") -> None:
+    """Check that a module was built with the values a pretrained model needs.
+
+    Args:
+        owner: the importing class, named first.
+        built: the module's constructor values (e.g. ``encoder.config``).
+        required: ``{key: (needed value, "the config.json field=value it comes from")}``.
+        source: the folder or hub id, named in the message.
+        key_prefix: where the keys live in the Hydra config (``model.encoder``).
+        hint: a further fix (e.g. the config group of the right family).
+
+    Raises:
+        UserError: one line naming every key that differs, the config.json field it disagrees
+            with, and the overrides that fix it.
+    """
+    wrong = {k: v for k, (v, _) in required.items() if not _same(built.get(k), v)}
+    if not wrong:
+        return
+    why = "; ".join(f"{k}={_override(built.get(k))}, but it has {required[k][1]} "
+                    f"({k}={_override(v)})" for k, v in wrong.items())
+    fix = " ".join(f"{key_prefix}.{k}={_override(v)}" for k, v in wrong.items())
+    raise UserError(f"{owner}: {key_prefix} does not match {source}/{CONFIG_FILE}: {why}; "
+                    f"set {fix}{hint}.")
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    if isinstance(ours, (list, tuple)) and isinstance(theirs, (list, tuple)):
+        return len(ours) == len(theirs) and all(map(_same, ours, theirs))
+    if isinstance(ours, bool) or isinstance(theirs, bool) or ours is None or theirs is None:
+        return ours is theirs or ours == theirs and type(ours) is type(theirs)
+    if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)):
+        return math.isclose(ours, theirs, rel_tol=1e-9, abs_tol=0.0)
+    return ours == theirs
+
+
+def _override(value: Any) -> str:
+    """A value as a Hydra command-line override spells it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override(v) for v in value) + "]"
+    return str(value)

@@ -1,0 +1,45 @@
+"""Small random-weight ViT and CLIP vision towers saved with ``save_pretrained``, and the mmtf
+``VisionEncoder`` settings that match them (2 layers, width 64, 4 heads, 32x32 images)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            image_size=32, patch_size=8)
+VIT_ENCODER = dict(dim=64, depth=2, num_heads=4, mlp_ratio=2.0, patch_size=8, image_size=32,
+                   mlp="gelu", norm_eps=1e-12, bias=True, mlp_bias=True, cls_token=True,
+                   pos_embed="learned", stem="patch", patch_bias=True, embed_norm=False,
+                   final_norm=True)
+CLIP_ENCODER = {**VIT_ENCODER, "mlp": "quick_gelu", "norm_eps": 1e-5, "patch_bias": False,
+                "embed_norm": True, "final_norm": False}
+
+
+def perturb(model: nn.Module) -> nn.Module:
+    """Move every parameter off its initial value (unit norms, zero biases), so a tensor mapped
+    to the wrong place changes the output."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def save_vit(path: Path, **overrides) -> nn.Module:
+    """A ``ViTModel`` (random weights) saved in ``path``; returned in eval mode."""
+    from transformers import ViTConfig, ViTModel
+
+    model = perturb(ViTModel(ViTConfig(**{**TINY, **overrides})).eval())
+    model.save_pretrained(path)
+    return model
+
+
+def save_clip_vision(path: Path, **overrides) -> nn.Module:
+    """A ``CLIPVisionModel`` (random weights) saved in ``path``; returned in eval mode."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    model = perturb(CLIPVisionModel(CLIPVisionConfig(**{**TINY, **overrides})).eval())
+    model.save_pretrained(path)
+    return model
