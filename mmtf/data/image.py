@@ -7,11 +7,18 @@ loaders do), 16-bit and 32-bit integer (``I;16``, ``I``) by scaling 0..65535 to 
 would clip 16-bit images to white. Transforms are torchvision ``transforms.v2`` pipelines given
 as lists (Hydra instantiates each entry); the output is always float32.
 
+A pretrained vision tower expects its own preprocessing: :func:`pretrained_image_transform`
+reads the model folder's ``preprocessor_config.json`` (``ViTImageProcessor``,
+``CLIPImageProcessor``) and builds the same resize, center crop, rescale and normalisation from
+``transforms.v2``, so the data module feeds the tower what ``transformers`` would.
+
 Shapes: (3, h, w) per image; uint8 after decoding, float32 after the pipeline.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +31,7 @@ from torch import Tensor
 from torchvision.transforms import v2
 
 from mmtf.data.errors import DataError, check_media_file
-from mmtf.errors import UserError
+from mmtf.errors import UserError, require_file
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
                     ".gif")
@@ -107,6 +114,112 @@ def build_eval_image_transform(data_cfg: Mapping[str, Any]) -> Callable[[Tensor]
     Used by ``mmtf.predict`` to preprocess raw images exactly as evaluation did.
     """
     return build_transform(data_cfg.get("eval_transforms"))
+
+
+PREPROCESSOR_FILE = "preprocessor_config.json"
+# What each supported image processor does when its config leaves a field out (transformers'
+# class attributes); "square": an int ``size`` means height = width (else the shortest edge).
+PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ViTImageProcessor": {"size": {"height": 224, "width": 224}, "resample": 2,
+                          "do_center_crop": False, "image_mean": [0.5, 0.5, 0.5],
+                          "image_std": [0.5, 0.5, 0.5], "square": True},
+    "CLIPImageProcessor": {"size": {"shortest_edge": 224}, "resample": 3,
+                           "do_center_crop": True, "crop_size": {"height": 224, "width": 224},
+                           "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                           "image_std": [0.26862954, 0.26130258, 0.27577711], "square": False},
+}
+# PIL resampling codes (the processors' ``resample``) that torchvision has.
+RESAMPLING = {0: v2.InterpolationMode.NEAREST, 2: v2.InterpolationMode.BILINEAR,
+              3: v2.InterpolationMode.BICUBIC}
+
+
+def pretrained_image_transform(source: str | os.PathLike) -> v2.Compose:
+    """The preprocessing of a pretrained vision model, from its ``preprocessor_config.json``.
+
+    Resize (to ``size``: height/width, or the shortest edge keeping the aspect ratio; with the
+    processor's ``resample`` and antialiasing), center crop (``crop_size``, the processor's
+    anchor), rescale to 0..1 and normalise with ``image_mean`` / ``image_std``: the steps of
+    transformers' ``ViTImageProcessor`` and ``CLIPImageProcessor`` (their torchvision backend),
+    each only where the config's ``do_*`` flag is on.
+
+    Args:
+        source: the model folder (or hub id) holding ``preprocessor_config.json``; in a config,
+            ``{_target_: mmtf.data.image.pretrained_image_transform, source:
+            ${model.encoder.pretrained}}`` as a ``data.*_transforms`` entry.
+
+    Returns:
+        A pipeline (3, h, w) uint8 -> (3, h', w') float32.
+
+    Raises:
+        UserError: the file is missing or not JSON; an image processor or a setting this
+            pipeline does not reproduce (named, with its value).
+    """
+    from mmtf.pretrained.hf import resolve_source
+
+    owner = "pretrained_image_transform"
+    file = require_file(resolve_source(source, owner=owner) / PREPROCESSOR_FILE,
+                        what=f"{owner}: {PREPROCESSOR_FILE}",
+                        fix="save the image processor beside the model (save_pretrained)")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{owner}: {file} is not valid JSON ({err}).") from None
+    kind = str(config.get("image_processor_type", "")).removesuffix("Fast")
+    if kind not in PROCESSOR_DEFAULTS:
+        raise UserError(f"{owner}: {file} has image_processor_type="
+                        f"{config.get('image_processor_type')!r}; reproduced are "
+                        f"{', '.join(sorted(PROCESSOR_DEFAULTS))} (and their Fast variants); "
+                        f"write data.*_transforms by hand for this model.")
+    cfg = {**PROCESSOR_DEFAULTS[kind], **config}
+    steps: list[Callable] = []
+    if cfg.get("do_resize", True):
+        if cfg["resample"] not in RESAMPLING:
+            raise UserError(f"{owner}: {file} has resample={cfg['resample']}; reproduced are "
+                            f"the PIL codes {sorted(RESAMPLING)} (nearest, bilinear, bicubic).")
+        size = cfg["size"]
+        if isinstance(size, int):
+            size = {"height": size, "width": size} if cfg["square"] else {"shortest_edge": size}
+        if set(size) == {"shortest_edge"}:
+            target: int | list[int] = int(size["shortest_edge"])
+        elif set(size) == {"height", "width"}:
+            target = [int(size["height"]), int(size["width"])]
+        else:
+            raise UserError(f"{owner}: {file} has size={size}; reproduced are {{height, width}} "
+                            f"and {{shortest_edge}}.")
+        steps.append(v2.Resize(target, interpolation=RESAMPLING[cfg["resample"]],
+                               antialias=True))
+    if cfg.get("do_center_crop"):
+        crop = cfg["crop_size"]
+        crop = [crop, crop] if isinstance(crop, int) else [crop["height"], crop["width"]]
+        steps.append(CenterCrop(crop))
+    rescale = cfg.get("do_rescale", True)
+    if rescale and not math.isclose(cfg.get("rescale_factor", 1 / 255), 1 / 255):
+        raise UserError(f"{owner}: {file} has rescale_factor={cfg['rescale_factor']}; "
+                        f"reproduced is 1/255 (uint8 to 0..1).")
+    steps.append(v2.ToDtype(torch.float32, scale=rescale))
+    if cfg.get("do_normalize", True):
+        steps.append(v2.Normalize(mean=list(cfg["image_mean"]), std=list(cfg["image_std"])))
+    return v2.Compose(steps)
+
+
+class CenterCrop(torch.nn.Module):
+    """Center crop to ``size`` (height, width) with transformers' anchor: top = (h - ch) // 2.
+    torchvision's ``CenterCrop`` rounds the half instead, one pixel off whenever h - ch is odd;
+    smaller images are zero-padded first, as both do."""
+
+    def __init__(self, size: Sequence[int]) -> None:
+        super().__init__()
+        self.size = (int(size[0]), int(size[1]))
+
+    def forward(self, image: Tensor) -> Tensor:
+        """(c, h, w) -> (c, ch, cw)."""
+        ch, cw = self.size
+        h, w = image.shape[-2:]
+        if ch > h or cw > w:
+            dh, dw = max(ch - h, 0), max(cw - w, 0)
+            image = v2.functional.pad(image, [dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2])
+            h, w = image.shape[-2:]
+        return v2.functional.crop(image, (h - ch) // 2, (w - cw) // 2, ch, cw)
 
 
 class _ToFloat(torch.nn.Module):
