@@ -1,0 +1,313 @@
+"""GPT-2 (Radford et al. 2019) as mmtf's ``TextDecoder``, with cross-attention to an encoder.
+
+GPT-2 is a pre-LN decoder with learned positions (``wpe``), biased projections, the tanh GELU
+("gelu_new"), a final LayerNorm and an LM head tied to the token embedding: a ``TextDecoder``
+with ``positions="learned"``, ``bias=True``, ``mlp="gelu_tanh"``. A captioner needs
+cross-attention, which GPT-2 does not have: like ``VisionEncoderDecoderModel`` (GPT-2 with
+``add_cross_attention=True``), the import adds the cross-attention layers newly initialised with
+GPT-2's scheme, and reads them when the folder has them (a captioner exported from mmtf, or a
+``VisionEncoderDecoderModel`` folder).
+
+The name table is written once (:func:`weight_table`) and read both ways: importing
+(:func:`load_hf_gpt2`) and exporting back to the Hugging Face layout (:func:`hf_state_dict`,
+:func:`hf_config`). GPT-2's ``Conv1D`` stores weights as (in, out), the transpose of
+``nn.Linear``; its ``c_attn`` fuses q, k, v (self-attention) and k, v (cross-attention, with
+a separate ``q_attn``), which are the rows of mmtf's ``to_q`` and ``to_kv`` once transposed.
+Why: see docs/design/vision-gpt2-import.md.
+
+Shapes: c = n_embd, c_ctx = the encoder width, v = vocab_size, n = n_positions.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from mmtf.decoders.text import TextDecoder
+from mmtf.errors import UserError, require_file
+from mmtf.nn.transformer import MlpKind
+from mmtf.pretrained.hf import (
+    Source,
+    copy_weights,
+    is_hf_source,
+    open_hf_model,
+    original_names,
+    require_config,
+)
+
+MODEL_TYPES = frozenset({"gpt2"})
+ENCODER_DECODER = "vision-encoder-decoder"
+ANCHOR = "wte.weight"
+OWNER = "gpt2_decoder"
+EXPORT_WEIGHTS = "weights.safetensors"
+# GPT2Config's defaults, for configs that leave a field out (the hub's gpt2 config has no
+# add_cross_attention or tie_word_embeddings).
+DEFAULTS: dict[str, Any] = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
+                            "n_layer": 12, "n_head": 12, "n_inner": None,
+                            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+                            "initializer_range": 0.02, "scale_attn_weights": True,
+                            "scale_attn_by_inverse_layer_idx": False,
+                            "add_cross_attention": False, "tie_word_embeddings": True}
+ACTIVATIONS: dict[str, str] = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                               "gelu": "gelu", "quick_gelu": "quick_gelu"}
+
+
+def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int = 50257,
+                 dim: int = 768, depth: int = 12, num_heads: int = 12, context_dim: int = 768,
+                 max_len: int = 1024, mlp_ratio: float = 4.0, mlp: MlpKind = "gelu_tanh",
+                 norm_eps: float = 1e-5, dropout: float = 0.1, attn_dropout: float = 0.1,
+                 pad_id: int = 50256, tie_embeddings: bool = True) -> TextDecoder:
+    """A GPT-2-shaped ``TextDecoder`` with cross-attention, filled from ``pretrained``.
+
+    Args:
+        pretrained: a Hugging Face GPT-2 folder or hub id (``GPT2LMHeadModel``, ``GPT2Model`` or
+            the decoder of a ``VisionEncoderDecoderModel``), an mmtf decoder export, or None
+            (random weights).
+        vocab_size, dim, depth, num_heads, max_len, mlp_ratio, mlp, norm_eps, tie_embeddings:
+            GPT-2's ``vocab_size``, ``n_embd``, ``n_layer``, ``n_head``, ``n_positions``,
+            ``n_inner / n_embd``, ``activation_function``, ``layer_norm_epsilon`` and
+            ``tie_word_embeddings``; each must equal the folder's ``config.json``.
+        context_dim: width of the encoder memory the cross-attention reads.
+        dropout, attn_dropout: fine-tuning dropout (GPT-2 trained with 0.1 for both).
+        pad_id: padding id (GPT-2 pads with its ``<|endoftext|>``, 50256).
+
+    Raises:
+        UserError: a missing file, a folder of another architecture, a setting that differs
+            from ``config.json`` (both values and the overrides that fix it), or a tensor of
+            another shape (both shapes).
+    """
+    decoder = TextDecoder(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
+                          context_dim=context_dim, max_len=max_len, mlp_ratio=mlp_ratio,
+                          mlp=mlp, norm_eps=norm_eps, dropout=dropout, attn_dropout=attn_dropout,
+                          pad_id=pad_id, tie_embeddings=tie_embeddings, positions="learned",
+                          bias=True, mlp_bias=True)
+    if pretrained is None:
+        return decoder
+    built = dict(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
+                 max_len=max_len, mlp_ratio=mlp_ratio, mlp=mlp, norm_eps=norm_eps,
+                 tie_embeddings=tie_embeddings)
+    if is_hf_source(pretrained):
+        load_hf_gpt2(decoder, pretrained, built)
+    else:
+        load_export(decoder, pretrained)
+    return decoder
+
+
+def load_hf_gpt2(decoder: TextDecoder, source: str | Path, built: dict[str, Any]) -> None:
+    """Fill ``decoder`` (built with the values ``built``) from a GPT-2 folder or hub id.
+
+    Cross-attention layers the folder lacks keep a fresh GPT-2 initialisation.
+    """
+    model = open_hf_model(source, model_types={*MODEL_TYPES, ENCODER_DECODER}, owner=OWNER)
+    config = model.config
+    nested = model.model_type == ENCODER_DECODER
+    if nested:
+        config = model.field("decoder", owner=OWNER)
+    if config.get("model_type") not in MODEL_TYPES:
+        raise UserError(f"{OWNER}: {model.source}/config.json has decoder.model_type="
+                        f"{config.get('model_type')!r}, but this loader reads 'gpt2'.")
+    config = {**DEFAULTS, **config}
+    where = "decoder." if nested else ""
+    for key, value in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False)):
+        if config[key] is not value:
+            raise UserError(f"{OWNER}: {model.source}/config.json has {where}{key}="
+                            f"{config[key]}; mmtf's attention scales scores by 1/sqrt(head "
+                            f"dim) in every layer, as GPT-2's default {key}={value}.")
+    require_config(OWNER, built, decoder_values(config, where), source=model.source,
+                   key_prefix="model.decoder")
+    prefix = model.prefix(ANCHOR, owner=OWNER)
+    names = set(model.keys())
+    cross = f"{prefix}h.0.crossattention.c_attn.weight" in names
+    mapping = weight_map(weight_table(decoder, prefix, cross=cross))
+    fresh = [] if cross else [k for k in decoder.state_dict() if _is_cross(k)]
+    copy_weights(decoder, model.tensors(original_names(mapping)), mapping, owner=OWNER,
+                 source=model.source, keep_initialised=fresh)
+    if fresh:
+        init_cross_attention(decoder, std=config["initializer_range"])
+
+
+def decoder_values(config: dict[str, Any], where: str = "") -> dict[str, tuple[Any, str]]:
+    """The ``gpt2_decoder`` settings a GPT-2 config needs: ``{key: (value, its field)}``."""
+
+    def field(key: str) -> str:
+        return f"{where}{key}={config[key]!r}"
+
+    inner = config["n_inner"] or 4 * config["n_embd"]
+    act = config["activation_function"]
+    return {
+        "vocab_size": (config["vocab_size"], field("vocab_size")),
+        "dim": (config["n_embd"], field("n_embd")),
+        "depth": (config["n_layer"], field("n_layer")),
+        "num_heads": (config["n_head"], field("n_head")),
+        "max_len": (config["n_positions"], field("n_positions")),
+        "mlp_ratio": (inner / config["n_embd"], field("n_inner")),
+        "mlp": (ACTIVATIONS.get(act, act), field("activation_function")),
+        "norm_eps": (config["layer_norm_epsilon"], field("layer_norm_epsilon")),
+        "tie_embeddings": (config["tie_word_embeddings"], field("tie_word_embeddings")),
+    }
+
+
+class Row(NamedTuple):
+    """One GPT-2 tensor and the mmtf tensors it holds: ``parts`` are stacked along dim 0 after
+    transposing a ``Conv1D`` weight (``transpose``): GPT-2 = cat(parts, 0)(.T)."""
+
+    hf: str
+    parts: tuple[str, ...]
+    transpose: bool = False
+
+
+def weight_table(decoder: TextDecoder, prefix: str = "transformer.", *, cross: bool = True,
+                 ) -> list[Row]:
+    """Every GPT-2 tensor of ``decoder``'s architecture with the mmtf tensors it holds.
+
+    Args:
+        decoder: sets depth and tying.
+        prefix: of the GPT-2 names (``"transformer."`` in ``GPT2LMHeadModel``, ``""`` in
+            ``GPT2Model``, ``"decoder.transformer."`` in a ``VisionEncoderDecoderModel``).
+        cross: include the cross-attention layers.
+    """
+    rows = [Row(f"{prefix}wte.weight", ("embed.weight",)),
+            Row(f"{prefix}wpe.weight", ("positions.weight",)),
+            Row(f"{prefix}ln_f.weight", ("stack.norm.weight",)),
+            Row(f"{prefix}ln_f.bias", ("stack.norm.bias",))]
+    if not decoder.tie_embeddings:
+        head = prefix.removesuffix("transformer.")
+        rows.append(Row(f"{head}lm_head.weight", ("lm_head.weight",)))
+    for i in range(decoder.depth):
+        t, o = f"{prefix}h.{i}.", f"stack.blocks.{i}."
+        for kind in ("weight", "bias"):
+            conv = kind == "weight"
+            rows += [
+                Row(f"{t}ln_1.{kind}", (f"{o}norm_self.{kind}",)),
+                Row(f"{t}attn.c_attn.{kind}", (f"{o}self_attn.to_q.{kind}",
+                                               f"{o}self_attn.to_kv.{kind}"), conv),
+                Row(f"{t}attn.c_proj.{kind}", (f"{o}self_attn.to_out.{kind}",), conv),
+                Row(f"{t}ln_2.{kind}", (f"{o}norm_mlp.{kind}",)),
+                Row(f"{t}mlp.c_fc.{kind}", (f"{o}mlp.fc_in.{kind}",), conv),
+                Row(f"{t}mlp.c_proj.{kind}", (f"{o}mlp.fc_out.{kind}",), conv),
+            ]
+            if cross:
+                rows += [
+                    Row(f"{t}ln_cross_attn.{kind}", (f"{o}norm_cross.{kind}",)),
+                    Row(f"{t}crossattention.q_attn.{kind}", (f"{o}cross_attn.to_q.{kind}",),
+                        conv),
+                    Row(f"{t}crossattention.c_attn.{kind}", (f"{o}cross_attn.to_kv.{kind}",),
+                        conv),
+                    Row(f"{t}crossattention.c_proj.{kind}", (f"{o}cross_attn.to_out.{kind}",),
+                        conv),
+                ]
+    return rows
+
+
+def weight_map(rows: list[Row]) -> dict[str, Source]:
+    """The import direction of ``rows``: ``{mmtf name: (GPT-2 name, transform)}``; a tied LM head
+    reads the token embedding."""
+    mapping: dict[str, Source] = {}
+    for row in rows:
+        for index, part in enumerate(row.parts):
+            mapping[part] = (row.hf, _Part(row, index))
+    if "lm_head.weight" not in mapping:
+        mapping["lm_head.weight"] = mapping["embed.weight"]
+    return mapping
+
+
+class _Part:
+    """Part ``index`` of a GPT-2 tensor: transposed (Conv1D) and cut along dim 0 into rows of
+    c = its width / len(parts) for part 0 and the rest for part 1 (q | k v of ``c_attn``)."""
+
+    def __init__(self, row: Row, index: int) -> None:
+        self.row, self.index = row, index
+
+    def __call__(self, tensor: Tensor) -> Tensor:
+        t = tensor.t() if self.row.transpose else tensor                  # (out, in) or (out,)
+        if len(self.row.parts) == 1:
+            return t
+        width = t.shape[0] // 3                                          # c: q, then k and v
+        return t[:width] if self.index == 0 else t[width:]
+
+
+def hf_state_dict(decoder: TextDecoder) -> dict[str, Tensor]:
+    """``decoder``'s weights under ``GPT2LMHeadModel``'s names (the export direction), as
+    contiguous float copies; the tied LM head is left to ``tie_word_embeddings``."""
+    state = decoder.state_dict()
+    out = {}
+    for row in weight_table(decoder):
+        value = torch.cat([state[p] for p in row.parts], dim=0)
+        out[row.hf] = (value.t() if row.transpose else value).detach().cpu().contiguous()
+    return out
+
+
+def hf_config(decoder: TextDecoder, *, bos_id: int, eos_id: int, pad_id: int | None = None,
+              ) -> dict[str, Any]:
+    """``config.json`` of ``decoder`` as a ``GPT2LMHeadModel`` with cross-attention.
+
+    Raises:
+        UserError: the decoder is not GPT-2-shaped (positions, biases, norm, MLP, or a context
+            width other than its own, which GPT-2's cross-attention cannot read).
+    """
+    block = decoder.stack.blocks[0]
+    act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "quick_gelu": "quick_gelu"}
+    problems = []
+    if decoder.positions is None:
+        problems.append("positions must be 'learned' (GPT-2 has a wpe table), not rope")
+    if block.mlp.kind not in act:
+        problems.append(f"mlp {block.mlp.kind!r} has no GPT-2 activation_function")
+    if block.self_attn.to_q.bias is None or block.mlp.fc_in.bias is None:
+        problems.append("GPT-2 has biases on every projection (bias: true)")
+    if not isinstance(block.norm_self, nn.LayerNorm):
+        problems.append("GPT-2 uses LayerNorm")
+    if decoder.context_dim != decoder.dim:
+        problems.append(f"GPT-2's cross-attention reads encoder states of its own width n_embd="
+                        f"{decoder.dim}, but context_dim={decoder.context_dim}")
+    if problems:
+        raise UserError(f"export format=hf: this decoder is no GPT-2: {'; '.join(problems)}.")
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": decoder.vocab_size, "n_positions": decoder.max_len,
+        "n_embd": decoder.dim, "n_layer": decoder.depth,
+        "n_head": block.self_attn.num_heads, "n_inner": block.mlp.fc_in.out_features,
+        "activation_function": act[block.mlp.kind],
+        "layer_norm_epsilon": block.norm_self.eps, "add_cross_attention": True,
+        "tie_word_embeddings": decoder.tie_embeddings, "bos_token_id": bos_id,
+        "eos_token_id": eos_id, "pad_token_id": pad_id,
+        "resid_pdrop": decoder.drop.p, "embd_pdrop": decoder.drop.p,
+        "attn_pdrop": block.self_attn.dropout, "initializer_range": 0.02,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+    }
+
+
+def init_cross_attention(decoder: TextDecoder, *, std: float = 0.02) -> None:
+    """GPT-2's initialisation for the cross-attention layers (as ``VisionEncoderDecoderModel``
+    gives its new ones): weights N(0, std), the output projection N(0, std / sqrt(2 n_layer)),
+    biases 0, LayerNorm 1 and 0."""
+    with torch.no_grad():
+        for block in decoder.stack.blocks:
+            block.norm_cross.reset_parameters()
+            for name, layer in (("to_q", block.cross_attn.to_q),
+                                ("to_kv", block.cross_attn.to_kv),
+                                ("to_out", block.cross_attn.to_out)):
+                scale = math.sqrt(2 * decoder.depth) if name == "to_out" else 1.0
+                layer.weight.normal_(0.0, std / scale)
+                layer.bias.zero_()
+
+
+def load_export(decoder: nn.Module, path: str | Path) -> None:
+    """Load an mmtf decoder export (``weights.safetensors``), every name and shape checked."""
+    file = Path(path)
+    file = file if file.suffix == ".safetensors" else file / EXPORT_WEIGHTS
+    require_file(file, what=f"{OWNER}: weights file",
+                 fix="set model.decoder.pretrained to a GPT-2 folder, a hub id or a folder "
+                     "written by mmtf-export part=decoder")
+    tensors = load_file(str(file), device="cpu")
+    copy_weights(decoder, tensors, {k: k for k in decoder.state_dict()}, owner=OWNER,
+                 source=str(file))
+
+
+def _is_cross(name: str) -> bool:
+    return ".cross_attn." in name or ".norm_cross." in name

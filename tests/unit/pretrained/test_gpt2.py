@@ -1,0 +1,149 @@
+"""GPT-2 as mmtf's TextDecoder with cross-attention: the same logits as ``GPT2LMHeadModel``
+(add_cross_attention=True) under teacher forcing given the same encoder states (float32,
+<= 1e-4), new cross-attention layers when the folder has none, the export direction back to
+the Hugging Face layout, and the one-line refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmtf.errors import UserError
+from mmtf.pretrained.gpt2 import gpt2_decoder, hf_config, hf_state_dict
+
+from .vision_folders import perturb
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=101, n_positions=40, n_embd=64, n_layer=2, n_head=4)
+DECODER = dict(vocab_size=101, dim=64, depth=2, num_heads=4, context_dim=64, max_len=40,
+               dropout=0.0, attn_dropout=0.0, pad_id=100)
+
+
+def save_gpt2(path, *, cross=True, **overrides):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(**{**TINY, **overrides}, add_cross_attention=cross)
+    model = perturb(GPT2LMHeadModel(config).eval())
+    model.save_pretrained(path)
+    return model
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 100, (3, 9), generator=g)
+    memory = torch.randn(3, 7, 64, generator=g)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 4:] = False                                   # a shorter memory in row 1
+    return tokens, memory, mask
+
+
+def _hf_logits(model, tokens, memory, mask):
+    with torch.no_grad():
+        return model(input_ids=tokens, encoder_hidden_states=memory,
+                     encoder_attention_mask=mask.long()).logits
+
+
+def test_teacher_forced_logits_match_transformers(tmp_path):
+    reference = save_gpt2(tmp_path / "gpt2")
+    decoder = gpt2_decoder(**DECODER, pretrained=tmp_path / "gpt2").eval()
+    tokens, memory, mask = _inputs()
+    with torch.no_grad():
+        got = decoder(tokens, memory, mask)
+    torch.testing.assert_close(got, _hf_logits(reference, tokens, memory, mask), atol=1e-4,
+                               rtol=0)
+
+
+def test_a_gpt2_without_cross_attention_gets_new_layers(tmp_path):
+    # What VisionEncoderDecoderModel does: GPT-2's weights, new cross-attention layers with
+    # GPT-2's initialisation. Copy them into HF's freshly built ones and compare.
+    from transformers import GPT2LMHeadModel
+
+    save_gpt2(tmp_path / "gpt2", cross=False)
+    decoder = gpt2_decoder(**DECODER, pretrained=tmp_path / "gpt2").eval()
+    block = decoder.stack.blocks[1]
+    assert torch.equal(block.cross_attn.to_q.bias, torch.zeros(64))
+    assert torch.equal(block.norm_cross.weight, torch.ones(64))
+    assert abs(block.cross_attn.to_kv.weight.std().item() - 0.02) < 0.003
+    assert abs(block.cross_attn.to_out.weight.std().item() - 0.01) < 0.002   # 0.02 / sqrt(4)
+    reference = GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2",
+                                                add_cross_attention=True).eval()
+    state = hf_state_dict(decoder)
+    cross = {k: v for k, v in state.items() if "cross" in k}
+    assert len(cross) == 2 * 4 * 2                       # 4 layers x weight/bias x 2 blocks
+    reference.load_state_dict(cross, strict=False)
+    tokens, memory, mask = _inputs(1)
+    with torch.no_grad():
+        got = decoder(tokens, memory, mask)
+    torch.testing.assert_close(got, _hf_logits(reference, tokens, memory, mask), atol=1e-4,
+                               rtol=0)
+
+
+def test_export_direction_loads_in_transformers(tmp_path):
+    from safetensors.torch import save_file
+    from transformers import GPT2LMHeadModel
+
+    save_gpt2(tmp_path / "gpt2")
+    decoder = gpt2_decoder(**DECODER, pretrained=tmp_path / "gpt2").eval()
+    out = tmp_path / "out"
+    out.mkdir()
+    import json
+
+    (out / "config.json").write_text(json.dumps(hf_config(decoder, bos_id=100, eos_id=100)))
+    save_file(hf_state_dict(decoder), str(out / "model.safetensors"), metadata={"format": "pt"})
+    reloaded = GPT2LMHeadModel.from_pretrained(out).eval()
+    tokens, memory, mask = _inputs(2)
+    with torch.no_grad():
+        got = decoder(tokens, memory, mask)
+    torch.testing.assert_close(got, _hf_logits(reloaded, tokens, memory, mask), atol=1e-4,
+                               rtol=0)
+
+
+def test_untied_head_and_a_gpt2model_folder(tmp_path):
+    from transformers import GPT2Config, GPT2Model
+
+    save_gpt2(tmp_path / "untied", tie_word_embeddings=False)
+    decoder = gpt2_decoder(**DECODER, tie_embeddings=False, pretrained=tmp_path / "untied")
+    assert decoder.lm_head.weight.data_ptr() != decoder.embed.weight.data_ptr()
+    body = perturb(GPT2Model(GPT2Config(**TINY)))                 # no "transformer." prefix
+    body.save_pretrained(tmp_path / "body")
+    decoder = gpt2_decoder(**DECODER, pretrained=tmp_path / "body")
+    assert torch.equal(decoder.embed.weight, body.wte.weight)
+    assert torch.equal(decoder.lm_head.weight, body.wte.weight)
+
+
+def test_settings_and_widths_that_disagree_are_named(tmp_path):
+    save_gpt2(tmp_path / "gpt2")
+    with pytest.raises(UserError, match=r"model\.decoder does not match .*gpt2/config\.json: "
+                                        r"dim=32, but it has n_embd=64 \(dim=64\); set "
+                                        r"model\.decoder\.dim=64"):
+        gpt2_decoder(**{**DECODER, "dim": 32, "context_dim": 32}, pretrained=tmp_path / "gpt2")
+    # The folder's cross-attention reads 64-wide encoder states; this model's encoder is 48.
+    with pytest.raises(UserError, match=r"crossattention\.c_attn\.weight' in .* has shape "
+                                        r"\(128, 64\) but mmtf's .*to_kv\.weight' has "
+                                        r"\(128, 48\)"):
+        gpt2_decoder(**{**DECODER, "context_dim": 48}, pretrained=tmp_path / "gpt2")
+    with pytest.raises(UserError, match=r"scale_attn_by_inverse_layer_idx=True"):
+        save_gpt2(tmp_path / "scaled", scale_attn_by_inverse_layer_idx=True)
+        gpt2_decoder(**DECODER, pretrained=tmp_path / "scaled")
+
+
+def test_missing_files_and_other_architectures(tmp_path):
+    with pytest.raises(UserError, match=r"weights file .*nothing/weights\.safetensors"):
+        gpt2_decoder(**DECODER, pretrained=tmp_path / "nothing")
+    from .vision_folders import save_vit
+
+    save_vit(tmp_path / "vit")
+    with pytest.raises(UserError, match=r"model_type='vit', but this loader reads"):
+        gpt2_decoder(**DECODER, pretrained=tmp_path / "vit")
+
+
+def test_a_decoder_export_loads_back(tmp_path):
+    from safetensors.torch import save_file
+
+    source = gpt2_decoder(**DECODER)
+    (tmp_path / "export").mkdir()
+    save_file({k: v.clone() for k, v in source.state_dict().items()},
+              str(tmp_path / "export" / "weights.safetensors"))
+    loaded = gpt2_decoder(**DECODER, pretrained=tmp_path / "export")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in source.state_dict().items())
