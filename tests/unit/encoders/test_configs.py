@@ -35,7 +35,7 @@ def test_config_instantiates_and_runs(path):
     assert set(cfg.keys()) - {"_target_"} == expected
     if cls is AudioEncoder:
         assert cfg.sample_rate == 16000
-    if "base" in path.stem:
+    if cfg.dim >= 512:                                      # GPU-sized (base, vit, clip)
         with torch.device("meta"):                           # shapes and signatures, no memory
             enc = instantiate(cfg)
         assert next(enc.parameters()).is_meta

@@ -147,3 +147,34 @@ def test_a_decoder_export_loads_back(tmp_path):
               str(tmp_path / "export" / "weights.safetensors"))
     loaded = gpt2_decoder(**DECODER, pretrained=tmp_path / "export")
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in source.state_dict().items())
+
+
+def test_a_vision_encoder_decoder_folder_loads_both_sides(tmp_path):
+    # A whole ViT + GPT-2 captioner (nlpconnect/vit-gpt2-image-captioning's layout): the
+    # encoder reads encoder.*, the decoder decoder.* with its trained cross-attention.
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        VisionEncoderDecoderModel,
+        ViTConfig,
+        ViTModel,
+    )
+
+    from mmtf.encoders import VisionEncoder
+
+    from .vision_folders import TINY as TINY_VIT
+    from .vision_folders import VIT_ENCODER
+
+    captioner = VisionEncoderDecoderModel(
+        encoder=ViTModel(ViTConfig(**TINY_VIT), add_pooling_layer=False),
+        decoder=GPT2LMHeadModel(GPT2Config(**TINY, add_cross_attention=True)))
+    captioner = perturb(captioner.eval())
+    captioner.save_pretrained(tmp_path / "ved")
+    encoder = VisionEncoder(**VIT_ENCODER, pretrained=tmp_path / "ved").eval()
+    decoder = gpt2_decoder(**DECODER, pretrained=tmp_path / "ved").eval()
+    images = torch.randn(2, 3, 32, 32)
+    tokens = torch.randint(0, 100, (2, 6))
+    with torch.no_grad():
+        expected = captioner(pixel_values=images, decoder_input_ids=tokens).logits
+        got = decoder(tokens, encoder(images).memory)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
