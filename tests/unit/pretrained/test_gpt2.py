@@ -15,7 +15,8 @@ from .vision_folders import perturb
 
 transformers = pytest.importorskip("transformers")
 
-TINY = dict(vocab_size=101, n_positions=40, n_embd=64, n_layer=2, n_head=4)
+TINY = dict(vocab_size=101, n_positions=40, n_embd=64, n_layer=2, n_head=4, bos_token_id=100,
+            eos_token_id=100)                   # <|endoftext|>: the last id, as in GPT-2
 DECODER = dict(vocab_size=101, dim=64, depth=2, num_heads=4, context_dim=64, max_len=40,
                dropout=0.0, attn_dropout=0.0, pad_id=100)
 

@@ -1,0 +1,85 @@
+"""The ViT + GPT-2 experiment end to end on random-weight tiny folders built locally (the
+experiment's make_tiny_models.py, never downloaded), and bad pretrained folders as one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+
+import pytest
+
+from mmtf.train import train
+
+from .conftest import COMMON, REPO, compose_train, run_cli
+
+transformers = pytest.importorskip("transformers")
+EXPERIMENT = "image_captioning_coco_vit_gpt2"
+SCRIPT = REPO / "experiments" / EXPERIMENT / "make_tiny_models.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """The tiny ViT and GPT-2 folders and the overrides that point the experiment at them."""
+    spec = importlib.util.spec_from_file_location("make_tiny_models", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path_factory.mktemp("tiny_models")
+    script.write_vit(out / "vit")
+    vocab = script.write_gpt2(out / "gpt2")
+    eos = json.loads((out / "gpt2" / "config.json").read_text())["eos_token_id"]
+    return out, script.overrides(out, vocab, eos)
+
+
+def _overrides(data_dir, models, *extra):
+    return [f"experiment={EXPERIMENT}", "data=synth_image_captions", f"paths.data_dir={data_dir}",
+            *COMMON, "data.synthetic.num_train=12", "data.synthetic.num_val=4",
+            "data.synthetic.num_test=4", "data.synthetic.num_workers=0",
+            "model.test_metrics=[bleu,rouge_l,cider_d]", *models, *extra]
+
+
+@pytest.mark.slow
+def test_fast_dev_run_on_tiny_pretrained_folders(tiny_models, data_dir, tmp_path):
+    _, models = tiny_models
+    cfg = compose_train(_overrides(data_dir, models, "trainer.fast_dev_run=true"), tmp_path)
+    assert cfg.data.tokenizer.kind == "pretrained"
+    assert cfg.data.train_transforms[0].source == cfg.model.encoder.pretrained
+    train(cfg)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert "test/cider_d" in metrics and all(v == v for v in metrics.values())
+
+
+CASES = {
+    "missing_weights": r"gpt2_decoder: .*gpt2/model\.safetensors not found",
+    "other_architecture": r"VisionEncoder\.load_pretrained: .*gpt2/config\.json has "
+                          r"model_type='gpt2', but this loader reads",
+    "size_disagrees": r"model\.encoder does not match .*vit/config\.json: dim=32, but it has "
+                      r"hidden_size=64 \(dim=64\)",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_pretrained_folders_are_one_line_before_anything_is_written(case, tiny_models,
+                                                                        tmp_path):
+    import shutil
+
+    source, models = tiny_models
+    folder = tmp_path / "models"
+    shutil.copytree(source, folder)
+    models = [m.replace(str(source), str(folder)) for m in models]
+    if case == "missing_weights":
+        (folder / "gpt2" / "model.safetensors").unlink()
+    elif case == "other_architecture":
+        models.append(f"model.encoder.pretrained={folder / 'gpt2'}")
+    else:
+        models.append("model.encoder.dim=32")
+    data_dir, run = tmp_path / "data", tmp_path / "run"
+    out = run_cli("mmtf.train", _overrides(data_dir, models, f"hydra.run.dir={run}"),
+                  cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("mmtf: error:")]
+    assert len(errors) == 1 and re.search(CASES[case], errors[0]), out.stderr[-3000:]
+    assert not data_dir.exists() and not list(run.rglob("*.ckpt"))
