@@ -20,24 +20,29 @@ Shapes: c = n_embd, c_ctx = the encoder width, v = vocab_size, n = n_positions.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from mmtf.decoders.text import TextDecoder
 from mmtf.errors import UserError, require_file
 from mmtf.nn.transformer import MlpKind
 from mmtf.pretrained.hf import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    HFModel,
     Source,
     copy_weights,
     is_hf_source,
     open_hf_model,
     original_names,
     require_config,
+    write_tokenizer_files,
 )
 
 MODEL_TYPES = frozenset({"gpt2"})
@@ -57,11 +62,12 @@ ACTIVATIONS: dict[str, str] = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "ge
                                "gelu": "gelu", "quick_gelu": "quick_gelu"}
 
 
-def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int = 50257,
-                 dim: int = 768, depth: int = 12, num_heads: int = 12, context_dim: int = 768,
-                 max_len: int = 1024, mlp_ratio: float = 4.0, mlp: MlpKind = "gelu_tanh",
-                 norm_eps: float = 1e-5, dropout: float = 0.1, attn_dropout: float = 0.1,
-                 pad_id: int = 50256, tie_embeddings: bool = True) -> TextDecoder:
+def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None = 50257,
+                 dim: int | None = 768, depth: int | None = 12, num_heads: int | None = 12,
+                 context_dim: int = 768, max_len: int | None = 1024,
+                 mlp_ratio: float | None = 4.0, mlp: MlpKind | None = "gelu_tanh",
+                 norm_eps: float | None = 1e-5, dropout: float = 0.1, attn_dropout: float = 0.1,
+                 pad_id: int | None = 50256, tie_embeddings: bool | None = True) -> TextDecoder:
     """A GPT-2-shaped ``TextDecoder`` with cross-attention, filled from ``pretrained``.
 
     Args:
@@ -71,37 +77,50 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int = 5025
         vocab_size, dim, depth, num_heads, max_len, mlp_ratio, mlp, norm_eps, tie_embeddings:
             GPT-2's ``vocab_size``, ``n_embd``, ``n_layer``, ``n_head``, ``n_positions``,
             ``n_inner / n_embd``, ``activation_function``, ``layer_norm_epsilon`` and
-            ``tie_word_embeddings``; each must equal the folder's ``config.json``.
+            ``tie_word_embeddings``: None reads them from the folder's ``config.json``, a value
+            must equal it.
         context_dim: width of the encoder memory the cross-attention reads.
         dropout, attn_dropout: fine-tuning dropout (GPT-2 trained with 0.1 for both).
-        pad_id: padding id (GPT-2 pads with its ``<|endoftext|>``, 50256).
+        pad_id: padding id (GPT-2 pads with its ``<|endoftext|>``, 50256); None: the folder's
+            ``pad_token_id``, else its ``eos_token_id``.
 
     Raises:
         UserError: a missing file, a folder of another architecture, a setting that differs
-            from ``config.json`` (both values and the overrides that fix it), or a tensor of
-            another shape (both shapes).
+            from ``config.json`` (both values and the overrides that fix it), a tensor of
+            another shape (both shapes), or a null setting without a Hugging Face folder.
     """
-    decoder = TextDecoder(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
-                          context_dim=context_dim, max_len=max_len, mlp_ratio=mlp_ratio,
-                          mlp=mlp, norm_eps=norm_eps, dropout=dropout, attn_dropout=attn_dropout,
-                          pad_id=pad_id, tie_embeddings=tie_embeddings, positions="learned",
-                          bias=True, mlp_bias=True)
-    if pretrained is None:
-        return decoder
-    built = dict(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
+    given = dict(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
                  max_len=max_len, mlp_ratio=mlp_ratio, mlp=mlp, norm_eps=norm_eps,
-                 tie_embeddings=tie_embeddings)
-    if is_hf_source(pretrained):
-        load_hf_gpt2(decoder, pretrained, built)
-    else:
+                 tie_embeddings=tie_embeddings, pad_id=pad_id)
+    hf = pretrained is not None and is_hf_source(pretrained)
+    source = config = None
+    if hf:
+        model, config, where = open_gpt2(pretrained)
+        source = model.source
+        needed = decoder_values(config, where)
+        require_config(OWNER, given, {k: v for k, v in needed.items() if given[k] is not None},
+                       source=source, key_prefix="model.decoder")
+        given = {k: needed[k][0] if v is None else v for k, v in given.items()}
+    unset = sorted(k for k, v in given.items() if v is None)
+    if unset:
+        raise UserError(f"{OWNER}: model.decoder.{unset[0]} is null, which means 'read it from "
+                        f"config.json', but model.decoder.pretrained ({pretrained}) is no "
+                        f"Hugging Face GPT-2 folder; set the sizes or point pretrained at one.")
+    decoder = TextDecoder(context_dim=context_dim, dropout=dropout, attn_dropout=attn_dropout,
+                          positions="learned", bias=True, mlp_bias=True, **given)
+    if hf:
+        load_hf_gpt2(decoder, model, config)
+    elif pretrained is not None:
         load_export(decoder, pretrained)
     return decoder
 
 
-def load_hf_gpt2(decoder: TextDecoder, source: str | Path, built: dict[str, Any]) -> None:
-    """Fill ``decoder`` (built with the values ``built``) from a GPT-2 folder or hub id.
+def open_gpt2(source: str | Path) -> tuple[HFModel, dict[str, Any], str]:
+    """Open a GPT-2 folder or hub id: the model, GPT-2's config (its defaults filled in) and
+    where that config sits in ``config.json`` ("" or "decoder.").
 
-    Cross-attention layers the folder lacks keep a fresh GPT-2 initialisation.
+    Raises:
+        UserError: a missing file, another architecture, or attention scaling mmtf does not do.
     """
     model = open_hf_model(source, model_types={*MODEL_TYPES, ENCODER_DECODER}, owner=OWNER)
     config = model.config
@@ -118,8 +137,14 @@ def load_hf_gpt2(decoder: TextDecoder, source: str | Path, built: dict[str, Any]
             raise UserError(f"{OWNER}: {model.source}/config.json has {where}{key}="
                             f"{config[key]}; mmtf's attention scales scores by 1/sqrt(head "
                             f"dim) in every layer, as GPT-2's default {key}={value}.")
-    require_config(OWNER, built, decoder_values(config, where), source=model.source,
-                   key_prefix="model.decoder")
+    return model, config, where
+
+
+def load_hf_gpt2(decoder: TextDecoder, model: HFModel, config: dict[str, Any]) -> None:
+    """Fill ``decoder`` (built from ``config``) with the tensors of the opened GPT-2 ``model``.
+
+    Cross-attention layers the folder lacks keep a fresh GPT-2 initialisation.
+    """
     prefix = model.prefix(ANCHOR, owner=OWNER)
     names = set(model.keys())
     cross = f"{prefix}h.0.crossattention.c_attn.weight" in names
@@ -132,14 +157,21 @@ def load_hf_gpt2(decoder: TextDecoder, source: str | Path, built: dict[str, Any]
 
 
 def decoder_values(config: dict[str, Any], where: str = "") -> dict[str, tuple[Any, str]]:
-    """The ``gpt2_decoder`` settings a GPT-2 config needs: ``{key: (value, its field)}``."""
+    """The ``gpt2_decoder`` settings a GPT-2 config needs: ``{key: (value, its field)}``; the
+    pad id is GPT-2's pad token, else its eos (GPT-2 has no pad token)."""
 
     def field(key: str) -> str:
         return f"{where}{key}={config[key]!r}"
 
     inner = config["n_inner"] or 4 * config["n_embd"]
     act = config["activation_function"]
+    pad = config.get("pad_token_id")
+    pad_field = "pad_token_id"
+    if pad is None:
+        pad, pad_field = config.get("eos_token_id"), "eos_token_id"
+    pad = pad[0] if isinstance(pad, list) else pad
     return {
+        "pad_id": (pad, f"{where}{pad_field}={pad!r}"),
         "vocab_size": (config["vocab_size"], field("vocab_size")),
         "dim": (config["n_embd"], field("n_embd")),
         "depth": (config["n_layer"], field("n_layer")),
@@ -280,6 +312,57 @@ def hf_config(decoder: TextDecoder, *, bos_id: int, eos_id: int, pad_id: int | N
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,
     }
+
+
+def resolved_sizes(part: str, module: TextDecoder) -> dict[str, Any]:
+    """The settings a built decoder was given (null ones read from ``config.json``), by
+    :func:`gpt2_decoder` argument; recorded in a run's config so checkpoints rebuild."""
+    block = module.stack.blocks[0]
+    return {"vocab_size": module.vocab_size, "dim": module.dim, "depth": module.depth,
+            "num_heads": block.self_attn.num_heads, "max_len": module.max_len,
+            "mlp_ratio": block.mlp.fc_in.out_features / module.dim, "mlp": block.mlp.kind,
+            "norm_eps": block.norm_self.eps, "pad_id": module.pad_id,
+            "tie_embeddings": module.tie_embeddings}
+
+
+def export_hf(task: Any, out: Path) -> None:
+    """Write a captioning task's GPT-2 decoder as ``GPT2LMHeadModel`` (with cross-attention)
+    would save it: ``config.json``, ``generation_config.json``, ``model.safetensors`` and the
+    tokenizer files; then import the folder back and check every tensor.
+
+    The encoder is not part of this folder: export it with ``format=mmtf part=encoder``, or load
+    the original vision tower it was fine-tuned from.
+
+    Raises:
+        UserError: the decoder is not GPT-2-shaped (:func:`hf_config`) or the task's tokenizer
+            is not a pretrained one (GPT-2's).
+    """
+    from mmtf.text import PretrainedTokenizer
+
+    decoder, tokenizer = task.model.decoder, task.tokenizer
+    if not isinstance(tokenizer, PretrainedTokenizer):
+        raise UserError(f"export format=hf: the checkpoint's tokenizer is "
+                        f"{type(tokenizer).__name__}, not GPT-2's (data.tokenizer.kind: "
+                        f"pretrained); transformers could not read its captions.")
+    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+           "pad_token_id": tokenizer.pad_id}
+    config = hf_config(decoder, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                       pad_id=tokenizer.pad_id)
+    tensors = hf_state_dict(decoder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(ids, indent=2))
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_tokenizer_files(tokenizer, out, tokenizer_class="GPT2Tokenizer",
+                          model_max_length=decoder.max_len)
+    back = gpt2_decoder(pretrained=out, context_dim=decoder.context_dim,
+                        **dict.fromkeys(resolved_sizes("decoder", decoder))).state_dict()
+    for key, value in decoder.state_dict().items():
+        if not torch.equal(value.detach().cpu().float(), back[key].float()):
+            raise RuntimeError(f"export format=hf: {out} does not import back into the "
+                               f"exported weights ({key}).")
+    print(f"Exported the GPT-2 decoder ({sum(t.numel() for t in tensors.values()):,} values) "
+          f"to {out}/")
 
 
 def init_cross_attention(decoder: TextDecoder, *, std: float = 0.02) -> None:

@@ -319,3 +319,16 @@ def _override(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_override(v) for v in value) + "]"
     return str(value)
+
+
+def write_tokenizer_files(tokenizer: Any, out: Path, *, tokenizer_class: str,
+                          model_max_length: int) -> None:
+    """``tokenizer.json`` and ``tokenizer_config.json`` of a :class:`mmtf.text.PretrainedTokenizer`
+    as ``save_pretrained`` writes them, its special tokens named by their text."""
+    tokenizer.backend.save(str(out / "tokenizer.json"))
+    names = {f"{name}_token": tokenizer.id_to_token(i) for name, i in (
+        ("bos", tokenizer.bos_id), ("eos", tokenizer.eos_id), ("pad", tokenizer.pad_id),
+        ("unk", tokenizer.unk_id)) if i is not None}
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {**names, "tokenizer_class": tokenizer_class, "model_max_length": model_max_length},
+        indent=2))

@@ -80,24 +80,46 @@ def test_a_gpt2_without_cross_attention_gets_new_layers(tmp_path):
                                rtol=0)
 
 
-def test_export_direction_loads_in_transformers(tmp_path):
-    from safetensors.torch import save_file
-    from transformers import GPT2LMHeadModel
+def test_export_hf_writes_what_transformers_loads(tmp_path):
+    # A captioner's GPT-2 decoder and tokenizer written back (format=hf's family writer):
+    # transformers reads the same logits and the same token ids.
+    from types import SimpleNamespace
 
-    save_gpt2(tmp_path / "gpt2")
-    decoder = gpt2_decoder(**DECODER, pretrained=tmp_path / "gpt2").eval()
-    out = tmp_path / "out"
-    out.mkdir()
-    import json
+    from transformers import AutoTokenizer, GPT2LMHeadModel
 
-    (out / "config.json").write_text(json.dumps(hf_config(decoder, bos_id=100, eos_id=100)))
-    save_file(hf_state_dict(decoder), str(out / "model.safetensors"), metadata={"format": "pt"})
-    reloaded = GPT2LMHeadModel.from_pretrained(out).eval()
+    from mmtf.pretrained.gpt2 import export_hf
+    from mmtf.text import PretrainedTokenizer
+
+    from .tiny_hf import ENDOFTEXT, write_tokenizer
+
+    backend = write_tokenizer(tmp_path / "gpt2", family="gpt2")
+    eos = backend.token_to_id(ENDOFTEXT)
+    save_gpt2(tmp_path / "gpt2", vocab_size=backend.get_vocab_size(), bos_token_id=eos,
+              eos_token_id=eos)
+    unset = dict.fromkeys(("vocab_size", "dim", "depth", "num_heads", "max_len", "pad_id"))
+    decoder = gpt2_decoder(**{**DECODER, **unset}, pretrained=tmp_path / "gpt2").eval()
+    tokenizer = PretrainedTokenizer.from_folder(tmp_path / "gpt2")
+    task = SimpleNamespace(model=SimpleNamespace(decoder=decoder), tokenizer=tokenizer)
+    export_hf(task, tmp_path / "out")
+    reloaded = GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
+    assert reloaded.config.add_cross_attention and reloaded.config.eos_token_id == eos
     tokens, memory, mask = _inputs(2)
     with torch.no_grad():
         got = decoder(tokens, memory, mask)
     torch.testing.assert_close(got, _hf_logits(reloaded, tokens, memory, mask), atol=1e-4,
                                rtol=0)
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "out")
+    text = "a dog barks near the busy road"
+    assert theirs(text)["input_ids"] == tokenizer.encode(text, add_special=False)
+    assert theirs.eos_token_id == eos
+
+
+def test_export_hf_refuses_what_gpt2_cannot_hold(tmp_path):
+    save_gpt2(tmp_path / "gpt2")
+    decoder = gpt2_decoder(**{**DECODER, "context_dim": 48}, pretrained=None)
+    with pytest.raises(UserError, match=r"reads encoder states of its own width n_embd=64, but "
+                                        r"context_dim=48"):
+        hf_config(decoder, bos_id=100, eos_id=100)
 
 
 def test_untied_head_and_a_gpt2model_folder(tmp_path):
@@ -179,3 +201,17 @@ def test_a_vision_encoder_decoder_folder_loads_both_sides(tmp_path):
         expected = captioner(pixel_values=images, decoder_input_ids=tokens).logits
         got = decoder(tokens, encoder(images).memory)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+def test_null_settings_are_read_from_config_json(tmp_path):
+    save_gpt2(tmp_path / "gpt2", n_inner=96, layer_norm_epsilon=1e-6)
+    unset = dict.fromkeys(("vocab_size", "dim", "depth", "num_heads", "max_len", "mlp_ratio",
+                           "mlp", "norm_eps", "pad_id", "tie_embeddings"))
+    decoder = gpt2_decoder(context_dim=64, **unset, pretrained=tmp_path / "gpt2")
+    block = decoder.stack.blocks[0]
+    assert (decoder.vocab_size, decoder.dim, decoder.depth, decoder.max_len, decoder.pad_id) == (
+        101, 64, 2, 40, 100)
+    assert block.self_attn.num_heads == 4 and block.mlp.fc_in.out_features == 96
+    assert block.norm_self.eps == 1e-6 and block.mlp.kind == "gelu_tanh"
+    with pytest.raises(UserError, match=r"model\.decoder\.depth is null.*no Hugging Face"):
+        gpt2_decoder(**{**DECODER, "depth": None})
