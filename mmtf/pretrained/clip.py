@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import Tensor
 
-from mmtf.pretrained.hf import Source, cat_rows
+from mmtf.pretrained.hf import Source, block_map
 
 MODEL_TYPES = frozenset({"clip", "clip_vision_model"})
 CONFIG_GROUP = "clip_vision"
@@ -31,6 +31,10 @@ DEFAULTS: dict[str, Any] = {"hidden_size": 768, "intermediate_size": 3072,
                             "num_hidden_layers": 12, "num_attention_heads": 12,
                             "num_channels": 3, "image_size": 224, "patch_size": 32,
                             "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5}
+# The original module of each role of a block (mmtf.pretrained.hf.block_map).
+BLOCK = {"norm_self": "layer_norm1", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
+         "v": "self_attn.v_proj", "out": "self_attn.out_proj", "norm_mlp": "layer_norm2",
+         "fc_in": "mlp.fc1", "fc_out": "mlp.fc2"}
 ACTIVATIONS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -85,18 +89,7 @@ def weight_map(config: dict[str, Any], prefix: str) -> dict[str, Source]:
         "embed_norm.bias": f"{prefix}pre_layrnorm.bias",
     }
     for i in range(tower_config(config)["num_hidden_layers"]):
-        ours, theirs = f"stack.blocks.{i}.", f"{prefix}encoder.layers.{i}."
-        for kind in ("weight", "bias"):
-            mapping.update({
-                f"{ours}norm_self.{kind}": f"{theirs}layer_norm1.{kind}",
-                f"{ours}self_attn.to_q.{kind}": f"{theirs}self_attn.q_proj.{kind}",
-                f"{ours}self_attn.to_kv.{kind}": ((f"{theirs}self_attn.k_proj.{kind}",
-                                                   f"{theirs}self_attn.v_proj.{kind}"), cat_rows),
-                f"{ours}self_attn.to_out.{kind}": f"{theirs}self_attn.out_proj.{kind}",
-                f"{ours}norm_mlp.{kind}": f"{theirs}layer_norm2.{kind}",
-                f"{ours}mlp.fc_in.{kind}": f"{theirs}mlp.fc1.{kind}",
-                f"{ours}mlp.fc_out.{kind}": f"{theirs}mlp.fc2.{kind}",
-            })
+        mapping.update(block_map(f"stack.blocks.{i}.", f"{prefix}encoder.layers.{i}.", BLOCK))
     return mapping
 
 

@@ -267,6 +267,31 @@ def original_names(mapping: Mapping[str, Source]) -> set[str]:
     return names
 
 
+def block_map(ours: str, theirs: str, names: Mapping[str, str], *, qkv_bias: bool = True,
+              ) -> dict[str, Source]:
+    """One pre-norm ``TransformerBlock``'s ``{mmtf name: original name(s)}`` (no
+    cross-attention), from a family's table of its original names by role.
+
+    Args:
+        ours, theirs: the block's name prefixes (``stack.blocks.3.``, ``encoder.layer.3.``).
+        names: the original's module name (under ``theirs``) of each role: ``norm_self``,
+            ``q``, ``k``, ``v``, ``out``, ``norm_mlp``, ``fc_in``, ``fc_out``; separate key and
+            value projections are fused into ``to_kv`` (key rows first).
+        qkv_bias: the q/k/v projections have biases.
+    """
+    own = {"norm_self": "norm_self", "out": "self_attn.to_out", "norm_mlp": "norm_mlp",
+           "fc_in": "mlp.fc_in", "fc_out": "mlp.fc_out"}
+    mapping: dict[str, Source] = {}
+    for kind in ("weight", "bias"):
+        for role, name in own.items():
+            mapping[f"{ours}{name}.{kind}"] = f"{theirs}{names[role]}.{kind}"
+        if kind == "weight" or qkv_bias:
+            mapping[f"{ours}self_attn.to_q.{kind}"] = f"{theirs}{names['q']}.{kind}"
+            mapping[f"{ours}self_attn.to_kv.{kind}"] = (
+                (f"{theirs}{names['k']}.{kind}", f"{theirs}{names['v']}.{kind}"), cat_rows)
+    return mapping
+
+
 def cat_rows(*tensors: Tensor) -> Tensor:
     """Separate projections stacked into one fused layer's weight or bias (dim 0 = outputs):
     key and value -> ``to_kv``."""

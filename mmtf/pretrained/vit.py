@@ -27,7 +27,7 @@ from mmtf.errors import UserError
 from mmtf.pretrained import clip
 from mmtf.pretrained.hf import (
     Source,
-    cat_rows,
+    block_map,
     copy_weights,
     open_hf_model,
     original_names,
@@ -41,6 +41,11 @@ MODEL_TYPES = frozenset({"vit"})
 CONFIG_GROUP = "vit"
 ANCHOR = "embeddings.patch_embeddings.projection.weight"
 ENCODER_DECODER = "vision-encoder-decoder"
+# The original module of each role of a block (mmtf.pretrained.hf.block_map).
+BLOCK = {"norm_self": "layernorm_before", "q": "attention.attention.query",
+         "k": "attention.attention.key", "v": "attention.attention.value",
+         "out": "attention.output.dense", "norm_mlp": "layernorm_after",
+         "fc_in": "intermediate.dense", "fc_out": "output.dense"}
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "quick_gelu": "quick_gelu"}
 OWNER = "VisionEncoder.load_pretrained"
@@ -113,7 +118,6 @@ def encoder_values(config: dict[str, Any]) -> dict[str, tuple[Any, str]]:
 def weight_map(config: dict[str, Any], prefix: str) -> dict[str, Source]:
     """``{VisionEncoder name: ViT name(s)}`` for the ViT of ``config`` with tensors under
     ``prefix``."""
-    qkv = ("weight", "bias") if config.get("qkv_bias", True) else ("weight",)
     e = f"{prefix}embeddings."
     mapping: dict[str, Source] = {
         "patch_embed.weight": f"{e}patch_embeddings.projection.weight",
@@ -124,21 +128,8 @@ def weight_map(config: dict[str, Any], prefix: str) -> dict[str, Source]:
         "stack.norm.bias": f"{prefix}layernorm.bias",
     }
     for i in range(config["num_hidden_layers"]):
-        ours, theirs = f"stack.blocks.{i}.", f"{prefix}encoder.layer.{i}."
-        attn = f"{theirs}attention.attention."
-        for kind in qkv:
-            mapping.update({
-                f"{ours}self_attn.to_q.{kind}": f"{attn}query.{kind}",
-                f"{ours}self_attn.to_kv.{kind}": ((f"{attn}key.{kind}", f"{attn}value.{kind}"),
-                                                  cat_rows)})
-        for kind in ("weight", "bias"):
-            mapping.update({
-                f"{ours}norm_self.{kind}": f"{theirs}layernorm_before.{kind}",
-                f"{ours}self_attn.to_out.{kind}": f"{theirs}attention.output.dense.{kind}",
-                f"{ours}norm_mlp.{kind}": f"{theirs}layernorm_after.{kind}",
-                f"{ours}mlp.fc_in.{kind}": f"{theirs}intermediate.dense.{kind}",
-                f"{ours}mlp.fc_out.{kind}": f"{theirs}output.dense.{kind}",
-            })
+        mapping.update(block_map(f"stack.blocks.{i}.", f"{prefix}encoder.layer.{i}.", BLOCK,
+                                 qkv_bias=config.get("qkv_bias", True)))
     return mapping
 
 
