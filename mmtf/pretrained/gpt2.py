@@ -326,20 +326,21 @@ def resolved_sizes(part: str, module: TextDecoder) -> dict[str, Any]:
 
 
 def export_hf(task: Any, out: Path) -> None:
-    """Write a captioning task's GPT-2 decoder as ``GPT2LMHeadModel`` (with cross-attention)
-    would save it: ``config.json``, ``generation_config.json``, ``model.safetensors`` and the
-    tokenizer files; then import the folder back and check every tensor.
-
-    The encoder is not part of this folder: export it with ``format=mmtf part=encoder``, or load
-    the original vision tower it was fine-tuned from.
+    """Write a captioning task's model for ``transformers``, then import it back and check every
+    tensor: with a ViT encoder the whole captioner as ``VisionEncoderDecoderModel`` saves it,
+    else the GPT-2 decoder (with cross-attention) as ``GPT2LMHeadModel``. Either way
+    ``config.json``, ``generation_config.json``, ``model.safetensors`` and GPT-2's tokenizer
+    files.
 
     Raises:
         UserError: the decoder is not GPT-2-shaped (:func:`hf_config`) or the task's tokenizer
             is not a pretrained one (GPT-2's).
     """
+    from mmtf.encoders import VisionEncoder
+    from mmtf.pretrained import vit
     from mmtf.text import PretrainedTokenizer
 
-    decoder, tokenizer = task.model.decoder, task.tokenizer
+    encoder, decoder, tokenizer = task.model.encoder, task.model.decoder, task.tokenizer
     if not isinstance(tokenizer, PretrainedTokenizer):
         raise UserError(f"export format=hf: the checkpoint's tokenizer is "
                         f"{type(tokenizer).__name__}, not GPT-2's (data.tokenizer.kind: "
@@ -349,20 +350,46 @@ def export_hf(task: Any, out: Path) -> None:
     config = hf_config(decoder, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                        pad_id=tokenizer.pad_id)
     tensors = hf_state_dict(decoder)
+    whole = isinstance(encoder, VisionEncoder) and _is_vit(encoder)
+    if whole:
+        ids["decoder_start_token_id"] = tokenizer.prompt_ids[0]
+        config = {"model_type": ENCODER_DECODER, "architectures": ["VisionEncoderDecoderModel"],
+                  "encoder": vit.hf_config(encoder),
+                  "decoder": {**config, "is_decoder": True}, "is_encoder_decoder": True,
+                  "tie_word_embeddings": False, **ids}
+        tensors = {**vit.hf_state_dict(encoder, "encoder."),
+                   **{f"decoder.{k}": v for k, v in tensors.items()}}
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(ids, indent=2))
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     write_tokenizer_files(tokenizer, out, tokenizer_class="GPT2Tokenizer",
                           model_max_length=decoder.max_len)
-    back = gpt2_decoder(pretrained=out, context_dim=decoder.context_dim,
-                        **dict.fromkeys(resolved_sizes("decoder", decoder))).state_dict()
-    for key, value in decoder.state_dict().items():
-        if not torch.equal(value.detach().cpu().float(), back[key].float()):
-            raise RuntimeError(f"export format=hf: {out} does not import back into the "
-                               f"exported weights ({key}).")
-    print(f"Exported the GPT-2 decoder ({sum(t.numel() for t in tensors.values()):,} values) "
-          f"to {out}/")
+    back = {"decoder": gpt2_decoder(pretrained=out, context_dim=decoder.context_dim,
+                                    **dict.fromkeys(resolved_sizes("decoder", decoder)))}
+    if whole:
+        back["encoder"] = VisionEncoder(**{**encoder.config, "pretrained": out})
+    for name, module in back.items():
+        theirs = module.state_dict()
+        for key, value in getattr(task.model, name).state_dict().items():
+            if not torch.equal(value.detach().cpu().float(), theirs[key].float()):
+                raise RuntimeError(f"export format=hf: {out} does not import back into the "
+                                   f"exported weights ({name}.{key}).")
+    what = ("the ViT + GPT-2 captioner (VisionEncoderDecoderModel)" if whole else
+            "the GPT-2 decoder (GPT2LMHeadModel; the encoder is no ViT: export it with "
+            "format=mmtf part=encoder)")
+    print(f"Exported {what}, {sum(t.numel() for t in tensors.values()):,} values, to {out}/")
+
+
+def _is_vit(encoder: Any) -> bool:
+    """Whether a ``VisionEncoder`` is in ViT's configuration (exportable as ``ViTModel``)."""
+    from mmtf.pretrained import vit
+
+    try:
+        vit.hf_config(encoder)
+    except UserError:
+        return False
+    return True
 
 
 def init_cross_attention(decoder: TextDecoder, *, std: float = 0.02) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import torch
 from torch import Tensor
 
 from mmtf.errors import UserError
@@ -131,6 +132,50 @@ def weight_map(config: dict[str, Any], prefix: str) -> dict[str, Source]:
         mapping.update(block_map(f"stack.blocks.{i}.", f"{prefix}encoder.layer.{i}.", BLOCK,
                                  qkv_bias=config.get("qkv_bias", True)))
     return mapping
+
+
+def hf_config(encoder: VisionEncoder) -> dict[str, Any]:
+    """``config.json`` of ``encoder`` as a ``ViTModel``.
+
+    Raises:
+        UserError: the encoder is not in ViT's configuration (the setting is named).
+    """
+    dim, (gh, gw) = encoder.dim, encoder.grid
+    block = encoder.stack.blocks[0]
+    if gh != gw:
+        raise UserError(f"export format=hf: ViT's position table is square, this encoder's "
+                        f"grid is {gh}x{gw} (model.encoder.image_size).")
+    config = {"model_type": "vit", "architectures": ["ViTModel"], "hidden_size": dim,
+              "num_hidden_layers": encoder.stack.depth,
+              "num_attention_heads": block.self_attn.num_heads,
+              "intermediate_size": block.mlp.fc_in.out_features,
+              "hidden_act": {"gelu_tanh": "gelu_new"}.get(block.mlp.kind, block.mlp.kind),
+              "layer_norm_eps": block.norm_self.eps, "image_size": gh * encoder.patch_size,
+              "patch_size": encoder.patch_size, "num_channels": encoder.in_channels,
+              "qkv_bias": block.self_attn.to_q.bias is not None, "hidden_dropout_prob": 0.0,
+              "attention_probs_dropout_prob": 0.0}
+    built = {**encoder.config, "image_size": [gh * encoder.patch_size] * 2}
+    require_config("export format=hf", built, encoder_values(config), source="ViT",
+                   key_prefix="model.encoder")
+    return config
+
+
+def hf_state_dict(encoder: VisionEncoder, prefix: str = "") -> dict[str, Tensor]:
+    """``encoder``'s weights under ``ViTModel``'s names (the inverse of :func:`weight_map`): the
+    folded CLS token goes back as the token with a zero CLS position; ``to_kv`` is split."""
+    state = {k: v.detach().cpu() for k, v in encoder.state_dict().items()}
+    out: dict[str, Tensor] = {}
+    for ours, spec in weight_map(hf_config(encoder), prefix).items():
+        if isinstance(spec, str):
+            out[spec] = state[ours]
+        elif ".to_kv." in ours:                              # fused (key, value): split back
+            out.update(zip(spec[0], state[ours].chunk(2, dim=0), strict=True))
+    e = f"{prefix}embeddings."
+    cls = state["cls_token"]                                             # (1, 1, c)
+    out[f"{e}cls_token"] = cls
+    out[f"{e}position_embeddings"] = torch.cat([torch.zeros_like(cls), state["pos_embed"]],
+                                               dim=1)                   # (1, s, c)
+    return {k: v.contiguous() for k, v in out.items()}
 
 
 def _patch_positions(table: Tensor) -> Tensor:

@@ -99,7 +99,8 @@ def test_export_hf_writes_what_transformers_loads(tmp_path):
     unset = dict.fromkeys(("vocab_size", "dim", "depth", "num_heads", "max_len", "pad_id"))
     decoder = gpt2_decoder(**{**DECODER, **unset}, pretrained=tmp_path / "gpt2").eval()
     tokenizer = PretrainedTokenizer.from_folder(tmp_path / "gpt2")
-    task = SimpleNamespace(model=SimpleNamespace(decoder=decoder), tokenizer=tokenizer)
+    task = SimpleNamespace(model=SimpleNamespace(encoder=None, decoder=decoder),
+                           tokenizer=tokenizer)            # no ViT: the decoder alone
     export_hf(task, tmp_path / "out")
     reloaded = GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
     assert reloaded.config.add_cross_attention and reloaded.config.eos_token_id == eos
@@ -215,3 +216,36 @@ def test_null_settings_are_read_from_config_json(tmp_path):
     assert block.norm_self.eps == 1e-6 and block.mlp.kind == "gelu_tanh"
     with pytest.raises(UserError, match=r"model\.decoder\.depth is null.*no Hugging Face"):
         gpt2_decoder(**{**DECODER, "depth": None})
+
+
+def test_export_hf_with_a_vit_encoder_is_a_vision_encoder_decoder_folder(tmp_path):
+    from types import SimpleNamespace
+
+    from transformers import VisionEncoderDecoderModel
+
+    from mmtf.encoders import VisionEncoder
+    from mmtf.pretrained.gpt2 import export_hf
+    from mmtf.text import PretrainedTokenizer
+
+    from .tiny_hf import ENDOFTEXT, write_tokenizer
+    from .vision_folders import VIT_ENCODER, save_vit
+
+    backend = write_tokenizer(tmp_path / "gpt2", family="gpt2")
+    eos = backend.token_to_id(ENDOFTEXT)
+    save_gpt2(tmp_path / "gpt2", cross=False, vocab_size=backend.get_vocab_size(),
+              bos_token_id=eos, eos_token_id=eos)
+    save_vit(tmp_path / "vit")
+    encoder = VisionEncoder(**VIT_ENCODER, pretrained=tmp_path / "vit").eval()
+    unset = dict.fromkeys(("vocab_size", "dim", "depth", "num_heads", "max_len", "pad_id"))
+    decoder = gpt2_decoder(**{**DECODER, **unset}, pretrained=tmp_path / "gpt2").eval()
+    model = SimpleNamespace(encoder=encoder, decoder=decoder)
+    export_hf(SimpleNamespace(model=model, tokenizer=PretrainedTokenizer.from_folder(
+        tmp_path / "gpt2")), tmp_path / "out")
+    reloaded = VisionEncoderDecoderModel.from_pretrained(tmp_path / "out").eval()
+    assert reloaded.config.decoder_start_token_id == eos
+    images = torch.randn(2, 3, 32, 32)
+    tokens = torch.randint(0, 100, (2, 6))
+    with torch.no_grad():
+        expected = reloaded(pixel_values=images, decoder_input_ids=tokens).logits
+        torch.testing.assert_close(decoder(tokens, encoder(images).memory), expected,
+                                   atol=1e-4, rtol=0)
