@@ -67,7 +67,8 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
                  context_dim: int = 768, max_len: int | None = 1024,
                  mlp_ratio: float | None = 4.0, mlp: MlpKind | None = "gelu_tanh",
                  norm_eps: float | None = 1e-5, dropout: float = 0.1, attn_dropout: float = 0.1,
-                 pad_id: int | None = 50256, tie_embeddings: bool | None = True) -> TextDecoder:
+                 pad_id: int | None = 50256, tie_embeddings: bool | None = True,
+                 freeze: bool = False) -> TextDecoder:
     """A GPT-2-shaped ``TextDecoder`` with cross-attention, filled from ``pretrained``.
 
     Args:
@@ -83,6 +84,8 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
         dropout, attn_dropout: fine-tuning dropout (GPT-2 trained with 0.1 for both).
         pad_id: padding id (GPT-2 pads with its ``<|endoftext|>``, 50256); None: the folder's
             ``pad_token_id``, else its ``eos_token_id``.
+        freeze: no trainable parameters, eval mode (after loading), for
+            :func:`mmtf.export.load_exported`; in a task use ``model.freeze_decoder``.
 
     Raises:
         UserError: a missing file, a folder of another architecture, a setting that differs
@@ -112,6 +115,8 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
         load_hf_gpt2(decoder, model, config)
     elif pretrained is not None:
         load_export(decoder, pretrained)
+    if freeze:
+        decoder.requires_grad_(False).eval()
     return decoder
 
 

@@ -163,14 +163,24 @@ def test_missing_files_and_other_architectures(tmp_path):
 
 
 def test_a_decoder_export_loads_back(tmp_path):
+    # What python -m mmtf.export part=decoder writes, read by load_exported (frozen) and by
+    # model.decoder.pretrained.
+    from omegaconf import OmegaConf
     from safetensors.torch import save_file
+
+    from mmtf.export import load_exported
 
     source = gpt2_decoder(**DECODER)
     (tmp_path / "export").mkdir()
     save_file({k: v.clone() for k, v in source.state_dict().items()},
               str(tmp_path / "export" / "weights.safetensors"))
-    loaded = gpt2_decoder(**DECODER, pretrained=tmp_path / "export")
-    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in source.state_dict().items())
+    (tmp_path / "export" / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(
+        {"_target_": "mmtf.pretrained.gpt2.gpt2_decoder", **DECODER, "pretrained": None})))
+    for loaded in (gpt2_decoder(**DECODER, pretrained=tmp_path / "export"),
+                   load_exported(tmp_path / "export", freeze=True)):
+        assert all(torch.equal(loaded.state_dict()[k], v)
+                   for k, v in source.state_dict().items())
+    assert not any(p.requires_grad for p in loaded.parameters()) and not loaded.training
 
 
 def test_a_vision_encoder_decoder_folder_loads_both_sides(tmp_path):
