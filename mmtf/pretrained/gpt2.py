@@ -254,8 +254,9 @@ def weight_map(rows: list[Row]) -> dict[str, Source]:
 
 
 class _Part:
-    """Part ``index`` of a GPT-2 tensor: transposed (Conv1D) and cut along dim 0 into rows of
-    c = its width / len(parts) for part 0 and the rest for part 1 (q | k v of ``c_attn``)."""
+    """Part ``index`` of a GPT-2 tensor, transposed if a Conv1D weight; of the one two-part row,
+    self-attention's ``c_attn`` (3c rows once transposed: q, k, v), part 0 is the first c rows
+    (``to_q``) and part 1 the other 2c (``to_kv``)."""
 
     def __init__(self, row: Row, index: int) -> None:
         self.row, self.index = row, index
