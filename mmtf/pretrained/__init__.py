@@ -26,7 +26,8 @@ from torch import nn
 
 from mmtf.errors import UserError
 
-HF_FAMILIES: dict[str, str] = {"whisper": "mmtf.pretrained.whisper"}
+HF_FAMILIES: dict[str, str] = {"whisper": "mmtf.pretrained.whisper",
+                               "gpt2": "mmtf.pretrained.gpt2"}
 
 
 def family_of(part_cfg: Any) -> str | None:
@@ -67,8 +68,8 @@ def export_hf(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
     if len(families) != 1:
         raise UserError(f"export format=hf: the checkpoint's model is not one imported family "
                         f"({sorted(families) or 'mmtf modules only'}); format=hf writes models "
-                        f"built from {sorted(HF_FAMILIES)} (model=whisper ...); use format=mmtf "
-                        f"for mmtf's own models.")
+                        f"built from {sorted(HF_FAMILIES)} (model=whisper, "
+                        f"model/decoder=gpt2 ...); use format=mmtf for mmtf's own models.")
     out = Path(out)
     family_module(families.pop()).export_hf(task, out)
     return out

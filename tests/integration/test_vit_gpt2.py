@@ -83,3 +83,33 @@ def test_bad_pretrained_folders_are_one_line_before_anything_is_written(case, ti
     errors = [line for line in out.stderr.splitlines() if line.startswith("mmtf: error:")]
     assert len(errors) == 1 and re.search(CASES[case], errors[0]), out.stderr[-3000:]
     assert not data_dir.exists() and not list(run.rglob("*.ckpt"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_trained_captioner_exports_for_transformers(tiny_models, data_dir, tmp_path):
+    import torch
+
+    from mmtf.utils.checkpoint import build_task, load_checkpoint
+
+    _, models = tiny_models
+    run = tmp_path / "run"
+    train(compose_train(_overrides(data_dir, models, "test=false"), run))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    task, _ = build_task(load_checkpoint(ckpt), ckpt)    # without re-reading the folders
+    out = run_cli("mmtf.export", [f"ckpt_path={ckpt}", "format=hf", f"out={tmp_path / 'hf'}",
+                                  f"hydra.run.dir={tmp_path / 'x'}"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "VisionEncoderDecoderModel" in out.stdout
+    hf = transformers.VisionEncoderDecoderModel.from_pretrained(tmp_path / "hf").eval()
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    tokens = torch.tensor([[*task.tokenizer.prompt_ids, 5, 6, 7]] * 2)
+    task.eval()
+    with torch.no_grad():
+        ref = hf(pixel_values=images, decoder_input_ids=tokens).logits
+        memory, mask = task.model.encode(images)
+        logits = task.model.decoder(tokens, memory, mask)
+    assert (logits - ref).abs().max().item() <= 1e-4
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "a red circle on the left of a blue square"
+    assert theirs(text)["input_ids"] == task.tokenizer.encode(text, add_special=False)
