@@ -33,7 +33,14 @@ from mmtf.encoders.audio import AudioEncoder
 from mmtf.encoders.base import CONFIG_FILE as EXPORT_CONFIG
 from mmtf.encoders.base import WEIGHTS_FILE as EXPORT_WEIGHTS
 from mmtf.errors import UserError
-from mmtf.pretrained.hf import CONFIG_FILE, WEIGHTS_FILE, HFModel, copy_weights, open_hf_model
+from mmtf.pretrained.hf import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    HFModel,
+    copy_weights,
+    open_hf_model,
+    write_tokenizer_files,
+)
 
 MODEL_TYPES = frozenset({"whisper"})
 # Whisper's fixed front end (whisper/audio.py): 16 kHz, 25 ms window, 10 ms hop, 30 s windows.
@@ -208,15 +215,8 @@ def export_hf(task: Any, out: Path) -> None:
                   "begin_suppress_tokens": None, "suppress_tokens": None}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    tokenizer.backend.save(str(out / "tokenizer.json"))
-    names = {name: tokenizer.id_to_token(i) for name, i in (
-        ("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id),
-        ("pad_token", tokenizer.pad_id))}
-    if tokenizer.unk_id is not None:
-        names["unk_token"] = tokenizer.id_to_token(tokenizer.unk_id)
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {**names, "tokenizer_class": "WhisperTokenizer", "model_max_length": decoder.max_len},
-        indent=2))
+    write_tokenizer_files(tokenizer, out, tokenizer_class="WhisperTokenizer",
+                          model_max_length=decoder.max_len)
     enc_back, dec_back = whisper_encoder(pretrained=out), whisper_decoder(pretrained=out)
     for ours, back in ((encoder, enc_back), (decoder, dec_back)):
         theirs = back.state_dict()
