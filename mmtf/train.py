@@ -32,7 +32,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mmtf.loggers import continue_tracker_runs, log_config, log_final_metric, record_tracker_runs
-from mmtf.pretrained import record_resolved_sizes
+from mmtf.pretrained import record_resolved
 from mmtf.reliability import resolve_resume
 from mmtf.tasks import Task
 from mmtf.utils.checkpoint import validate_safe_targets
@@ -84,8 +84,9 @@ def train(cfg: DictConfig) -> float | None:
     task: Task = instantiate(cfg.model)
     datamodule: L.LightningDataModule = instantiate(cfg.data)
     task.run_config = OmegaConf.to_container(cfg, resolve=True)
-    # Sizes read from a pretrained config.json go into the stored config (checkpoints rebuild).
-    record_resolved_sizes(task.run_config["model"], task.export_parts())
+    # Values read from pretrained folders (sizes, image preprocessing) go into the stored config:
+    # a checkpoint rebuilds and preprocesses without those folders.
+    record_resolved(task.run_config, task.export_parts())
     callbacks = instantiate_group(cfg.get("callbacks"))
     continue_tracker_runs(cfg.get("logger"), output_dir)   # a resume continues the same run
     loggers = instantiate_group(cfg.get("logger"))

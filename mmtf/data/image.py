@@ -10,7 +10,9 @@ as lists (Hydra instantiates each entry); the output is always float32.
 A pretrained vision tower expects its own preprocessing: :func:`pretrained_image_transform`
 reads the model folder's ``preprocessor_config.json`` (``ViTImageProcessor``,
 ``CLIPImageProcessor``) and builds the same resize, center crop, rescale and normalisation from
-``transforms.v2``, so the data module feeds the tower what ``transformers`` would.
+``transforms.v2``, so the data module feeds the tower what ``transformers`` would. Training
+stores the resolved settings in the run's config (:func:`record_image_processors`): a checkpoint
+preprocesses without the folder.
 
 Shapes: (3, h, w) per image; uint8 after decoding, float32 after the pipeline.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +135,9 @@ RESAMPLING = {0: v2.InterpolationMode.NEAREST, 2: v2.InterpolationMode.BILINEAR,
               3: v2.InterpolationMode.BICUBIC}
 
 
-def pretrained_image_transform(source: str | os.PathLike) -> v2.Compose:
-    """The preprocessing of a pretrained vision model, from its ``preprocessor_config.json``.
+def pretrained_image_transform(source: str | os.PathLike | None = None,
+                               processor: Mapping[str, Any] | None = None) -> v2.Compose:
+    """The preprocessing of a pretrained vision model, as a ``transforms.v2`` pipeline.
 
     Resize (to ``size``: height/width, or the shortest edge keeping the aspect ratio; with the
     processor's ``resample`` and antialiasing), center crop (``crop_size``, the processor's
@@ -146,9 +149,39 @@ def pretrained_image_transform(source: str | os.PathLike) -> v2.Compose:
         source: the model folder (or hub id) holding ``preprocessor_config.json``; in a config,
             ``{_target_: mmtf.data.image.pretrained_image_transform, source:
             ${model.encoder.pretrained}}`` as a ``data.*_transforms`` entry.
+        processor: the settings :func:`read_image_processor` resolved from that file; given,
+            the file is not read. Training records them in the run's config
+            (:func:`mmtf.pretrained.record_resolved`), so a checkpoint preprocesses without the
+            folder.
 
     Returns:
         A pipeline (3, h, w) uint8 -> (3, h', w') float32.
+
+    Raises:
+        UserError: see :func:`read_image_processor`.
+    """
+    values = dict(processor) if processor is not None else read_image_processor(source)
+    steps: list[Callable] = []
+    if values["resize"] is not None:
+        resize = values["resize"]
+        steps.append(v2.Resize(resize if isinstance(resize, int) else list(resize),
+                               interpolation=RESAMPLING[values["resample"]], antialias=True))
+    if values["crop"] is not None:
+        steps.append(CenterCrop(values["crop"]))
+    steps.append(v2.ToDtype(torch.float32, scale=values["rescale"]))
+    if values["mean"] is not None:
+        steps.append(v2.Normalize(mean=list(values["mean"]), std=list(values["std"])))
+    return v2.Compose(steps)
+
+
+def read_image_processor(source: str | os.PathLike | None) -> dict[str, Any]:
+    """The preprocessing settings of a pretrained vision model's ``preprocessor_config.json``,
+    resolved against the processor's defaults (see :func:`pretrained_image_transform`).
+
+    Returns:
+        ``resize`` (shortest edge as an int, [height, width], or None), ``resample`` (PIL
+        code), ``crop`` ([height, width] or None), ``rescale`` (bool), ``mean`` / ``std``
+        (lists, or None for no normalisation): plain values a config stores.
 
     Raises:
         UserError: the file is missing or not JSON; an image processor or a setting this
@@ -157,6 +190,9 @@ def pretrained_image_transform(source: str | os.PathLike) -> v2.Compose:
     from mmtf.pretrained.hf import resolve_source
 
     owner = "pretrained_image_transform"
+    if source is None:
+        raise UserError(f"{owner}: neither source (the model folder holding "
+                        f"{PREPROCESSOR_FILE}) nor processor is set; set source.")
     file = require_file(resolve_source(source, owner=owner) / PREPROCESSOR_FILE,
                         what=f"{owner}: {PREPROCESSOR_FILE}",
                         fix="save the image processor beside the model (save_pretrained)")
@@ -171,7 +207,7 @@ def pretrained_image_transform(source: str | os.PathLike) -> v2.Compose:
                         f"{', '.join(sorted(PROCESSOR_DEFAULTS))} (and their Fast variants); "
                         f"write data.*_transforms by hand for this model.")
     cfg = {**PROCESSOR_DEFAULTS[kind], **config}
-    steps: list[Callable] = []
+    values: dict[str, Any] = {"resize": None, "resample": int(cfg["resample"]), "crop": None}
     if cfg.get("do_resize", True):
         if cfg["resample"] not in RESAMPLING:
             raise UserError(f"{owner}: {file} has resample={cfg['resample']}; reproduced are "
@@ -180,26 +216,36 @@ def pretrained_image_transform(source: str | os.PathLike) -> v2.Compose:
         if isinstance(size, int):
             size = {"height": size, "width": size} if cfg["square"] else {"shortest_edge": size}
         if set(size) == {"shortest_edge"}:
-            target: int | list[int] = int(size["shortest_edge"])
+            values["resize"] = int(size["shortest_edge"])
         elif set(size) == {"height", "width"}:
-            target = [int(size["height"]), int(size["width"])]
+            values["resize"] = [int(size["height"]), int(size["width"])]
         else:
             raise UserError(f"{owner}: {file} has size={size}; reproduced are {{height, width}} "
                             f"and {{shortest_edge}}.")
-        steps.append(v2.Resize(target, interpolation=RESAMPLING[cfg["resample"]],
-                               antialias=True))
     if cfg.get("do_center_crop"):
         crop = cfg["crop_size"]
-        crop = [crop, crop] if isinstance(crop, int) else [crop["height"], crop["width"]]
-        steps.append(CenterCrop(crop))
-    rescale = cfg.get("do_rescale", True)
-    if rescale and not math.isclose(cfg.get("rescale_factor", 1 / 255), 1 / 255):
+        values["crop"] = ([int(crop)] * 2 if isinstance(crop, int)
+                          else [int(crop["height"]), int(crop["width"])])
+    values["rescale"] = bool(cfg.get("do_rescale", True))
+    if values["rescale"] and not math.isclose(cfg.get("rescale_factor", 1 / 255), 1 / 255):
         raise UserError(f"{owner}: {file} has rescale_factor={cfg['rescale_factor']}; "
                         f"reproduced is 1/255 (uint8 to 0..1).")
-    steps.append(v2.ToDtype(torch.float32, scale=rescale))
-    if cfg.get("do_normalize", True):
-        steps.append(v2.Normalize(mean=list(cfg["image_mean"]), std=list(cfg["image_std"])))
-    return v2.Compose(steps)
+    normalize = cfg.get("do_normalize", True)
+    values["mean"] = [float(m) for m in cfg["image_mean"]] if normalize else None
+    values["std"] = [float(m) for m in cfg["image_std"]] if normalize else None
+    return values
+
+
+def record_image_processors(data_cfg: MutableMapping[str, Any]) -> None:
+    """Store the resolved settings of every ``pretrained_image_transform`` entry of
+    ``data_cfg`` (a plain dict, the run's ``data`` config) as its ``processor``, in place, so
+    the stored config rebuilds the pipeline without ``preprocessor_config.json``."""
+    target = f"{__name__}.{pretrained_image_transform.__name__}"
+    for key in ("train_transforms", "eval_transforms"):
+        for entry in data_cfg.get(key) or []:
+            if (isinstance(entry, MutableMapping) and entry.get("_target_") == target
+                    and entry.get("processor") is None):
+                entry["processor"] = read_image_processor(entry.get("source"))
 
 
 class CenterCrop(torch.nn.Module):

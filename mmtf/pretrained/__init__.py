@@ -9,7 +9,8 @@ A family registers itself in :data:`HF_FAMILIES` (family -> module). Its module 
 * builders, the ``_target_`` of its YAML parts (``mmtf.pretrained.<family>.<builder>``), whose
   sizes may be null in the YAML (read from ``config.json``);
 * ``resolved_sizes(part, module) -> dict``: those sizes of a built part, recorded in the run's
-  config so a checkpoint rebuilds its model without the pretrained folder;
+  config (:func:`record_resolved`) so a checkpoint rebuilds its model without the pretrained
+  folder;
 * ``export_hf(task, out)``: the trained model written back in the Hugging Face layout
   (``python -m mmtf.export ... format=hf``).
 """
@@ -43,10 +44,15 @@ def family_module(family: str) -> ModuleType:
     return importlib.import_module(HF_FAMILIES[family])
 
 
-def record_resolved_sizes(model_cfg: MutableMapping[str, Any],
-                          parts: Mapping[str, nn.Module]) -> None:
-    """Fill the null sizes of pretrained-family parts in ``model_cfg`` (a plain dict, the run's
-    config) from the built ``parts``, in place."""
+def record_resolved(run_config: MutableMapping[str, Any], parts: Mapping[str, nn.Module]) -> None:
+    """Write into the run's config (a plain dict) every value read from a pretrained folder, in
+    place, so a checkpoint rebuilds and preprocesses without that folder: the null sizes of
+    pretrained-family parts (from the built ``parts``) and the settings of each
+    ``preprocessor_config.json`` its image transforms read
+    (:func:`mmtf.data.image.record_image_processors`)."""
+    from mmtf.data.image import record_image_processors
+
+    model_cfg = run_config["model"]
     for name, module in parts.items():
         node = model_cfg.get(name)
         family = family_of(node)
@@ -56,6 +62,7 @@ def record_resolved_sizes(model_cfg: MutableMapping[str, Any],
         for key, value in sizes.items():
             if node.get(key) is None:
                 node[key] = value
+    record_image_processors(run_config.get("data") or {})
 
 
 def export_hf(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:

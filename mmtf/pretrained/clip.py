@@ -11,16 +11,26 @@ Read from a ``CLIPVisionModel`` folder (``model_type: clip_vision_model``, tenso
 ``vision_model.``) or a whole ``CLIPModel`` folder (``model_type: clip``, the tower's config in
 ``vision_config``; the text tower is not read).
 
+Export (``format=hf``, inside a ``VisionEncoderDecoderModel``): :func:`hf_config` and
+:func:`hf_state_dict` write the tower as a ``CLIPVisionModel``; the folded class token goes back
+with a zero class position, and ``post_layernorm``, which only the pooled output reads and
+mmtf's encoder does not hold, is written as the identity (ones, zeros).
+
 Shapes: c = hidden_size, p = patches, s = p + 1.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
-from mmtf.pretrained.hf import Source, block_map
+from mmtf.errors import UserError
+from mmtf.pretrained.hf import Source, block_map, require_config, split_back
+
+if TYPE_CHECKING:
+    from mmtf.encoders.vision import VisionEncoder
 
 MODEL_TYPES = frozenset({"clip", "clip_vision_model"})
 CONFIG_GROUP = "clip_vision"
@@ -91,6 +101,45 @@ def weight_map(config: dict[str, Any], prefix: str) -> dict[str, Source]:
     for i in range(tower_config(config)["num_hidden_layers"]):
         mapping.update(block_map(f"stack.blocks.{i}.", f"{prefix}encoder.layers.{i}.", BLOCK))
     return mapping
+
+
+def hf_config(encoder: VisionEncoder) -> dict[str, Any]:
+    """``config.json`` of ``encoder`` as a ``CLIPVisionModel``.
+
+    Raises:
+        UserError: the encoder is not in CLIP's configuration (the setting is named).
+    """
+    (gh, gw), block = encoder.grid, encoder.stack.blocks[0]
+    if gh != gw:
+        raise UserError(f"export format=hf: CLIP's position table is square, this encoder's "
+                        f"grid is {gh}x{gw} (model.encoder.image_size).")
+    config = {"model_type": "clip_vision_model", "architectures": ["CLIPVisionModel"],
+              "hidden_size": encoder.dim, "intermediate_size": block.mlp.fc_in.out_features,
+              "num_hidden_layers": encoder.stack.depth,
+              "num_attention_heads": block.self_attn.num_heads,
+              "num_channels": encoder.in_channels, "image_size": gh * encoder.patch_size,
+              "patch_size": encoder.patch_size,
+              "hidden_act": {"gelu_tanh": "gelu_new"}.get(block.mlp.kind, block.mlp.kind),
+              "layer_norm_eps": block.norm_self.eps, "attention_dropout": 0.0}
+    built = {**encoder.config, "image_size": [gh * encoder.patch_size] * 2}
+    require_config("export format=hf", built, encoder_values(config), source="CLIP",
+                   key_prefix="model.encoder")
+    return config
+
+
+def hf_state_dict(encoder: VisionEncoder, prefix: str = "") -> dict[str, Tensor]:
+    """``encoder``'s weights under ``CLIPVisionModel``'s names (``{prefix}vision_model.*``, the
+    inverse of :func:`weight_map`); see the module docstring."""
+    state = {k: v.detach().cpu() for k, v in encoder.state_dict().items()}
+    tower = f"{prefix}vision_model."
+    out = split_back(state, weight_map(hf_config(encoder), tower))
+    cls = state["cls_token"].reshape(-1)                                 # (1, 1, c) -> (c,)
+    out[f"{tower}embeddings.class_embedding"] = cls
+    out[f"{tower}embeddings.position_embedding.weight"] = torch.cat(
+        [torch.zeros_like(cls)[None], state["pos_embed"][0]])           # (s, c)
+    out[f"{tower}post_layernorm.weight"] = torch.ones_like(cls)
+    out[f"{tower}post_layernorm.bias"] = torch.zeros_like(cls)
+    return {k: v.contiguous() for k, v in out.items()}
 
 
 def _patch_positions(table: Tensor) -> Tensor:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import torch
@@ -333,8 +334,8 @@ def resolved_sizes(part: str, module: TextDecoder) -> dict[str, Any]:
 
 def export_hf(task: Any, out: Path) -> None:
     """Write a captioning task's model for ``transformers``, then import it back and check every
-    tensor: with a ViT encoder the whole captioner as ``VisionEncoderDecoderModel`` saves it,
-    else the GPT-2 decoder (with cross-attention) as ``GPT2LMHeadModel``. Either way
+    tensor: with a ViT or CLIP vision encoder the whole captioner as ``VisionEncoderDecoderModel``
+    saves it (the tower as ``ViTModel`` or ``CLIPVisionModel``), else the GPT-2 decoder (with cross-attention) as ``GPT2LMHeadModel``. Either way
     ``config.json``, ``generation_config.json``, ``model.safetensors`` and GPT-2's tokenizer
     files.
 
@@ -343,7 +344,6 @@ def export_hf(task: Any, out: Path) -> None:
             is not a pretrained one (GPT-2's).
     """
     from mmtf.encoders import VisionEncoder
-    from mmtf.pretrained import vit
     from mmtf.text import PretrainedTokenizer
 
     encoder, decoder, tokenizer = task.model.encoder, task.model.decoder, task.tokenizer
@@ -356,14 +356,15 @@ def export_hf(task: Any, out: Path) -> None:
     config = hf_config(decoder, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                        pad_id=tokenizer.pad_id)
     tensors = hf_state_dict(decoder)
-    whole = isinstance(encoder, VisionEncoder) and _is_vit(encoder)
+    vision = _vision_family(encoder)
+    whole = vision is not None
     if whole:
         ids["decoder_start_token_id"] = tokenizer.prompt_ids[0]
         config = {"model_type": ENCODER_DECODER, "architectures": ["VisionEncoderDecoderModel"],
-                  "encoder": vit.hf_config(encoder),
+                  "encoder": vision.hf_config(encoder),
                   "decoder": {**config, "is_decoder": True}, "is_encoder_decoder": True,
                   "tie_word_embeddings": False, **ids}
-        tensors = {**vit.hf_state_dict(encoder, "encoder."),
+        tensors = {**vision.hf_state_dict(encoder, "encoder."),
                    **{f"decoder.{k}": v for k, v in tensors.items()}}
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
@@ -381,21 +382,28 @@ def export_hf(task: Any, out: Path) -> None:
             if not torch.equal(value.detach().cpu().float(), theirs[key].float()):
                 raise RuntimeError(f"export format=hf: {out} does not import back into the "
                                    f"exported weights ({name}.{key}).")
-    what = ("the ViT + GPT-2 captioner (VisionEncoderDecoderModel)" if whole else
-            "the GPT-2 decoder (GPT2LMHeadModel; the encoder is no ViT: export it with "
-            "format=mmtf part=encoder)")
+    what = (f"the {config['encoder']['architectures'][0]} + GPT-2 captioner "
+            f"(VisionEncoderDecoderModel)" if whole else
+            "the GPT-2 decoder (GPT2LMHeadModel; the encoder is neither ViT nor CLIP: export "
+            "it with format=mmtf part=encoder)")
     print(f"Exported {what}, {sum(t.numel() for t in tensors.values()):,} values, to {out}/")
 
 
-def _is_vit(encoder: Any) -> bool:
-    """Whether a ``VisionEncoder`` is in ViT's configuration (exportable as ``ViTModel``)."""
-    from mmtf.pretrained import vit
+def _vision_family(encoder: Any) -> ModuleType | None:
+    """The module (:mod:`~mmtf.pretrained.vit` or :mod:`~mmtf.pretrained.clip`) whose Hugging
+    Face layout a ``VisionEncoder`` is in, or None (another encoder, or another configuration)."""
+    from mmtf.encoders import VisionEncoder
+    from mmtf.pretrained import clip, vit
 
-    try:
-        vit.hf_config(encoder)
-    except UserError:
-        return False
-    return True
+    if not isinstance(encoder, VisionEncoder):
+        return None
+    for family in (vit, clip):
+        try:
+            family.hf_config(encoder)
+        except UserError:
+            continue
+        return family
+    return None
 
 
 def init_cross_attention(decoder: TextDecoder, *, std: float = 0.02) -> None:

@@ -268,28 +268,54 @@ def original_names(mapping: Mapping[str, Source]) -> set[str]:
 
 
 def block_map(ours: str, theirs: str, names: Mapping[str, str], *, qkv_bias: bool = True,
-              ) -> dict[str, Source]:
-    """One pre-norm ``TransformerBlock``'s ``{mmtf name: original name(s)}`` (no
-    cross-attention), from a family's table of its original names by role.
+              key_bias: bool = True, cross: bool = False) -> dict[str, Source]:
+    """One pre-norm ``TransformerBlock``'s ``{mmtf name: original name(s)}``, from a family's
+    table of its original names by role.
 
     Args:
         ours, theirs: the block's name prefixes (``stack.blocks.3.``, ``encoder.layer.3.``).
         names: the original's module name (under ``theirs``) of each role: ``norm_self``,
-            ``q``, ``k``, ``v``, ``out``, ``norm_mlp``, ``fc_in``, ``fc_out``; separate key and
-            value projections are fused into ``to_kv`` (key rows first).
+            ``q``, ``k``, ``v``, ``out``, ``norm_mlp``, ``fc_in``, ``fc_out``, and with
+            ``cross`` also ``norm_cross``, ``cross_q``, ``cross_k``, ``cross_v``,
+            ``cross_out``; separate key and value projections are fused into ``to_kv`` (key
+            rows first).
         qkv_bias: the q/k/v projections have biases.
+        key_bias: the key projection has one too; without it (Whisper) the value bias is the
+            attention's ``v_bias``.
+        cross: the block has cross-attention (a decoder block).
     """
-    own = {"norm_self": "norm_self", "out": "self_attn.to_out", "norm_mlp": "norm_mlp",
-           "fc_in": "mlp.fc_in", "fc_out": "mlp.fc_out"}
+    own = {"norm_self": "norm_self", "norm_mlp": "norm_mlp", "fc_in": "mlp.fc_in",
+           "fc_out": "mlp.fc_out", **({"norm_cross": "norm_cross"} if cross else {})}
+    attns = {"self_attn": "", **({"cross_attn": "cross_"} if cross else {})}
     mapping: dict[str, Source] = {}
     for kind in ("weight", "bias"):
         for role, name in own.items():
             mapping[f"{ours}{name}.{kind}"] = f"{theirs}{names[role]}.{kind}"
-        if kind == "weight" or qkv_bias:
-            mapping[f"{ours}self_attn.to_q.{kind}"] = f"{theirs}{names['q']}.{kind}"
-            mapping[f"{ours}self_attn.to_kv.{kind}"] = (
-                (f"{theirs}{names['k']}.{kind}", f"{theirs}{names['v']}.{kind}"), cat_rows)
+        for attn, role in attns.items():
+            a = f"{ours}{attn}."
+            k, v = (f"{theirs}{names[role + r]}.{kind}" for r in ("k", "v"))
+            mapping[f"{a}to_out.{kind}"] = f"{theirs}{names[role + 'out']}.{kind}"
+            if kind == "weight" or qkv_bias:
+                mapping[f"{a}to_q.{kind}"] = f"{theirs}{names[role + 'q']}.{kind}"
+            if kind == "weight" or (qkv_bias and key_bias):
+                mapping[f"{a}to_kv.{kind}"] = ((k, v), cat_rows)
+            elif qkv_bias:
+                mapping[f"{a}v_bias"] = v
     return mapping
+
+
+def split_back(state: Mapping[str, Tensor], mapping: Mapping[str, Source]) -> dict[str, Tensor]:
+    """The inverse of a :func:`copy_weights` mapping for its plain names and :func:`cat_rows`
+    entries (split into equal row blocks, e.g. ``to_kv`` into key and value): ``{original
+    name: tensor}``. Entries with other transforms are the caller's to invert."""
+    out: dict[str, Tensor] = {}
+    for ours, spec in mapping.items():
+        if isinstance(spec, str):
+            out[spec] = state[ours]
+        elif spec[1] is cat_rows:
+            names = spec[0]
+            out.update(zip(names, state[ours].chunk(len(names), dim=0), strict=True))
+    return out
 
 
 def cat_rows(*tensors: Tensor) -> Tensor:

@@ -33,6 +33,7 @@ from mmtf.pretrained.hf import (
     open_hf_model,
     original_names,
     require_config,
+    split_back,
 )
 
 if TYPE_CHECKING:
@@ -164,12 +165,7 @@ def hf_state_dict(encoder: VisionEncoder, prefix: str = "") -> dict[str, Tensor]
     """``encoder``'s weights under ``ViTModel``'s names (the inverse of :func:`weight_map`): the
     folded CLS token goes back as the token with a zero CLS position; ``to_kv`` is split."""
     state = {k: v.detach().cpu() for k, v in encoder.state_dict().items()}
-    out: dict[str, Tensor] = {}
-    for ours, spec in weight_map(hf_config(encoder), prefix).items():
-        if isinstance(spec, str):
-            out[spec] = state[ours]
-        elif ".to_kv." in ours:                              # fused (key, value): split back
-            out.update(zip(spec[0], state[ours].chunk(2, dim=0), strict=True))
+    out = split_back(state, weight_map(hf_config(encoder), prefix))
     e = f"{prefix}embeddings."
     cls = state["cls_token"]                                             # (1, 1, c)
     out[f"{e}cls_token"] = cls

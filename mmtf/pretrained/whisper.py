@@ -37,8 +37,11 @@ from mmtf.pretrained.hf import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     HFModel,
+    Source,
+    block_map,
     copy_weights,
     open_hf_model,
+    split_back,
     write_tokenizer_files,
 )
 
@@ -50,6 +53,13 @@ STEM_STRIDES = (1, 2)
 DEFAULT_PROMPT = ("<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>")
 # Architecture settings every Whisper size shares.
 BLOCK = {"bias": "qvo", "mlp": "gelu", "norm": "layernorm", "norm_eps": 1e-5}
+# The original module of each role of a block (mmtf.pretrained.hf.block_map); the cross_* roles
+# exist in decoder layers only.
+NAMES = {"norm_self": "self_attn_layer_norm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
+         "v": "self_attn.v_proj", "out": "self_attn.out_proj", "norm_mlp": "final_layer_norm",
+         "fc_in": "fc1", "fc_out": "fc2", "norm_cross": "encoder_attn_layer_norm",
+         "cross_q": "encoder_attn.q_proj", "cross_k": "encoder_attn.k_proj",
+         "cross_v": "encoder_attn.v_proj", "cross_out": "encoder_attn.out_proj"}
 
 
 def encoder_sizes(model: HFModel, owner: str) -> dict[str, Any]:
@@ -113,14 +123,14 @@ def whisper_encoder(*, pretrained: str | Path | None = None, dim: int | None = N
                            pretrained=export)
     if hf is not None:
         tensors = hf.tensors()
-        prefix = _prefix(tensors, "encoder.conv1.weight", hf, owner)
+        prefix = hf.prefix("encoder.conv1.weight", owner=owner)
         table = _checked_positions(encoder, tensors, f"{prefix}encoder.embed_positions.weight",
                                    hf, owner)
         mapping = {"stem.conv1.weight": f"{prefix}encoder.conv1.weight",
                    "stem.conv1.bias": f"{prefix}encoder.conv1.bias",
                    "stem.conv2.weight": f"{prefix}encoder.conv2.weight",
                    "stem.conv2.bias": f"{prefix}encoder.conv2.bias",
-                   **_stack_map(tensors, f"{prefix}encoder", encoder.stack.depth, cross=False)}
+                   **stack_map(f"{prefix}encoder", encoder.stack.depth, cross=False)}
         computed = [k for k, _ in encoder.named_buffers()]      # mel filters, window, table
         copy_weights(encoder, tensors, mapping, owner=owner, source=str(hf.folder),
                      keep_initialised=computed)
@@ -165,11 +175,11 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
         decoder.load_state_dict(load_file(str(file)), strict=True)
     elif hf is not None:
         tensors = hf.tensors()
-        prefix = _prefix(tensors, "decoder.embed_tokens.weight", hf, owner)
+        prefix = hf.prefix("decoder.embed_tokens.weight", owner=owner)
         embed = f"{prefix}decoder.embed_tokens.weight"
         mapping = {"embed.weight": embed, "lm_head.weight": embed,     # tied (proj_out)
                    "positions.weight": f"{prefix}decoder.embed_positions.weight",
-                   **_stack_map(tensors, f"{prefix}decoder", decoder.depth, cross=True)}
+                   **stack_map(f"{prefix}decoder", decoder.depth, cross=True)}
         copy_weights(decoder, tensors, mapping, owner=owner, source=str(hf.folder))
     if freeze:
         decoder.requires_grad_(False).eval()
@@ -246,13 +256,13 @@ def whisper_state(encoder: AudioEncoder, decoder: TextDecoder,
     # Whisper's window: max_samples // hop frames (the last STFT frame dropped), halved by conv2.
     positions = (encoder.max_samples // HOP_LENGTH - 1) // STEM_STRIDES[1] + 1
     tensors["model.encoder.embed_positions.weight"] = encoder.positions.weight[:positions]
-    tensors.update(_stack_export(encoder.stack.state_dict(), "model.encoder",
-                                 encoder.stack.depth, cross=False))
+    tensors.update(split_back(encoder.state_dict(),
+                              stack_map("model.encoder", encoder.stack.depth, cross=False)))
     dec_state = decoder.state_dict()
     tensors["model.decoder.embed_tokens.weight"] = dec_state["embed.weight"]
     tensors["model.decoder.embed_positions.weight"] = dec_state["positions.weight"]
-    tensors.update(_stack_export(decoder.stack.state_dict(), "model.decoder", decoder.depth,
-                                 cross=True))
+    tensors.update(split_back(decoder.state_dict(),
+                              stack_map("model.decoder", decoder.depth, cross=True)))
     enc, dec = resolved_sizes("encoder", encoder), resolved_sizes("decoder", decoder)
     config = {
         "model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"],
@@ -269,60 +279,16 @@ def whisper_state(encoder: AudioEncoder, decoder: TextDecoder,
 
 
 # ---------------------------------------------------------------------------- name maps
-def _stack_map(tensors: Mapping[str, Tensor], root: str, depth: int, *, cross: bool,
-               ) -> dict[str, Any]:
-    """mmtf TransformerStack names (under ``stack.``) -> Whisper's, for ``depth`` layers."""
-    out: dict[str, Any] = {}
-    attns = [("self_attn", "self_attn", "norm_self", "self_attn_layer_norm")]
-    if cross:
-        attns.append(("cross_attn", "encoder_attn", "norm_cross", "encoder_attn_layer_norm"))
+def stack_map(root: str, depth: int, *, cross: bool) -> dict[str, Source]:
+    """mmtf TransformerStack names (under ``stack.``) -> Whisper's, for ``depth`` layers: q/k/v
+    become ``to_q`` and the fused ``to_kv`` (no key bias: the value bias is ``v_bias``)."""
+    mapping: dict[str, Source] = {}
     for i in range(depth):
-        ours, theirs = f"stack.blocks.{i}", f"{root}.layers.{i}"
-        for attn, their_attn, norm, their_norm in attns:
-            a, t = f"{ours}.{attn}", f"{theirs}.{their_attn}"
-            v_name = f"{t}.v_proj.weight"
-            out.update({
-                f"{a}.to_q.weight": f"{t}.q_proj.weight", f"{a}.to_q.bias": f"{t}.q_proj.bias",
-                # (2 * c, c): keys then values, the layout of Attention.to_kv.
-                f"{a}.to_kv.weight": (f"{t}.k_proj.weight", _fuse_with(tensors, v_name)),
-                f"{a}.v_bias": f"{t}.v_proj.bias",
-                f"{a}.to_out.weight": f"{t}.out_proj.weight",
-                f"{a}.to_out.bias": f"{t}.out_proj.bias",
-                f"{ours}.{norm}.weight": f"{theirs}.{their_norm}.weight",
-                f"{ours}.{norm}.bias": f"{theirs}.{their_norm}.bias",
-            })
-        for ours_fc, their_fc in (("fc_in", "fc1"), ("fc_out", "fc2")):
-            for kind in ("weight", "bias"):
-                out[f"{ours}.mlp.{ours_fc}.{kind}"] = f"{theirs}.{their_fc}.{kind}"
-        out[f"{ours}.norm_mlp.weight"] = f"{theirs}.final_layer_norm.weight"
-        out[f"{ours}.norm_mlp.bias"] = f"{theirs}.final_layer_norm.bias"
-    out["stack.norm.weight"] = f"{root}.layer_norm.weight"
-    out["stack.norm.bias"] = f"{root}.layer_norm.bias"
-    return out
-
-
-def _stack_export(state: Mapping[str, Tensor], root: str, depth: int, *, cross: bool,
-                  ) -> dict[str, Tensor]:
-    """The inverse of :func:`_stack_map` on ``stack.state_dict()`` (names without ``stack.``)."""
-    out: dict[str, Tensor] = {}
-    for ours, spec in _stack_map({}, root, depth, cross=cross).items():
-        value = state[ours.removeprefix("stack.")]
-        if isinstance(spec, tuple):                        # to_kv: split keys and values
-            k, v = value.chunk(2, dim=0)
-            out[spec[0]] = k
-            out[spec[0].replace(".k_proj.", ".v_proj.")] = v
-        else:
-            out[spec] = value
-    return out
-
-
-def _fuse_with(tensors: Mapping[str, Tensor], v_name: str):
-    def fuse(k: Tensor) -> Tensor:
-        if v_name not in tensors:
-            raise UserError(f"whisper: tensor {v_name!r} not found; the weights do not belong "
-                            f"to this architecture or are incomplete.")
-        return torch.cat([k, tensors[v_name]], dim=0)     # (2 * c, c)
-    return fuse
+        mapping.update(block_map(f"stack.blocks.{i}.", f"{root}.layers.{i}.", NAMES,
+                                 key_bias=False, cross=cross))
+    mapping["stack.norm.weight"] = f"{root}.layer_norm.weight"
+    mapping["stack.norm.bias"] = f"{root}.layer_norm.bias"
+    return mapping
 
 
 # ---------------------------------------------------------------------------- checks
@@ -361,15 +327,6 @@ def _merge_sizes(given: dict[str, Any], found: dict[str, Any] | None, owner: str
                             f"{hf.folder / CONFIG_FILE} ({found[key]}); remove it from the "
                             f"config (sizes are read from the pretrained model).")
     return found
-
-
-def _prefix(tensors: Mapping[str, Tensor], probe: str, hf: HFModel, owner: str) -> str:
-    """"model." (WhisperForConditionalGeneration) or "" (WhisperModel)."""
-    for prefix in ("model.", ""):
-        if prefix + probe in tensors:
-            return prefix
-    raise UserError(f"{owner}: tensor 'model.{probe}' not found in {hf.folder}; the weights "
-                    f"are not a Whisper model's or are incomplete.")
 
 
 def _checked_positions(encoder: AudioEncoder, tensors: Mapping[str, Tensor], name: str,

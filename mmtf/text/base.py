@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tokenizers import Regex, normalizers
+from tokenizers import Tokenizer as HFTokenizer
 
 from mmtf.errors import UserError, require_file
 
@@ -294,6 +295,71 @@ class Tokenizer(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+class BackedTokenizer(Tokenizer):
+    """A tokenizer whose pipeline is a `tokenizers.Tokenizer` (:class:`mmtf.text.BPETokenizer`,
+    :class:`mmtf.text.PretrainedTokenizer`): the id mapping, size, normaliser and JSON payload
+    are the backend's; a subclass adds its special ids and the constructor values in
+    ``_payload_keys`` (stored beside the backend's JSON).
+
+    Args:
+        tokenizer: the backend. Text that spells a special token is encoded as ordinary text,
+            never as the special id (a runtime flag, set on every load).
+    """
+
+    # Constructor arguments besides ``tokenizer``, stored in the JSON payload by name.
+    _payload_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, tokenizer: HFTokenizer) -> None:
+        tokenizer.encode_special_tokens = True
+        self._tok = tokenizer
+        # The fast batch path (no offsets) exists from tokenizers 0.21 on.
+        self._encode_batch_fn = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def backend(self) -> HFTokenizer:
+        """The underlying `tokenizers.Tokenizer` (read it, do not mutate it)."""
+        return self._tok
+
+    def normalize(self, text: str) -> str:
+        normalizer = self._tok.normalizer
+        return text if normalizer is None else normalizer.normalize_str(text)
+
+    def id_to_token(self, idx: int) -> str:
+        return self._tok.id_to_token(idx)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        if len(texts) == 1:
+            return [self._tok.encode(texts[0], add_special_tokens=False).ids]
+        return [e.ids for e in self._encode_batch_fn(texts, add_special_tokens=False)]
+
+    def _decode_one(self, ids: list[int], skip_special: bool) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+    def _to_dict(self) -> dict[str, Any]:
+        return {**{key: getattr(self, key) for key in self._payload_keys},
+                "tokenizer": json.loads(self._tok.to_str())}
+
+    @classmethod
+    def _from_dict(cls, payload: dict[str, Any]) -> BackedTokenizer:
+        try:
+            backend = HFTokenizer.from_str(json.dumps(payload["tokenizer"]))
+            return cls(tokenizer=backend, **{key: payload[key] for key in cls._payload_keys})
+        except KeyError as err:
+            raise UserError(f"{cls.__name__}: JSON is missing the field {err}.") from err
+        except Exception as err:  # the Rust side raises its own exception type
+            if isinstance(err, ValueError):
+                raise
+            raise UserError(f"{cls.__name__}: the 'tokenizer' field is not a valid "
+                            f"tokenizers JSON ({err}).") from err
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

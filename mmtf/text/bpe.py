@@ -18,18 +18,16 @@ Shapes: ids are python ``list[int]``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from mmtf.errors import UserError
-from mmtf.text.base import BOS, EOS, SPECIAL_TOKENS, UNK, Tokenizer, build_normalizer
+from mmtf.text.base import BOS, EOS, SPECIAL_TOKENS, UNK, BackedTokenizer, build_normalizer
 
 
-class BPETokenizer(Tokenizer):
+class BPETokenizer(BackedTokenizer):
     """BPE tokenizer backed by a `tokenizers.Tokenizer`; build it with :meth:`train`.
 
     Args:
@@ -39,6 +37,7 @@ class BPETokenizer(Tokenizer):
     """
 
     kind = "bpe"
+    _payload_keys = ("lowercase", "strip_punctuation")
 
     def __init__(self, *, tokenizer: HFTokenizer, lowercase: bool, strip_punctuation: bool) -> None:
         found = [tokenizer.id_to_token(i) for i in range(len(SPECIAL_TOKENS))]
@@ -47,14 +46,9 @@ class BPETokenizer(Tokenizer):
                 f"BPETokenizer: tokenizer ids 0..3 must be {list(SPECIAL_TOKENS)}, got {found}; "
                 f"build it with BPETokenizer.train."
             )
-        # Text that spells a special ("<eos>" typed in a caption) is encoded as ordinary
-        # characters, never as the special id. A runtime flag, so it is set on every load.
-        tokenizer.encode_special_tokens = True
-        self._tok = tokenizer
-        self.lowercase = lowercase
-        self.strip_punctuation = strip_punctuation
-        # The fast batch path (no offsets) exists from tokenizers 0.21 on.
-        self._encode_batch_fn = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        super().__init__(tokenizer)
+        self.lowercase = bool(lowercase)
+        self.strip_punctuation = bool(strip_punctuation)
 
     @classmethod
     def train(
@@ -118,53 +112,6 @@ class BPETokenizer(Tokenizer):
             single=f"{BOS} $A {EOS}", special_tokens=[(BOS, 1), (EOS, 2)]
         )
         return cls(tokenizer=tok, lowercase=lowercase, strip_punctuation=strip_punctuation)
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
-
-    @property
-    def backend(self) -> HFTokenizer:
-        """The underlying `tokenizers.Tokenizer` (read it, do not mutate it)."""
-        return self._tok
-
-    def normalize(self, text: str) -> str:
-        return self._tok.normalizer.normalize_str(text)
-
-    def id_to_token(self, idx: int) -> str:
-        return self._tok.id_to_token(idx)
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._tok.token_to_id(token)
-
-    def _encode_many(self, texts: list[str]) -> list[list[int]]:
-        if len(texts) == 1:
-            return [self._tok.encode(texts[0], add_special_tokens=False).ids]
-        return [e.ids for e in self._encode_batch_fn(texts, add_special_tokens=False)]
-
-    def _decode_one(self, ids: list[int], skip_special: bool) -> str:
-        return self._tok.decode(ids, skip_special_tokens=skip_special)
-
-    def _to_dict(self) -> dict[str, Any]:
-        return {
-            "lowercase": self.lowercase,
-            "strip_punctuation": self.strip_punctuation,
-            "tokenizer": json.loads(self._tok.to_str()),
-        }
-
-    @classmethod
-    def _from_dict(cls, payload: dict[str, Any]) -> BPETokenizer:
-        try:
-            hf = HFTokenizer.from_str(json.dumps(payload["tokenizer"]))
-            return cls(tokenizer=hf, lowercase=bool(payload["lowercase"]),
-                       strip_punctuation=bool(payload["strip_punctuation"]))
-        except KeyError as err:
-            raise UserError(f"BPETokenizer: JSON is missing the field {err}.") from err
-        except Exception as err:  # the Rust side raises its own exception type
-            if isinstance(err, ValueError):
-                raise
-            raise UserError(f"BPETokenizer: the 'tokenizer' field is not a valid "
-                            f"tokenizers JSON ({err}).") from err
 
     def __repr__(self) -> str:
         return (f"BPETokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "

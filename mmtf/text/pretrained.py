@@ -31,7 +31,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from mmtf.errors import UserError, require_file
-from mmtf.text.base import Tokenizer
+from mmtf.text.base import BackedTokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 # Read in this order; a later file fills only what the earlier ones left unset.
@@ -39,7 +39,7 @@ _TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 _ID_FILES = ("generation_config.json", "config.json")
 
 
-class PretrainedTokenizer(Tokenizer):
+class PretrainedTokenizer(BackedTokenizer):
     """A `tokenizers.Tokenizer` with the special ids and prompt of the model it came with.
 
     Args:
@@ -54,11 +54,12 @@ class PretrainedTokenizer(Tokenizer):
     """
 
     kind = "pretrained"
+    _payload_keys = ("pad_id", "bos_id", "eos_id", "unk_id", "prompt_ids")
 
     def __init__(self, *, tokenizer: HFTokenizer, pad_id: int, bos_id: int, eos_id: int,
                  unk_id: int | None = None, prompt_ids: Sequence[int] | None = None,
                  source: str = "") -> None:
-        self._tok = tokenizer
+        super().__init__(tokenizer)
         self.source = source
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = pad_id, bos_id, eos_id, unk_id
         self._prompt = [int(i) for i in (prompt_ids if prompt_ids is not None else [bos_id])]
@@ -70,8 +71,6 @@ class PretrainedTokenizer(Tokenizer):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise UserError(f"PretrainedTokenizer ({source}): {name} ({value}) is outside "
                                 f"the vocabulary [0, {self.vocab_size}).")
-        # Text that spells a special token is encoded as ordinary text, never as the special.
-        tokenizer.encode_special_tokens = True
         added = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         self._special = frozenset(added | {i for i in ids.values() if i is not None}
                                   | set(self._prompt))
@@ -141,52 +140,6 @@ class PretrainedTokenizer(Tokenizer):
     @property
     def special_ids(self) -> frozenset[int]:
         return self._special
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
-
-    @property
-    def backend(self) -> HFTokenizer:
-        """The underlying `tokenizers.Tokenizer` (read it, do not mutate it)."""
-        return self._tok
-
-    def normalize(self, text: str) -> str:
-        normalizer = self._tok.normalizer
-        return text if normalizer is None else normalizer.normalize_str(text)
-
-    def id_to_token(self, idx: int) -> str:
-        return self._tok.id_to_token(idx)
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._tok.token_to_id(token)
-
-    def _encode_many(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
-
-    def _decode_one(self, ids: list[int], skip_special: bool) -> str:
-        return self._tok.decode(ids, skip_special_tokens=skip_special)
-
-    def _to_dict(self) -> dict[str, Any]:
-        # No source path: two copies of one tokenizer are equal wherever they were read from.
-        return {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id,
-                "unk_id": self.unk_id, "prompt_ids": self.prompt_ids,
-                "tokenizer": json.loads(self._tok.to_str())}
-
-    @classmethod
-    def _from_dict(cls, payload: dict[str, Any]) -> PretrainedTokenizer:
-        try:
-            hf = HFTokenizer.from_str(json.dumps(payload["tokenizer"]))
-            return cls(tokenizer=hf, pad_id=payload["pad_id"], bos_id=payload["bos_id"],
-                       eos_id=payload["eos_id"], unk_id=payload["unk_id"],
-                       prompt_ids=payload["prompt_ids"])
-        except KeyError as err:
-            raise UserError(f"PretrainedTokenizer: JSON is missing the field {err}.") from err
-        except Exception as err:  # the Rust side raises its own exception type
-            if isinstance(err, ValueError):
-                raise
-            raise UserError(f"PretrainedTokenizer: the 'tokenizer' field is not a valid "
-                            f"tokenizers JSON ({err}).") from err
 
     def __repr__(self) -> str:
         return (f"PretrainedTokenizer(vocab_size={self.vocab_size}, pad={self.pad_id}, "

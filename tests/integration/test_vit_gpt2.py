@@ -113,3 +113,41 @@ def test_a_trained_captioner_exports_for_transformers(tiny_models, data_dir, tmp
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "a red circle on the left of a blue square"
     assert theirs(text)["input_ids"] == task.tokenizer.encode(text, add_special=False)
+
+
+def _captions(ckpt, files):
+    import mmtf
+    from mmtf.predict import predict
+
+    model, _ = mmtf.load(ckpt)
+    return [r["caption"] for r in predict(str(ckpt), [str(f) for f in files])], model.caption(files)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_checkpoint_captions_without_its_pretrained_folders(tiny_models, data_dir, tmp_path):
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    from .conftest import evaluate_in_process
+
+    source, models = tiny_models
+    folder = tmp_path / "models"
+    shutil.copytree(source, folder)
+    models = [m.replace(str(source), str(folder)) for m in models]
+    run = tmp_path / "run"
+    train(compose_train(_overrides(data_dir, models, "test=false", "trainer.limit_train_batches=1",
+                                   "trainer.limit_val_batches=1"), run))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    rng = np.random.default_rng(0)
+    files = []
+    for i, (h, w) in enumerate([(40, 52), (61, 33)]):
+        files.append(tmp_path / f"img{i}.png")
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(files[-1])
+    before = _captions(ckpt, files)
+    metrics_before = evaluate_in_process(ckpt, tmp_path / "eval1")
+    folder.rename(tmp_path / "moved")                      # the checkpoint on another machine
+    assert _captions(ckpt, files) == before
+    assert evaluate_in_process(ckpt, tmp_path / "eval2") == metrics_before

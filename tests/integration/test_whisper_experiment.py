@@ -122,3 +122,38 @@ def test_a_trained_checkpoint_rebuilds_alone_and_exports_for_transformers(tiny_w
         back = build(pretrained=folder).eval()           # sizes from the export's config.yaml
         ours = getattr(task.model, part).state_dict()
         assert all(torch.equal(v, ours[k]) for k, v in back.state_dict().items())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_checkpoint_captions_without_its_pretrained_folder(tiny_whisper, data_dir, tmp_path):
+    import shutil
+
+    import torch
+
+    import mmtf
+    from mmtf.predict import predict
+
+    from .conftest import evaluate_in_process
+
+    folder = tmp_path / "whisper"
+    shutil.copytree(tiny_whisper, folder)
+    run = tmp_path / "run"
+    train(compose_train(["experiment=audio_captioning_clotho_whisper",
+                         f"paths.data_dir={data_dir}", *COMMON, *DATA, "test=false",
+                         "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
+                         f"model.encoder.pretrained={folder}"], run))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    waves = [0.1 * torch.randn(n, generator=torch.Generator().manual_seed(n))
+             for n in (16000, 24000)]
+    files = sorted((data_dir).rglob("*.wav"))[:2]
+
+    def captions():
+        model, _ = mmtf.load(ckpt)
+        return model.caption(waves), [r["caption"] for r in predict(str(ckpt), map(str, files))]
+
+    before = captions()
+    metrics_before = evaluate_in_process(ckpt, tmp_path / "eval1")
+    folder.rename(tmp_path / "moved")                      # the checkpoint on another machine
+    assert captions() == before
+    assert evaluate_in_process(ckpt, tmp_path / "eval2") == metrics_before

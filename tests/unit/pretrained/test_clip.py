@@ -10,7 +10,13 @@ import torch
 from mmtf.encoders import VisionEncoder
 from mmtf.errors import UserError
 
-from .vision_folders import CLIP_ENCODER, TINY, perturb, save_clip_vision
+from .vision_folders import (
+    CLIP_ENCODER,
+    TINY,
+    assert_same_hidden_states,
+    perturb,
+    save_clip_vision,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -19,13 +25,7 @@ transformers = pytest.importorskip("transformers")
 def test_clip_vision_matches_transformers(tmp_path, size):
     reference = save_clip_vision(tmp_path / "clip")
     encoder = VisionEncoder(**CLIP_ENCODER, pretrained=tmp_path / "clip").eval()
-    images = torch.randn(2, 3, *size)
-    with torch.no_grad():
-        expected = reference(pixel_values=images,
-                             interpolate_pos_encoding=size != (32, 32)).last_hidden_state
-        got = encoder(images).memory
-    assert got.shape == expected.shape
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    assert_same_hidden_states(reference, encoder, size)
 
 
 def test_the_tower_of_a_whole_clip_model_folder(tmp_path):

@@ -228,7 +228,8 @@ def test_null_settings_are_read_from_config_json(tmp_path):
         gpt2_decoder(**{**DECODER, "depth": None})
 
 
-def test_export_hf_with_a_vit_encoder_is_a_vision_encoder_decoder_folder(tmp_path):
+@pytest.mark.parametrize("family", ["vit", "clip"])
+def test_export_hf_with_a_vision_encoder_is_a_vision_encoder_decoder_folder(tmp_path, family):
     from types import SimpleNamespace
 
     from transformers import VisionEncoderDecoderModel
@@ -238,14 +239,15 @@ def test_export_hf_with_a_vit_encoder_is_a_vision_encoder_decoder_folder(tmp_pat
     from mmtf.text import PretrainedTokenizer
 
     from .tiny_hf import ENDOFTEXT, write_tokenizer
-    from .vision_folders import VIT_ENCODER, save_vit
+    from .vision_folders import CLIP_ENCODER, VIT_ENCODER, save_clip_vision, save_vit
 
     backend = write_tokenizer(tmp_path / "gpt2", family="gpt2")
     eos = backend.token_to_id(ENDOFTEXT)
     save_gpt2(tmp_path / "gpt2", cross=False, vocab_size=backend.get_vocab_size(),
               bos_token_id=eos, eos_token_id=eos)
-    save_vit(tmp_path / "vit")
-    encoder = VisionEncoder(**VIT_ENCODER, pretrained=tmp_path / "vit").eval()
+    save, settings = {"vit": (save_vit, VIT_ENCODER), "clip": (save_clip_vision, CLIP_ENCODER)}[family]
+    save(tmp_path / family)
+    encoder = VisionEncoder(**settings, pretrained=tmp_path / family).eval()
     unset = dict.fromkeys(("vocab_size", "dim", "depth", "num_heads", "max_len", "pad_id"))
     decoder = gpt2_decoder(**{**DECODER, **unset}, pretrained=tmp_path / "gpt2").eval()
     model = SimpleNamespace(encoder=encoder, decoder=decoder)
@@ -253,6 +255,7 @@ def test_export_hf_with_a_vit_encoder_is_a_vision_encoder_decoder_folder(tmp_pat
         tmp_path / "gpt2")), tmp_path / "out")
     reloaded = VisionEncoderDecoderModel.from_pretrained(tmp_path / "out").eval()
     assert reloaded.config.decoder_start_token_id == eos
+    assert reloaded.config.encoder.model_type == {"vit": "vit", "clip": "clip_vision_model"}[family]
     images = torch.randn(2, 3, 32, 32)
     tokens = torch.randint(0, 100, (2, 6))
     with torch.no_grad():

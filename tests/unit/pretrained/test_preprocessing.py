@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from mmtf.data.image import build_transform, pretrained_image_transform
+from mmtf.data.image import build_transform, pretrained_image_transform, read_image_processor
 from mmtf.errors import UserError
 
 transformers = pytest.importorskip("transformers")
@@ -19,14 +19,18 @@ SIZES = [(37, 53), (64, 41), (20, 15), (25, 25)]
 def _compare(processor, folder):
     processor.save_pretrained(folder)
     # As the data config lists it: one entry of data.eval_transforms.
-    ours = build_transform([{"_target_": "mmtf.data.image.pretrained_image_transform",
-                             "source": str(folder)}])
+    entry = {"_target_": "mmtf.data.image.pretrained_image_transform", "source": str(folder)}
+    ours = build_transform([entry])
+    # The settings a run stores (plain JSON values) rebuild it without the folder's file.
+    stored = json.loads(json.dumps(read_image_processor(folder)))
+    (folder / "preprocessor_config.json").unlink()
+    alone = build_transform([{**entry, "processor": stored}])
     for h, w in SIZES:
         image = torch.randint(0, 256, (3, h, w), dtype=torch.uint8)
         expected = processor(images=[image], return_tensors="pt").pixel_values[0]
-        got = ours(image)
-        assert got.dtype == torch.float32 and got.shape == expected.shape
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        for got in (ours(image), alone(image)):
+            assert got.dtype == torch.float32 and got.shape == expected.shape
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 def test_vit_processor(tmp_path):

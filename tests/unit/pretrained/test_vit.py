@@ -10,7 +10,13 @@ import torch
 from mmtf.encoders import VisionEncoder
 from mmtf.errors import UserError
 
-from .vision_folders import CLIP_ENCODER, VIT_ENCODER, save_clip_vision, save_vit
+from .vision_folders import (
+    CLIP_ENCODER,
+    VIT_ENCODER,
+    assert_same_hidden_states,
+    save_clip_vision,
+    save_vit,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -19,13 +25,7 @@ transformers = pytest.importorskip("transformers")
 def test_vit_matches_transformers(tmp_path, size):
     reference = save_vit(tmp_path / "vit")
     encoder = VisionEncoder(**VIT_ENCODER, pretrained=tmp_path / "vit").eval()
-    images = torch.randn(2, 3, *size)
-    with torch.no_grad():
-        expected = reference(pixel_values=images,
-                             interpolate_pos_encoding=size != (32, 32)).last_hidden_state
-        got = encoder(images).memory
-    assert got.shape == expected.shape == (2, 1 + size[0] // 8 * size[1] // 8, 64)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    assert_same_hidden_states(reference, encoder, size)
 
 
 def test_vit_without_qkv_bias_and_from_a_classifier_folder(tmp_path):

@@ -43,3 +43,16 @@ def save_clip_vision(path: Path, **overrides) -> nn.Module:
     model = perturb(CLIPVisionModel(CLIPVisionConfig(**{**TINY, **overrides})).eval())
     model.save_pretrained(path)
     return model
+
+
+def assert_same_hidden_states(reference: nn.Module, encoder: nn.Module,
+                              size: tuple[int, int]) -> None:
+    """``encoder``'s memory equals ``reference``'s ``last_hidden_state`` (float32, <= 1e-4) on
+    two random images of ``size``; sizes other than 32x32 interpolate the position table."""
+    images = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        expected = reference(pixel_values=images,
+                             interpolate_pos_encoding=size != (32, 32)).last_hidden_state
+        got = encoder(images).memory
+    assert got.shape == expected.shape == (2, 1 + size[0] // 8 * size[1] // 8, 64)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
