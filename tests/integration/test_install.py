@@ -53,8 +53,9 @@ def installed(tmp_path_factory) -> tuple[Path, Path]:
     purelib = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                         cwd=root).stdout.strip())
     (purelib / "host_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    # Without PYTHONPATH: a checkout on it (its mmtf.egg-info) reads as "already installed".
     _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q", wheel],
-         cwd=root)
+         cwd=root, env=_user_env())
     return wheel, venv, purelib
 
 
