@@ -27,8 +27,10 @@ AUDIO = ["model/encoder=audio_tiny", "data.synthetic.min_seconds=1.0",
 CAPTION = ["model/decoder=text_tiny", "data.tokenizer.vocab_size=128",
            "model.test_metrics=[bleu,rouge_l,cider_d]", "model.generation.max_new_tokens=12"]
 TINY = {
+    # The default run validates every 2nd epoch; the tiny runs of one to three epochs, every epoch.
     "audio_captioning": [*AUDIO, *CAPTION, "data.synthetic.num_train=12",
-                         "data.synthetic.num_val=4", "data.synthetic.num_test=4"],
+                         "data.synthetic.num_val=4", "data.synthetic.num_test=4",
+                         "trainer.check_val_every_n_epoch=1"],
     "image_captioning": ["model/encoder=vision_tiny", *CAPTION, "data.synthetic.num_train=12",
                          "data.synthetic.num_val=4", "data.synthetic.num_test=4",
                          "data.synthetic.num_workers=0"],

@@ -59,8 +59,8 @@ def test_config_diff_lists_exactly_the_changed_keys(tmp_path):
     # paths.*, the data root and the output dirs moved too, and are not listed.
     assert set(changes) == {"trainer.max_epochs", "model.optimizer.lr",
                             "callbacks.rich_progress_bar", "trainer.detect_anomaly"}
-    assert changes["trainer.max_epochs"] == (25, 3)
-    assert changes["model.optimizer.lr"] == (1e-3, 0.003)
+    assert changes["trainer.max_epochs"] == (20, 3)
+    assert changes["model.optimizer.lr"] == (2e-3, 0.003)
     assert changes["callbacks.rich_progress_bar"][1] is None
     markdown = summary.to_markdown()
     assert "| `trainer.detect_anomaly` | (absent) | `True` |" in markdown

@@ -1,0 +1,36 @@
+"""Invariants of the shipped experiment recipes (composed exactly as ``mmtf.train`` composes them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def _trainer(experiment: str, *overrides: str):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("train", overrides=[f"experiment={experiment}", *overrides]).trainer
+
+
+def _last_epoch_validated(trainer) -> bool:
+    # Lightning validates after epoch e (1-based) when e % check_val_every_n_epoch == 0.
+    return trainer.max_epochs % trainer.check_val_every_n_epoch == 0
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_validates_its_last_epoch(experiment):
+    """The best checkpoint (tested after training) must be able to be the final weights."""
+    trainer = _trainer(experiment)
+    assert _last_epoch_validated(trainer), (
+        f"experiment={experiment}: max_epochs {trainer.max_epochs} is not a multiple of "
+        f"check_val_every_n_epoch {trainer.check_val_every_n_epoch}")
+
+
+def test_an_odd_epoch_count_leaves_the_last_epoch_unvalidated():
+    """The check above can fail: 17 epochs validated every 2nd leave epoch 17 unscored."""
+    assert not _last_epoch_validated(_trainer("audio_captioning", "trainer.max_epochs=17",
+                                              "trainer.check_val_every_n_epoch=2"))
