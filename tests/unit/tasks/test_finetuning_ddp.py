@@ -35,14 +35,15 @@ class BucketParams(Callback):
     on every new wrapper; it passes each bucket on unchanged)."""
 
     def __init__(self) -> None:
-        self.wrappers: set[int] = set()
+        # the wrappers themselves, not their id(): a freed wrapper's id can be reused by the next
+        self.wrappers: list[torch.nn.Module] = []
         self.seen: dict[int, set[int]] = {}
 
     def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
         ddp = trainer.strategy.model
-        if id(ddp) in self.wrappers:
+        if any(w is ddp for w in self.wrappers):
             return
-        self.wrappers.add(id(ddp))
+        self.wrappers.append(ddp)
 
         def hook(state, bucket):
             self.seen.setdefault(trainer.current_epoch, set()).update(map(id, bucket.parameters()))
