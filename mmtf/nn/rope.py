@@ -52,9 +52,13 @@ class RotaryEmbedding(nn.Module):
             inv_freq = self.base ** (-exponent / self.head_dim)                  # (d/2,)
             positions = torch.arange(max_len, device=device, dtype=torch.float64)
             angles = torch.outer(positions, inv_freq)                            # (n, d/2)
-            angles = torch.cat([angles, angles], dim=-1)                         # (n, d)
-            self.register_buffer("cos", angles.cos().float(), persistent=False)
-            self.register_buffer("sin", angles.sin().float(), persistent=False)
+            self.register_buffer("cos", angles.cos().repeat(1, 2).float(),    # (n, d)
+                                 persistent=False)
+            # sin with the rotation's sign folded in, (-sin, sin): the rotation is then one
+            # roll of x by d/2 instead of chunk, neg and cat. Why: see docs/design/rope-tables.md
+            sin = angles.sin()
+            self.register_buffer("sin", torch.cat([-sin, sin], dim=-1).float(),  # (n, d)
+                                 persistent=False)
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> RotaryEmbedding:
         # .to(dtype) / .half() cast the tables: rebuild them in float32 from float64 angles (a
@@ -85,8 +89,8 @@ class RotaryEmbedding(nn.Module):
                 new_len *= 2
             self._build(new_len, device=self.cos.device)
         cos = self.cos[offset:end]                                       # (n, d)
-        sin = self.sin[offset:end]
-        xf = x.float()
-        x1, x2 = xf.chunk(2, dim=-1)
-        rotated = torch.cat([-x2, x1], dim=-1)
-        return (xf * cos + rotated * sin).to(x.dtype)
+        sin = self.sin[offset:end]                                       # (n, d), signed
+        xf = x if x.dtype == torch.float32 else x.float()
+        # roll by d/2: (x1, x2) -> (x2, x1); times (-sin, sin) gives (-x2 sin, x1 sin).
+        out = xf * cos + xf.roll(self.head_dim // 2, dims=-1) * sin
+        return out if out.dtype == x.dtype else out.to(x.dtype)
