@@ -3,8 +3,8 @@
 trainer=ddp_cpu``. Each rank trains on its own batches, so ranks that did not all-reduce the
 encoder's gradients would end with different weights.
 
-Usage: ``python ddp_unfreeze_script.py MODE OUT_DIR``; MODE ``full`` (epochs 0-2), ``stop``
-(epochs 0-1, then ``OUT_DIR/stop.ckpt``) or ``resume`` (from it). Each rank saves the encoder's
+Usage: ``python ddp_unfreeze_script.py MODE OUT_DIR``; MODE ``full`` (epochs 0-2, writing
+``OUT_DIR/epoch1.ckpt`` after epoch 1, past the unfreeze) or ``resume`` (epoch 2 from it). Each rank saves the encoder's
 weights at each epoch end and the end state to ``OUT_DIR/<MODE>_rank<R>.pt``.
 """
 
@@ -50,9 +50,9 @@ class Save(Callback):
     def on_train_epoch_end(self, trainer, task) -> None:
         self.epochs[trainer.current_epoch] = {k: v.detach().clone()
                                               for k, v in task.encoder.state_dict().items()}
-        if self.mode == "stop" and trainer.current_epoch == 1:
-            trainer.save_checkpoint(self.out / "stop.ckpt")
-            trainer.should_stop = True
+        if self.mode == "full" and trainer.current_epoch == 1:
+            # what a run stopped here would write: the same hook, the same state
+            trainer.save_checkpoint(self.out / "epoch1.ckpt")
 
     def on_train_end(self, trainer, task) -> None:
         torch.save({"epochs": self.epochs, "states": self.states, "weights": task.state_dict(),
@@ -73,7 +73,7 @@ def main() -> None:
                         callbacks=[Save(out, mode), ResumeState()], use_distributed_sampler=False,
                         deterministic=True, num_sanity_val_steps=0)
     trainer.fit(task, datamodule=RankData(),
-                ckpt_path=str(out / "stop.ckpt") if mode == "resume" else None, weights_only=True)
+                ckpt_path=str(out / "epoch1.ckpt") if mode == "resume" else None, weights_only=True)
 
 
 if __name__ == "__main__":
