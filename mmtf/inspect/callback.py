@@ -29,7 +29,9 @@ class AttentionFigureCallback(L.Callback):
     """Log the cross-attention of the first validation item as a figure per epoch.
 
     Args:
-        every_n_epochs: draw on epochs divisible by it.
+        every_n_epochs: draw at the validations that end epochs 1-based divisible by it, as
+            Lightning's ``check_val_every_n_epoch`` counts: 6 with validation every 2nd epoch
+            draws after epochs 6, 12, 18, ...
         layers: decoder layers to draw (None = the last one).
         head: head to draw (None = heads averaged).
         max_new_tokens: caption length limit for the figure (None = the task's generation).
@@ -50,7 +52,7 @@ class AttentionFigureCallback(L.Callback):
     @torch.no_grad()
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if (trainer.sanity_checking or not trainer.is_global_zero
-                or trainer.current_epoch % self.every_n_epochs):
+                or not self.draws_after(trainer.current_epoch)):
             return
         if isinstance(trainer.strategy, SHARDED_STRATEGIES):
             # Rank 0 alone cannot run a sharded model: every forward gathers from all ranks.
@@ -90,6 +92,11 @@ class AttentionFigureCallback(L.Callback):
         out = Path(trainer.default_root_dir) / "samples" / f"val_attention_epoch{epoch:03d}.png"
         plot.save(fig, out)
         log.info("attention figure (%s) of the first val item: %s", name, out)
+
+    def draws_after(self, epoch: int) -> bool:
+        """Whether the validation at the end of ``epoch`` (0-based, Lightning's
+        ``current_epoch``) draws the figure."""
+        return (epoch + 1) % self.every_n_epochs == 0
 
     @staticmethod
     def _first_item(trainer: L.Trainer, device: torch.device):

@@ -15,9 +15,10 @@ def tiny_audio(hop_length: int = 160) -> AudioEncoder:
 
 def test_seconds_per_position_by_hand():
     # 4 frames per position (two stride-2 convs) x 160 samples / 16 kHz = 40 ms;
-    # the audio_captioning experiment's hop 320 gives 80 ms.
+    # hop 320 gives 80 ms; the audio_captioning experiment's hop 640, 160 ms.
     assert tiny_audio(160).seconds_per_position == 0.04
     assert tiny_audio(320).seconds_per_position == 0.08
+    assert tiny_audio(640).seconds_per_position == 0.16
     assert tiny_audio(160).memory_seconds(4).tolist() == [0.0, 0.04, 0.08, 0.12]
 
 
