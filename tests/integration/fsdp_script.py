@@ -2,7 +2,8 @@
 this file for rank 1. The trainer is conf/trainer/fsdp.yaml, moved to the CPU.
 
 Usage: ``python fsdp_script.py OUT_DIR MAX_STEPS ACTIVATION_CHECKPOINTING [CKPT_PATH]``; writes
-``OUT_DIR/checkpoints/last.ckpt`` (ModelCheckpoint), ``OUT_DIR/end.ckpt`` and, from rank 0,
+``OUT_DIR/checkpoints/step=N.ckpt`` every 2 steps and ``last.ckpt`` (ModelCheckpoint),
+``OUT_DIR/end.ckpt`` and, from rank 0,
 ``OUT_DIR/units.json`` (class names of the sharded modules, the parameter type).
 
 Shapes: b batch, n = 5 positions, c = 16 features.
@@ -80,8 +81,8 @@ def main(out: Path, max_steps: int, activation_checkpointing: bool, ckpt_path: s
             f"trainer.strategy.activation_checkpointing={activation_checkpointing}",
             f"trainer.max_steps={max_steps}", "trainer.max_epochs=-1",
             f"paths.output_dir={out}"])
-    checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True,
-                                  every_n_train_steps=2)
+    checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=-1,
+                                  every_n_train_steps=2, filename="{step}")
     trainer = instantiate(cfg.trainer, logger=False, callbacks=[checkpoints],
                           enable_progress_bar=False, enable_model_summary=False)
     model = Toy()

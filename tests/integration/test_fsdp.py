@@ -34,13 +34,13 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_fsdp_shards_blocks_and_resumes_bit_exactly(tmp_path):
-    first = _fit(tmp_path / "first", 4, activation_checkpointing=True)
-    assert first == {"units": ["FSDPNet", "FSDPTransformerBlock"], "param": "DTensor", "step": 4}
-    last = resolve_resume("last", tmp_path / "first")       # what ckpt_path=last picks
-    assert Path(last).name == "last.ckpt"
-    resumed = _fit(tmp_path / "resumed", 8, activation_checkpointing=True, ckpt=last)
     unbroken = _fit(tmp_path / "unbroken", 8, activation_checkpointing=False)
-    assert resumed["step"] == unbroken["step"] == 8
+    assert Path(resolve_resume("last", tmp_path / "unbroken")).name == "last.ckpt"
+    # resumed from the unbroken run's step-4 checkpoint, with activation checkpointing on
+    resumed = _fit(tmp_path / "resumed", 8, activation_checkpointing=True,
+                   ckpt=str(tmp_path / "unbroken" / "checkpoints" / "step=4.ckpt"))
+    assert resumed == {"units": ["FSDPNet", "FSDPTransformerBlock"], "param": "DTensor", "step": 8}
+    assert unbroken["step"] == 8
 
     expected = _weights(tmp_path / "unbroken" / "end.ckpt")
     got = _weights(tmp_path / "resumed" / "end.ckpt")
@@ -49,5 +49,5 @@ def test_fsdp_shards_blocks_and_resumes_bit_exactly(tmp_path):
     assert got["net.blocks.0.mlp.fc_in.weight"].shape == (64, 16)
     for name in expected:
         assert torch.equal(got[name], expected[name]), name
-    started = _weights(tmp_path / "first" / "end.ckpt")
+    started = _weights(tmp_path / "unbroken" / "checkpoints" / "step=4.ckpt")
     assert not torch.equal(started["net.out.weight"], expected["net.out.weight"])
