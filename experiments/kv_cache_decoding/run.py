@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from mmtf.decoders import GenerationConfig, TextDecoder, generate
-from mmtf.perf.device import cpu_flags, describe_cpu
+from mmtf.perf.device import cpu_flags, describe_cpu, quantity_table
 
 BOS, EOS, PAD = 1, 2, 0
 
@@ -289,10 +289,7 @@ def main() -> None:
         ("fraction of the limit", f"{med(copy_frac):.0%} of copy, {med(read_frac):.0%} of "
                                   f"read bandwidth"),
     ]
-    width = max(len(k) for k, _ in rows)
-    print(f"| {'quantity':<{width}} | value |\n|{'-' * (width + 2)}|-------|")
-    for key, value in rows:
-        print(f"| {key:<{width}} | {value} |")
+    print(quantity_table(rows))
     print(json.dumps({**result, "eager_vs_peer_tokens_per_s": round(eager_paired, 2),
                       "paired_min": round(min(per_repeat), 2),
                       "paired_max": round(max(per_repeat), 2),

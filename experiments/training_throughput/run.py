@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mmtf.perf.device import cpu_flags, describe_cpu, has_native_bf16
+from mmtf.perf.device import cpu_flags, describe_cpu, has_native_bf16, quantity_table
 from mmtf.perf.flops import FlopCounter, matmul_flops_per_s
 from mmtf.tasks.optim import build_optimizer
 
@@ -382,10 +382,7 @@ def main() -> None:
         ("load average (1 min) at start / end", f"{load0:.2f} / {os.getloadavg()[0]:.2f} "
                                                 f"on {os.cpu_count()} CPUs"),
     ]
-    width = max(len(k) for k, _ in rows)
-    print(f"| {'quantity':<{width}} | value |\n|{'-' * (width + 2)}|-------|")
-    for key, value in rows:
-        print(f"| {key:<{width}} | {value} |")
+    print(quantity_table(rows))
     total = sections["step total"]
     print("\n| part of the default model's step | ms | share |\n|---|---|---|")
     for key, value in sections.items():

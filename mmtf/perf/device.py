@@ -64,6 +64,13 @@ def describe_cpu(flags: dict[str, bool] | None = None) -> str:
     return f"cpu capability {capability}, {listed}"
 
 
+def quantity_table(rows: list[tuple[str, str]]) -> str:
+    """The benchmarks' two-column markdown table (``| quantity | value |``), keys padded."""
+    width = max(len(key) for key, _ in rows)
+    lines = [f"| {'quantity':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
+    return "\n".join([*lines, *(f"| {key:<{width}} | {value} |" for key, value in rows)])
+
+
 def has_native_bf16(flags: dict[str, bool] | None = None) -> bool | None:
     """Whether the CPU computes bf16 matmuls natively; None when the flags are unknown."""
     flags = cpu_flags() if flags is None else flags

@@ -52,3 +52,13 @@ def test_sdpa_probe_reports_the_fused_cpu_kernel_and_the_math_fallback(captioner
 def test_sdpa_probe_lists_only_the_roles_a_model_has():
     encoder = AudioEncoder(dim=32, depth=1, num_heads=4, n_mels=16)
     assert list(sdpa_backends(encoder, "cpu", torch.float32)) == ["padded self-attention"]
+
+
+def test_quantity_table_pads_keys_to_the_longest():
+    from mmtf.perf.device import quantity_table
+
+    assert quantity_table([("a", "1"), ("longer key", "x y")]) == (
+        "| quantity   | value |\n"
+        "|------------|-------|\n"
+        "| a          | 1 |\n"
+        "| longer key | x y |")
