@@ -97,6 +97,25 @@ def test_a_partial_window_is_logged_at_epoch_end(caplog):
     assert "24 samples in 1.5 s: 16.0 samples/s" in caplog.text
 
 
+def test_a_denominator_measured_on_a_busy_device_is_measured_again(monkeypatch, caplog):
+    # The start-of-fit matmul rate (1e3 FLOP/s) is below what the model then achieves (12288
+    # FLOP/s): measured while another job held the CPU. The epoch's MFU must use a new
+    # measurement (1e6), not report 1229 %.
+    rates = iter([1e3, 1e6])
+    monkeypatch.setattr("mmtf.perf.monitor.matmul_flops_per_s", lambda *a, **k: next(rates))
+    clock = FakeClock()
+    with caplog.at_level(logging.INFO, logger="mmtf.perf.monitor"):
+        logger = fit(EfficiencyMonitor(log_every_n_steps=4, clock=clock), clock)
+    achieved = 3 * 2 * SAMPLES * 16 * BATCH / STEP_SECONDS
+    assert [row["perf/mfu"] for _, row in logger.rows] == pytest.approx([achieved / 1e6] * 2)
+    assert "MFU denominator re-measured: 0.0 GFLOP/s" in caplog.text
+    assert f"MFU {100 * achieved / 1e6:.1f}%" in caplog.text
+    # A denominator the user gave is theirs: never replaced.
+    monkeypatch.setattr("mmtf.perf.monitor.matmul_flops_per_s", lambda *a, **k: 1 / 0)
+    logger = fit(EfficiencyMonitor(log_every_n_steps=4, peak_flops_per_s=1e3, clock=clock), clock)
+    assert logger.rows[-1][1]["perf/mfu"] == pytest.approx(achieved / 1e3)
+
+
 def test_start_line_names_precision_and_kernels(caplog):
     clock = FakeClock()
     with caplog.at_level(logging.INFO, logger="mmtf.perf.monitor"):
