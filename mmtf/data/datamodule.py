@@ -84,6 +84,9 @@ class MediaDataModule(L.LightningDataModule):
         drop_last: drop the last incomplete training batch.
         seed: shuffling, caption sampling and random crops are functions of it and the epoch.
         on_error: ``raise`` at the first bad file/row, or ``skip`` and count.
+        image_cache_mb: images only: decoded images (uint8, before the transforms) kept in
+            memory per split, up to this many MiB each, so epochs after the first skip reading
+            and decoding them; 0 = off. Per process: with workers, set ``persistent_workers``.
     """
 
     task = "label"
@@ -98,7 +101,8 @@ class MediaDataModule(L.LightningDataModule):
                  eval_batch_size: int | None = None, num_workers: int = 0,
                  pin_memory: bool | None = None, persistent_workers: bool = False,
                  bucketing: bool = True, bucket_size: int = 50, drop_last: bool = False,
-                 seed: int = 0, on_error: Literal["raise", "skip"] = "raise") -> None:
+                 seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
+                 image_cache_mb: float = 0) -> None:
         super().__init__()
         formats = CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS
         if format not in formats:
@@ -128,6 +132,11 @@ class MediaDataModule(L.LightningDataModule):
         if num_workers < 0:
             raise UserError(f"num_workers ({num_workers}) must be >= 0.")
         check_on_error(on_error)
+        if image_cache_mb < 0 or (image_cache_mb and modality != "image"):
+            raise UserError(f"{type(self).__name__}: image_cache_mb ({image_cache_mb}) must be "
+                             f">= 0, and 0 for {modality} data (it keeps decoded images); fix "
+                             f"data.image_cache_mb.")
+        self.image_cache_bytes = int(image_cache_mb * 2 ** 20)
         self.format, self.modality, self.synthetic = format, modality, synthetic
         self.root = Path(root).expanduser().resolve()
         self.splits = dict(_plain(splits)) if splits else None
@@ -206,7 +215,8 @@ class MediaDataModule(L.LightningDataModule):
     def _media_kwargs(self, split: str, crop: str) -> dict[str, Any]:
         return dict(modality=self.modality, sample_rate=self.sample_rate,
                     max_seconds=self.max_seconds, crop=crop, channels=self.channels,
-                    transform=self._transform(split), on_error=self.on_error, seed=self.seed)
+                    transform=self._transform(split), on_error=self.on_error, seed=self.seed,
+                    image_cache_bytes=self.image_cache_bytes)
 
     def batch_sampler(self, split: str, *, bucketing: bool | None = None) -> BucketBatchSampler:
         """The batch sampler of a split (training: shuffled buckets; eval: sorted by length)."""

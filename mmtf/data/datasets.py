@@ -95,15 +95,24 @@ class MediaDataset(Dataset):
         on_error: ``raise`` | ``skip`` (replace by the next good item and record it).
         seed: seeds random crops together with the key's epoch and item.
         max_retries: how many following items to try before giving up under ``skip``.
+        image_cache_bytes: images only: keep decoded images (uint8, before the transform) in
+            memory up to this many bytes, so later epochs skip the file read and the PNG/JPEG
+            decode; 0 = decode every time. The cache belongs to the process that decodes (the
+            main process, or each worker while it lives: use persistent workers).
     """
 
     def __init__(self, items: Sequence[CaptionItem | LabelItem], *, modality: str,
                  sample_rate: int = 16000, max_seconds: float | None = None, crop: Crop = "center",
                  channels: int | None = None, transform: Callable[[Tensor], Tensor] | None = None,
-                 on_error: str = "raise", seed: int = 0, max_retries: int = 16) -> None:
+                 on_error: str = "raise", seed: int = 0, max_retries: int = 16,
+                 image_cache_bytes: int = 0) -> None:
         check_on_error(on_error)
         if modality not in ("audio", "image"):
             raise UserError(f"modality ({modality!r}) must be 'audio' or 'image'.")
+        if image_cache_bytes < 0:
+            raise UserError(f"image_cache_bytes ({image_cache_bytes}) must be >= 0.")
+        self._image_cache: dict[int, Tensor] = {}
+        self._image_cache_left = image_cache_bytes
         self.items = list(items)
         self.modality, self.sample_rate, self.max_seconds = modality, sample_rate, max_seconds
         self.crop, self.channels, self.transform = crop, channels, transform
@@ -123,9 +132,14 @@ class MediaDataset(Dataset):
                               max_seconds=self.max_seconds, crop=self.crop,
                               channels=self.channels, rng=rng, where=item.where,
                               check_header=False)  # headers were checked by probe()
-        image = load_image(item.path, where=item.where)
+        image = self._image_cache.get(index)
+        if image is None:
+            image = load_image(item.path, where=item.where)                # (3, h, w) uint8
+            if image.nbytes <= self._image_cache_left:
+                self._image_cache[index] = image
+                self._image_cache_left -= image.nbytes
         if self.transform is None:
-            return image
+            return image.clone() if index in self._image_cache else image
         # Random transforms draw from torch's global RNG; seed it per (seed, epoch, item) so
         # augmentations, like audio crops, do not depend on the number of workers. The CPU
         # generator only (torch.manual_seed also seeds CUDA, at a cost per call).

@@ -59,7 +59,7 @@ def test_synthetic_config_generates_and_exposes_the_parser(tmp_path):
 def test_image_caption_batches(tiny_image_captions):
     norm = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)]
     dm = CaptionDataModule(format="coco", root=str(tiny_image_captions), batch_size=3,
-                           train_transforms=norm, eval_transforms=norm,
+                           train_transforms=norm, eval_transforms=norm, image_cache_mb=1,
                            synthetic={"kind": "image_captions", **TINY_IMAGE})
     dm.setup("fit")
     assert dm.caption_parser is synthetic_image.parse_caption and dm.modality == "image"
@@ -67,6 +67,8 @@ def test_image_caption_batches(tiny_image_captions):
     assert batch["image"].shape == (3, 3, 32, 32) and batch["image"].dtype == torch.float32
     assert float(batch["image"].min()) >= -1.0 and float(batch["image"].max()) <= 1.0
     assert "audio" not in batch and batch["tokens"].dtype == torch.long
+    # data.image_cache_mb reaches the dataset: the batch's three images stay decoded.
+    assert len(dm._loaders["train"].dataset._image_cache) == 3
 
 
 def test_image_augmentation_is_a_function_of_seed_epoch_and_item(tiny_image_labels):
@@ -238,6 +240,9 @@ def test_constructor_checks(tmp_path):
         CaptionDataModule(format="clotho", root=str(tmp_path), on_error="ignore")
     with pytest.raises(ValueError, match=r"caption_policy \('first'\)"):
         CaptionDataModule(format="clotho", root=str(tmp_path), caption_policy="first")
+    with pytest.raises(ValueError, match=r"image_cache_mb \(64\) .* 0 for audio data .* fix "
+                                         r"data.image_cache_mb"):
+        CaptionDataModule(format="clotho", root=str(tmp_path), image_cache_mb=64)
 
 
 # ------------------------------------------------------------------ bad files

@@ -105,3 +105,33 @@ def test_pipeline_always_ends_in_float():
 def test_non_callable_transform_is_rejected():
     with pytest.raises(ValueError, match=r"transforms\[1\] \(3\) is not callable"):
         build_transform([v2.CenterCrop(1), 3])
+
+
+def test_decoded_image_cache_decodes_once_and_changes_no_pixel(tmp_path, monkeypatch):
+    from mmtf.data import datasets
+    from mmtf.data.formats.base import LabelItem
+
+    rng = np.random.default_rng(0)
+    items = []
+    for i in range(3):
+        path = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(path)
+        items.append(LabelItem(id=str(i), path=path, label=i, where=f"line {i}"))
+    decoded = []
+    real = datasets.load_image
+    monkeypatch.setattr(datasets, "load_image", lambda p, **kw: decoded.append(p) or real(p, **kw))
+    augment = [v2.RandomCrop(12, padding=2), v2.ColorJitter(brightness=0.5)]
+    plain = datasets.LabelDataset(items, modality="image", transform=build_transform(augment))
+    cached = datasets.LabelDataset(items, modality="image", transform=build_transform(augment),
+                                   image_cache_bytes=2 * 3 * 16 * 16)     # room for two images
+    keys = [(i, 0, epoch) for epoch in range(3) for i in range(3)]
+    got = [cached[key]["image"] for key in keys]
+    # Three decodes in the first epoch, then only the image that did not fit.
+    assert [p.name for p in decoded] == ["0.png", "1.png", "2.png", "2.png", "2.png"]
+    for key, image in zip(keys, got):       # the same augmented pixels as decoding each time
+        torch.testing.assert_close(image, plain[key]["image"], rtol=0, atol=0)
+    # Without a transform the caller gets a copy: changing it leaves the cache as decoded.
+    raw = datasets.LabelDataset(items, modality="image", image_cache_bytes=10 ** 6)
+    first = raw[0]["image"]
+    first.zero_()
+    assert torch.equal(raw[0]["image"], load_image(items[0].path))
