@@ -110,6 +110,12 @@ def test_a_denominator_measured_on_a_busy_device_is_measured_again(monkeypatch, 
     assert [row["perf/mfu"] for _, row in logger.rows] == pytest.approx([achieved / 1e6] * 2)
     assert "MFU denominator re-measured: 0.0 GFLOP/s" in caplog.text
     assert f"MFU {100 * achieved / 1e6:.1f}%" in caplog.text
+    # A model that keeps beating every measurement costs three measurements, not one a window.
+    calls = []
+    monkeypatch.setattr("mmtf.perf.monitor.matmul_flops_per_s",
+                        lambda *a, **k: calls.append(1) or 1e3)
+    fit(EfficiencyMonitor(log_every_n_steps=1, clock=clock), clock)
+    assert len(calls) == 1 + 3
     # A denominator the user gave is theirs: never replaced.
     monkeypatch.setattr("mmtf.perf.monitor.matmul_flops_per_s", lambda *a, **k: 1 / 0)
     logger = fit(EfficiencyMonitor(log_every_n_steps=4, peak_flops_per_s=1e3, clock=clock), clock)
