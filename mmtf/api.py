@@ -8,7 +8,7 @@
     model.caption([waveform], strategy="beam", num_beams=4)
 
 ``model`` is the checkpoint's task (a LightningModule, in eval mode); ``caption`` preprocesses
-as :mod:`mmtf.inference` says (the checkpoint's sample rate and image transforms) and generates
+as :mod:`mmtf.data.inputs` says (the checkpoint's sample rate and image transforms) and generates
 with the checkpoint's settings, which keyword arguments override for that call.
 """
 
@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from mmtf.utils.checkpoint import build_task, load_checkpoint
+from mmtf.checkpoint_io import load_checkpoint
+from mmtf.tasks.rebuild import build_task
 
 if TYPE_CHECKING:
     from mmtf.tasks.base import Task

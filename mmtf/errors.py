@@ -1,7 +1,8 @@
-"""The one exception type for a user's wrong input, and the one file-exists check.
+"""Every user-facing error type, and the one file-exists check (layer 0: imports no mmtf code).
 
 Every error that a user can fix by changing a config value, a path or a file derives from
-:class:`UserError`: the CLIs (:func:`mmtf.utils.config.run_cli`) print its message as one line
+:class:`UserError` and is defined here (:class:`ConfigError`, :class:`MonitorError`,
+:class:`CheckpointError`, :class:`ResumeError`, :class:`DataError`): the CLIs (:func:`mmtf.utils.config.run_cli`) print its message as one line
 and exit with status 2; anything else is a bug in mmtf and keeps its traceback.
 ``HYDRA_FULL_ERROR=1`` shows the traceback of a user error too.
 """
@@ -11,7 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["UserError", "require_file"]
+__all__ = ["CheckpointError", "ConfigError", "DataError", "MonitorError", "ResumeError", "UserError",
+           "require_file"]
+
+SKIP_HINT = "set data.on_error=skip to skip such items and count them instead"
 
 
 class UserError(ValueError):
@@ -19,6 +23,60 @@ class UserError(ValueError):
 
     A ``ValueError`` so that code catching bad values keeps working.
     """
+
+
+class ConfigError(UserError):
+    """A config that cannot work, found before anything is built; one readable sentence."""
+
+
+class MonitorError(ConfigError):
+    """A monitored metric (checkpointing, early stopping, the sweep's objective) is not logged."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be loaded safely, named with the reason and the fix."""
+
+
+class ResumeError(CheckpointError):
+    """Nothing to resume, or a checkpoint that cannot be resumed; names the path and the fix."""
+
+
+class DataError(UserError):
+    """A problem with one input file or one row of an index file.
+
+    Takes one positional message (so DataLoader workers can re-raise it in the main process).
+
+    Args:
+        message: the full sentence shown to the user.
+        reason: short key for counting (see the module docstring).
+        path: the offending file.
+        where: the index entry that pointed to it, e.g. ``"clotho_captions_development.csv
+            line 17"``.
+    """
+
+    def __init__(self, message: str, *, reason: str = "invalid", path: str | Path | None = None,
+                 where: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.path = None if path is None else str(path)
+        self.where = where
+
+    @classmethod
+    def make(cls, reason: str, path: str | Path | None, problem: str, fix: str,
+             where: str | None = None, skippable: bool = True) -> DataError:
+        """Build the standard message: ``<file> (<where>): <problem>; <fix>[ (or skip)].``"""
+        loc = str(path) if path is not None else "<no file>"
+        if where and path is not None and where.startswith(f"{Path(path).name} "):
+            where = where[len(Path(path).name) + 1:]  # "x.csv (line 5)", not "x.csv (x.csv line 5)"
+        if where:
+            loc += f" ({where})"
+        hint = f" (or {SKIP_HINT})" if skippable else ""
+        return cls(f"{loc}: {problem}; {fix}{hint}.", reason=reason, path=path, where=where)
+
+    def location(self) -> str:
+        """The file and row, for counting examples."""
+        loc = self.path or "<no file>"
+        return f"{loc} ({self.where})" if self.where else loc
 
 
 def require_file(path: str | os.PathLike, *, what: str, fix: str,

@@ -19,9 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from mmtf.checkpoint_io import check_targets, load_checkpoint
+from mmtf.errors import ConfigError
 from mmtf.tasks import CaptioningTask, Task
-from mmtf.utils.checkpoint import build_task, check_targets, load_checkpoint
-from mmtf.utils.config import ConfigError, generation_overrides, require_values, run_cli
+from mmtf.tasks.rebuild import build_task
+from mmtf.utils.config import generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 
 log = logging.getLogger("mmtf.evaluate")

@@ -28,10 +28,11 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mmtf.errors import require_file
+from mmtf.checkpoint_io import check_targets, load_checkpoint
+from mmtf.errors import CheckpointError, ConfigError, require_file
 from mmtf.pretrained import export_hf
-from mmtf.utils.checkpoint import CheckpointError, build_task, check_targets, load_checkpoint
-from mmtf.utils.config import ConfigError, require_values, run_cli
+from mmtf.tasks.rebuild import build_task
+from mmtf.utils.config import require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 
 PARTS = ("encoder", "decoder")

@@ -4,7 +4,7 @@ Prints one caption (or class name) per input: ``path<TAB>caption``, or one JSON 
 with ``json=true``. Audio is decoded with soundfile and resampled to the encoder's rate; images go
 through the checkpoint's evaluation transforms. Audio longer than ``model.encoder.max_seconds``
 is cropped (``long_audio=crop``, a warning per file) or captioned per window
-(``long_audio=window``: ``path<TAB>start-end<TAB>caption``); see :mod:`mmtf.inference`.
+(``long_audio=window``: ``path<TAB>start-end<TAB>caption``); see :mod:`mmtf.data.inputs`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from mmtf.api import load
 from mmtf.data.audio import AUDIO_EXTENSIONS
 from mmtf.data.image import IMAGE_EXTENSIONS
+from mmtf.data.inputs import LongAudio, check_long_audio, predict_inputs
 from mmtf.errors import UserError, require_file
-from mmtf.inference import LongAudio, check_long_audio, predict_inputs
 from mmtf.utils.config import generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 
@@ -48,7 +48,7 @@ def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = Non
             ) -> list[dict[str, Any]]:
     """Caption (or classify) ``inputs`` with a checkpoint; one dict per input file (per window
     with ``long_audio="window"``): ``path`` plus the task's
-    :meth:`~mmtf.tasks.Task.predict_batch` keys (see :func:`mmtf.inference.predict_inputs`)."""
+    :meth:`~mmtf.tasks.Task.predict_batch` keys (see :func:`mmtf.data.inputs.predict_inputs`)."""
     check_long_audio(long_audio)
     task, _ = load(ckpt_path, device=device, **(generation or {}))
     extensions = AUDIO_EXTENSIONS if task.modality == "audio" else IMAGE_EXTENSIONS

@@ -31,11 +31,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from mmtf.checkpoint_io import validate_safe_targets
 from mmtf.loggers import continue_tracker_runs, log_config, log_final_metric, record_tracker_runs
 from mmtf.pretrained import record_resolved
 from mmtf.reliability import resolve_resume
 from mmtf.tasks import Task
-from mmtf.utils.checkpoint import validate_safe_targets
 from mmtf.utils.config import check_target_signatures, print_config_tree, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.distributed import is_distributed

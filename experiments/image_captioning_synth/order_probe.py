@@ -21,8 +21,9 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from mmtf.checkpoint_io import load_checkpoint
 from mmtf.data.synthetic_image import parse_caption
-from mmtf.utils.checkpoint import build_task, load_checkpoint
+from mmtf.tasks.rebuild import build_task
 
 
 def phrase(obj: tuple[str, str, str]) -> str:

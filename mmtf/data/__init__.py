@@ -20,12 +20,13 @@ Caption parsers of the synthetic sets: ``mmtf.data.synthetic_audio.parse_caption
 from mmtf.data.audio import audio_info, load_audio, resample
 from mmtf.data.collate import Collate
 from mmtf.data.datamodule import CaptionDataModule, ClassificationDataModule
-from mmtf.data.errors import DataError, ErrorCounter
+from mmtf.data.errors import ErrorCounter
 from mmtf.data.image import build_eval_image_transform, build_transform, load_image
 from mmtf.data.loader import make_loader
 from mmtf.data.sampler import BucketBatchSampler, SamplerState, padding_fraction, sample_rng
 from mmtf.data.synthetic import ensure_synthetic
 from mmtf.data.tokenizer import build_tokenizer
+from mmtf.errors import DataError
 
 __all__ = [
     "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",

@@ -30,8 +30,8 @@ import torch
 import torchaudio
 from torch import Tensor
 
-from mmtf.data.errors import DataError, check_media_file
-from mmtf.errors import UserError
+from mmtf.data.errors import check_media_file
+from mmtf.errors import DataError, UserError
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3", ".opus", ".aiff", ".aif")
 Crop = Literal["random", "center", "start", "full"]

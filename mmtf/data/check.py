@@ -27,8 +27,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from mmtf.data.audio import load_audio
-from mmtf.data.errors import DataError, ErrorCounter
+from mmtf.data.errors import ErrorCounter
 from mmtf.data.image import load_image
+from mmtf.errors import DataError
 from mmtf.utils.config_dir import CONF_DIR
 
 

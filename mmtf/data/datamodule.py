@@ -25,16 +25,15 @@ import lightning as L
 
 from mmtf.data.collate import Collate
 from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
-from mmtf.data.errors import DataError, ErrorCounter, ErrorPolicy, check_on_error
+from mmtf.data.errors import ErrorCounter, ErrorPolicy, check_on_error
 from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS
 from mmtf.data.image import build_transform
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.data.synthetic import caption_parser, ensure_synthetic
 from mmtf.data.tokenizer import build_tokenizer
-from mmtf.errors import UserError, require_file
+from mmtf.errors import ConfigError, DataError, UserError, require_file
 from mmtf.text import Tokenizer, load_tokenizer
-from mmtf.utils.config import ConfigError
 
 log = logging.getLogger("mmtf.data")
 

@@ -29,11 +29,11 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from mmtf.data.audio import Crop, audio_info, load_audio
-from mmtf.data.errors import DataError, ErrorPolicy, check_media_file, check_on_error
+from mmtf.data.errors import ErrorPolicy, check_media_file, check_on_error
 from mmtf.data.formats.base import CaptionItem, LabelItem
 from mmtf.data.image import load_image
 from mmtf.data.sampler import sample_rng
-from mmtf.errors import UserError
+from mmtf.errors import DataError, UserError
 
 Key = tuple[int, int, int]
 

@@ -31,50 +31,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from mmtf.errors import UserError
+from mmtf.errors import DataError, UserError
 
 OnError = Literal["raise", "skip"]
 ON_ERROR_CHOICES = ("raise", "skip")
 
-SKIP_HINT = "set data.on_error=skip to skip such items and count them instead"
-
-
-class DataError(UserError):
-    """A problem with one input file or one row of an index file.
-
-    Takes one positional message (so DataLoader workers can re-raise it in the main process).
-
-    Args:
-        message: the full sentence shown to the user.
-        reason: short key for counting (see the module docstring).
-        path: the offending file.
-        where: the index entry that pointed to it, e.g. ``"clotho_captions_development.csv
-            line 17"``.
-    """
-
-    def __init__(self, message: str, *, reason: str = "invalid", path: str | Path | None = None,
-                 where: str | None = None) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.path = None if path is None else str(path)
-        self.where = where
-
-    @classmethod
-    def make(cls, reason: str, path: str | Path | None, problem: str, fix: str,
-             where: str | None = None, skippable: bool = True) -> DataError:
-        """Build the standard message: ``<file> (<where>): <problem>; <fix>[ (or skip)].``"""
-        loc = str(path) if path is not None else "<no file>"
-        if where and path is not None and where.startswith(f"{Path(path).name} "):
-            where = where[len(Path(path).name) + 1:]  # "x.csv (line 5)", not "x.csv (x.csv line 5)"
-        if where:
-            loc += f" ({where})"
-        hint = f" (or {SKIP_HINT})" if skippable else ""
-        return cls(f"{loc}: {problem}; {fix}{hint}.", reason=reason, path=path, where=where)
-
-    def location(self) -> str:
-        """The file and row, for counting examples."""
-        loc = self.path or "<no file>"
-        return f"{loc} ({self.where})" if self.where else loc
 
 
 def check_media_file(path: Path, where: str | None = None) -> None:

@@ -32,8 +32,8 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torchvision.transforms import v2
 
-from mmtf.data.errors import DataError, check_media_file
-from mmtf.errors import UserError, require_file
+from mmtf.data.errors import check_media_file
+from mmtf.errors import DataError, UserError, require_file
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
                     ".gif")

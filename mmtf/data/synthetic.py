@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mmtf.data import synthetic_audio, synthetic_image
-from mmtf.data.errors import DataError
-from mmtf.errors import UserError
+from mmtf.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mmtf.utils.config import ConfigError
+from mmtf.errors import ConfigError
 
 TOKENIZER_KINDS = ("bpe", "char", "pretrained")
 

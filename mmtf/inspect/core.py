@@ -44,8 +44,9 @@ class Inspection:
 
 def load_task(ckpt_path: str | Path, device: str = "cpu"):
     """The captioning task of a checkpoint in eval mode, and the config it carries."""
+    from mmtf.checkpoint_io import load_checkpoint
     from mmtf.tasks import CaptioningTask
-    from mmtf.utils.checkpoint import build_task, load_checkpoint
+    from mmtf.tasks.rebuild import build_task
 
     task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
     if not isinstance(task, CaptioningTask):

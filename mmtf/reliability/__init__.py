@@ -1,7 +1,5 @@
 """Reliability: runs that die resume exactly where they stopped.
 
-* :class:`AtomicCheckpointIO`: Trainer plugin; checkpoints are written beside the target,
-  fsynced and renamed (never a half-written ``last.ckpt``), and loaded weights-only.
 * :class:`ResumeState`: callback; RNG states (python, numpy, torch, CUDA; per rank) in every
   checkpoint and back on resume; validation does not shift the training stream; keeps the
   train loader's position and its sampler's epoch in step with the loop.
@@ -14,33 +12,29 @@
 * :class:`NonFiniteLossGuard` / :func:`check_finite_loss`: NaN/inf loss -> a clear error naming
   step, batch and ids, or a skipped optimizer step, agreed on by all DDP ranks.
 
-The resumable loading itself (sampler state, loaders, per-item randomness) is in
+Checkpoint files are written atomically and read weights-only by :mod:`mmtf.checkpoint_io`
+(layer 0). The resumable loading itself (sampler state, loaders, per-item randomness) is in
 :mod:`mmtf.data`.
 """
 
-from mmtf.reliability.checkpoint_io import AtomicCheckpointIO, atomic_torch_save, fsync_dir
 from mmtf.reliability.last_checkpoint import LastCheckpoint
 from mmtf.reliability.nonfinite import NonFiniteLossError, NonFiniteLossGuard, check_finite_loss
 from mmtf.reliability.preemption import PREEMPTED_EXIT_CODE, DDPFailFast, PreemptionCheckpoint
-from mmtf.reliability.resume import ResumeError, find_checkpoints, resolve_resume, verify_resumable
+from mmtf.reliability.resume import find_checkpoints, resolve_resume, verify_resumable
 from mmtf.reliability.resume_state import ResumeState
 from mmtf.reliability.rng import capture_rng_state, restore_rng_state
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
-    "AtomicCheckpointIO",
     "DDPFailFast",
     "LastCheckpoint",
     "NonFiniteLossError",
     "NonFiniteLossGuard",
     "PreemptionCheckpoint",
-    "ResumeError",
     "ResumeState",
-    "atomic_torch_save",
     "capture_rng_state",
     "check_finite_loss",
     "find_checkpoints",
-    "fsync_dir",
     "resolve_resume",
     "restore_rng_state",
     "verify_resumable",

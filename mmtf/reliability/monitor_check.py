@@ -17,11 +17,7 @@ from collections.abc import Sequence
 import lightning as L
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 
-from mmtf.utils.config import ConfigError
-
-
-class MonitorError(ConfigError):
-    """A monitored metric (checkpointing, early stopping, the sweep's objective) is not logged."""
+from mmtf.errors import MonitorError
 
 
 class MonitorCheck(Callback):

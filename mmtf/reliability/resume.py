@@ -24,17 +24,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mmtf.errors import require_file
-from mmtf.utils.checkpoint import CheckpointError, load_checkpoint
+from mmtf.checkpoint_io import load_checkpoint
+from mmtf.errors import CheckpointError, ResumeError, require_file
 
-__all__ = ["ResumeError", "find_checkpoints", "resolve_resume", "verify_resumable"]
+__all__ = ["find_checkpoints", "resolve_resume", "verify_resumable"]
 
 # What Lightning's fit needs besides the weights (a save_weights_only file lacks these).
 _RESUME_KEYS = ("state_dict", "loops", "optimizer_states", "global_step", "epoch")
-
-
-class ResumeError(CheckpointError):
-    """Nothing to resume, or a checkpoint that cannot be resumed; names the path and the fix."""
 
 
 def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
@@ -70,7 +66,7 @@ def verify_resumable(path: str | os.PathLike, others: list[Path] | None = None,
         raise ResumeError(
             f"checkpoint {path} ({path.stat().st_size} bytes) is corrupt or not a weights-only "
             f"checkpoint; it was probably cut off by a crash while being written without "
-            f"mmtf.reliability.AtomicCheckpointIO.{fallback}") from err
+            f"mmtf.checkpoint_io.AtomicCheckpointIO.{fallback}") from err
     missing = [k for k in _RESUME_KEYS if not (isinstance(ckpt, dict) and k in ckpt)]
     if missing:
         raise ResumeError(

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmtf.utils.checkpoint import CheckpointError
+from mmtf.errors import CheckpointError
 
 __all__ = ["capture_rng_state", "restore_rng_state"]
 

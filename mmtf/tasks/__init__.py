@@ -3,5 +3,6 @@
 from mmtf.tasks.base import Task
 from mmtf.tasks.captioning import CaptioningTask
 from mmtf.tasks.classification import ClassificationTask
+from mmtf.tasks.rebuild import build_task
 
-__all__ = ["CaptioningTask", "ClassificationTask", "Task"]
+__all__ = ["CaptioningTask", "ClassificationTask", "Task", "build_task"]

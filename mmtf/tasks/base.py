@@ -31,10 +31,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from mmtf.encoders import AudioEncoder, Encoder
-from mmtf.errors import UserError
+from mmtf.errors import ConfigError, UserError
+from mmtf.tasks.fsdp import shard_model
 from mmtf.tasks.optim import PartOptim
-from mmtf.utils.config import ConfigError
-from mmtf.utils.fsdp import shard_model
 
 Modality = Literal["audio", "image"]
 

@@ -12,16 +12,15 @@ import torch
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 from torch import nn
 
+from mmtf.data.inputs import Input, predict_inputs
 from mmtf.decoders import EncoderDecoder
 from mmtf.decoders.generation import GenerationConfig
-from mmtf.inference import Input, predict_inputs
+from mmtf.errors import CheckpointError, ConfigError
 from mmtf.metrics import CaptionMetrics
 from mmtf.metrics.caption import check_backend
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.optim import configure_adamw_cosine
 from mmtf.text import Tokenizer
-from mmtf.utils.checkpoint import CheckpointError
-from mmtf.utils.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +233,7 @@ class CaptioningTask(Task):
     def caption(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
                 **generation: Any) -> list[str]:
         """One caption per input: audio files or waveforms, image files, PIL images or tensors,
-        preprocessed as the checkpoint's data (:mod:`mmtf.inference`; longer audio is cropped to
+        preprocessed as the checkpoint's data (:mod:`mmtf.data.inputs`; longer audio is cropped to
         ``model.encoder.max_seconds``). ``generation`` overrides the settings for this call."""
         saved = dict(self.generation), self.user_suppress_tokens
         self.update_generation(generation)

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
+from mmtf.errors import ConfigError
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.optim import configure_adamw_cosine
-from mmtf.utils.config import ConfigError
 
 
 class ClassificationTask(Task):

@@ -16,7 +16,7 @@ import rich.tree
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from mmtf.errors import UserError
+from mmtf.errors import ConfigError, UserError
 
 PRINT_ORDER = ("data", "model", "callbacks", "logger", "trainer", "paths")
 
@@ -62,10 +62,6 @@ def generation_overrides(cfg: DictConfig | None) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- signature checks
 _HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
-
-
-class ConfigError(UserError):
-    """A config that cannot work, found before anything is built; one readable sentence."""
 
 
 def _resolve_target(target: str) -> Any:

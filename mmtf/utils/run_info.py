@@ -30,6 +30,10 @@ PACKAGES = ("mmtf", "torch", "lightning", "hydra-core", "omegaconf", "torchaudio
             "numpy")
 
 
+# The installed package's own folder (a checkout's mmtf/, or site-packages/mmtf).
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
 def git_state(where: Path) -> dict[str, Any]:
     """``{"commit", "dirty", "root"}`` of the repository holding ``where``, or ``{"error"}``."""
     def git(*args: str) -> str:
@@ -64,8 +68,6 @@ def run_record(argv: list[str] | None = None) -> dict[str, Any]:
     """What produced this process: command line, code version, packages, host."""
     import torch
 
-    import mmtf
-
     argv = list(sys.argv if argv is None else argv)
     return {
         "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -76,7 +78,7 @@ def run_record(argv: list[str] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "packages": package_versions(),
         "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda},
-        "git": {"mmtf": git_state(Path(mmtf.__file__).resolve().parent),
+        "git": {"mmtf": git_state(_PACKAGE_DIR),
                 "cwd": git_state(Path.cwd())},
     }
 

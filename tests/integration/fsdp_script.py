@@ -26,7 +26,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Subset, TensorDataset  # noqa: E402
 
 from mmtf.nn.transformer import TransformerBlock  # noqa: E402
-from mmtf.utils.fsdp import shard_model  # noqa: E402
+from mmtf.tasks.fsdp import shard_model  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 DIM = 16

@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from PIL import Image
 
 import mmtf
+from mmtf.checkpoint_io import load_checkpoint
 from mmtf.data import synthetic_audio, synthetic_image
 from mmtf.data.audio import AUDIO_EXTENSIONS
 from mmtf.data.image import IMAGE_EXTENSIONS
@@ -22,9 +23,9 @@ from mmtf.evaluate import build_datamodule
 from mmtf.export import export_part, load_exported
 from mmtf.metrics import caption_metrics, event_sequence_accuracy
 from mmtf.predict import expand_inputs, predict, print_predictions
+from mmtf.tasks.rebuild import build_task
 from mmtf.text import load_tokenizer
 from mmtf.train import train
-from mmtf.utils.checkpoint import build_task, load_checkpoint
 
 from .conftest import CONF, compose_train, evaluate_in_process, run_cli, tiny_overrides
 

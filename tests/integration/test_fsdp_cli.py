@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmtf.utils.checkpoint import load_checkpoint
+from mmtf.checkpoint_io import load_checkpoint
 
 from .conftest import run_cli, tiny_overrides
 

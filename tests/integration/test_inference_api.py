@@ -45,7 +45,7 @@ def clips(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_predict_crops_long_audio_with_a_warning(ckpt, clips, caplog):
-    with caplog.at_level(logging.WARNING, logger="mmtf.inference"):
+    with caplog.at_level(logging.WARNING, logger="mmtf.data.inputs"):
         (row,) = predict(str(ckpt), [str(clips["long"])])
     (head,) = predict(str(ckpt), [str(clips["head"])])
     assert row["caption"] == head["caption"] and "start" not in row

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from mmtf.utils.checkpoint import load_checkpoint
+from mmtf.checkpoint_io import load_checkpoint
 
 from .conftest import run_cli, tiny_overrides
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mmtf.reliability.monitor_check import MonitorError
+from mmtf.errors import MonitorError
 from mmtf.train import train
 
 from .conftest import CAPTION, COMMON, compose_train, run_cli, tiny_overrides

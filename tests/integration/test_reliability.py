@@ -299,7 +299,7 @@ def test_train_checkpoints_through_atomic_checkpoint_io(data_dir, tmp_path, monk
     $TMPDIR-based _atomic_save); ckpt_path=auto with nothing in the run dir starts fresh."""
     import lightning.fabric.plugins.io.torch_io as lightning_io
 
-    import mmtf.reliability.checkpoint_io as atomic_io
+    import mmtf.checkpoint_io as atomic_io
 
     saved: list[str] = []
     real = atomic_io.atomic_torch_save
@@ -468,7 +468,7 @@ def test_default_callbacks_include_the_reliability_set(data_dir, tmp_path):
     assert cfg.callbacks.periodic_checkpoint.every_n_train_steps > 0
     assert cfg.callbacks.model_checkpoint.save_last
     assert cfg.callbacks.model_checkpoint.save_on_train_epoch_end is False
-    assert [p["_target_"] for p in cfg.trainer.plugins] == ["mmtf.reliability.AtomicCheckpointIO"]
+    assert [p["_target_"] for p in cfg.trainer.plugins] == ["mmtf.checkpoint_io.AtomicCheckpointIO"]
     assert cfg.trainer.use_distributed_sampler is False
     ddp = compose_train(tiny_overrides("audio_captioning", data_dir, "trainer=ddp_cpu"), tmp_path)
     strategy = instantiate(ddp.trainer.strategy)

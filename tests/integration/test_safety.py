@@ -17,8 +17,8 @@ import soundfile as sf
 import torch
 from safetensors.torch import save_file
 
+from mmtf.errors import CheckpointError
 from mmtf.export import load_exported
-from mmtf.utils.checkpoint import CheckpointError
 
 from .conftest import run_cli, tiny_overrides
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from mmtf.checkpoint_io import load_checkpoint
 from mmtf.text import Tokenizer
 from mmtf.train import train
-from mmtf.utils.checkpoint import load_checkpoint
 
 from .conftest import EXPERIMENTS, TINY, compose_train, tiny_overrides
 

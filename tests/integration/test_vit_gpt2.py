@@ -90,7 +90,8 @@ def test_bad_pretrained_folders_are_one_line_before_anything_is_written(case, ti
 def test_a_trained_captioner_exports_for_transformers(tiny_models, data_dir, tmp_path):
     import torch
 
-    from mmtf.utils.checkpoint import build_task, load_checkpoint
+    from mmtf.checkpoint_io import load_checkpoint
+    from mmtf.tasks.rebuild import build_task
 
     _, models = tiny_models
     run = tmp_path / "run"

@@ -89,7 +89,8 @@ def test_a_trained_checkpoint_rebuilds_alone_and_exports_for_transformers(tiny_w
     import torch
     import transformers
 
-    from mmtf.utils.checkpoint import build_task, load_checkpoint
+    from mmtf.checkpoint_io import load_checkpoint
+    from mmtf.tasks.rebuild import build_task
 
     run = tmp_path / "run"
     train(compose_train(["experiment=audio_captioning_clotho_whisper",

@@ -1,4 +1,4 @@
-"""mmtf.utils.fsdp without a process group: activation recomputation and the plan's limits."""
+"""mmtf.tasks.fsdp without a process group: activation recomputation and the plan's limits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from mmtf.nn.transformer import TransformerBlock
-from mmtf.utils.fsdp import FSDP2Strategy, _recompute_in_backward
+from mmtf.tasks.fsdp import FSDP2Strategy, _recompute_in_backward
 
 
 def _grads(block: TransformerBlock, x: torch.Tensor) -> list[torch.Tensor]:

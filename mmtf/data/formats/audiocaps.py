@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mmtf.data.audio import AUDIO_EXTENSIONS
-from mmtf.data.errors import DataError
 from mmtf.data.formats.base import (
     CaptionItem,
     Report,
@@ -28,6 +27,7 @@ from mmtf.data.formats.base import (
     require_index,
     split_name,
 )
+from mmtf.errors import DataError
 
 SPLIT_NAMES = {"train": "train", "val": "val", "test": "test"}
 COLUMNS = ["audiocap_id", "youtube_id", "start_time", "caption"]

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mmtf.data.errors import DataError
-from mmtf.errors import UserError
+from mmtf.errors import DataError, UserError
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[str, ...] = ("train", "val", "test")

@@ -17,7 +17,6 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from mmtf.data.errors import DataError
 from mmtf.data.formats.base import (
     CaptionItem,
     Report,
@@ -26,6 +25,7 @@ from mmtf.data.formats.base import (
     require_index,
     split_name,
 )
+from mmtf.errors import DataError
 
 SPLIT_NAMES = {"train": "train", "val": "val", "test": "test"}
 

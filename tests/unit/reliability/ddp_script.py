@@ -29,8 +29,8 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
 
+from mmtf.checkpoint_io import AtomicCheckpointIO  # noqa: E402
 from mmtf.reliability import (  # noqa: E402
-    AtomicCheckpointIO,
     DDPFailFast,
     NonFiniteLossGuard,
     PreemptionCheckpoint,

@@ -17,9 +17,9 @@ import pytest
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from mmtf.reliability import AtomicCheckpointIO, resolve_resume
-from mmtf.reliability.checkpoint_io import stale_temp_files
-from mmtf.utils.checkpoint import CheckpointError
+from mmtf.checkpoint_io import AtomicCheckpointIO, stale_temp_files
+from mmtf.errors import CheckpointError
+from mmtf.reliability import resolve_resume
 
 
 def checkpoint(step: int, numel: int = 1 << 18) -> dict:

@@ -8,7 +8,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from mmtf.reliability import AtomicCheckpointIO, LastCheckpoint
+from mmtf.checkpoint_io import AtomicCheckpointIO
+from mmtf.reliability import LastCheckpoint
 from tests.unit.reliability.toy import ToyData, ToyModule
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmtf.reliability import ResumeError, find_checkpoints, resolve_resume, verify_resumable
+from mmtf.errors import ResumeError
+from mmtf.reliability import find_checkpoints, resolve_resume, verify_resumable
 from tests.unit.reliability.test_checkpoint_io import checkpoint
 
 

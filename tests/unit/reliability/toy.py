@@ -22,8 +22,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import Dataset
 
+from mmtf.checkpoint_io import AtomicCheckpointIO
 from mmtf.data import BucketBatchSampler, make_loader, sample_rng
-from mmtf.reliability import AtomicCheckpointIO, ResumeState, capture_rng_state
+from mmtf.reliability import ResumeState, capture_rng_state
 
 DIM = 8
 

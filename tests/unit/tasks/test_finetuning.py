@@ -16,8 +16,8 @@ from mmtf.decoders import TextDecoder
 from mmtf.errors import UserError
 from mmtf.reliability import ResumeState
 from mmtf.tasks import CaptioningTask
+from mmtf.tasks.fsdp import FSDP2Strategy
 from mmtf.tasks.optim import PartOptim, build_optimizer, warmup_cosine
-from mmtf.utils.fsdp import FSDP2Strategy
 
 from .conftest import ADAMW, audio_encoder, captioner, classifier, vision_encoder
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mmtf.errors import CheckpointError, ConfigError
 from mmtf.text import CharTokenizer
-from mmtf.utils.checkpoint import CheckpointError
-from mmtf.utils.config import ConfigError
 
 from .conftest import captioner, fake_datamodule
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmtf.utils.checkpoint import CheckpointError, check_targets, load_checkpoint
+from mmtf.checkpoint_io import check_targets, load_checkpoint
+from mmtf.errors import CheckpointError
 
 
 class _WritesAFile:
@@ -41,7 +42,7 @@ def test_malicious_checkpoint_is_refused_and_runs_nothing(tmp_path):
 def test_env_var_cannot_turn_unsafe_loading_back_on(tmp_path):
     ckpt, target = tmp_path / "evil.ckpt", tmp_path / "pwned.txt"
     write_malicious_checkpoint(ckpt, target)
-    code = ("from mmtf.utils.checkpoint import load_checkpoint, CheckpointError\n"
+    code = ("from mmtf.checkpoint_io import load_checkpoint, CheckpointError\n"
             f"try:\n    load_checkpoint({str(ckpt)!r})\nexcept CheckpointError as e:\n"
             "    print('refused')\n")
     env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}

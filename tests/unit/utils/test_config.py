@@ -6,9 +6,8 @@ import pytest
 from hydra.errors import ConfigCompositionException, InstantiationException
 from omegaconf import OmegaConf
 
-from mmtf.data.errors import DataError
-from mmtf.utils.checkpoint import CheckpointError
-from mmtf.utils.config import ConfigError, find_missing, require_values, run_cli
+from mmtf.errors import CheckpointError, ConfigError, DataError
+from mmtf.utils.config import find_missing, require_values, run_cli
 
 
 def _raises(err: BaseException):

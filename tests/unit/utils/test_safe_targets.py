@@ -10,14 +10,14 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from mmtf.train import train
-from mmtf.utils.checkpoint import (
+from mmtf.checkpoint_io import (
     SAFE_TARGETS_ENV,
     CheckpointError,
     build_task,
     check_targets,
     validate_safe_targets,
 )
+from mmtf.train import train
 from tests.integration.conftest import CONF
 
 

@@ -1,4 +1,4 @@
-"""mmtf.inference: inputs -> encoder inputs, and the long-audio policy (crop / window)."""
+"""mmtf.data.inputs: inputs -> encoder inputs, and the long-audio policy (crop / window)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torchaudio
 from PIL import Image
 
 from mmtf.data.image import build_transform
+from mmtf.data.inputs import audio_segments, check_long_audio, image_segment
 from mmtf.errors import UserError
-from mmtf.inference import audio_segments, check_long_audio, image_segment
 
 RATE = 16000
 
@@ -35,7 +35,7 @@ def test_crop_keeps_the_first_max_seconds_and_warns_with_name_length_limit(tmp_p
     wave = _ramp(5 * RATE)
     path = tmp_path / "long.wav"
     sf.write(path, wave.numpy(), RATE, subtype="FLOAT")
-    with caplog.at_level(logging.WARNING, logger="mmtf.inference"):
+    with caplog.at_level(logging.WARNING, logger="mmtf.data.inputs"):
         (from_file,) = audio_segments(path, 0, sample_rate=RATE, max_seconds=2.0)
         (from_wave,) = audio_segments(wave, 1, sample_rate=RATE, max_seconds=2.0)
     for segment in (from_file, from_wave):

@@ -14,7 +14,7 @@ through :func:`shard_model` (a no-op under every other strategy):
 
 The device mesh is Lightning's ``(nodes, devices per node)``: shards within a node, replicas
 across nodes (HSDP); one node is plain FSDP. Checkpoints are one full file written by rank 0 (the
-files ``ckpt_path=last|auto`` and ``mmtf.utils.checkpoint`` read), not a sharded folder.
+files ``ckpt_path=last|auto`` and ``mmtf.checkpoint_io`` read), not a sharded folder.
 Why: see docs/design/fsdp.md.
 """
 

@@ -1,9 +1,13 @@
-"""Safe checkpoint loading and rebuilding models from the config a checkpoint carries.
+"""Safe checkpoint IO: weights-only loading, the ``_target_`` allowlist, atomic writes.
 
-Every ``torch.load`` in mmtf goes through :func:`load_checkpoint`, which passes
+The one owner of reading and writing checkpoint files (layer 0: it imports nothing of mmtf but
+:mod:`mmtf.errors`).
+
+**Loading.** Every ``torch.load`` in mmtf goes through :func:`load_checkpoint`, which passes
 ``weights_only=True`` explicitly, so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` in the environment
 cannot turn unpickling of arbitrary objects back on. A config stored in a checkpoint is data: its
-``_target_`` entries are checked against an allowlist before anything is instantiated.
+``_target_`` entries are checked against an allowlist (:func:`check_targets`,
+:func:`stored_config`) before anything is instantiated.
 
 A user's own modules join the allowlist only through the loading command: the ``safe_targets``
 argument, or ``MMTF_SAFE_TARGETS=mylab.models,otherlab.nets`` in the environment of any mmtf
@@ -11,24 +15,38 @@ CLI. A list stored in the checkpoint (the training config's ``safe_targets``) is
 refusal, never honoured on its own: a checkpoint cannot allowlist itself. Standard-library and
 builtin modules (``os``, ``subprocess``, ``builtins``...) are refused as entries.
 Why: see docs/design/safe-targets.md
+
+**Writing.** :class:`AtomicCheckpointIO` (a Lightning Trainer plugin) and
+:func:`atomic_torch_save` write ``.<name>.<host>.<pid>.<random>.tmp`` in the target's
+directory, flush and ``os.fsync`` it, ``os.replace`` it onto the target (atomic on one
+filesystem) and fsync the directory so the rename itself is durable. A reader sees the old file
+or the new one, never a mix. Temp files left by a killed writer are removed by the next
+successful save of the same target (only those of this host whose process is gone); loaders
+never look at them. Why not Lightning's ``TorchCheckpointIO``: see docs/design/atomic-checkpoints.md.
+
+Rebuilding a task from a checkpoint is the tasks' business: :func:`mmtf.tasks.build_task`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
+import secrets
+import socket
 import sys
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
 
+import fsspec.utils
 import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from mmtf.errors import UserError, require_file
+from mmtf.errors import CheckpointError, require_file
 
-if TYPE_CHECKING:
-    from mmtf.tasks import Task
+log = logging.getLogger(__name__)
 
 # Module prefixes a stored config may instantiate. Anything else is refused.
 ALLOWED_TARGET_PREFIXES = ("mmtf.", "torch.optim.", "torch.nn.", "torchvision.transforms.",
@@ -38,10 +56,6 @@ ALLOWED_TARGET_PREFIXES = ("mmtf.", "torch.optim.", "torch.nn.", "torchvision.tr
 
 SAFE_TARGETS_ENV = "MMTF_SAFE_TARGETS"
 _MODULE_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-
-
-class CheckpointError(UserError):
-    """A checkpoint that cannot be loaded safely, named with the reason and the fix."""
 
 
 def validate_safe_targets(entries: Iterable[str]) -> tuple[str, ...]:
@@ -160,26 +174,124 @@ def stored_config(checkpoint: dict[str, Any], path: str | os.PathLike,
     return cfg
 
 
-def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
-               safe_targets: Iterable[str] | None = None) -> tuple[Task, dict[str, Any]]:
-    """Re-instantiate the task module of a checkpoint and load its weights (strict).
+# ------------------------------------------------------------------ atomic writes
+_TMP_SUFFIX = ".tmp"
 
-    ``safe_targets``: extra module prefixes the stored config may name (None:
-    ``MMTF_SAFE_TARGETS``); see :func:`check_targets`.
 
-    Returns:
-        The task (with the checkpoint's tokenizer, if any) and the stored config.
+def _host_tag() -> str:
+    # Hostnames can hold dots; keep the temp name parseable ('.' separates fields).
+    return socket.gethostname().replace(".", "_") or "host"
+
+
+def _temp_prefix(target: Path) -> str:
+    return f".{target.name}."
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """``fsync`` a directory so a rename inside it survives a power loss (no-op where the OS
+    does not allow opening directories, e.g. Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:   # some filesystems (e.g. certain network mounts) refuse directory fsync
+        pass
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # exists, owned by someone else
+        return True
+    return True
+
+
+def stale_temp_files(target: str | os.PathLike) -> list[Path]:
+    """Temp files of ``target`` left by writers on this host that are no longer running."""
+    target = Path(target)
+    host = _host_tag()
+    stale = []
+    for path in target.parent.glob(_temp_prefix(target) + "*" + _TMP_SUFFIX):
+        fields = path.name[len(_temp_prefix(target)):-len(_TMP_SUFFIX)].split(".")
+        if len(fields) != 3 or fields[0] != host or not fields[1].isdigit():
+            continue                       # another host's writer (shared FS): not ours to judge
+        pid = int(fields[1])
+        if pid == os.getpid() or not _pid_alive(pid):
+            stale.append(path)
+    return stale
+
+
+def atomic_torch_save(obj: Any, target: str | os.PathLike) -> None:
+    """``torch.save(obj, target)`` so that ``target`` is either the old file or the complete new
+    one, whatever kills the process and when; stale temp files of ``target`` are then removed.
     """
-    cfg = stored_config(checkpoint, path, safe_targets)
-    model_cfg = dict(cfg["model"])
-    for name in ("encoder", "decoder"):
-        part = model_cfg.get(name)
-        if isinstance(part, dict) and part.get("pretrained"):
-            # The checkpoint already holds the trained weights; do not re-read the export or
-            # the pretrained model (its sizes are in the stored config).
-            model_cfg[name] = {**part, "pretrained": None}
-    task = instantiate(OmegaConf.create(model_cfg))
-    task.on_load_checkpoint(checkpoint)
-    task.load_state_dict(checkpoint["state_dict"], strict=True)
-    task.run_config = cfg
-    return task, cfg
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / (f"{_temp_prefix(target)}{_host_tag()}.{os.getpid()}."
+                           f"{secrets.token_hex(4)}{_TMP_SUFFIX}")
+    try:
+        # O_EXCL: never reuse a file; mode 0o666 & ~umask, as a plain open() would create it.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    fsync_dir(target.parent)
+    for stale in stale_temp_files(target):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+            log.info("Removed a partial checkpoint left by a killed writer: %s", stale)
+
+
+def _is_local(path: str | os.PathLike) -> bool:
+    return fsspec.utils.get_protocol(str(path)) in ("file", "local")
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoint IO with atomic, durable local saves and weights-only loads.
+
+    Use it as a Trainer plugin: ``Trainer(plugins=[AtomicCheckpointIO()])`` or, in
+    ``conf/trainer/*.yaml``, ``plugins: [{_target_: mmtf.checkpoint_io.AtomicCheckpointIO}]``.
+    Remote URLs (``s3://`` ...) fall back to Lightning's fsspec path, which is atomic on object
+    stores by construction.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
+                        storage_options: Any | None = None) -> None:
+        """Write ``checkpoint`` to ``path`` atomically (see the module docstring)."""
+        if storage_options is not None:
+            raise TypeError(f"AtomicCheckpointIO.save_checkpoint: storage_options is not "
+                            f"supported (got {storage_options!r}); drop it.")
+        if not _is_local(path):
+            super().save_checkpoint(checkpoint, path)
+            return
+        atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(self, path: str | os.PathLike,
+                        map_location: Callable | str | torch.device | None = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        """Load with ``torch.load(..., weights_only=True)`` (explicit, whatever the env says).
+
+        Raises:
+            CheckpointError: ``weights_only=False`` was requested, the file is missing, or it is
+                not a weights-only checkpoint (corrupt, truncated, or pickled code).
+        """
+        if weights_only is False:
+            raise CheckpointError(
+                f"AtomicCheckpointIO: refusing weights_only=False for {path}; mmtf checkpoints "
+                f"hold only tensors and plain data. Call trainer.fit(..., weights_only=True).")
+        if not _is_local(path):
+            return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+        return load_checkpoint(path, map_location=map_location if map_location is not None
+                               else "cpu")

@@ -1,0 +1,40 @@
+"""Rebuild a task module from the config and weights an mmtf checkpoint carries."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from mmtf.checkpoint_io import stored_config
+
+if TYPE_CHECKING:
+    from mmtf.tasks.base import Task
+
+
+def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
+               safe_targets: Iterable[str] | None = None) -> tuple[Task, dict[str, Any]]:
+    """Re-instantiate the task module of a checkpoint and load its weights (strict).
+
+    ``safe_targets``: extra module prefixes the stored config may name (None:
+    ``MMTF_SAFE_TARGETS``); see :func:`check_targets`.
+
+    Returns:
+        The task (with the checkpoint's tokenizer, if any) and the stored config.
+    """
+    cfg = stored_config(checkpoint, path, safe_targets)
+    model_cfg = dict(cfg["model"])
+    for name in ("encoder", "decoder"):
+        part = model_cfg.get(name)
+        if isinstance(part, dict) and part.get("pretrained"):
+            # The checkpoint already holds the trained weights; do not re-read the export or
+            # the pretrained model (its sizes are in the stored config).
+            model_cfg[name] = {**part, "pretrained": None}
+    task = instantiate(OmegaConf.create(model_cfg))
+    task.on_load_checkpoint(checkpoint)
+    task.load_state_dict(checkpoint["state_dict"], strict=True)
+    task.run_config = cfg
+    return task, cfg
