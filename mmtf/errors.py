@@ -9,11 +9,13 @@ and exit with status 2; anything else is a bug in mmtf and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["CheckpointError", "ConfigError", "DataError", "MonitorError", "ResumeError", "UserError",
-           "require_file"]
+           "in_config", "require_file"]
 
 SKIP_HINT = "set data.on_error=skip to skip such items and count them instead"
 
@@ -94,3 +96,22 @@ def require_file(path: str | os.PathLike, *, what: str, fix: str,
         state = "is a directory" if path.is_dir() else "does not exist"
         raise error(f"{what} {path} {state}; {fix}.")
     return path
+
+
+@contextlib.contextmanager
+def in_config(node: str) -> Iterator[None]:
+    """Prefix a :class:`UserError` raised inside with the config node it comes from.
+
+    A rule is checked once, by the module that owns it (``Attention`` owns the width rule), which
+    does not know where in a config it was built; the part that builds it does. So
+    ``with in_config("model.encoder"): TransformerStack(...)`` turns ``Attention: dim (128) must
+    be divisible by num_heads (5) ...`` into ``model.encoder: Attention: ...``. The error keeps
+    its type and attributes; nested contexts add a prefix only once.
+    """
+    try:
+        yield
+    except UserError as err:
+        message = str(err.args[0]) if err.args else ""
+        if not message.startswith(f"{node}: ") and not message.startswith(f"{node}."):
+            err.args = (f"{node}: {message}", *err.args[1:])
+        raise

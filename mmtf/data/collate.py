@@ -25,7 +25,7 @@ Shapes: b batch, s samples (longest clip), n tokens (longest caption), h/w image
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -46,6 +46,9 @@ def pad_1d(seqs: Sequence[Tensor | Sequence[int]], pad_value: float = 0.0,
     return out, lengths
 
 
+# The two media mmtf reads; checked once, by the data module (the config boundary).
+Modality = Literal["audio", "image"]
+
 class Collate:
     """Batch examples of one modality and task (picklable, for DataLoader workers).
 
@@ -55,9 +58,7 @@ class Collate:
         pad_id: token padding id (the tokenizer's; 0 in mmtf's own).
     """
 
-    def __init__(self, *, modality: str, task: str, pad_id: int = 0) -> None:
-        if modality not in ("audio", "image"):
-            raise UserError(f"modality ({modality!r}) must be 'audio' or 'image'.")
+    def __init__(self, *, modality: Modality, task: str, pad_id: int = 0) -> None:
         if task not in ("caption", "label"):
             raise UserError(f"task ({task!r}) must be 'caption' or 'label'.")
         self.modality, self.task, self.pad_id = modality, task, pad_id

@@ -25,7 +25,7 @@ import lightning as L
 
 from mmtf.data.collate import Collate
 from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
-from mmtf.data.errors import ErrorCounter, ErrorPolicy, check_on_error
+from mmtf.data.errors import ErrorCounter, ErrorPolicy
 from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS
 from mmtf.data.image import build_transform
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
@@ -130,7 +130,6 @@ class MediaDataModule(L.LightningDataModule):
                 raise UserError(f"{name} ({value!r}) must be a positive int.")
         if num_workers < 0:
             raise UserError(f"num_workers ({num_workers}) must be >= 0.")
-        check_on_error(on_error)
         if image_cache_mb < 0 or (image_cache_mb and modality != "image"):
             raise UserError(f"{type(self).__name__}: image_cache_mb ({image_cache_mb}) must be "
                              f">= 0, and 0 for {modality} data (it keeps decoded images); fix "

@@ -29,7 +29,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from mmtf.data.audio import Crop, audio_info, load_audio
-from mmtf.data.errors import ErrorPolicy, check_media_file, check_on_error
+from mmtf.data.collate import Modality
+from mmtf.data.errors import ErrorPolicy, OnError, check_media_file
 from mmtf.data.formats.base import CaptionItem, LabelItem
 from mmtf.data.image import load_image
 from mmtf.data.sampler import sample_rng
@@ -101,14 +102,13 @@ class MediaDataset(Dataset):
             main process, or each worker while it lives: use persistent workers).
     """
 
-    def __init__(self, items: Sequence[CaptionItem | LabelItem], *, modality: str,
+    def __init__(self, items: Sequence[CaptionItem | LabelItem], *, modality: Modality,
                  sample_rate: int = 16000, max_seconds: float | None = None, crop: Crop = "center",
                  channels: int | None = None, transform: Callable[[Tensor], Tensor] | None = None,
-                 on_error: str = "raise", seed: int = 0, max_retries: int = 16,
+                 on_error: OnError = "raise", seed: int = 0, max_retries: int = 16,
                  image_cache_bytes: int = 0) -> None:
-        check_on_error(on_error)
-        if modality not in ("audio", "image"):
-            raise UserError(f"modality ({modality!r}) must be 'audio' or 'image'.")
+        # modality and on_error are checked once, at the config boundary (CaptionDataModule,
+        # ErrorPolicy); a dataset is built from checked values.
         if image_cache_bytes < 0:
             raise UserError(f"image_cache_bytes ({image_cache_bytes}) must be >= 0.")
         self._image_cache: dict[int, Tensor] = {}

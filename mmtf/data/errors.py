@@ -52,13 +52,6 @@ def check_media_file(path: Path, where: str | None = None) -> None:
                              "re-copy or re-download it", where)
 
 
-def check_on_error(on_error: str) -> None:
-    """Validate ``data.on_error``."""
-    if on_error not in ON_ERROR_CHOICES:
-        raise UserError(f"on_error ({on_error!r}) must be one of {ON_ERROR_CHOICES}; "
-                         f"use data.on_error=raise (stop at the first bad item) or skip.")
-
-
 class ErrorCounter:
     """Counts skipped items per reason and keeps a few examples of each.
 
@@ -132,7 +125,9 @@ class ErrorPolicy:
     """
 
     def __init__(self, on_error: OnError = "raise", counter: ErrorCounter | None = None) -> None:
-        check_on_error(on_error)
+        if on_error not in ON_ERROR_CHOICES:       # the one check of data.on_error
+            raise UserError(f"on_error ({on_error!r}) must be one of {ON_ERROR_CHOICES}; "
+                            f"use data.on_error=raise (stop at the first bad item) or skip.")
         self.on_error = on_error
         self.counter = counter if counter is not None else ErrorCounter()
 

@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from mmtf.errors import UserError
+from mmtf.errors import UserError, in_config
 from mmtf.nn import KVCache, TransformerStack
 from mmtf.nn.positions import LearnedPositions
 from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
@@ -115,8 +115,8 @@ class TextDecoder(nn.Module):
                  rope_base: float = 10000.0, bias: bool | str = False,
                  mlp_bias: bool | None = None) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("dim", dim), ("depth", depth),
-                            ("num_heads", num_heads), ("context_dim", context_dim),
+        # depth, num_heads and the width rules are the stack's and Attention's (in_config below).
+        for name, value in (("vocab_size", vocab_size), ("dim", dim), ("context_dim", context_dim),
                             ("max_len", max_len)):
             if value < 1:
                 raise UserError(f"TextDecoder: {name} ({value}) must be >= 1; "
@@ -132,12 +132,13 @@ class TextDecoder(nn.Module):
         self.tie_embeddings = tie_embeddings
         self.embed = nn.Embedding(vocab_size, dim)
         self.positions = LearnedPositions(max_len, dim) if positions == "learned" else None
-        self.drop = nn.Dropout(dropout)
-        self.stack = TransformerStack(
-            depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=True,
-            cross_dim=context_dim, rope=positions == "rope", rope_base=rope_base,
-            max_len=max_len, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
-            dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias)
+        with in_config("model.decoder"):
+            self.stack = TransformerStack(
+                depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=True,
+                cross_dim=context_dim, rope=positions == "rope", rope_base=rope_base,
+                max_len=max_len, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
+                dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias)
+        self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
         # Unit-variance embeddings would make tied logits ~sqrt(dim) large; GPT-2's 0.02 keeps
         # the initial next-token distribution near uniform.

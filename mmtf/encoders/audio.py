@@ -50,8 +50,8 @@ import torchaudio
 from einops import rearrange
 from torch import Tensor, nn
 
-from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
-from mmtf.errors import UserError
+from mmtf.encoders.base import Encoder, EncoderOutput, record_config
+from mmtf.errors import UserError, in_config
 from mmtf.nn import TransformerStack
 from mmtf.nn.positions import FixedPositions, sinusoidal_table
 from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
@@ -332,9 +332,6 @@ class AudioEncoder(Encoder):
         if positions not in ("rope", "sinusoidal"):
             raise UserError(f"AudioEncoder: positions ({positions!r}) must be 'rope' or "
                             f"'sinusoidal'; fix model.encoder.positions.")
-        check_transformer("AudioEncoder", dim=dim, depth=depth, num_heads=num_heads,
-                          num_kv_heads=num_kv_heads, dropout=dropout, attn_dropout=attn_dropout,
-                          rope=positions == "rope")
         if freq_mask_width > n_mels:
             raise UserError(f"AudioEncoder: freq_mask_width ({freq_mask_width}) must be <= "
                             f"n_mels ({n_mels}); lower model.encoder.freq_mask_width.")
@@ -355,7 +352,6 @@ class AudioEncoder(Encoder):
         self.spec_augment = SpecAugment(freq_masks=freq_masks, freq_mask_width=freq_mask_width,
                                         time_masks=time_masks, time_mask_width=time_mask_width)
         self.stem = ConvStem(in_channels=n_mels, dim=dim, strides=stem_strides)
-        self.drop = nn.Dropout(dropout)
         max_tokens = 4096 if self.max_samples is None else int(self.output_lengths(
             torch.tensor([self.max_samples], device="cpu")).item())
         # Whisper's fixed table, built in float64 on the CPU (a meta device cannot hold values).
@@ -364,10 +360,12 @@ class AudioEncoder(Encoder):
             with torch.device("cpu"):
                 table = sinusoidal_table(max_tokens, dim)
             self.positions = FixedPositions(table.to(torch.get_default_device()))
-        self.stack = TransformerStack(
-            depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
-            rope=positions == "rope", max_len=max_tokens, mlp_ratio=mlp_ratio, mlp=mlp,
-            norm=norm, norm_eps=norm_eps, dropout=dropout, attn_dropout=attn_dropout, bias=bias)
+        with in_config("model.encoder"):     # the stack and Attention own their rules
+            self.stack = TransformerStack(
+                depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
+                rope=positions == "rope", max_len=max_tokens, mlp_ratio=mlp_ratio, mlp=mlp,
+                norm=norm, norm_eps=norm_eps, dropout=dropout, attn_dropout=attn_dropout, bias=bias)
+        self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
 
     @property

@@ -236,28 +236,6 @@ class Encoder(nn.Module):
             self.freeze()
 
 
-def check_transformer(owner: str, *, dim: int, depth: int, num_heads: int,
-                      num_kv_heads: int | None, dropout: float, attn_dropout: float,
-                      rope: bool = False) -> None:
-    """Rules shared by the encoders, checked before any layer is built; messages name the key."""
-    if depth < 1:
-        raise UserError(f"{owner}: depth ({depth}) must be >= 1; fix model.encoder.depth.")
-    if dim < 1 or num_heads < 1:
-        raise UserError(f"{owner}: dim ({dim}) and num_heads ({num_heads}) must be >= 1.")
-    if dim % num_heads != 0:
-        raise UserError(f"{owner}: dim ({dim}) must be divisible by num_heads ({num_heads}); "
-                        f"change model.encoder.dim or model.encoder.num_heads.")
-    if rope and (dim // num_heads) % 2 != 0:
-        raise UserError(f"{owner}: head size dim // num_heads ({dim // num_heads}) must be even "
-                        f"for RoPE; change model.encoder.dim or model.encoder.num_heads.")
-    if num_kv_heads is not None and (num_kv_heads < 1 or num_heads % num_kv_heads != 0):
-        raise UserError(f"{owner}: num_heads ({num_heads}) must be a multiple of num_kv_heads "
-                        f"({num_kv_heads}); set model.encoder.num_kv_heads to a divisor or null.")
-    for key, p in (("dropout", dropout), ("attn_dropout", attn_dropout)):
-        if not 0.0 <= p < 1.0:
-            raise UserError(f"{owner}: {key} ({p}) must be in [0, 1); fix model.encoder.{key}.")
-
-
 def record_config(local_vars: dict[str, Any]) -> dict[str, Any]:
     """Constructor values (from ``locals()``) as plain Python, minus loading/freezing switches."""
     skip = {"self", "__class__", "pretrained", "freeze"}

@@ -43,8 +43,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from mmtf.encoders.base import Encoder, EncoderOutput, check_transformer, record_config
-from mmtf.errors import UserError
+from mmtf.encoders.base import Encoder, EncoderOutput, record_config
+from mmtf.errors import UserError, in_config
 from mmtf.nn import TransformerStack
 from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind, make_norm
 from mmtf.pretrained.hf import is_hf_source
@@ -96,8 +96,6 @@ class VisionEncoder(Encoder):
                  pretrained: str | Path | None = None, freeze: bool = False) -> None:
         super().__init__()
         self.config = record_config(locals())
-        check_transformer("VisionEncoder", dim=dim, depth=depth, num_heads=num_heads,
-                          num_kv_heads=num_kv_heads, dropout=dropout, attn_dropout=attn_dropout)
         if patch_size < 1 or in_channels < 1:
             raise UserError(f"VisionEncoder: patch_size ({patch_size}) and in_channels "
                             f"({in_channels}) must be >= 1; fix model.encoder.")
@@ -139,12 +137,13 @@ class VisionEncoder(Encoder):
             self.cls_token = nn.Parameter(torch.empty(1, 1, dim))
             nn.init.trunc_normal_(self.cls_token, std=0.02)
         self.embed_norm = make_norm(norm, dim, norm_eps) if embed_norm else None
-        self.drop = nn.Dropout(dropout)
-        self.stack = TransformerStack(
-            depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
-            rope=False, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
-            dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias,
-            final_norm=final_norm)
+        with in_config("model.encoder"):     # the stack and Attention own their rules
+            self.stack = TransformerStack(
+                depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
+                rope=False, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
+                dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias,
+                final_norm=final_norm)
+        self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
 
     def load_pretrained(self, path: str | Path) -> None:

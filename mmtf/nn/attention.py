@@ -62,17 +62,7 @@ class Attention(nn.Module):
                  ) -> None:
         super().__init__()
         biased = projection_biases(bias)
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if dim < 1 or num_heads < 1 or num_kv_heads < 1:
-            raise UserError(f"Attention: dim ({dim}), num_heads ({num_heads}) and num_kv_heads "
-                            f"({num_kv_heads}) must all be >= 1.")
-        if dim % num_heads != 0:
-            raise UserError(f"Attention: dim ({dim}) must be divisible by num_heads ({num_heads}); "
-                            f"change dim or num_heads in the model config.")
-        if num_heads % num_kv_heads != 0:
-            raise UserError(f"Attention: num_heads ({num_heads}) must be a multiple of "
-                            f"num_kv_heads ({num_kv_heads}); use num_kv_heads=1 for multi-query "
-                            f"attention or num_kv_heads=num_heads for plain multi-head.")
+        num_kv_heads = self.check_sizes(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads)
         if kv_dim is not None and causal:
             raise UserError("Attention: causal=True with kv_dim set; cross-attention keys are the "
                             "encoder memory and have no causal order. Build it with causal=False.")
@@ -116,6 +106,34 @@ class Attention(nn.Module):
             v = v + self.v_bias
         return (rearrange(k, "b m (g d) -> b g m d", g=self.num_kv_heads),
                 rearrange(v, "b m (g d) -> b g m d", g=self.num_kv_heads))
+
+
+    @staticmethod
+    def check_sizes(*, dim: int, num_heads: int, num_kv_heads: int | None = None) -> int:
+        """The width rules of multi-head attention, checked here once for every caller.
+
+        A stack calls this before it derives ``head_dim`` (its RoPE table), so the first error a
+        user sees is the rule they broke, not a consequence of it.
+
+        Returns:
+            ``num_kv_heads``, with None resolved to ``num_heads``.
+
+        Raises:
+            UserError: a size < 1, ``dim`` not divisible by ``num_heads``, or ``num_heads`` not a
+                multiple of ``num_kv_heads``.
+        """
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if dim < 1 or num_heads < 1 or num_kv_heads < 1:
+            raise UserError(f"Attention: dim ({dim}), num_heads ({num_heads}) and num_kv_heads "
+                            f"({num_kv_heads}) must all be >= 1.")
+        if dim % num_heads != 0:
+            raise UserError(f"Attention: dim ({dim}) must be divisible by num_heads ({num_heads}); "
+                            f"change dim or num_heads.")
+        if num_heads % num_kv_heads != 0:
+            raise UserError(f"Attention: num_heads ({num_heads}) must be a multiple of "
+                            f"num_kv_heads ({num_kv_heads}); use num_kv_heads=1 for multi-query "
+                            f"attention or num_kv_heads=num_heads for plain multi-head.")
+        return num_kv_heads
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, key_mask: Tensor | None = None,
                 cache: KVCache | None = None, need_weights: bool = False,

@@ -188,11 +188,12 @@ class TransformerStack(nn.Module):
         super().__init__()
         if depth < 1:
             raise UserError(f"TransformerStack: depth ({depth}) must be >= 1.")
-        if dim % num_heads != 0:
-            raise UserError(f"TransformerStack: dim ({dim}) must be divisible by num_heads "
-                            f"({num_heads}); change dim or num_heads in the model config.")
+        if not 0.0 <= dropout < 1.0:
+            raise UserError(f"TransformerStack: dropout ({dropout}) must be in [0, 1).")
         self.dim, self.depth = dim, depth
-        self.num_kv_heads = num_kv_heads or num_heads
+        # Before head_dim is derived below: the width rule belongs to Attention.
+        self.num_kv_heads = Attention.check_sizes(dim=dim, num_heads=num_heads,
+                                                  num_kv_heads=num_kv_heads)
         self.head_dim = dim // num_heads
         self.cross_dim = cross_dim
         self.rope = (RotaryEmbedding(head_dim=self.head_dim, max_len=max_len, base=rope_base)

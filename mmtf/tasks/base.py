@@ -22,7 +22,7 @@ Why one interface instead of ``hasattr`` probes: see docs/design/task-interface.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import torch
@@ -30,12 +30,11 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from mmtf.data.collate import Modality
 from mmtf.encoders import AudioEncoder, Encoder
 from mmtf.errors import ConfigError, UserError
 from mmtf.tasks.fsdp import shard_model
 from mmtf.tasks.optim import PartOptim
-
-Modality = Literal["audio", "image"]
 
 
 class Task(L.LightningModule):

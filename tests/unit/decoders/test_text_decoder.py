@@ -89,8 +89,13 @@ def test_errors_name_the_key():
     dec.step(torch.zeros(1, 2, dtype=torch.long), cache, memory=torch.randn(1, 3, 24))
     with pytest.raises(UserError, match=r"2 \+ 1 target positions exceed max_len=2"):
         dec.step(torch.zeros(1, 1, dtype=torch.long), cache)
-    with pytest.raises(UserError, match=r"TextDecoder: num_heads \(0\) must be >= 1"):
+    with pytest.raises(UserError, match=r"^model\.decoder: Attention: dim \(32\), num_heads \(0\)"):
         tiny(num_heads=0)
+    with pytest.raises(UserError, match=r"^model\.decoder: Attention: dim \(32\) must be "
+                                        r"divisible by num_heads \(5\); change dim or num_heads\.$"):
+        tiny(num_heads=5)
+    with pytest.raises(UserError, match=r"^model\.decoder: TransformerStack: dropout \(1\.5\)"):
+        tiny(dropout=1.5)
     with pytest.raises(UserError, match=r"pad_id \(30\) must be in \[0, vocab_size=30\)"):
         tiny(pad_id=30)
 

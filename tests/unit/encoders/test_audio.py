@@ -189,8 +189,8 @@ def test_bad_inputs_raise(wave, lengths, match):
 
 
 @pytest.mark.parametrize("override, match", [
-    (dict(dim=30), r"dim \(30\) must be divisible by num_heads \(4\).*model\.encoder\.dim"),
-    (dict(dim=36, num_heads=12), r"head size dim // num_heads \(3\) must be even"),
+    (dict(dim=30), r"^model\.encoder: Attention: dim \(30\) must be divisible by num_heads \(4\)"),
+    (dict(dim=36, num_heads=12), r"^model\.encoder: RotaryEmbedding: head_dim \(3\) must be even"),
     (dict(num_kv_heads=3), r"num_heads \(4\) must be a multiple of num_kv_heads \(3\)"),
     (dict(depth=0), r"depth \(0\) must be >= 1"),
     (dict(dropout=1.0), r"dropout \(1\.0\) must be in \[0, 1\)"),

@@ -57,7 +57,7 @@ def test_bad_inputs_and_config_raise():
     with pytest.raises(UserError, match=r"image_size \(36, 36\) must be a positive multiple of "
                                         r"patch_size \(8\)"):
         VisionEncoder(**{**TINY_VISION, "image_size": 36})
-    with pytest.raises(UserError, match=r"dim \(30\) must be divisible by num_heads \(4\)"):
+    with pytest.raises(UserError, match=r"^model\.encoder: Attention: dim \(30\) must be divisible by num_heads \(4\)"):
         VisionEncoder(**{**TINY_VISION, "dim": 30})
     with pytest.raises(UserError, match=r"image_size \(\[32, 32, 3\]\) must be an int or"):
         VisionEncoder(**{**TINY_VISION, "image_size": [32, 32, 3]})
