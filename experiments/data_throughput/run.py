@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmtf.data import CaptionDataModule, padding_fraction
-from mmtf.data.synthetic import ensure_synthetic
+from mmtf.data import padding_fraction
+from mmtf.synthetic import SyntheticCaptionDataModule, ensure_synthetic
 
 SYNTH = {"kind": "audio_captions", "num_train": 3000, "num_val": 300, "num_test": 300,
          "seed": 0, "sample_rate": 16000, "min_seconds": 2.0, "max_seconds": 6.0,
@@ -45,11 +45,12 @@ SYNTH_44K = {**SYNTH, "num_train": 400, "num_val": 0, "num_test": 0, "sample_rat
 
 
 def _dm(root: Path, synth: dict, *, workers: int = 0, bucketing: bool = True
-        ) -> CaptionDataModule:
-    dm = CaptionDataModule(format="clotho", root=str(root), synthetic=synth, sample_rate=16000,
-                           max_seconds=10.0, batch_size=32, num_workers=workers,
-                           persistent_workers=False, bucketing=bucketing, seed=0,
-                           tokenizer={"kind": "bpe", "vocab_size": 300})
+        ) -> SyntheticCaptionDataModule:
+    dm = SyntheticCaptionDataModule(format="clotho", root=str(root), synthetic=synth,
+                                    sample_rate=16000, max_seconds=10.0, batch_size=32,
+                                    num_workers=workers, persistent_workers=False,
+                                    bucketing=bucketing, seed=0,
+                                    tokenizer={"kind": "bpe", "vocab_size": 300})
     dm.setup("fit")
     return dm
 

@@ -22,7 +22,7 @@ from tokenizers import ByteLevelBPETokenizer
 
 ENDOFTEXT = "<|endoftext|>"
 WIDTH, DEPTH, HEADS = 64, 2, 4
-# Words of the built-in shapes set (mmtf.data.synthetic_image) and a few more, to learn merges on.
+# Words of the built-in shapes set (mmtf.synthetic.image) and a few more, to learn merges on.
 CORPUS = ["a red circle on the left of a blue square", "a green triangle above a yellow star",
           "two small purple squares below an orange circle", "a large white cross at the top",
           "a cyan diamond to the right of a gray triangle", "three shapes in a row"] * 20

@@ -1,7 +1,7 @@
 """What a captioner's wrong captions get wrong, from an `mmtf.evaluate` run's predictions.
 
 Parses each prediction and its first reference back to ``(layout, objects in reading order)``
-(:func:`mmtf.data.synthetic_image.parse_caption`) and counts, by object count, right and wrong
+(:func:`mmtf.synthetic.image.parse_caption`) and counts, by object count, right and wrong
 images; each wrong multi-object caption is put in one class, checked in this order: unparsable,
 row/column wrong, the right objects in the wrong order, an object named twice, a wrong object.
 
@@ -17,8 +17,8 @@ import argparse
 import json
 from collections import Counter
 
-from mmtf.data.synthetic_image import parse_caption
 from mmtf.perf.device import quantity_table
+from mmtf.synthetic.image import parse_caption
 
 
 def classify(prediction: str, reference: str) -> tuple[int, str]:

@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mmtf.checkpoint_io import load_checkpoint
-from mmtf.data.synthetic_image import parse_caption
+from mmtf.synthetic.image import parse_caption
 from mmtf.tasks.rebuild import build_task
 
 

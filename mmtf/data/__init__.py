@@ -1,4 +1,4 @@
-"""mmtf data: built-in synthetic sets, dataset formats, audio/image I/O, batching, DataModules.
+"""mmtf data: dataset formats, audio/image I/O, batching, DataModules.
 
 Public API::
 
@@ -10,11 +10,9 @@ Public API::
     DataError, ErrorCounter                           bad input: raise or skip-and-count
     BucketBatchSampler, SamplerState, Collate         batching (one resumable sampler)
     make_loader, sample_rng, padding_fraction         loaders, per-item randomness, padding
-    ensure_synthetic(root, kind, **params)            generate a built-in set (cached, atomic)
 
-Caption parsers of the synthetic sets: ``mmtf.data.synthetic_audio.parse_caption`` and
-``mmtf.data.synthetic_image.parse_caption`` (``datamodule.caption_parser``), scored by
-``mmtf.metrics.event_sequence_accuracy``.
+The built-in (generated) sets and their data modules live one layer up, in :mod:`mmtf.synthetic`:
+they write the formats read here; nothing here imports them.
 """
 
 from mmtf.data.audio import audio_info, load_audio, resample
@@ -24,7 +22,6 @@ from mmtf.data.errors import ErrorCounter
 from mmtf.data.image import build_eval_image_transform, build_transform, load_image
 from mmtf.data.loader import make_loader
 from mmtf.data.sampler import BucketBatchSampler, SamplerState, padding_fraction, sample_rng
-from mmtf.data.synthetic import ensure_synthetic
 from mmtf.data.tokenizer import build_tokenizer
 from mmtf.errors import DataError
 
@@ -32,6 +29,6 @@ __all__ = [
     "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",
     "DataError", "ErrorCounter", "SamplerState", "audio_info", "build_eval_image_transform",
     "build_tokenizer", "build_transform",
-    "ensure_synthetic", "load_audio", "load_image", "make_loader",
+    "load_audio", "load_image", "make_loader",
     "padding_fraction", "resample", "sample_rng",
 ]

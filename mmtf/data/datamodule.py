@@ -1,8 +1,9 @@
 """LightningDataModules for captioning and classification, over any supported format.
 
-One code path for built-in and real data: a synthetic set is first written to ``root`` in its
-real-world layout (``synthetic={kind: audio_captions, ...}``), then read by the same format
-reader as a downloaded corpus (``format=clotho``, ``coco``, ``esc50``, ``image_folder``, ...).
+One code path for built-in and real data: a built-in set is first written to ``root`` in its
+real-world layout (by the subclasses in :mod:`mmtf.synthetic`, which override
+:meth:`~MediaDataModule.prepare_data`), then read by the same format reader as a downloaded corpus
+(``format=clotho``, ``coco``, ``esc50``, ``image_folder``, ...).
 
 Pipeline per split: format reader (index -> items) -> :func:`~mmtf.data.datasets.probe` (header
 checks, durations) -> dataset (decode, crop, transform, tokens) -> :class:`BucketBatchSampler`
@@ -30,20 +31,17 @@ from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS
 from mmtf.data.image import build_transform
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
-from mmtf.data.synthetic import caption_parser, ensure_synthetic
 from mmtf.data.tokenizer import build_tokenizer
 from mmtf.errors import ConfigError, DataError, UserError, require_file
 from mmtf.text import Tokenizer, load_tokenizer
 
 log = logging.getLogger("mmtf.data")
 
-SYNTHETIC_FORMAT = {"audio_captions": "clotho", "image_captions": "coco",
-                    "audio_labels": "esc50", "image_labels": "image_folder"}
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",),
                  "predict": ("test",), None: SPLITS}
 
 
-def _plain(x: Any) -> Any:
+def to_plain(x: Any) -> Any:
     """DictConfig/ListConfig -> dict/list (when Hydra's _convert_ was not set)."""
     try:
         from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -62,8 +60,6 @@ class MediaDataModule(L.LightningDataModule):
         format: the index format (see the subclasses).
         root: the dataset folder (relative paths resolve against the working directory).
         modality: ``audio`` | ``image``; fixed by the format except for ``manifest``.
-        synthetic: generate a built-in set into ``root`` first: ``{kind: audio_captions |
-            image_captions | audio_labels | image_labels, **generator args}``.
         splits: our split -> the format's split name (e.g. COCO ``{train: train2017, ...}``).
         sample_rate: audio is resampled to this rate (Hz).
         max_seconds: longer audio is cropped: randomly in training, per ``eval_crop`` otherwise.
@@ -91,7 +87,6 @@ class MediaDataModule(L.LightningDataModule):
     task = "label"
 
     def __init__(self, *, format: str, root: str, modality: str | None = None,
-                 synthetic: Mapping[str, Any] | None = None,
                  splits: Mapping[str, str] | None = None, sample_rate: int = 16000,
                  max_seconds: float | None = None,
                  eval_crop: Literal["full", "center", "start"] = "full",
@@ -115,12 +110,6 @@ class MediaDataModule(L.LightningDataModule):
         if modality not in ("audio", "image"):
             raise UserError(f"{type(self).__name__}: modality ({modality!r}) must be 'audio' "
                              f"or 'image'; set data.modality.")
-        synthetic = dict(_plain(synthetic)) if synthetic else None
-        if synthetic is not None:
-            kind = synthetic.get("kind")
-            if SYNTHETIC_FORMAT.get(kind) != format:
-                raise UserError(f"{type(self).__name__}: synthetic.kind ({kind!r}) does not "
-                                 f"write format {format!r}; kinds: {SYNTHETIC_FORMAT}.")
         if eval_crop not in ("full", "center", "start"):
             raise UserError(f"eval_crop ({eval_crop!r}) must be 'full', 'center' or 'start'.")
         if max_seconds is not None and max_seconds <= 0:
@@ -135,9 +124,9 @@ class MediaDataModule(L.LightningDataModule):
                              f">= 0, and 0 for {modality} data (it keeps decoded images); fix "
                              f"data.image_cache_mb.")
         self.image_cache_bytes = int(image_cache_mb * 2 ** 20)
-        self.format, self.modality, self.synthetic = format, modality, synthetic
+        self.format, self.modality = format, modality
         self.root = Path(root).expanduser().resolve()
-        self.splits = dict(_plain(splits)) if splits else None
+        self.splits = dict(to_plain(splits)) if splits else None
         self.sample_rate, self.max_seconds, self.eval_crop = sample_rate, max_seconds, eval_crop
         self.channels = channels
         self.train_transforms, self.eval_transforms = train_transforms, eval_transforms
@@ -154,10 +143,8 @@ class MediaDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ reading
     def prepare_data(self) -> None:
-        """Generate the synthetic set on first use (Lightning calls this on one process)."""
-        if self.synthetic is not None:
-            params = {k: v for k, v in self.synthetic.items() if k != "kind"}
-            ensure_synthetic(self.root, self.synthetic["kind"], **params)
+        """Nothing to prepare for data on disk; the built-in sets generate themselves here
+        (:mod:`mmtf.synthetic`). Lightning calls it on one process, :meth:`items` before reading."""
 
     def _reader_kwargs(self) -> dict[str, Any]:
         return {"splits": self.splits} if self.splits else {}
@@ -171,7 +158,7 @@ class MediaDataModule(L.LightningDataModule):
         if split not in SPLITS:
             raise UserError(f"split ({split!r}) must be one of {SPLITS}.")
         if split not in self._items:
-            self.prepare_data()  # a no-op once the synthetic set exists
+            self.prepare_data()  # a built-in set: generated unless already there
             before = self.error_counts.total
             raw = self._read(split)
             kept, durations = probe(raw, modality=self.modality, policy=self.policy,
@@ -313,7 +300,6 @@ class CaptionDataModule(MediaDataModule):
 
     Attributes:
         tokenizer: the ``mmtf.text.Tokenizer`` the ids are built with (None until set).
-        caption_parser: caption -> event sequence for synthetic sets (None for real data).
     """
 
     task = "caption"
@@ -323,7 +309,7 @@ class CaptionDataModule(MediaDataModule):
                  caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        spec = dict(_plain(tokenizer)) if tokenizer else {"kind": "bpe", "vocab_size": 1000}
+        spec = dict(to_plain(tokenizer)) if tokenizer else {"kind": "bpe", "vocab_size": 1000}
         spec_max = spec.get("max_len")
         if max_caption_tokens is not None and spec_max is not None and \
                 max_caption_tokens != spec_max:
@@ -345,7 +331,6 @@ class CaptionDataModule(MediaDataModule):
         self.tokenizer_spec, self.tokenizer_path = spec, tokenizer_path
         self.caption_policy = caption_policy
         self.tokenizer: Tokenizer | None = None
-        self.caption_parser = caption_parser(self.synthetic["kind"]) if self.synthetic else None
         self._tokens: dict[str, list[list[list[int]]]] = {}
 
     def _reader_kwargs(self) -> dict[str, Any]:
@@ -451,7 +436,7 @@ class ClassificationDataModule(MediaDataModule):
     def __init__(self, *, folds: Mapping[str, Sequence[int]] | None = None,
                  val_fraction: float = 0.1, test_fraction: float = 0.1, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.folds = dict(_plain(folds)) if folds else None
+        self.folds = dict(to_plain(folds)) if folds else None
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.class_names: list[str] | None = None
         self.num_classes: int | None = None

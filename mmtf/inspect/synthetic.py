@@ -1,7 +1,7 @@
 """How well word-to-time alignment finds the events of the built-in synthetic audio set.
 
 Every clip of the set is a deterministic function of ``(seed, split, index)``
-(:func:`mmtf.data.synthetic_audio.clip_scene`, the writer's own seeding rule), so the true onset and offset of each event are recovered from the file name and the
+(:func:`mmtf.synthetic.audio.clip_scene`, the writer's own seeding rule), so the true onset and offset of each event are recovered from the file name and the
 generator parameters stored beside the set (``.mmtf_synthetic.json``); nothing new is written to
 disk. For each caption a checkpoint generates, each phrase that names an event class (e.g. "high
 -pitched beep") is aligned to time (:mod:`mmtf.inspect.align`) and paired with the clip's event
@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mmtf.data import synthetic_audio
 from mmtf.data.formats.clotho import SPLIT_NAMES
-from mmtf.data.synthetic import MARKER
-from mmtf.data.synthetic_audio import EVENTS, PHRASES, Scene
 from mmtf.errors import UserError, require_file
 from mmtf.inspect.align import WordSpan
+from mmtf.synthetic import audio as synthetic_audio
+from mmtf.synthetic.audio import EVENTS, PHRASES, Scene
+from mmtf.synthetic.cache import MARKER
 
 SCENE_KEYS = ("min_seconds", "max_seconds", "min_events", "max_events", "snr_db")
 _FILE = re.compile(r"^synth_(?P<name>[a-z]+)_(?P<index>\d+)$")

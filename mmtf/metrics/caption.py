@@ -225,8 +225,6 @@ class CaptionMetrics:
         metrics: which metrics :meth:`compute` returns (see :func:`caption_metrics`); None = all.
         tokenize: forwarded to :func:`caption_metrics`.
         java_timeout_s: forwarded to :func:`caption_metrics`.
-        event_parser: caption -> event sequence; when set, :meth:`compute` adds
-            ``event_accuracy`` (:func:`~mmtf.metrics.event.event_sequence_accuracy`).
         backend: forwarded to :func:`caption_metrics`.
 
     Attributes:
@@ -236,14 +234,11 @@ class CaptionMetrics:
     """
 
     def __init__(self, *, metrics: Sequence[str] | None = None, tokenize: bool = True,
-                 java_timeout_s: float = 900.0,
-                 event_parser: Callable[[str], Any] | None = None,
-                 backend: Backend = "mmtf") -> None:
+                 java_timeout_s: float = 900.0, backend: Backend = "mmtf") -> None:
         self.metrics = resolve_metrics(metrics)
         self.backend = check_backend(backend)
         self.tokenize = tokenize
         self.java_timeout_s = java_timeout_s
-        self.event_parser = event_parser
         self.unavailable: dict[str, str] = {}
         self.rows: list[CaptionRow] = []
         self.reset()
@@ -292,11 +287,16 @@ class CaptionMetrics:
             unique.append(CaptionRow(*row))
         return unique
 
-    def compute(self) -> dict[str, float]:
+    def compute(self, event_parser: Callable[[str], Any] | None = None) -> dict[str, float]:
         """Gather, score on rank 0 (METEOR and SPICE start a JVM), return the same scores on
         every rank.
 
         Sets :attr:`unavailable` and :attr:`rows`. Collective under DDP.
+
+        Args:
+            event_parser: caption -> event sequence of the data set scored; when given, the
+                scores include ``event_accuracy``
+                (:func:`~mmtf.metrics.event.event_sequence_accuracy`).
 
         Raises:
             ValueError: nothing was accumulated (on any rank).
@@ -305,7 +305,7 @@ class CaptionMetrics:
         result = None
         if world()[1] == 0:
             try:
-                result = (self._score(rows), None)
+                result = (self._score(rows, event_parser), None)
             except Exception as exc:  # re-raised on every rank below, so no rank hangs
                 result = (None, exc)
         scores, error = broadcast_object(result)
@@ -317,14 +317,15 @@ class CaptionMetrics:
         scores, self.unavailable = scores
         return scores
 
-    def _score(self, rows: list[CaptionRow]) -> tuple[dict[str, float], dict[str, str]]:
+    def _score(self, rows: list[CaptionRow], event_parser: Callable[[str], Any] | None,
+               ) -> tuple[dict[str, float], dict[str, str]]:
         predictions = [row.prediction for row in rows]
         references = [row.references for row in rows]
         result = caption_metrics(predictions, references, metrics=self.metrics,
                                  tokenize=self.tokenize, java_timeout_s=self.java_timeout_s,
                                  backend=self.backend)
         scores = dict(result)
-        if self.event_parser is not None:
+        if event_parser is not None:
             scores["event_accuracy"] = event_sequence_accuracy(predictions, references,
-                                                               self.event_parser)
+                                                               event_parser)
         return scores, result.unavailable

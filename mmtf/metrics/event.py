@@ -1,8 +1,8 @@
 """Event-sequence accuracy: exact match of the event sequence a caption describes.
 
 The built-in synthetic sets describe a known sequence of events (sounds, shapes); each set's
-parser (``mmtf.data.synthetic_audio.parse_caption``, ``synthetic_image.parse_caption``, given by
-``datamodule.caption_parser``) turns a caption back into that sequence.
+parser (``mmtf.synthetic.audio.parse_caption``, ``mmtf.synthetic.image.parse_caption``, found by
+the set's name with ``mmtf.synthetic.caption_parser``) turns a caption back into that sequence.
 """
 
 from __future__ import annotations

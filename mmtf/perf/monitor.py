@@ -1,6 +1,6 @@
 """Training efficiency in every run: samples/s, tokens/s, model FLOP/s and MFU, per device.
 
-:class:`EfficiencyMonitor` (``conf/callbacks/efficiency.yaml``, in the default callbacks) logs at
+:class:`EfficiencyMonitor` (``efficiency`` in ``conf/callbacks/default.yaml``) logs at
 the start of fit, once::
 
     [perf] cuda:0 (NVIDIA H100 80GB HBM3); precision bf16-mixed (compute bfloat16), TF32 matmuls

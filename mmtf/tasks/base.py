@@ -4,7 +4,7 @@ A task is a LightningModule around one mmtf encoder. Besides Lightning's hooks i
 
 * ``encoder`` and ``modality`` (``audio`` | ``image``): what inputs it takes;
 * :meth:`Task.connect_data`: hand the data module what the task owns (the tokenizer), take what
-  the task needs from it (caption parser, class names) and check the data against the model's
+  the task needs from it (class names) and check the data against the model's
   limits. ``setup`` calls it with the trainer's data module; ``evaluate`` calls it directly;
 * :meth:`Task.update_generation`: generation overrides (tasks that generate text);
 * :meth:`Task.predict_batch`: one dict per input (``caption``, or ``label`` + ``class``);

@@ -18,6 +18,7 @@ from mmtf.decoders.generation import GenerationConfig
 from mmtf.errors import CheckpointError, ConfigError
 from mmtf.metrics import CaptionMetrics
 from mmtf.metrics.caption import check_backend
+from mmtf.synthetic import caption_parser
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.optim import configure_adamw_cosine
 from mmtf.text import Tokenizer
@@ -127,7 +128,7 @@ class CaptioningTask(Task):
 
     # ------------------------------------------------------------------ wiring
     def connect_data(self, datamodule: Any) -> None:
-        """Give the data module the tokenizer; take its caption parser; check its limits.
+        """Give the data module the tokenizer; check its limits.
 
         Lightning calls ``setup`` (and so this) before it restores a checkpoint: a task without
         a tokenizer yet gets the checkpoint's in :meth:`on_load_checkpoint`, or on a fresh fit a
@@ -141,9 +142,6 @@ class CaptioningTask(Task):
                               f"model.decoder.max_len ({max_len}); lower data.max_caption_tokens "
                               f"(longer captions are truncated and counted) or raise "
                               f"model.decoder.max_len.")
-        parser = datamodule.caption_parser
-        for metrics in self.caption_metrics.values():
-            metrics.event_parser = parser
         if self.tokenizer is not None:
             datamodule.set_tokenizer(self.tokenizer)
 
@@ -269,7 +267,8 @@ class CaptioningTask(Task):
         if self.trainer.sanity_checking or (split == "val" and not self.hparams.val_generate):
             metrics.reset()
             return
-        scores = metrics.compute()            # collective: gathered, scored once, broadcast
+        # collective: gathered, scored once, broadcast
+        scores = metrics.compute(event_parser=self.event_parser())
         metrics.reset()
         for name, reason in metrics.unavailable.items():
             log.info("%s/%s unavailable: %s", split, name, reason)
@@ -282,6 +281,14 @@ class CaptioningTask(Task):
         self.last_predictions = {split: rows}
         if self.global_rank == 0:
             self._log_samples(split, rows)
+
+    def event_parser(self) -> Callable[[str], Any] | None:
+        """The caption -> event sequence parser of the built-in set this run's data is (its
+        ``data.synthetic.kind`` in :attr:`run_config`), None for other data: found by the data
+        set's name where the metric is computed, not handed over by the data module.
+        Why: see docs/design/synthetic-package.md"""
+        data = (self.run_config or {}).get("data") or {}
+        return caption_parser((data.get("synthetic") or {}).get("kind"))
 
     def _log_samples(self, split: str, rows: list[dict[str, Any]]) -> None:
         lines = ["| id | prediction | reference |", "|---|---|---|"]

@@ -15,7 +15,6 @@ from PIL import Image
 
 import mmtf
 from mmtf.checkpoint_io import load_checkpoint
-from mmtf.data import synthetic_audio, synthetic_image
 from mmtf.data.audio import AUDIO_EXTENSIONS
 from mmtf.data.image import IMAGE_EXTENSIONS
 from mmtf.errors import UserError
@@ -23,6 +22,8 @@ from mmtf.evaluate import build_datamodule
 from mmtf.export import export_part, load_exported
 from mmtf.metrics import caption_metrics, event_sequence_accuracy
 from mmtf.predict import expand_inputs, predict, print_predictions
+from mmtf.synthetic import audio as synthetic_audio
+from mmtf.synthetic import image as synthetic_image
 from mmtf.tasks.rebuild import build_task
 from mmtf.text import load_tokenizer
 from mmtf.train import train

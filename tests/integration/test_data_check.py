@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mmtf.data.synthetic import ensure_synthetic
+from mmtf.synthetic import ensure_synthetic
 from tests.unit.data.conftest import TINY_AUDIO
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from mmtf.data import BucketBatchSampler, CaptionDataModule
-from mmtf.data.synthetic import ensure_synthetic
+from mmtf.synthetic import ensure_synthetic
 from tests.unit.data.conftest import TINY_AUDIO
 
 

@@ -56,7 +56,7 @@ def test_real_format_experiment_fast_dev_run(experiment, data_dir, tmp_path):
     cfg = compose_train([f"experiment={experiment}", *overrides, f"data.root={root}",
                          "model/encoder=" + ("audio_tiny" if "audio" in experiment
                                              else "vision_tiny"), *extra], tmp_path)
-    assert cfg.data.synthetic is None and folder in str(root)
+    assert "synthetic" not in cfg.data and folder in str(root)
     train(cfg)
     assert (tmp_path / "metrics.json").is_file()
 

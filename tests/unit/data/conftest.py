@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mmtf.data.synthetic import ensure_synthetic
+from mmtf.synthetic import ensure_synthetic
 
 TINY_AUDIO = dict(num_train=6, num_val=3, num_test=3, min_seconds=1.0, max_seconds=2.0, seed=0)
 TINY_IMAGE = dict(num_train=6, num_val=3, num_test=3, image_size=32, seed=0)

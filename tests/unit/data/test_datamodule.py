@@ -17,10 +17,8 @@ from mmtf.data import (
     ClassificationDataModule,
     DataError,
     build_tokenizer,
-    synthetic_audio,
-    synthetic_image,
 )
-from tests.unit.data.conftest import TINY_AUDIO, TINY_IMAGE
+from mmtf.synthetic import audio as synthetic_audio
 
 
 def _audio_dm(root, **kw) -> CaptionDataModule:
@@ -32,7 +30,7 @@ def _audio_dm(root, **kw) -> CaptionDataModule:
 def test_audio_caption_batches(tiny_audio_captions):
     dm = _audio_dm(tiny_audio_captions, batch_size=3)
     dm.setup("fit")
-    assert dm.modality == "audio" and dm.sample_rate == 16000 and dm.caption_parser is None
+    assert dm.modality == "audio" and dm.sample_rate == 16000
     batch = next(iter(dm.train_dataloader()))
     assert set(batch) == {"audio", "audio_lengths", "tokens", "token_lengths", "references", "ids"}
     assert batch["audio"].dtype == torch.float32 and batch["audio"].shape[0] == 3
@@ -47,22 +45,12 @@ def test_audio_caption_batches(tiny_audio_captions):
     assert val["audio"].shape[1] == int(val["audio_lengths"].max()) > 24000  # eval: full clips
 
 
-def test_synthetic_config_generates_and_exposes_the_parser(tmp_path):
-    dm = _audio_dm(tmp_path / "set", synthetic={"kind": "audio_captions", **TINY_AUDIO})
-    dm.prepare_data()
-    dm.setup("fit")
-    assert dm.caption_parser is synthetic_audio.parse_caption
-    refs = [r for b in dm.val_dataloader() for r in b["references"]]
-    assert len(refs) == 3 and all(dm.caption_parser(c) for rr in refs for c in rr)
-
-
 def test_image_caption_batches(tiny_image_captions):
     norm = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)]
     dm = CaptionDataModule(format="coco", root=str(tiny_image_captions), batch_size=3,
-                           train_transforms=norm, eval_transforms=norm, image_cache_mb=1,
-                           synthetic={"kind": "image_captions", **TINY_IMAGE})
+                           train_transforms=norm, eval_transforms=norm, image_cache_mb=1)
     dm.setup("fit")
-    assert dm.caption_parser is synthetic_image.parse_caption and dm.modality == "image"
+    assert dm.modality == "image"
     batch = next(iter(dm.train_dataloader()))
     assert batch["image"].shape == (3, 3, 32, 32) and batch["image"].dtype == torch.float32
     assert float(batch["image"].min()) >= -1.0 and float(batch["image"].max()) <= 1.0
@@ -233,9 +221,6 @@ def test_constructor_checks(tmp_path):
         CaptionDataModule(format="clothoo", root=str(tmp_path))
     with pytest.raises(ValueError, match=r"modality \('image'\) must be 'audio' for format"):
         CaptionDataModule(format="clotho", root=str(tmp_path), modality="image")
-    with pytest.raises(ValueError, match=r"synthetic\.kind \('image_captions'\) does not write"):
-        CaptionDataModule(format="clotho", root=str(tmp_path),
-                          synthetic={"kind": "image_captions"})
     with pytest.raises(ValueError, match=r"on_error \('ignore'\) must be one of"):
         CaptionDataModule(format="clotho", root=str(tmp_path), on_error="ignore")
     with pytest.raises(ValueError, match=r"caption_policy \('first'\)"):

@@ -11,11 +11,12 @@ from omegaconf import OmegaConf
 
 from mmtf.decoders import TextDecoder
 from mmtf.errors import UserError
+from tests.unit.presets import load_preset
 
 CONF = Path(__file__).resolve().parents[3] / "conf" / "model" / "decoder"
 # Builders of imported architectures (mmtf.pretrained.*) are tested with their families.
 DECODER_CONFIGS = sorted(p.stem for p in CONF.rglob("*.yaml")
-                         if not OmegaConf.load(p)._target_.startswith("mmtf.pretrained."))
+                         if not load_preset("decoder", p.stem)._target_.startswith("mmtf.pretrained."))
 
 
 def tiny(**kw) -> TextDecoder:
@@ -102,7 +103,7 @@ def test_errors_name_the_key():
 
 @pytest.mark.parametrize("name", DECODER_CONFIGS)
 def test_decoder_configs_instantiate(name):
-    cfg = OmegaConf.load(CONF / f"{name}.yaml")
+    cfg = load_preset("decoder", name)
     with torch.device("meta"):
         dec = instantiate(cfg)
     assert isinstance(dec, TextDecoder)

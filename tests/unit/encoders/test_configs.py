@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from mmtf.encoders import AudioEncoder, Encoder, VisionEncoder
+from tests.unit.presets import load_preset
 
 CONF = Path(__file__).resolve().parents[3] / "conf" / "model" / "encoder"
 # Builders of imported architectures (mmtf.pretrained.*) are tested with their families.
 CONFIGS = sorted(p for p in CONF.rglob("*.yaml")
-                 if not OmegaConf.load(p)._target_.startswith("mmtf.pretrained."))
+                 if not load_preset("encoder", p.stem)._target_.startswith("mmtf.pretrained."))
 
 
 def test_the_named_sizes_exist():
@@ -27,7 +27,7 @@ def test_the_named_sizes_exist():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_config_instantiates_and_runs(path):
-    cfg = OmegaConf.load(path)
+    cfg = load_preset("encoder", path.stem)
     cls = {"mmtf.encoders.AudioEncoder": AudioEncoder,
            "mmtf.encoders.VisionEncoder": VisionEncoder}[cfg._target_]
     # Every constructor key but `causal` (set by role, never silently in YAML) is in the file.

@@ -7,8 +7,6 @@ import csv
 
 import pytest
 
-from mmtf.data.synthetic import ensure_synthetic
-from mmtf.data.synthetic_audio import Event, Scene, parse_caption
 from mmtf.errors import UserError
 from mmtf.inspect.align import WordSpan
 from mmtf.inspect.synthetic import (
@@ -18,6 +16,8 @@ from mmtf.inspect.synthetic import (
     named_events,
     set_params,
 )
+from mmtf.synthetic import ensure_synthetic
+from mmtf.synthetic.audio import Event, Scene, parse_caption
 
 
 def test_scenes_recovered_from_file_names_match_the_written_captions(tmp_path):

@@ -293,9 +293,9 @@ def _ddp_worker(rank: int, world_size: int, store: str, out_dir: str) -> None:
     try:
         n = len(CANDIDATES)
         mine = list(range(rank, n, world_size)) + [0]  # item 0 repeated, as sampler padding
-        acc = CaptionMetrics(metrics=FAST_METRICS, event_parser=_parity)
+        acc = CaptionMetrics(metrics=FAST_METRICS)
         acc.update([CANDIDATES[i] for i in mine], [REFERENCES[i] for i in mine], keys=mine)
-        scores = acc.compute()
+        scores = acc.compute(event_parser=_parity)
         keys = sorted(row.key for row in acc.rows)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"scores": scores,
                                                                  "keys": keys}))
@@ -307,9 +307,9 @@ def test_two_rank_gather_equals_one_process(tmp_path):
     """Two gloo ranks on CPU, item 0 on both (sampler padding): every rank returns the scores
     one process computes on the whole corpus, each item counted once."""
     mp.spawn(_ddp_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2)
-    one = CaptionMetrics(metrics=FAST_METRICS, event_parser=_parity)
+    one = CaptionMetrics(metrics=FAST_METRICS)
     one.update(CANDIDATES, REFERENCES, keys=list(range(len(CANDIDATES))))
-    expected = one.compute()
+    expected = one.compute(event_parser=_parity)
     assert set(expected) == FAST_KEYS | {"event_accuracy"}
     direct = caption_metrics(CANDIDATES, REFERENCES, metrics=FAST_METRICS)
     assert {k: v for k, v in expected.items() if k != "event_accuracy"} == dict(direct)

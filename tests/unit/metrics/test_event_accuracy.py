@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mmtf.data.synthetic_audio import parse_caption as audio_parser
-from mmtf.data.synthetic_image import parse_caption as image_parser
 from mmtf.metrics import event_sequence_accuracy
+from mmtf.synthetic.audio import parse_caption as audio_parser
+from mmtf.synthetic.image import parse_caption as image_parser
 
 
 def test_event_sequence_accuracy_counts_exact_matches():

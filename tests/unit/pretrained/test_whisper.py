@@ -41,7 +41,7 @@ SECONDS = (0.6, 2.3, 7.1, 30.0)
 
 
 def clips() -> list[np.ndarray]:
-    from mmtf.data.synthetic_audio import render, sample_scene
+    from mmtf.synthetic.audio import render, sample_scene
 
     rng = np.random.default_rng(0)
     out = []

@@ -71,7 +71,7 @@ def test_epoch_boundary_kill_resumes_exactly(tmp_path, num_workers, noise):
 
 @pytest.mark.parametrize("num_workers, noise", [(0, "global"), (2, "sample")])
 def test_mmtf_style_checkpoint_after_epoch_end_validation(tmp_path, num_workers, noise):
-    # conf/callbacks/model_checkpoint.yaml: monitor a val metric, saved at validation end,
+    # conf/callbacks/default.yaml model_checkpoint: monitor a val metric, saved at validation end,
     # epoch-based training; killed in epoch 1
     ref, resumed, ckpt_step = kill_and_resume(
         tmp_path, kill_at=8, ckpt={"monitor": "val/loss"}, run=EPOCHS, val=True,

@@ -39,6 +39,6 @@ def classifier(encoder=None, **kw: Any) -> ClassificationTask:
 def fake_datamodule(**kw: Any) -> SimpleNamespace:
     """The attributes a task reads from a data module in ``connect_data``."""
     return SimpleNamespace(**{"modality": "audio", "max_seconds": 10.0, "max_caption_tokens": 32,
-                              "caption_parser": None, "num_classes": 3,
+                              "num_classes": 3,
                               "class_names": ["a", "b", "c"],
                               "set_tokenizer": lambda tok: None, **kw})

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mmtf.data import synthetic_audio as sa
 from mmtf.data.formats import read_clotho
 from mmtf.data.formats.esc50 import COLUMNS
-from mmtf.data.parallel import parallel_map
+from mmtf.synthetic import audio as sa
+from mmtf.synthetic.parallel import parallel_map
 
 SR = 16000
 

@@ -24,8 +24,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from mmtf.data.formats.coco import write_coco_json
-from mmtf.data.parallel import parallel_map
 from mmtf.errors import UserError
+from mmtf.synthetic.parallel import parallel_map
 
 VERSION = 2
 SHAPES = ("circle", "square", "triangle", "cross")

@@ -36,8 +36,8 @@ import soundfile as sf
 
 from mmtf.data.formats.clotho import SPLIT_NAMES, write_clotho_csv
 from mmtf.data.formats.esc50 import write_esc50_csv
-from mmtf.data.parallel import parallel_map
 from mmtf.errors import UserError
+from mmtf.synthetic.parallel import parallel_map
 
 VERSION = 2
 EVENTS: tuple[tuple[str, str], ...] = (

@@ -7,8 +7,9 @@ import multiprocessing as mp
 
 import pytest
 
-from mmtf.data import DataError, ensure_synthetic
-from mmtf.data.synthetic import MARKER, config_hash
+from mmtf.errors import DataError
+from mmtf.synthetic import ensure_synthetic
+from mmtf.synthetic.cache import MARKER, config_hash
 
 KW = dict(num_train=3, num_val=1, num_test=1, min_seconds=1.0, max_seconds=1.2)
 

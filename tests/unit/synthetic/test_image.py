@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmtf.data import synthetic_image as si
 from mmtf.data.formats import read_coco, read_image_folder
+from mmtf.synthetic import image as si
 
 
 def test_thousands_of_captions_parse_back_to_their_scene():

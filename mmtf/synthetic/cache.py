@@ -8,8 +8,10 @@ Writing is atomic: the set is generated in a temporary folder next to ``root`` a
 place, so processes racing to create it (DDP ranks, parallel sweeps) are safe — the first rename
 wins and the others discard their copy.
 
-The score of the sets' event sequences is :func:`mmtf.metrics.event_sequence_accuracy`, with the
-parser of :func:`caption_parser`.
+Every kind is a row of :data:`SETS`: its writer, generator version, the format it writes (read
+by ``mmtf.data``'s reader of that format) and, for caption sets, the parser that turns a caption
+back into its event sequence (:func:`caption_parser`, scored by
+:func:`mmtf.metrics.event_sequence_accuracy`).
 """
 
 from __future__ import annotations
@@ -24,41 +26,62 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from mmtf.data import synthetic_audio, synthetic_image
 from mmtf.errors import DataError, UserError
+from mmtf.synthetic import audio, image
 
 log = logging.getLogger(__name__)
 
 MARKER = ".mmtf_synthetic.json"
-# kind -> (writer, generator version, caption parser or None)
-GENERATORS: dict[str, tuple[Callable[..., None], int, Callable[[str], Any] | None]] = {
-    "audio_captions": (synthetic_audio.write_caption_set, synthetic_audio.VERSION,
-                       synthetic_audio.parse_caption),
-    "audio_labels": (synthetic_audio.write_label_set, synthetic_audio.VERSION, None),
-    "image_captions": (synthetic_image.write_caption_set, synthetic_image.VERSION,
-                       synthetic_image.parse_caption),
-    "image_labels": (synthetic_image.write_label_set, synthetic_image.VERSION, None),
+
+
+class SyntheticSet(NamedTuple):
+    """One built-in set: how it is written and what reads it."""
+
+    writer: Callable[..., None]
+    version: int                                   # bump when the written bytes change
+    format: str                                    # the mmtf.data format it is written in
+    caption_parser: Callable[[str], Any] | None    # caption -> event sequence; None: labels
+
+
+# The built-in sets by name (``data.synthetic.kind``).
+SETS: dict[str, SyntheticSet] = {
+    "audio_captions": SyntheticSet(audio.write_caption_set, audio.VERSION, "clotho",
+                                   audio.parse_caption),
+    "audio_labels": SyntheticSet(audio.write_label_set, audio.VERSION, "esc50", None),
+    "image_captions": SyntheticSet(image.write_caption_set, image.VERSION, "coco",
+                                   image.parse_caption),
+    "image_labels": SyntheticSet(image.write_label_set, image.VERSION, "image_folder", None),
 }
 _NOT_HASHED = {"num_workers"}  # does not change the output
 
 
-def _generator(kind: str) -> tuple[Callable[..., None], int, Callable[[str], Any] | None]:
-    if kind not in GENERATORS:
-        raise UserError(f"synthetic kind ({kind!r}) must be one of {sorted(GENERATORS)}; "
-                         f"check data.synthetic.kind.")
-    return GENERATORS[kind]
+def synthetic_set(kind: str) -> SyntheticSet:
+    """The row of :data:`SETS` named ``kind``.
+
+    Raises:
+        UserError: ``kind`` is not a built-in set.
+    """
+    if kind not in SETS:
+        raise UserError(f"synthetic kind ({kind!r}) must be one of {sorted(SETS)}; "
+                        f"check data.synthetic.kind.")
+    return SETS[kind]
 
 
-def caption_parser(kind: str) -> Callable[[str], Any] | None:
-    """The caption -> sequence parser of a synthetic kind (None for label sets)."""
-    return _generator(kind)[2]
+def caption_parser(name: str | None) -> Callable[[str], Any] | None:
+    """The caption -> event sequence parser of the data set called ``name``.
+
+    The metric code looks it up by the data set's name (``data.synthetic.kind`` of the run);
+    None for a label set, for real data and for no name: those have no event accuracy.
+    """
+    row = SETS.get(name) if name is not None else None
+    return row.caption_parser if row is not None else None
 
 
 def full_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """``params`` with the writer's defaults filled in (so equal sets hash equal)."""
-    writer, _, _ = _generator(kind)
+    writer = synthetic_set(kind).writer
     sig = inspect.signature(writer)
     accepted = [n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY]
     unknown = sorted(set(params) - set(accepted))
@@ -71,7 +94,7 @@ def full_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def config_hash(kind: str, params: dict[str, Any]) -> str:
     """Identity of a generated set: kind, generator version and the output-changing params."""
-    _, version, _ = _generator(kind)
+    version = synthetic_set(kind).version
     params = full_params(kind, params)
     payload = {"kind": kind, "version": version,
                "params": {k: v for k, v in sorted(params.items()) if k not in _NOT_HASHED}}
@@ -100,7 +123,7 @@ def ensure_synthetic(root: str | os.PathLike, kind: str, **params: Any) -> Path:
         DataError: ``root`` exists, is not empty and was not written by this function (it is
             never overwritten).
     """
-    writer, version, _ = _generator(kind)
+    writer, version = synthetic_set(kind)[:2]
     root = Path(root).expanduser().resolve()
     params = full_params(kind, params)
     want = config_hash(kind, params)
