@@ -316,7 +316,8 @@ def test_train_checkpoints_through_atomic_checkpoint_io(data_dir, tmp_path, monk
                                        *cb("rec", Recorder)), tmp_path))
     assert Recorder.records == [{**Recorder.records[0], "start_step": 0,
                                  "checkpoint_io": "AtomicCheckpointIO"}]
-    assert saved == ["last.ckpt", "epoch_000.ckpt", "last.ckpt"]   # step 2; validation at 3
+    # step 2; validation at 3; the end of fit (the loops' final state)
+    assert saved == ["last.ckpt", "epoch_000.ckpt", "last.ckpt", "last.ckpt"]
     files = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert files == ["epoch_000.ckpt", "last.ckpt"]                 # no temp files left
     assert load(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 3
