@@ -132,13 +132,14 @@ def optimized_value(trainer: L.Trainer, metrics: dict[str, float], name: str, mo
     result (a run that overfits late would be ranked by its worst epoch, while it is tested on
     its best checkpoint). The checkpoint callback that monitors ``name`` in ``mode`` keeps the
     best score, across resumes too (its state is in the checkpoint). A metric logged ``once``
-    (the test metrics) is its value.
+    (the test metrics) is its value, and so is one that callback never scored (fast_dev_run).
     """
-    for callback in trainer.checkpoint_callbacks:
-        if (isinstance(callback, ModelCheckpoint) and callback.monitor == name
-                and callback.mode == mode and callback.best_model_score is not None):
+    monitoring = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)
+                  and c.monitor == name and c.mode == mode]
+    for callback in monitoring:
+        if callback.best_model_score is not None:
             return float(callback.best_model_score)
-    if name in metrics and name not in once:
+    if not monitoring and name in metrics and name not in once:
         log.warning("optimized_metric=%s: no checkpoint callback monitors it with mode=%s, so "
                     "train() returns its last value, not its best; keep callbacks."
                     "model_checkpoint (monitor=${optimized_metric}, mode=${optimized_mode}).",

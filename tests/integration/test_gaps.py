@@ -137,6 +137,12 @@ def test_optimized_value_takes_the_best_only_from_a_checkpoint_of_that_metric_an
     assert "optimized_metric=val/loss: no checkpoint callback monitors it with mode=min, so " \
            "train() returns its last value, not its best" in caplog.text
     assert optimized_value(trainer, logged, "val/missing", "min", once=set()) is None
+    caplog.clear()
+    unscored = ModelCheckpoint(monitor="val/loss", mode="min")      # fast_dev_run saves nothing
+    trainer.checkpoint_callbacks = [unscored]
+    with caplog.at_level("WARNING", logger="mmtf.train"):
+        assert optimized_value(trainer, logged, "val/loss", "min", once=set()) == 2.0
+    assert caplog.text == ""
 
 
 # ---------------------------------------------------------------------------- a trained checkpoint
