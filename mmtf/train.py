@@ -4,7 +4,8 @@ Writes into the Hydra run dir: the resolved config (``config.yaml``), ``run_info
 commit, command line, package versions; one entry per start), checkpoints, TensorBoard and CSV
 logs (every logger also gets the whole config, flattened: :mod:`mmtf.loggers`), validation sample
 tables, and ``metrics.json`` (flat keys such as ``test/cider_d``).
-Returns the metric named by ``optimized_metric`` so Hydra sweepers can optimise it.
+Returns the best value of the metric named by ``optimized_metric`` (by ``optimized_mode``) so
+Hydra sweepers can optimise it.
 
 Resume: ``ckpt_path=last`` (the newest checkpoint of the run dir; nothing there is an error),
 ``ckpt_path=auto`` (the same, or a fresh start) or ``ckpt_path=<file>``, with
@@ -29,6 +30,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mmtf.checkpoint_io import validate_safe_targets
@@ -68,7 +70,8 @@ def _pin_ddp_children_to_this_run(output_dir: str) -> None:
 
 
 def train(cfg: DictConfig) -> float | None:
-    """Train and test one configuration; return ``cfg.optimized_metric`` (None if not logged)."""
+    """Train and test one configuration; return the best ``cfg.optimized_metric`` by
+    ``cfg.optimized_mode`` (None if not logged; :func:`optimized_value`)."""
     require_values(cfg)
     check_target_signatures(cfg)
     validate_safe_targets(cfg.get("safe_targets") or [])   # refuses os, subprocess, builtins...
@@ -113,11 +116,35 @@ def train(cfg: DictConfig) -> float | None:
         test_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     metrics = {**train_metrics, **test_metrics}
-    value = metrics.get(cfg.get("optimized_metric") or "")
+    value = optimized_value(trainer, metrics, cfg.get("optimized_metric") or "",
+                            cfg.get("optimized_mode") or "min", once=set(test_metrics))
     log_final_metric(loggers, cfg, value, trainer.global_step)
     if trainer.is_global_zero:
         report(metrics, task, output_dir)
     return value
+
+
+def optimized_value(trainer: L.Trainer, metrics: dict[str, float], name: str, mode: str, *,
+                    once: set[str]) -> float | None:
+    """The best value of ``name`` by ``mode`` over the run: what a sweep optimises.
+
+    A validation metric is logged at every validation, and its last value is not the run's
+    result (a run that overfits late would be ranked by its worst epoch, while it is tested on
+    its best checkpoint). The checkpoint callback that monitors ``name`` in ``mode`` keeps the
+    best score, across resumes too (its state is in the checkpoint). A metric logged ``once``
+    (the test metrics) is its value, and so is one that callback never scored (fast_dev_run).
+    """
+    monitoring = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)
+                  and c.monitor == name and c.mode == mode]
+    for callback in monitoring:
+        if callback.best_model_score is not None:
+            return float(callback.best_model_score)
+    if not monitoring and name in metrics and name not in once:
+        log.warning("optimized_metric=%s: no checkpoint callback monitors it with mode=%s, so "
+                    "train() returns its last value, not its best; keep callbacks."
+                    "model_checkpoint (monitor=${optimized_metric}, mode=${optimized_mode}).",
+                    name, mode)
+    return metrics.get(name)
 
 
 def report(metrics: dict[str, float], task: Task, output_dir: Path) -> None:

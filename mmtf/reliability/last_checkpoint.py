@@ -1,11 +1,13 @@
-"""``last.ckpt`` = the latest training state: after every validation run and every N steps.
+"""``last.ckpt`` = the latest training state: every N steps, after every validation run and at
+the end of fit.
 
 ``ModelCheckpoint(save_last=True)`` with a monitored metric writes ``last.ckpt`` only when the
 metric improved, so ``ckpt_path=last`` could silently throw away the epochs since the last
 improvement. :class:`LastCheckpoint` is a last-only ``ModelCheckpoint`` (same files, same
 checkpoint IO, its state in checkpoints) that also writes ``last.ckpt`` at the end of every
 validation run during fit, unless another checkpoint callback already wrote that file after this
-validation. Step-triggered saves (``every_n_train_steps``) are Lightning's own.
+validation, and once more when fit ends (the steps after the last trigger, and the loops' final
+epoch counters). Step-triggered saves (``every_n_train_steps``) are Lightning's own.
 Why: see docs/design/last-checkpoint.md.
 
 Shapes: none.
@@ -31,7 +33,8 @@ __all__ = ["LastCheckpoint"]
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """Keep ``<dirpath>/last.ckpt`` current: every ``every_n_train_steps`` and after validation.
+    """Keep ``<dirpath>/last.ckpt`` current: every ``every_n_train_steps``, after validation and
+    at the end of fit.
 
     Args:
         dirpath: checkpoint folder (``${paths.output_dir}/checkpoints``, where
@@ -78,3 +81,14 @@ class LastCheckpoint(ModelCheckpoint):
                     and checkpoint_every_n_train_steps(other) == 0):
                 return
         checkpoint_save_last(self, trainer, candidates)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The fit's final state, always: with validation every 2nd epoch and an odd max_epochs
+        # the last epoch's steps come after the last trigger, and even after a validation at
+        # the final step the loops have moved on (epoch finished). A run killed and resumed
+        # writes this state too (model_checkpoint's own on_train_end save_last fires when it
+        # saved nothing in the resumed fit), so both leave the same last.ckpt. Every rank calls
+        # this (the save is collective); ends by exception or SIGTERM do not come here.
+        if trainer.fast_dev_run or trainer.state.fn != TrainerFn.FITTING or trainer.global_step == 0:
+            return
+        checkpoint_save_last(self, trainer, checkpoint_monitor_candidates(self, trainer))

@@ -169,12 +169,12 @@ def assert_equal_tensors(a: Any, b: Any, where: str) -> None:
 
 def assert_same_final_state(ref: Path, run: Path) -> None:
     """The two runs' final last.ckpt hold the same weights, optimizer state (every tensor of
-    every parameter), LR schedule, generator states and tokenizer, bit for bit (CPU, one
-    thread, trainer.deterministic=true: no kernel here is non-deterministic)."""
+    every parameter), LR schedule, generator states, tokenizer and loops' state, bit for bit
+    (CPU, one thread, trainer.deterministic=true: no kernel here is non-deterministic)."""
     a, b = load(ref / "checkpoints" / "last.ckpt"), load(run / "checkpoints" / "last.ckpt")
-    # (not "epoch": a resumed run whose monitored metric never improved gets one more
-    # last.ckpt from model_checkpoint's on_train_end, at the same step, counting 3 epochs)
-    assert a["global_step"] == b["global_step"] == 9
+    # (both written at the end of fit: LastCheckpoint.on_train_end)
+    assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"]) == (9, 3)
+    assert_equal_tensors(a["loops"], b["loops"], "loops")
     assert_equal_tensors(a["state_dict"], b["state_dict"], "state_dict")
     assert_equal_tensors(a["optimizer_states"], b["optimizer_states"], "optimizer_states")
     assert a["lr_schedulers"] == b["lr_schedulers"]
@@ -316,7 +316,8 @@ def test_train_checkpoints_through_atomic_checkpoint_io(data_dir, tmp_path, monk
                                        *cb("rec", Recorder)), tmp_path))
     assert Recorder.records == [{**Recorder.records[0], "start_step": 0,
                                  "checkpoint_io": "AtomicCheckpointIO"}]
-    assert saved == ["last.ckpt", "epoch_000.ckpt", "last.ckpt"]   # step 2; validation at 3
+    # step 2; validation at 3; the end of fit (the loops' final state)
+    assert saved == ["last.ckpt", "epoch_000.ckpt", "last.ckpt", "last.ckpt"]
     files = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert files == ["epoch_000.ckpt", "last.ckpt"]                 # no temp files left
     assert load(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 3

@@ -20,7 +20,7 @@ class FlatMetric(ToyModule):
         self.log("val/flat", torch.tensor(1.0))
 
 
-def _fit(tmp_path, callbacks, max_epochs: int = 3) -> list[int]:
+def _fit(tmp_path, callbacks, max_epochs: int = 3, **trainer_kwargs) -> list[int]:
     """Train the toy; the global step of last.ckpt after every epoch's validation."""
     steps: list[int] = []
 
@@ -34,7 +34,7 @@ def _fit(tmp_path, callbacks, max_epochs: int = 3) -> list[int]:
     trainer = L.Trainer(default_root_dir=tmp_path, max_epochs=max_epochs, accelerator="cpu",
                         logger=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[*callbacks, Probe()], plugins=[AtomicCheckpointIO()],
-                        num_sanity_val_steps=0, limit_val_batches=1)
+                        num_sanity_val_steps=0, limit_val_batches=1, **trainer_kwargs)
     trainer.fit(FlatMetric(), datamodule=ToyData(val=True))
     return steps
 
@@ -75,8 +75,18 @@ def test_every_n_train_steps_writes_last_in_between(tmp_path):
 
     ckpt._save_checkpoint = spy
     _fit(tmp_path, [ckpt], max_epochs=2)
-    # every 4 steps, and after each epoch's validation (steps 6 and 12)
-    assert saved == [4, 6, 8, 12, 12]
+    # every 4 steps, after each epoch's validation (steps 6 and 12) and at the end of fit
+    assert saved == [4, 6, 8, 12, 12, 12]
+
+
+def test_the_end_of_fit_writes_last_after_the_last_trigger(tmp_path):
+    """Validation every 2nd epoch, 3 epochs, every 4 steps: the last trigger is at step 16 (the
+    validation at 12), training ends at 18; last.ckpt holds step 18, with the loops finished."""
+    ckpt = LastCheckpoint(dirpath=str(tmp_path / "checkpoints"), every_n_train_steps=4)
+    _fit(tmp_path, [_monitor(tmp_path), ckpt], max_epochs=3, check_val_every_n_epoch=2)
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 18
+    assert last["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"] == 3
 
 
 @pytest.mark.parametrize("kwargs, message", [
