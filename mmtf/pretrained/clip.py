@@ -78,10 +78,9 @@ def clip_vision_encoder(*, pretrained: str | Path | None = None, dim: int | None
     Raises:
         UserError: see :func:`mmtf.pretrained.vision.build_vision_encoder`.
     """
-    size = [image_size] * 2 if isinstance(image_size, int) else image_size
     sizes = dict(dim=dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, mlp=mlp,
                  norm_eps=norm_eps, patch_size=patch_size, in_channels=in_channels,
-                 image_size=None if size is None else list(size), bias=True)
+                 image_size=image_size, bias=True)
     return build_vision_encoder("clip", pretrained=pretrained, sizes=sizes, dropout=dropout,
                                 attn_dropout=attn_dropout, freeze=freeze)
 

@@ -55,7 +55,9 @@ def build_vision_encoder(family: str, *, pretrained: str | Path | None, sizes: d
     if pretrained is not None and not is_export(pretrained):
         hf, config = _open(family, pretrained, owner)
         needed = module.encoder_values(config)
-        require_config(owner, {**fixed, **sizes},
+        size = sizes["image_size"]                        # 224 and [224, 224] are one grid
+        given = {**sizes, "image_size": [size] * 2 if isinstance(size, int) else size}
+        require_config(owner, {**fixed, **given},
                        {k: v for k, v in needed.items() if k not in sizes
                         or sizes[k] is not None}, source=hf.source, key_prefix="model.encoder")
         sizes = {k: needed[k][0] if v is None else v for k, v in sizes.items()}

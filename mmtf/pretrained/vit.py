@@ -72,13 +72,9 @@ def vit_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
     """
     sizes = dict(dim=dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, mlp=mlp,
                  norm_eps=norm_eps, patch_size=patch_size, in_channels=in_channels,
-                 image_size=_pair(image_size), bias=bias)
+                 image_size=image_size, bias=bias)
     return build_vision_encoder("vit", pretrained=pretrained, sizes=sizes, dropout=dropout,
                                 attn_dropout=attn_dropout, freeze=freeze)
-
-
-def _pair(size: int | list[int] | None) -> list[int] | None:
-    return [size, size] if isinstance(size, int) else None if size is None else list(size)
 
 
 def encoder_values(config: dict[str, Any]) -> dict[str, tuple[Any, str]]:

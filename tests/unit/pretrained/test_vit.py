@@ -102,3 +102,21 @@ def test_an_mmtf_export_still_loads(tmp_path):
               str(tmp_path / "export" / "weights.safetensors"))
     loaded = vit_encoder(**VIT_ENCODER, pretrained=tmp_path / "export")
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in source.state_dict().items())
+
+
+def test_an_export_with_its_config_loads_back_through_load_exported(tmp_path):
+    # What python -m mmtf.export part=encoder writes for a vit_encoder part: its builder
+    # arguments (image_size as the YAML spells it) beside the weights, compared on load.
+    from mmtf.export import load_exported
+    from mmtf.hub import write_export
+
+    source = vit_encoder(**VIT_ENCODER)
+    config = {"_target_": "mmtf.pretrained.vit.vit_encoder", **VIT_ENCODER, "pretrained": None,
+              "freeze": False}
+    write_export(tmp_path / "export", source.state_dict(), config)
+    loaded = load_exported(tmp_path / "export", freeze=True)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in source.state_dict().items())
+    assert loaded.frozen
+    write_export(tmp_path / "other", source.state_dict(), {**config, "patch_size": 4})
+    with pytest.raises(UserError, match=r"config patch_size=8 but the export has patch_size=4"):
+        vit_encoder(**VIT_ENCODER, pretrained=tmp_path / "other")
