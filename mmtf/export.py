@@ -2,11 +2,12 @@
 
 ``format=hf`` instead writes a model imported from a Hugging Face family (``model=whisper``)
 back in that layout (``config.json``, ``model.safetensors``, tokenizer files) for
-``transformers``' ``from_pretrained``; each family registers its writer in
-:data:`mmtf.pretrained.HF_FAMILIES`.
+``transformers``' ``from_pretrained``; each pair of families has its writer in
+:data:`mmtf.pretrained.PAIR_WRITERS`.
 
 Writes ``out/weights.safetensors`` (the part's state dict) and ``out/config.yaml`` (the part's
-``_target_`` and constructor arguments), then loads the folder back with :func:`load_exported`
+``_target_`` and constructor arguments) through :func:`mmtf.hub.write_export`, the one writer of
+that layout (:func:`mmtf.hub.open_export` the one reader), then loads the folder back with :func:`load_exported`
 and checks every tensor, so a written folder is known to load. Any experiment loads an encoder
 back with ``model.encoder.pretrained=out/`` (add ``model.encoder.freeze=true`` for a frozen
 encoder); a decoder export also carries ``tokenizer.json``. In Python, :func:`load_exported`
@@ -24,12 +25,12 @@ from typing import Any
 import hydra
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_file, save_file
+from omegaconf import DictConfig
 from torch import nn
 
 from mmtf.checkpoint_io import check_targets, load_checkpoint
 from mmtf.errors import CheckpointError, ConfigError, require_file
+from mmtf.hub import EXPORT_CONFIG, open_export, write_export
 from mmtf.pretrained import export_hf
 from mmtf.tasks.rebuild import build_task
 from mmtf.utils.config import require_values, run_cli
@@ -52,16 +53,9 @@ def export_part(ckpt_path: str | Path, part: str, out: str | Path) -> Path:
     part_cfg: dict[str, Any] = dict(stored["model"][part])
     if part == "encoder":
         part_cfg.update(pretrained=None, freeze=False)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    # Copies: safetensors refuses tensors that share memory (a decoder's tied embedding and
-    # output head, a front end's window view); each key is stored whole.
-    state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-    save_file(state, str(out / "weights.safetensors"),
-              metadata={"part": part, "source": str(ckpt_path)})
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(part_cfg)))
-    if part == "decoder" and task.tokenizer is not None:
-        task.tokenizer.save(out / "tokenizer.json")
+    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    out = write_export(out, state, part_cfg, metadata={"part": part, "source": str(ckpt_path)},
+                       tokenizer=task.tokenizer if part == "decoder" else None)
     reloaded = load_exported(out).state_dict()
     if reloaded.keys() != state.keys() or not all(torch.equal(reloaded[k], v)
                                                   for k, v in state.items()):
@@ -89,21 +83,23 @@ def load_exported(path: str | Path, *, freeze: bool = False) -> nn.Module:
             weights that are not safetensors of this module.
     """
     path = Path(path)
-    config_file = require_file(path / "config.yaml", what="exported config",
+    config_file = require_file(path / EXPORT_CONFIG, what="exported config",
                                fix="pass the folder written by python -m mmtf.export",
                                error=CheckpointError)
-    cfg = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
+    export = open_export(path, owner="exported weights", key="the path", error=CheckpointError)
+    cfg = export.config(resolve=True)
+    if not cfg:
+        raise CheckpointError(f"{config_file} holds no part config (a _target_ and its "
+                              f"arguments); pass the folder written by python -m mmtf.export.")
     check_targets(cfg, str(config_file))
     if "pretrained" in cfg:                       # encoders load (and check) their own weights
         return instantiate({**cfg, "pretrained": str(path), "freeze": freeze})
-    weights = require_file(path / "weights.safetensors", what="exported weights",
-                           fix="pass the folder written by python -m mmtf.export",
-                           error=CheckpointError)
+    tensors = export.tensors()                    # safetensors or refused, before instantiate
     module = instantiate(cfg)
     try:
-        module.load_state_dict(load_file(str(weights)), strict=True)
-    except Exception as err:   # not safetensors (e.g. pickle bytes), or other tensors
-        raise CheckpointError(f"exported weights {weights} do not load into "
+        module.load_state_dict(tensors, strict=True)
+    except Exception as err:   # other tensors
+        raise CheckpointError(f"exported weights {export.weights_file} do not load into "
                               f"{cfg.get('_target_')}: {str(err).splitlines()[0]}") from None
     if freeze:
         module.requires_grad_(False).eval()

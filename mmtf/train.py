@@ -34,8 +34,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mmtf.checkpoint_io import validate_safe_targets
+from mmtf.data.image import record_image_processors
 from mmtf.loggers import continue_tracker_runs, log_config, log_final_metric, record_tracker_runs
-from mmtf.pretrained import record_resolved
+from mmtf.pretrained import resolved_sizes
 from mmtf.reliability import resolve_resume
 from mmtf.tasks import Task
 from mmtf.utils.config import check_target_signatures, print_config_tree, require_values, run_cli
@@ -89,7 +90,9 @@ def train(cfg: DictConfig) -> float | None:
     task.run_config = OmegaConf.to_container(cfg, resolve=True)
     # Values read from pretrained folders (sizes, image preprocessing) go into the stored config:
     # a checkpoint rebuilds and preprocesses without those folders.
-    record_resolved(task.run_config, task.export_parts())
+    for part, sizes in resolved_sizes(task.run_config["model"], task.export_parts()).items():
+        task.run_config["model"][part].update(sizes)
+    record_image_processors(task.run_config.get("data") or {})
     callbacks = instantiate_group(cfg.get("callbacks"))
     continue_tracker_runs(cfg.get("logger"), output_dir)   # a resume continues the same run
     loggers = instantiate_group(cfg.get("logger"))

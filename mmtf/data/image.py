@@ -34,6 +34,7 @@ from torchvision.transforms import v2
 
 from mmtf.data.errors import check_media_file
 from mmtf.errors import DataError, UserError, require_file
+from mmtf.hub import resolve_source
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
                     ".gif")
@@ -151,7 +152,7 @@ def pretrained_image_transform(source: str | os.PathLike | None = None,
             ${model.encoder.pretrained}}`` as a ``data.*_transforms`` entry.
         processor: the settings :func:`read_image_processor` resolved from that file; given,
             the file is not read. Training records them in the run's config
-            (:func:`mmtf.pretrained.record_resolved`), so a checkpoint preprocesses without the
+            (:func:`record_image_processors`), so a checkpoint preprocesses without the
             folder.
 
     Returns:
@@ -187,8 +188,6 @@ def read_image_processor(source: str | os.PathLike | None) -> dict[str, Any]:
         UserError: the file is missing or not JSON; an image processor or a setting this
             pipeline does not reproduce (named, with its value).
     """
-    from mmtf.pretrained.hf import resolve_source
-
     owner = "pretrained_image_transform"
     if source is None:
         raise UserError(f"{owner}: neither source (the model folder holding "

@@ -4,10 +4,13 @@ Every encoder is called the same way, ``out = encoder(inputs, lengths=None)``, a
 :class:`EncoderOutput` of ``memory`` (b, s, c) and ``mask`` (b, s), so any encoder plugs into any
 decoder (cross-attention ``context`` / ``context_mask``) or downstream head (:func:`pool`).
 
-Pretrained weights are a folder written by the export CLI: ``weights.safetensors`` (the encoder's
-``state_dict()``) plus ``config.yaml``. :meth:`Encoder.load_pretrained` is the inverse of
-``safetensors.torch.save_file(encoder.state_dict(), folder / "weights.safetensors")``; it never
-unpickles anything.
+Pretrained weights are a folder written by the export CLI (``weights.safetensors``, the encoder's
+``state_dict()``, plus ``config.yaml``), read through :func:`mmtf.hub.open_export`, the one reader
+of that layout (a leaf module below the encoders, so :mod:`mmtf.export` and the pretrained
+families read exports the same way). :meth:`Encoder.load_pretrained` adds what only an encoder
+knows: every tensor, config-derived buffer and setting compared before anything is copied. It
+never unpickles anything. Hugging Face folders are read by the builders of
+:mod:`mmtf.pretrained`, never here.
 
 Shapes: b batch, s memory length (frames or patches, CLS included), c = dim.
 """
@@ -19,20 +22,17 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import torch
-from omegaconf import OmegaConf
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from mmtf.errors import UserError, require_file
+from mmtf.errors import UserError
+from mmtf.hub import ExportFolder, open_export
 from mmtf.nn.positions import FixedPositions
 
 PoolMode = Literal["mean", "cls"]
-WEIGHTS_FILE = "weights.safetensors"
 # Settings a downstream run may change on a pretrained encoder (regularisation, input limits);
 # every other constructor value must equal the exported one.
 TUNABLE_KEYS = frozenset({"dropout", "attn_dropout", "freq_masks", "freq_mask_width", "time_masks",
                           "time_mask_width", "max_seconds"})
-CONFIG_FILE = "config.yaml"
 # Norm layers whose buffers are learned running statistics: loaded from an export, not compared.
 RUNNING_STATS_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
                        nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
@@ -155,17 +155,8 @@ class Encoder(nn.Module):
                 buffers that differ; the message names them and the config to rebuild with.
         """
         name = type(self).__name__
-        path = Path(path)
-        file = path if path.suffix == ".safetensors" else path / WEIGHTS_FILE
-        require_file(file, what=f"{name}.load_pretrained: weights file",
-                     fix=f"set model.encoder.pretrained to a folder written by mmtf-export "
-                         f"(it holds {WEIGHTS_FILE}) or to a .safetensors file")
-        folder = file.parent
-        try:
-            weights = load_file(str(file), device="cpu")
-        except Exception as err:  # SafetensorError (a plain Exception): not a safetensors file
-            raise UserError(f"{name}.load_pretrained: {str(file)!r} is not a valid safetensors "
-                            f"file ({err}); re-export it with python -m mmtf.export.") from None
+        export = open_export(path, owner=f"{name}.load_pretrained")
+        file, weights = export.weights_file, export.tensors()
         own = self.state_dict()
         problems = [f"tensor {k!r} has shape {tuple(v.shape)} in {file} but "
                     f"{tuple(own[k].shape)} in this model"
@@ -196,7 +187,7 @@ class Encoder(nn.Module):
         if not problems:
             # Same shapes can still mean a different model (hop_length, patch grid, feature
             # normalisation): every setting that shapes the features must match the export.
-            exported = _read_encoder_config(folder / CONFIG_FILE) or {}
+            exported = export.config()
             differ = sorted(k for k in self.config if k in exported and k not in TUNABLE_KEYS
                             and _plain(exported[k]) != self.config[k])
             problems = [f"config {k}={self.config[k]!r} but the export has {k}="
@@ -204,13 +195,12 @@ class Encoder(nn.Module):
         if problems:
             raise UserError(f"{name}.load_pretrained: " + "; ".join(problems[:5])
                             + f"{'; ...' if len(problems) > 5 else ''}. "
-                            + self._config_hint(folder))
+                            + self._config_hint(export))
         self.load_state_dict(weights)
 
-    def _config_hint(self, folder: Path) -> str:
+    def _config_hint(self, export: ExportFolder) -> str:
         """The fix for a mismatch: which config values differ from the exported ones."""
-        cfg_file = folder / CONFIG_FILE
-        exported = _read_encoder_config(cfg_file)
+        cfg_file, exported = export.config_file, export.config()
         if not exported:
             return ("Build the encoder with the same config it was exported with (model.encoder "
                     "in the training run's .hydra/config.yaml).")
@@ -247,22 +237,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         return value
     return [_plain(v) for v in value]
-
-
-def _read_encoder_config(file: Path) -> dict[str, Any]:
-    """The encoder node of an export's config.yaml (top level, ``encoder`` or ``model.encoder``)."""
-    if not file.is_file():
-        return {}
-    try:
-        cfg = OmegaConf.to_container(OmegaConf.load(file), resolve=False)
-    except Exception:   # a broken config only costs the hint, never the error itself
-        return {}
-    if not isinstance(cfg, dict):
-        return {}
-    for node in (cfg, cfg.get("encoder"), (cfg.get("model") or {}).get("encoder")):
-        if isinstance(node, dict) and ("_target_" in node or "dim" in node):
-            return node
-    return {}
 
 
 def _clip(keys: list[str], n: int = 4) -> str:

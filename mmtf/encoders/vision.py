@@ -12,8 +12,9 @@ sequence.
 Imported towers are the same class configured: Hugging Face ViT (``patch_bias``, qkv biases,
 LayerNorm eps 1e-12, final norm) and CLIP's vision tower (no patch bias, ``embed_norm`` = its
 ``pre_layrnorm``, quick-GELU, ``final_norm=False``: CLIP's ``post_layernorm`` is for the pooled
-token only). :meth:`VisionEncoder.load_pretrained` reads their Hugging Face folders
-(:mod:`mmtf.pretrained.vit`, :mod:`mmtf.pretrained.clip`) as well as mmtf exports.
+token only). Their builders, :func:`mmtf.pretrained.vit.vit_encoder` and
+:func:`mmtf.pretrained.clip.clip_vision_encoder`, read the Hugging Face folders; this class loads
+only mmtf exports (:meth:`Encoder.load_pretrained`).
 
 Positions are added to the patch tokens (the CLS token has none: it is learned itself; an
 imported table's CLS position is folded into it, the same sum), either
@@ -47,8 +48,6 @@ from mmtf.encoders.base import Encoder, EncoderOutput, record_config
 from mmtf.errors import UserError, in_config
 from mmtf.nn import TransformerStack
 from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind, make_norm
-from mmtf.pretrained.hf import is_hf_source
-from mmtf.pretrained.vit import load_hf_vision
 
 
 class VisionEncoder(Encoder):
@@ -79,8 +78,9 @@ class VisionEncoder(Encoder):
         embed_norm: a norm over the embedded tokens before the first block (CLIP's
             ``pre_layrnorm``).
         causal: causal self-attention over the patch order (research only; warns).
-        pretrained: an mmtf export folder, or a Hugging Face ViT / CLIP folder or hub id
-            (:meth:`load_pretrained`).
+        pretrained: an mmtf export folder (:meth:`Encoder.load_pretrained`); Hugging Face ViT
+            and CLIP folders are read by their builders (``model/encoder=vit``,
+            ``clip_vision``).
         freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
     """
 
@@ -145,20 +145,6 @@ class VisionEncoder(Encoder):
                 final_norm=final_norm)
         self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
-
-    def load_pretrained(self, path: str | Path) -> None:
-        """Load weights by what ``path`` holds: a Hugging Face ViT or CLIP folder (``config.json``)
-        or hub id (:func:`mmtf.pretrained.vit.load_hf_vision`), else an mmtf export
-        (:meth:`Encoder.load_pretrained`).
-
-        Raises:
-            UserError: a missing file, a folder of another architecture (names the
-                ``config.json`` field) or of other sizes than this encoder's config.
-        """
-        if is_hf_source(path):
-            load_hf_vision(self, path)
-        else:
-            super().load_pretrained(path)
 
     def position_table(self, gh: int, gw: int) -> Tensor:
         """Position embeddings for a (gh, gw) grid, (1, gh * gw, c): sine-cosine of the grid, or

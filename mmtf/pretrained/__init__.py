@@ -1,82 +1,111 @@
 """Pretrained networks from the ecosystem (Hugging Face format) in mmtf's own modules.
 
-:mod:`mmtf.pretrained.hf` reads a model folder or hub id (config.json + safetensors, never
-pickles) and copies tensors by name; each family's module maps its names onto mmtf's encoders
-and decoders, and back.
+:mod:`mmtf.hub` reads a model folder or hub id (config.json + safetensors, never pickles);
+:mod:`mmtf.pretrained.names` copies tensors through a family's name table, and back. Encoders
+and decoders know nothing of this package: a family is a set of builders that build them.
 
-A family registers itself in :data:`HF_FAMILIES` (family -> module). Its module provides:
+Every family is registered once, in :data:`FAMILIES`. Its module provides:
 
 * builders, the ``_target_`` of its YAML parts (``mmtf.pretrained.<family>.<builder>``), whose
-  sizes may be null in the YAML (read from ``config.json``);
-* ``resolved_sizes(part, module) -> dict``: those sizes of a built part, recorded in the run's
-  config (:func:`record_resolved`) so a checkpoint rebuilds its model without the pretrained
-  folder;
-* ``export_hf(task, out)``: the trained model written back in the Hugging Face layout
-  (``python -m mmtf.export ... format=hf``).
+  sizes may be null in the YAML (read from ``config.json``; a size given must agree);
+* a name table (``links``, or ``encoder_links`` / ``decoder_links``) of
+  :class:`mmtf.pretrained.names.Link` rows, read by the import and by the export;
+* ``resolved_sizes(part, module) -> dict``: the sizes of a built part, recorded in the run's
+  config (:func:`resolved_sizes`) so a checkpoint rebuilds its model without the folder;
+* the writer of the Hugging Face layout (``python -m mmtf.export ... format=hf``), for a pair
+  (:data:`PAIR_WRITERS`).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
 from mmtf.errors import UserError
 
-HF_FAMILIES: dict[str, str] = {"whisper": "mmtf.pretrained.whisper",
-                               "gpt2": "mmtf.pretrained.gpt2"}
+
+class Family(NamedTuple):
+    """One pretrained family: its module, the ``config.json`` ``model_type`` values it reads, its
+    builder and conf/model group per part."""
+
+    module: str
+    model_types: frozenset[str]
+    builders: Mapping[str, str]
+    config_groups: Mapping[str, str]
+
+
+FAMILIES: dict[str, Family] = {
+    "whisper": Family("mmtf.pretrained.whisper", frozenset({"whisper"}),
+                      {"encoder": "whisper_encoder", "decoder": "whisper_decoder"},
+                      {"encoder": "whisper_encoder", "decoder": "whisper_decoder"}),
+    "gpt2": Family("mmtf.pretrained.gpt2", frozenset({"gpt2"}), {"decoder": "gpt2_decoder"},
+                   {"decoder": "gpt2"}),
+    "vit": Family("mmtf.pretrained.vit", frozenset({"vit"}), {"encoder": "vit_encoder"},
+                  {"encoder": "vit"}),
+    "clip": Family("mmtf.pretrained.clip", frozenset({"clip", "clip_vision_model"}),
+                   {"encoder": "clip_vision_encoder"}, {"encoder": "clip_vision"}),
+}
+# Who writes the Hugging Face layout of a pair, by (encoder family, decoder family); None = any
+# encoder (only the decoder is written). ``module:function``.
+PAIR_WRITERS: dict[tuple[str | None, str], str] = {
+    ("whisper", "whisper"): "mmtf.pretrained.whisper:export_hf",
+    ("vit", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
+    ("clip", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
+    (None, "gpt2"): "mmtf.pretrained.gpt2:export_hf",
+}
 
 
 def family_of(part_cfg: Any) -> str | None:
     """The family whose builder a part's config targets (``mmtf.pretrained.<family>.*``)."""
     target = part_cfg.get("_target_", "") if isinstance(part_cfg, Mapping) else ""
-    for family, module in HF_FAMILIES.items():
-        if str(target).startswith(module + "."):
+    for family, entry in FAMILIES.items():
+        if str(target).startswith(entry.module + "."):
             return family
     return None
 
 
 def family_module(family: str) -> ModuleType:
-    return importlib.import_module(HF_FAMILIES[family])
+    return importlib.import_module(FAMILIES[family].module)
 
 
-def record_resolved(run_config: MutableMapping[str, Any], parts: Mapping[str, nn.Module]) -> None:
-    """Write into the run's config (a plain dict) every value read from a pretrained folder, in
-    place, so a checkpoint rebuilds and preprocesses without that folder: the null sizes of
-    pretrained-family parts (from the built ``parts``) and the settings of each
-    ``preprocessor_config.json`` its image transforms read
-    (:func:`mmtf.data.image.record_image_processors`)."""
-    from mmtf.data.image import record_image_processors
-
-    model_cfg = run_config["model"]
+def resolved_sizes(model_cfg: Mapping[str, Any], parts: Mapping[str, nn.Module],
+                   ) -> dict[str, dict[str, Any]]:
+    """Every size of a pretrained-family part that its config left null and its builder read
+    from ``config.json``, by part: plain values for the run's config (``train`` writes them
+    there), so a checkpoint rebuilds its model without the pretrained folder."""
+    out: dict[str, dict[str, Any]] = {}
     for name, module in parts.items():
         node = model_cfg.get(name)
         family = family_of(node)
         if family is None:
             continue
         sizes = family_module(family).resolved_sizes(name, module)
-        for key, value in sizes.items():
-            if node.get(key) is None:
-                node[key] = value
-    record_image_processors(run_config.get("data") or {})
+        out[name] = {k: v for k, v in sizes.items() if node.get(k) is None}
+    return out
 
 
 def export_hf(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
-    """Write ``task``'s model in the Hugging Face layout of its family; return the folder.
+    """Write ``task``'s model in the Hugging Face layout of its families; return the folder.
 
     Raises:
-        UserError: the model is mmtf's own (no family to export to).
+        UserError: the model is mmtf's own, or a pair no family writes.
     """
-    families = {f for f in (family_of(model_cfg.get(p)) for p in ("encoder", "decoder")) if f}
-    if len(families) != 1:
-        raise UserError(f"export format=hf: the checkpoint's model is not one imported family "
-                        f"({sorted(families) or 'mmtf modules only'}); format=hf writes models "
-                        f"built from {sorted(HF_FAMILIES)} (model=whisper, "
-                        f"model/decoder=gpt2 ...); use format=mmtf for mmtf's own models.")
+    encoder, decoder = (family_of(model_cfg.get(p)) for p in ("encoder", "decoder"))
+    writer = PAIR_WRITERS.get((encoder, decoder)) or (
+        PAIR_WRITERS.get((None, decoder)) if decoder is not None else None)
+    if writer is None:
+        found = sorted(f for f in (encoder, decoder) if f) or "mmtf modules only"
+        decoders = sorted({d for _, d in PAIR_WRITERS})
+        raise UserError(f"export format=hf: the checkpoint's model is not a pair that "
+                        f"transformers holds ({found}); format=hf writes models built from "
+                        f"{decoders} (model=whisper, model/decoder=gpt2 ...); use format=mmtf "
+                        f"for mmtf's own models.")
+    module, function = writer.split(":")
     out = Path(out)
-    family_module(families.pop()).export_hf(task, out)
+    getattr(importlib.import_module(module), function)(task, out)
     return out

@@ -1,6 +1,6 @@
-"""CLIP's vision tower (Radford et al. 2021, arXiv:2103.00020) in mmtf's ``VisionEncoder``.
-
-A config translation and a name table. The tower is a pre-LN ViT with a bias-free patch
+"""CLIP's vision tower (Radford et al. 2021, arXiv:2103.00020) in mmtf's ``VisionEncoder``: the
+builder :func:`clip_vision_encoder` (the ``_target_`` of ``conf/model/encoder/clip_vision.yaml``),
+a config translation and a name table, read both ways. The tower is a pre-LN ViT with a bias-free patch
 convolution, a ``class_embedding``, a ``position_embedding`` that covers the class token, a
 LayerNorm over the embedded tokens before the first block (``pre_layrnorm``, mmtf's
 ``embed_norm``), quick-GELU MLPs and LayerNorm eps 1e-5. Its ``post_layernorm`` applies to the
@@ -11,8 +11,9 @@ Read from a ``CLIPVisionModel`` folder (``model_type: clip_vision_model``, tenso
 ``vision_model.``) or a whole ``CLIPModel`` folder (``model_type: clip``, the tower's config in
 ``vision_config``; the text tower is not read).
 
-Export (``format=hf``, inside a ``VisionEncoderDecoderModel``): :func:`hf_config` and
-:func:`hf_state_dict` write the tower as a ``CLIPVisionModel``; the folded class token goes back
+Export (``format=hf``, inside a ``VisionEncoderDecoderModel``:
+:mod:`mmtf.pretrained.vision_encoder_decoder`): :func:`hf_config` and :func:`hf_state_dict`
+write the tower as a ``CLIPVisionModel``; the folded class token goes back
 with a zero class position, and ``post_layernorm``, which only the pooled output reads and
 mmtf's encoder does not hold, is written as the identity (ones, zeros).
 
@@ -21,19 +22,22 @@ Shapes: c = hidden_size, p = patches, s = p + 1.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from mmtf.errors import UserError
-from mmtf.pretrained.hf import Source, block_map, require_config, split_back
+from mmtf.nn.transformer import MlpKind
+from mmtf.pretrained.names import Link, Rule, block_links, export_tensors, link, require_config
+from mmtf.pretrained.vision import build_vision_encoder, resolved_sizes
 
 if TYPE_CHECKING:
     from mmtf.encoders.vision import VisionEncoder
 
-MODEL_TYPES = frozenset({"clip", "clip_vision_model"})
-CONFIG_GROUP = "clip_vision"
+__all__ = ["clip_vision_encoder", "resolved_sizes"]
+
 # The name every CLIP vision tower's tensors contain once; its prefix is the tower's.
 ANCHOR = "embeddings.class_embedding"
 # CLIPVisionConfig's defaults, for configs that store only what differs from them.
@@ -41,12 +45,44 @@ DEFAULTS: dict[str, Any] = {"hidden_size": 768, "intermediate_size": 3072,
                             "num_hidden_layers": 12, "num_attention_heads": 12,
                             "num_channels": 3, "image_size": 224, "patch_size": 32,
                             "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5}
-# The original module of each role of a block (mmtf.pretrained.hf.block_map).
+# The original module of each role of a block (mmtf.pretrained.names.block_links).
 BLOCK = {"norm_self": "layer_norm1", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
          "v": "self_attn.v_proj", "out": "self_attn.out_proj", "norm_mlp": "layer_norm2",
          "fc_in": "mlp.fc1", "fc_out": "mlp.fc2"}
 ACTIVATIONS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def clip_vision_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
+                        depth: int | None = 12, num_heads: int | None = 12,
+                        mlp_ratio: float | None = 4.0, mlp: MlpKind | None = "quick_gelu",
+                        norm_eps: float | None = 1e-5, patch_size: int | None = 32,
+                        in_channels: int | None = 3, image_size: int | list[int] | None = 224,
+                        dropout: float = 0.0, attn_dropout: float = 0.0,
+                        freeze: bool = False) -> VisionEncoder:
+    """A ``VisionEncoder`` in the configuration of CLIP's vision tower, filled from
+    ``pretrained``.
+
+    Args:
+        pretrained: a ``CLIPVisionModel`` or ``CLIPModel`` folder or hub id, the encoder of a
+            ``VisionEncoderDecoderModel`` folder, an mmtf export of such an encoder, or None
+            (random weights).
+        dim, depth, num_heads, mlp_ratio, mlp, norm_eps, patch_size, in_channels, image_size:
+            the tower's ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+            ``intermediate_size / hidden_size``, ``hidden_act``, ``layer_norm_eps``,
+            ``patch_size``, ``num_channels`` and ``image_size``: None reads them from
+            ``config.json`` (``vision_config`` of a ``CLIPModel``), a value must equal it.
+        dropout, attn_dropout: fine-tuning dropout.
+        freeze: freeze after loading (:meth:`mmtf.encoders.Encoder.freeze`).
+
+    Raises:
+        UserError: see :func:`mmtf.pretrained.vision.build_vision_encoder`.
+    """
+    sizes = dict(dim=dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, mlp=mlp,
+                 norm_eps=norm_eps, patch_size=patch_size, in_channels=in_channels,
+                 image_size=image_size, bias=True)
+    return build_vision_encoder("clip", pretrained=pretrained, sizes=sizes, dropout=dropout,
+                                attn_dropout=attn_dropout, freeze=freeze)
 
 
 def tower_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -86,21 +122,18 @@ def encoder_values(config: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     }
 
 
-def weight_map(config: dict[str, Any], prefix: str) -> dict[str, Source]:
-    """``{VisionEncoder name: CLIP name(s)}`` for the tower of ``config`` with tensors under
-    ``prefix``; q/k/v become ``to_q`` and the fused ``to_kv``."""
+def links(config: dict[str, Any], prefix: str) -> list[Link]:
+    """The name table of the tower of ``config`` with tensors under ``prefix``; q/k/v become
+    ``to_q`` and the fused ``to_kv``."""
     e = f"{prefix}embeddings."
-    mapping: dict[str, Source] = {
-        "patch_embed.weight": f"{e}patch_embedding.weight",
-        "pos_embed": (f"{e}position_embedding.weight", _patch_positions),
-        # The class token's position is a constant added to a constant: folded into the token.
-        "cls_token": ((f"{e}class_embedding", f"{e}position_embedding.weight"), _folded_cls),
-        "embed_norm.weight": f"{prefix}pre_layrnorm.weight",
-        "embed_norm.bias": f"{prefix}pre_layrnorm.bias",
-    }
+    table = [link("patch_embed.weight", f"{e}patch_embedding.weight"),
+             link(("pos_embed", "cls_token"),
+                  (f"{e}class_embedding", f"{e}position_embedding.weight"), FOLDED_CLS),
+             link("embed_norm.weight", f"{prefix}pre_layrnorm.weight"),
+             link("embed_norm.bias", f"{prefix}pre_layrnorm.bias")]
     for i in range(tower_config(config)["num_hidden_layers"]):
-        mapping.update(block_map(f"stack.blocks.{i}.", f"{prefix}encoder.layers.{i}.", BLOCK))
-    return mapping
+        table += block_links(f"stack.blocks.{i}.", f"{prefix}encoder.layers.{i}.", BLOCK)
+    return table
 
 
 def hf_config(encoder: VisionEncoder) -> dict[str, Any]:
@@ -129,22 +162,25 @@ def hf_config(encoder: VisionEncoder) -> dict[str, Any]:
 
 def hf_state_dict(encoder: VisionEncoder, prefix: str = "") -> dict[str, Tensor]:
     """``encoder``'s weights under ``CLIPVisionModel``'s names (``{prefix}vision_model.*``, the
-    inverse of :func:`weight_map`); see the module docstring."""
-    state = {k: v.detach().cpu() for k, v in encoder.state_dict().items()}
+    export direction of :func:`links`); see the module docstring."""
     tower = f"{prefix}vision_model."
-    out = split_back(state, weight_map(hf_config(encoder), tower))
-    cls = state["cls_token"].reshape(-1)                                 # (1, 1, c) -> (c,)
-    out[f"{tower}embeddings.class_embedding"] = cls
-    out[f"{tower}embeddings.position_embedding.weight"] = torch.cat(
-        [torch.zeros_like(cls)[None], state["pos_embed"][0]])           # (s, c)
+    out = export_tensors(encoder.state_dict(), links(hf_config(encoder), tower))
+    cls = out[f"{tower}embeddings.class_embedding"]
     out[f"{tower}post_layernorm.weight"] = torch.ones_like(cls)
     out[f"{tower}post_layernorm.bias"] = torch.zeros_like(cls)
-    return {k: v.contiguous() for k, v in out.items()}
+    return out
 
 
-def _patch_positions(table: Tensor) -> Tensor:
-    return table[None, 1:]                                               # (s, c) -> (1, p, c)
+def _load_positions(token: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
+    # (c,) and (s, c) -> patch positions (1, p, c), class token + its position (1, 1, c)
+    return table[None, 1:], (token + table[0]).reshape(1, 1, -1)
 
 
-def _folded_cls(token: Tensor, table: Tensor) -> Tensor:
-    return (token + table[0]).reshape(1, 1, -1)                          # (1, 1, c)
+def _save_positions(positions: Tensor, cls: Tensor) -> tuple[Tensor, Tensor]:
+    # The folded token goes back as the token, with a zero class position.
+    token = cls.reshape(-1)                                              # (c,)
+    return token, torch.cat([torch.zeros_like(token)[None], positions[0]])   # (c,), (s, c)
+
+
+# The class token's position is a constant added to a constant: folded into the token.
+FOLDED_CLS = Rule(_load_positions, _save_positions)

@@ -8,9 +8,10 @@ cross-attention, which GPT-2 does not have: like ``VisionEncoderDecoderModel`` (
 GPT-2's scheme, and reads them when the folder has them (a captioner exported from mmtf, or a
 ``VisionEncoderDecoderModel`` folder).
 
-The name table is written once (:func:`weight_table`) and read both ways: importing
+The name table is written once (:func:`links`) and read both ways: importing
 (:func:`load_hf_gpt2`) and exporting back to the Hugging Face layout (:func:`hf_state_dict`,
-:func:`hf_config`). GPT-2's ``Conv1D`` stores weights as (in, out), the transpose of
+:func:`hf_config`, :func:`export_hf`; a whole ViT/CLIP + GPT-2 captioner is
+:mod:`mmtf.pretrained.vision_encoder_decoder`'s). GPT-2's ``Conv1D`` stores weights as (in, out), the transpose of
 ``nn.Linear``; its ``c_attn`` fuses q, k, v (self-attention) and k, v (cross-attention, with
 a separate ``q_attn``), which are the rows of mmtf's ``to_q`` and ``to_kv`` once transposed.
 Why: see docs/design/vision-gpt2-import.md.
@@ -23,24 +24,25 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from mmtf.decoders.text import TextDecoder
-from mmtf.errors import UserError, require_file
+from mmtf.errors import UserError
+from mmtf.hub import CONFIG_FILE, WEIGHTS_FILE, HFModel, is_hf_source, open_export, open_hf_model
 from mmtf.nn.transformer import MlpKind
-from mmtf.pretrained.hf import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    HFModel,
-    Source,
+from mmtf.pretrained.names import (
+    SAME,
+    TIED,
+    TRANSPOSED,
+    Link,
+    Rule,
     copy_weights,
-    is_hf_source,
-    open_hf_model,
+    export_tensors,
+    link,
     original_names,
     require_config,
     write_tokenizer_files,
@@ -50,7 +52,6 @@ MODEL_TYPES = frozenset({"gpt2"})
 ENCODER_DECODER = "vision-encoder-decoder"
 ANCHOR = "wte.weight"
 OWNER = "gpt2_decoder"
-EXPORT_WEIGHTS = "weights.safetensors"
 # GPT2Config's defaults, for configs that leave a field out (the hub's gpt2 config has no
 # add_cross_attention or tie_word_embeddings).
 DEFAULTS: dict[str, Any] = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
@@ -154,9 +155,9 @@ def load_hf_gpt2(decoder: TextDecoder, model: HFModel, config: dict[str, Any]) -
     prefix = model.prefix(ANCHOR, owner=OWNER)
     names = set(model.keys())
     cross = f"{prefix}h.0.crossattention.c_attn.weight" in names
-    mapping = weight_map(weight_table(decoder, prefix, cross=cross))
+    table = links(decoder, prefix, cross=cross)
     fresh = [] if cross else [k for k in decoder.state_dict() if _is_cross(k)]
-    copy_weights(decoder, model.tensors(original_names(mapping)), mapping, owner=OWNER,
+    copy_weights(decoder, model.tensors(original_names(table)), table, owner=OWNER,
                  source=model.source, keep_initialised=fresh)
     if fresh:
         init_cross_attention(decoder, std=config["initializer_range"])
@@ -190,18 +191,21 @@ def decoder_values(config: dict[str, Any], where: str = "") -> dict[str, tuple[A
     }
 
 
-class Row(NamedTuple):
-    """One GPT-2 tensor and the mmtf tensors it holds: ``parts`` are stacked along dim 0 after
-    transposing a ``Conv1D`` weight (``transpose``): GPT-2 = cat(parts, 0)(.T)."""
-
-    hf: str
-    parts: tuple[str, ...]
-    transpose: bool = False
+def _split_qkv(fused: Tensor) -> tuple[Tensor, Tensor]:
+    # Self-attention's c_attn, (3c, ...) once transposed: q, then k and v -> to_q, to_kv.
+    width = fused.shape[0] // 3
+    return fused[:width], fused[width:]
 
 
-def weight_table(decoder: TextDecoder, prefix: str = "transformer.", *, cross: bool = True,
-                 ) -> list[Row]:
-    """Every GPT-2 tensor of ``decoder``'s architecture with the mmtf tensors it holds.
+# GPT-2's fused self-attention projection as mmtf's to_q and to_kv; Conv1D weights transposed.
+QKV = Rule(_split_qkv, lambda q, kv: (torch.cat([q, kv], dim=0),))
+QKV_CONV1D = Rule(lambda fused: _split_qkv(fused.t()),
+                  lambda q, kv: (torch.cat([q, kv], dim=0).t(),))
+
+
+def links(decoder: TextDecoder, prefix: str = "transformer.", *, cross: bool = True,
+          ) -> list[Link]:
+    """The name table of ``decoder``'s architecture as GPT-2.
 
     Args:
         decoder: sets depth and tying.
@@ -209,76 +213,42 @@ def weight_table(decoder: TextDecoder, prefix: str = "transformer.", *, cross: b
             ``GPT2Model``, ``"decoder.transformer."`` in a ``VisionEncoderDecoderModel``).
         cross: include the cross-attention layers.
     """
-    rows = [Row(f"{prefix}wte.weight", ("embed.weight",)),
-            Row(f"{prefix}wpe.weight", ("positions.weight",)),
-            Row(f"{prefix}ln_f.weight", ("stack.norm.weight",)),
-            Row(f"{prefix}ln_f.bias", ("stack.norm.bias",))]
-    if not decoder.tie_embeddings:
-        head = prefix.removesuffix("transformer.")
-        rows.append(Row(f"{head}lm_head.weight", ("lm_head.weight",)))
+    head = prefix.removesuffix("transformer.")
+    table = [link("embed.weight", f"{prefix}wte.weight"),
+             link("positions.weight", f"{prefix}wpe.weight"),
+             link("stack.norm.weight", f"{prefix}ln_f.weight"),
+             link("stack.norm.bias", f"{prefix}ln_f.bias"),
+             link("lm_head.weight", f"{prefix}wte.weight", TIED) if decoder.tie_embeddings
+             else link("lm_head.weight", f"{head}lm_head.weight")]
     for i in range(decoder.depth):
         t, o = f"{prefix}h.{i}.", f"stack.blocks.{i}."
         for kind in ("weight", "bias"):
-            conv = kind == "weight"
-            rows += [
-                Row(f"{t}ln_1.{kind}", (f"{o}norm_self.{kind}",)),
-                Row(f"{t}attn.c_attn.{kind}", (f"{o}self_attn.to_q.{kind}",
-                                               f"{o}self_attn.to_kv.{kind}"), conv),
-                Row(f"{t}attn.c_proj.{kind}", (f"{o}self_attn.to_out.{kind}",), conv),
-                Row(f"{t}ln_2.{kind}", (f"{o}norm_mlp.{kind}",)),
-                Row(f"{t}mlp.c_fc.{kind}", (f"{o}mlp.fc_in.{kind}",), conv),
-                Row(f"{t}mlp.c_proj.{kind}", (f"{o}mlp.fc_out.{kind}",), conv),
+            conv = TRANSPOSED if kind == "weight" else SAME
+            table += [
+                link(f"{o}norm_self.{kind}", f"{t}ln_1.{kind}"),
+                link((f"{o}self_attn.to_q.{kind}", f"{o}self_attn.to_kv.{kind}"),
+                     f"{t}attn.c_attn.{kind}", QKV_CONV1D if kind == "weight" else QKV),
+                link(f"{o}self_attn.to_out.{kind}", f"{t}attn.c_proj.{kind}", conv),
+                link(f"{o}norm_mlp.{kind}", f"{t}ln_2.{kind}"),
+                link(f"{o}mlp.fc_in.{kind}", f"{t}mlp.c_fc.{kind}", conv),
+                link(f"{o}mlp.fc_out.{kind}", f"{t}mlp.c_proj.{kind}", conv),
             ]
             if cross:
-                rows += [
-                    Row(f"{t}ln_cross_attn.{kind}", (f"{o}norm_cross.{kind}",)),
-                    Row(f"{t}crossattention.q_attn.{kind}", (f"{o}cross_attn.to_q.{kind}",),
-                        conv),
-                    Row(f"{t}crossattention.c_attn.{kind}", (f"{o}cross_attn.to_kv.{kind}",),
-                        conv),
-                    Row(f"{t}crossattention.c_proj.{kind}", (f"{o}cross_attn.to_out.{kind}",),
-                        conv),
+                table += [
+                    link(f"{o}norm_cross.{kind}", f"{t}ln_cross_attn.{kind}"),
+                    link(f"{o}cross_attn.to_q.{kind}", f"{t}crossattention.q_attn.{kind}", conv),
+                    link(f"{o}cross_attn.to_kv.{kind}", f"{t}crossattention.c_attn.{kind}",
+                         conv),
+                    link(f"{o}cross_attn.to_out.{kind}", f"{t}crossattention.c_proj.{kind}",
+                         conv),
                 ]
-    return rows
+    return table
 
 
-def weight_map(rows: list[Row]) -> dict[str, Source]:
-    """The import direction of ``rows``: ``{mmtf name: (GPT-2 name, transform)}``; a tied LM head
-    reads the token embedding."""
-    mapping: dict[str, Source] = {}
-    for row in rows:
-        for index, part in enumerate(row.parts):
-            mapping[part] = (row.hf, _Part(row, index))
-    if "lm_head.weight" not in mapping:
-        mapping["lm_head.weight"] = mapping["embed.weight"]
-    return mapping
-
-
-class _Part:
-    """Part ``index`` of a GPT-2 tensor, transposed if a Conv1D weight; of the one two-part row,
-    self-attention's ``c_attn`` (3c rows once transposed: q, k, v), part 0 is the first c rows
-    (``to_q``) and part 1 the other 2c (``to_kv``)."""
-
-    def __init__(self, row: Row, index: int) -> None:
-        self.row, self.index = row, index
-
-    def __call__(self, tensor: Tensor) -> Tensor:
-        t = tensor.t() if self.row.transpose else tensor                  # (out, in) or (out,)
-        if len(self.row.parts) == 1:
-            return t
-        width = t.shape[0] // 3                                          # c: q, then k and v
-        return t[:width] if self.index == 0 else t[width:]
-
-
-def hf_state_dict(decoder: TextDecoder) -> dict[str, Tensor]:
-    """``decoder``'s weights under ``GPT2LMHeadModel``'s names (the export direction), as
-    contiguous float copies; the tied LM head is left to ``tie_word_embeddings``."""
-    state = decoder.state_dict()
-    out = {}
-    for row in weight_table(decoder):
-        value = torch.cat([state[p] for p in row.parts], dim=0)
-        out[row.hf] = (value.t() if row.transpose else value).detach().cpu().contiguous()
-    return out
+def hf_state_dict(decoder: TextDecoder, prefix: str = "transformer.") -> dict[str, Tensor]:
+    """``decoder``'s weights under ``GPT2LMHeadModel``'s names (the export direction of
+    :func:`links`); the tied LM head is left to ``tie_word_embeddings``."""
+    return export_tensors(decoder.state_dict(), links(decoder, prefix))
 
 
 def hf_config(decoder: TextDecoder, *, bos_id: int, eos_id: int, pad_id: int | None = None,
@@ -333,77 +303,65 @@ def resolved_sizes(part: str, module: TextDecoder) -> dict[str, Any]:
 
 
 def export_hf(task: Any, out: Path) -> None:
-    """Write a captioning task's model for ``transformers``, then import it back and check every
-    tensor: with a ViT or CLIP vision encoder the whole captioner as ``VisionEncoderDecoderModel``
-    saves it (the tower as ``ViTModel`` or ``CLIPVisionModel``), else the GPT-2 decoder (with cross-attention) as ``GPT2LMHeadModel``. Either way
-    ``config.json``, ``generation_config.json``, ``model.safetensors`` and GPT-2's tokenizer
-    files.
+    """Write a captioning task's GPT-2 decoder (with cross-attention) for ``transformers`` as
+    ``GPT2LMHeadModel``: ``config.json``, ``generation_config.json``, ``model.safetensors`` and
+    GPT-2's tokenizer files; then import it back and check every tensor. (With a ViT or CLIP
+    encoder the whole captioner is :mod:`mmtf.pretrained.vision_encoder_decoder`'s.)
 
     Raises:
         UserError: the decoder is not GPT-2-shaped (:func:`hf_config`) or the task's tokenizer
             is not a pretrained one (GPT-2's).
     """
-    from mmtf.encoders import VisionEncoder
-    from mmtf.text import PretrainedTokenizer
-
-    encoder, decoder, tokenizer = task.model.encoder, task.model.decoder, task.tokenizer
-    if not isinstance(tokenizer, PretrainedTokenizer):
-        raise UserError(f"export format=hf: the checkpoint's tokenizer is "
-                        f"{type(tokenizer).__name__}, not GPT-2's (data.tokenizer.kind: "
-                        f"pretrained); transformers could not read its captions.")
-    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
-           "pad_token_id": tokenizer.pad_id}
+    decoder, tokenizer = task.model.decoder, pretrained_tokenizer(task)
     config = hf_config(decoder, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                        pad_id=tokenizer.pad_id)
-    tensors = hf_state_dict(decoder)
-    vision = _vision_family(encoder)
-    whole = vision is not None
-    if whole:
-        ids["decoder_start_token_id"] = tokenizer.prompt_ids[0]
-        config = {"model_type": ENCODER_DECODER, "architectures": ["VisionEncoderDecoderModel"],
-                  "encoder": vision.hf_config(encoder),
-                  "decoder": {**config, "is_decoder": True}, "is_encoder_decoder": True,
-                  "tie_word_embeddings": False, **ids}
-        tensors = {**vision.hf_state_dict(encoder, "encoder."),
-                   **{f"decoder.{k}": v for k, v in tensors.items()}}
+    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+           "pad_token_id": tokenizer.pad_id}
+    write_hf_folder(out, config, ids, hf_state_dict(decoder), tokenizer, decoder)
+    check_decoder_back(task, out)
+    print(f"Exported the GPT-2 decoder (GPT2LMHeadModel; the encoder is neither ViT nor CLIP: "
+          f"export it with format=mmtf part=encoder), "
+          f"{sum(p.numel() for p in decoder.parameters()):,} parameters, to {out}/")
+
+
+def pretrained_tokenizer(task: Any) -> Any:
+    """The task's tokenizer, which must be a pretrained one (GPT-2's) for ``transformers``."""
+    from mmtf.text import PretrainedTokenizer
+
+    if not isinstance(task.tokenizer, PretrainedTokenizer):
+        raise UserError(f"export format=hf: the checkpoint's tokenizer is "
+                        f"{type(task.tokenizer).__name__}, not GPT-2's (data.tokenizer.kind: "
+                        f"pretrained); transformers could not read its captions.")
+    return task.tokenizer
+
+
+def write_hf_folder(out: Path, config: dict[str, Any], ids: dict[str, Any],
+                    tensors: dict[str, Tensor], tokenizer: Any, decoder: TextDecoder) -> None:
+    """``config.json``, ``generation_config.json``, ``model.safetensors`` and GPT-2's tokenizer
+    files in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(ids, indent=2))
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     write_tokenizer_files(tokenizer, out, tokenizer_class="GPT2Tokenizer",
                           model_max_length=decoder.max_len)
-    back = {"decoder": gpt2_decoder(pretrained=out, context_dim=decoder.context_dim,
-                                    **dict.fromkeys(resolved_sizes("decoder", decoder)))}
-    if whole:
-        back["encoder"] = VisionEncoder(**{**encoder.config, "pretrained": out})
-    for name, module in back.items():
-        theirs = module.state_dict()
-        for key, value in getattr(task.model, name).state_dict().items():
-            if not torch.equal(value.detach().cpu().float(), theirs[key].float()):
-                raise RuntimeError(f"export format=hf: {out} does not import back into the "
-                                   f"exported weights ({name}.{key}).")
-    what = (f"the {config['encoder']['architectures'][0]} + GPT-2 captioner "
-            f"(VisionEncoderDecoderModel)" if whole else
-            "the GPT-2 decoder (GPT2LMHeadModel; the encoder is neither ViT nor CLIP: export "
-            "it with format=mmtf part=encoder)")
-    print(f"Exported {what}, {sum(t.numel() for t in tensors.values()):,} values, to {out}/")
 
 
-def _vision_family(encoder: Any) -> ModuleType | None:
-    """The module (:mod:`~mmtf.pretrained.vit` or :mod:`~mmtf.pretrained.clip`) whose Hugging
-    Face layout a ``VisionEncoder`` is in, or None (another encoder, or another configuration)."""
-    from mmtf.encoders import VisionEncoder
-    from mmtf.pretrained import clip, vit
+def check_decoder_back(task: Any, out: Path) -> None:
+    """Import the written folder's decoder and compare every tensor with the task's."""
+    decoder = task.model.decoder
+    back = gpt2_decoder(pretrained=out, context_dim=decoder.context_dim,
+                        **dict.fromkeys(resolved_sizes("decoder", decoder)))
+    check_same(decoder, back, out, "decoder")
 
-    if not isinstance(encoder, VisionEncoder):
-        return None
-    for family in (vit, clip):
-        try:
-            family.hf_config(encoder)
-        except UserError:
-            continue
-        return family
-    return None
+
+def check_same(ours: nn.Module, back: nn.Module, out: Path, part: str) -> None:
+    """Every tensor of ``back`` (read from ``out``) equals ``ours``'s, else a RuntimeError."""
+    theirs = back.state_dict()
+    for key, value in ours.state_dict().items():
+        if not torch.equal(value.detach().cpu().float(), theirs[key].float()):
+            raise RuntimeError(f"export format=hf: {out} does not import back into the "
+                               f"exported weights ({part}.{key}).")
 
 
 def init_cross_attention(decoder: TextDecoder, *, std: float = 0.02) -> None:
@@ -423,14 +381,9 @@ def init_cross_attention(decoder: TextDecoder, *, std: float = 0.02) -> None:
 
 def load_export(decoder: nn.Module, path: str | Path) -> None:
     """Load an mmtf decoder export (``weights.safetensors``), every name and shape checked."""
-    file = Path(path)
-    file = file if file.suffix == ".safetensors" else file / EXPORT_WEIGHTS
-    require_file(file, what=f"{OWNER}: weights file",
-                 fix="set model.decoder.pretrained to a GPT-2 folder, a hub id or a folder "
-                     "written by mmtf-export part=decoder")
-    tensors = load_file(str(file), device="cpu")
-    copy_weights(decoder, tensors, {k: k for k in decoder.state_dict()}, owner=OWNER,
-                 source=str(file))
+    export = open_export(path, owner=OWNER, key="model.decoder.pretrained")
+    copy_weights(decoder, export.tensors(), [link(k, k) for k in decoder.state_dict()],
+                 owner=OWNER, source=str(export.weights_file))
 
 
 def _is_cross(name: str) -> bool:

@@ -1,13 +1,15 @@
-"""Hugging Face ViT (Dosovitskiy et al. 2021) in mmtf's ``VisionEncoder``, and the loader of
-every pretrained vision folder (ViT here, CLIP's tower in :mod:`mmtf.pretrained.clip`).
+"""Hugging Face ViT (Dosovitskiy et al. 2021) in mmtf's ``VisionEncoder``: the builder
+:func:`vit_encoder` (the ``_target_`` of ``conf/model/encoder/vit.yaml``), a config translation
+and a name table.
 
-A config translation and a name table. HF's ViT is a pre-LN ViT with a biased patch
-convolution, a CLS token, a position table that covers the CLS position, biased q/k/v/out and
-MLP layers, exact GELU, LayerNorm eps 1e-12 and a final LayerNorm (``last_hidden_state``; the
-pooler is not read). Two rewrites, written once in the table: q/k/v become ``to_q`` and the fused
-``to_kv`` (key rows, then value rows), and the CLS position is added to the CLS token (a constant
-plus a constant: the same sum HF computes, and what mmtf's CLS token, which has no position,
-holds). Why: see docs/design/vision-gpt2-import.md.
+HF's ViT is a pre-LN ViT with a biased patch convolution, a CLS token, a position table that
+covers the CLS position, biased q/k/v/out and MLP layers, exact GELU, LayerNorm eps 1e-12 and a
+final LayerNorm (``last_hidden_state``; the pooler is not read). Two rewrites, written once in
+the table and read both ways (import and ``format=hf`` export): q/k/v become ``to_q`` and the
+fused ``to_kv`` (key rows, then value rows), and the CLS position is added to the CLS token (a
+constant plus a constant: the same sum HF computes, and what mmtf's CLS token, which has no
+position, holds; the export writes the token with a zero CLS position). Why: see
+docs/design/vision-gpt2-import.md.
 
 Read from a ``ViTModel`` folder (tensors unprefixed), a ``ViTFor*`` one (``vit.``), or the
 encoder of a ``VisionEncoderDecoderModel`` folder (``encoder.``, config under ``encoder``).
@@ -17,74 +19,62 @@ Shapes: c = hidden_size, p = patches, s = p + 1.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from mmtf.errors import UserError
-from mmtf.pretrained import clip
-from mmtf.pretrained.hf import (
-    Source,
-    block_map,
-    copy_weights,
-    open_hf_model,
-    original_names,
-    require_config,
-    split_back,
-)
+from mmtf.nn.transformer import MlpKind
+from mmtf.pretrained.names import Link, Rule, block_links, export_tensors, link, require_config
+from mmtf.pretrained.vision import build_vision_encoder, resolved_sizes
 
 if TYPE_CHECKING:
     from mmtf.encoders.vision import VisionEncoder
 
-MODEL_TYPES = frozenset({"vit"})
-CONFIG_GROUP = "vit"
+__all__ = ["resolved_sizes", "vit_encoder"]
+
 ANCHOR = "embeddings.patch_embeddings.projection.weight"
-ENCODER_DECODER = "vision-encoder-decoder"
-# The original module of each role of a block (mmtf.pretrained.hf.block_map).
+# The original module of each role of a block (mmtf.pretrained.names.block_links).
 BLOCK = {"norm_self": "layernorm_before", "q": "attention.attention.query",
          "k": "attention.attention.key", "v": "attention.attention.value",
          "out": "attention.output.dense", "norm_mlp": "layernorm_after",
          "fc_in": "intermediate.dense", "fc_out": "output.dense"}
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "quick_gelu": "quick_gelu"}
-OWNER = "VisionEncoder.load_pretrained"
 
 
-def load_hf_vision(encoder: VisionEncoder, source: str | Path) -> None:
-    """Fill ``encoder`` from a Hugging Face ViT or CLIP folder or hub id.
+def vit_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
+                depth: int | None = 12, num_heads: int | None = 12,
+                mlp_ratio: float | None = 4.0, mlp: MlpKind | None = "gelu",
+                norm_eps: float | None = 1e-12, patch_size: int | None = 16,
+                in_channels: int | None = 3, image_size: int | list[int] | None = 224,
+                bias: bool | str | None = True, dropout: float = 0.0,
+                attn_dropout: float = 0.0, freeze: bool = False) -> VisionEncoder:
+    """A ``VisionEncoder`` in ViT's configuration, filled from ``pretrained``.
 
-    Every setting that shapes the computation is compared with ``config.json`` first and every
-    tensor name and shape before any copy, so a refused folder changes nothing.
+    Args:
+        pretrained: a Hugging Face ViT folder or hub id (``ViTModel``, ``ViTFor*`` or the
+            encoder of a ``VisionEncoderDecoderModel``), an mmtf export of such an encoder, or
+            None (random weights).
+        dim, depth, num_heads, mlp_ratio, mlp, norm_eps, patch_size, in_channels, image_size,
+            bias: ViT's ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+            ``intermediate_size / hidden_size``, ``hidden_act``, ``layer_norm_eps``,
+            ``patch_size``, ``num_channels``, ``image_size`` (the position table's grid; other
+            sizes interpolate as HF does) and ``qkv_bias`` (True, or "o" without it): None reads
+            them from ``config.json``, a value must equal it.
+        dropout, attn_dropout: fine-tuning dropout.
+        freeze: freeze after loading (:meth:`mmtf.encoders.Encoder.freeze`).
 
     Raises:
-        UserError: a missing file, a folder of another architecture (the ``model_type`` or
-            ``encoder.model_type`` field), a setting of ``model.encoder`` that differs from the
-            folder's (both values and the overrides that fix it), a missing tensor.
+        UserError: see :func:`mmtf.pretrained.vision.build_vision_encoder`.
     """
-    model = open_hf_model(source, model_types={*MODEL_TYPES, *clip.MODEL_TYPES, ENCODER_DECODER},
-                          owner=OWNER)
-    config = model.config
-    if model.model_type == ENCODER_DECODER:
-        config = model.field("encoder", owner=OWNER)
-    family = FAMILIES.get(config.get("model_type"))
-    if family is None:
-        field = "encoder.model_type" if model.model_type == ENCODER_DECODER else "model_type"
-        raise UserError(f"{OWNER}: {model.source}/config.json has {field}="
-                        f"{config.get('model_type')!r}, but the vision encoder reads "
-                        f"{', '.join(repr(t) for t in sorted(FAMILIES))}; point "
-                        f"model.encoder.pretrained at a ViT or CLIP folder.")
-    built = {**encoder.config, "image_size": [encoder.grid[0] * encoder.patch_size,
-                                              encoder.grid[1] * encoder.patch_size]}
-    require_config(OWNER, built, family.encoder_values(config), source=model.source,
-                   key_prefix="model.encoder",
-                   hint=f", or use model/encoder={family.config_group}, which sets them")
-    prefix = model.prefix(family.anchor, owner=OWNER)
-    mapping = family.weight_map(config, prefix)
-    copy_weights(encoder, model.tensors(original_names(mapping)), mapping, owner=OWNER,
-                 source=model.source)
+    sizes = dict(dim=dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, mlp=mlp,
+                 norm_eps=norm_eps, patch_size=patch_size, in_channels=in_channels,
+                 image_size=image_size, bias=bias)
+    return build_vision_encoder("vit", pretrained=pretrained, sizes=sizes, dropout=dropout,
+                                attn_dropout=attn_dropout, freeze=freeze)
 
 
 def encoder_values(config: dict[str, Any]) -> dict[str, tuple[Any, str]]:
@@ -117,22 +107,19 @@ def encoder_values(config: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     }
 
 
-def weight_map(config: dict[str, Any], prefix: str) -> dict[str, Source]:
-    """``{VisionEncoder name: ViT name(s)}`` for the ViT of ``config`` with tensors under
-    ``prefix``."""
+def links(config: dict[str, Any], prefix: str) -> list[Link]:
+    """The name table of the ViT of ``config`` with tensors under ``prefix``."""
     e = f"{prefix}embeddings."
-    mapping: dict[str, Source] = {
-        "patch_embed.weight": f"{e}patch_embeddings.projection.weight",
-        "patch_embed.bias": f"{e}patch_embeddings.projection.bias",
-        "pos_embed": (f"{e}position_embeddings", _patch_positions),
-        "cls_token": ((f"{e}cls_token", f"{e}position_embeddings"), _folded_cls),
-        "stack.norm.weight": f"{prefix}layernorm.weight",
-        "stack.norm.bias": f"{prefix}layernorm.bias",
-    }
+    table = [link("patch_embed.weight", f"{e}patch_embeddings.projection.weight"),
+             link("patch_embed.bias", f"{e}patch_embeddings.projection.bias"),
+             link(("pos_embed", "cls_token"), (f"{e}cls_token", f"{e}position_embeddings"),
+                  FOLDED_CLS),
+             link("stack.norm.weight", f"{prefix}layernorm.weight"),
+             link("stack.norm.bias", f"{prefix}layernorm.bias")]
     for i in range(config["num_hidden_layers"]):
-        mapping.update(block_map(f"stack.blocks.{i}.", f"{prefix}encoder.layer.{i}.", BLOCK,
-                                 qkv_bias=config.get("qkv_bias", True)))
-    return mapping
+        table += block_links(f"stack.blocks.{i}.", f"{prefix}encoder.layer.{i}.", BLOCK,
+                             qkv_bias=config.get("qkv_bias", True))
+    return table
 
 
 def hf_config(encoder: VisionEncoder) -> dict[str, Any]:
@@ -162,38 +149,19 @@ def hf_config(encoder: VisionEncoder) -> dict[str, Any]:
 
 
 def hf_state_dict(encoder: VisionEncoder, prefix: str = "") -> dict[str, Tensor]:
-    """``encoder``'s weights under ``ViTModel``'s names (the inverse of :func:`weight_map`): the
-    folded CLS token goes back as the token with a zero CLS position; ``to_kv`` is split."""
-    state = {k: v.detach().cpu() for k, v in encoder.state_dict().items()}
-    out = split_back(state, weight_map(hf_config(encoder), prefix))
-    e = f"{prefix}embeddings."
-    cls = state["cls_token"]                                             # (1, 1, c)
-    out[f"{e}cls_token"] = cls
-    out[f"{e}position_embeddings"] = torch.cat([torch.zeros_like(cls), state["pos_embed"]],
-                                               dim=1)                   # (1, s, c)
-    return {k: v.contiguous() for k, v in out.items()}
+    """``encoder``'s weights under ``ViTModel``'s names (:func:`links`, the export direction)."""
+    return export_tensors(encoder.state_dict(), links(hf_config(encoder), prefix))
 
 
-def _patch_positions(table: Tensor) -> Tensor:
-    return table[:, 1:]                                                  # (1, s, c) -> (1, p, c)
+def _load_positions(token: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
+    # (1, 1, c) and (1, s, c) -> patch positions (1, p, c), CLS token + its position (1, 1, c)
+    return table[:, 1:], token + table[:, :1]
 
 
-def _folded_cls(token: Tensor, table: Tensor) -> Tensor:
-    return token + table[:, :1]                                          # (1, 1, c)
+def _save_positions(positions: Tensor, cls: Tensor) -> tuple[Tensor, Tensor]:
+    # The folded token goes back as the token, with a zero CLS position.
+    return cls, torch.cat([torch.zeros_like(cls), positions], dim=1)     # (1, 1, c), (1, s, c)
 
 
-class Family(NamedTuple):
-    """What the loader needs of one vision family: its conf/model/encoder group, the tensor name
-    that locates its prefix, its config translation and its name table."""
-
-    config_group: str
-    anchor: str
-    encoder_values: Callable[[dict[str, Any]], dict[str, tuple[Any, str]]]
-    weight_map: Callable[[dict[str, Any], str], dict[str, Source]]
-
-
-FAMILIES: dict[str, Family] = {
-    **{t: Family(CONFIG_GROUP, ANCHOR, encoder_values, weight_map) for t in MODEL_TYPES},
-    **{t: Family(clip.CONFIG_GROUP, clip.ANCHOR, clip.encoder_values, clip.weight_map)
-       for t in clip.MODEL_TYPES},
-}
+# The CLS position is a constant added to a constant: folded into the token.
+FOLDED_CLS = Rule(_load_positions, _save_positions)

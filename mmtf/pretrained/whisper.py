@@ -6,9 +6,10 @@ Whisper's configuration (Whisper's log-mel, conv stem with strides 1 and 2, fixe
 positions, pre-LN blocks with query/value/output biases and exact GELU, final LayerNorm) and a
 :class:`mmtf.decoders.TextDecoder` (learned positions, the same blocks with cross-attention,
 output projection tied to the token embedding). This module is the translation: ``config.json``
--> constructor arguments, and a name map original -> mmtf (keys and values fused into
-``to_kv``, the value bias kept as ``v_bias`` because Whisper's key projection has none).
-:func:`whisper_state` is the inverse map and :func:`export_hf` writes it, for
+-> constructor arguments, and a name table (:func:`encoder_links`, :func:`decoder_links`: keys
+and values fused into ``to_kv``, the value bias kept as ``v_bias`` because Whisper's key
+projection has none), read both ways: :func:`whisper_state` is its export direction and
+:func:`export_hf` writes it, for
 ``python -m mmtf.export ... format=hf``; :func:`resolved_sizes` records the sizes read from
 ``config.json`` in the run's config (:mod:`mmtf.pretrained` says why).
 
@@ -24,24 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
 from mmtf.decoders.text import TextDecoder
 from mmtf.encoders.audio import AudioEncoder
-from mmtf.encoders.base import CONFIG_FILE as EXPORT_CONFIG
-from mmtf.encoders.base import WEIGHTS_FILE as EXPORT_WEIGHTS
 from mmtf.errors import UserError
-from mmtf.pretrained.hf import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    HFModel,
-    Source,
-    block_map,
+from mmtf.hub import CONFIG_FILE, WEIGHTS_FILE, HFModel, is_export, open_export, open_hf_model
+from mmtf.pretrained.names import (
+    TIED,
+    Link,
+    block_links,
     copy_weights,
-    open_hf_model,
-    split_back,
+    export_tensors,
+    link,
     write_tokenizer_files,
 )
 
@@ -53,7 +50,7 @@ STEM_STRIDES = (1, 2)
 DEFAULT_PROMPT = ("<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>")
 # Architecture settings every Whisper size shares.
 BLOCK = {"bias": "qvo", "mlp": "gelu", "norm": "layernorm", "norm_eps": 1e-5}
-# The original module of each role of a block (mmtf.pretrained.hf.block_map); the cross_* roles
+# The original module of each role of a block (mmtf.pretrained.names.block_links); the cross_* roles
 # exist in decoder layers only.
 NAMES = {"norm_self": "self_attn_layer_norm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
          "v": "self_attn.v_proj", "out": "self_attn.out_proj", "norm_mlp": "final_layer_norm",
@@ -126,14 +123,9 @@ def whisper_encoder(*, pretrained: str | Path | None = None, dim: int | None = N
         prefix = hf.prefix("encoder.conv1.weight", owner=owner)
         table = _checked_positions(encoder, tensors, f"{prefix}encoder.embed_positions.weight",
                                    hf, owner)
-        mapping = {"stem.conv1.weight": f"{prefix}encoder.conv1.weight",
-                   "stem.conv1.bias": f"{prefix}encoder.conv1.bias",
-                   "stem.conv2.weight": f"{prefix}encoder.conv2.weight",
-                   "stem.conv2.bias": f"{prefix}encoder.conv2.bias",
-                   **stack_map(f"{prefix}encoder", encoder.stack.depth, cross=False)}
         computed = [k for k, _ in encoder.named_buffers()]      # mel filters, window, table
-        copy_weights(encoder, tensors, mapping, owner=owner, source=str(hf.folder),
-                     keep_initialised=computed)
+        copy_weights(encoder, tensors, encoder_links(prefix, encoder.stack.depth), owner=owner,
+                     source=str(hf.folder), keep_initialised=computed)
         with torch.no_grad():   # the checkpoint's float32 sinusoids, as the weights were trained
             encoder.positions.weight[:table.shape[0]].copy_(table)
     if freeze:
@@ -171,16 +163,12 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
     sizes = _merge_sizes(given, decoder_sizes(hf, owner) if hf else None, owner, hf)
     decoder = TextDecoder(**sizes, **BLOCK, **options, positions="learned", tie_embeddings=True)
     if pretrained is not None and hf is None:             # an mmtf export (weights.safetensors)
-        file = Path(str(pretrained)).expanduser() / EXPORT_WEIGHTS
-        decoder.load_state_dict(load_file(str(file)), strict=True)
+        export = open_export(pretrained, owner=owner, key="model.decoder.pretrained")
+        decoder.load_state_dict(export.tensors(), strict=True)
     elif hf is not None:
-        tensors = hf.tensors()
         prefix = hf.prefix("decoder.embed_tokens.weight", owner=owner)
-        embed = f"{prefix}decoder.embed_tokens.weight"
-        mapping = {"embed.weight": embed, "lm_head.weight": embed,     # tied (proj_out)
-                   "positions.weight": f"{prefix}decoder.embed_positions.weight",
-                   **stack_map(f"{prefix}decoder", decoder.depth, cross=True)}
-        copy_weights(decoder, tensors, mapping, owner=owner, source=str(hf.folder))
+        copy_weights(decoder, hf.tensors(), decoder_links(prefix, decoder.depth), owner=owner,
+                     source=str(hf.folder))
     if freeze:
         decoder.requires_grad_(False).eval()
     return decoder
@@ -248,21 +236,11 @@ def whisper_state(encoder: AudioEncoder, decoder: TextDecoder,
         UserError: the pair is not in Whisper's configuration (the setting is named).
     """
     _check_exportable(encoder, decoder)
-    tensors: dict[str, Tensor] = {}
-    enc_state = encoder.state_dict()
-    for i in (1, 2):
-        for kind in ("weight", "bias"):
-            tensors[f"model.encoder.conv{i}.{kind}"] = enc_state[f"stem.conv{i}.{kind}"]
+    tensors = {**export_tensors(encoder.state_dict(), encoder_links("model.", encoder.stack.depth)),
+               **export_tensors(decoder.state_dict(), decoder_links("model.", decoder.depth))}
     # Whisper's window: max_samples // hop frames (the last STFT frame dropped), halved by conv2.
     positions = (encoder.max_samples // HOP_LENGTH - 1) // STEM_STRIDES[1] + 1
     tensors["model.encoder.embed_positions.weight"] = encoder.positions.weight[:positions]
-    tensors.update(split_back(encoder.state_dict(),
-                              stack_map("model.encoder", encoder.stack.depth, cross=False)))
-    dec_state = decoder.state_dict()
-    tensors["model.decoder.embed_tokens.weight"] = dec_state["embed.weight"]
-    tensors["model.decoder.embed_positions.weight"] = dec_state["positions.weight"]
-    tensors.update(split_back(decoder.state_dict(),
-                              stack_map("model.decoder", decoder.depth, cross=True)))
     enc, dec = resolved_sizes("encoder", encoder), resolved_sizes("decoder", decoder)
     config = {
         "model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"],
@@ -278,35 +256,48 @@ def whisper_state(encoder: AudioEncoder, decoder: TextDecoder,
     return config, {k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}
 
 
-# ---------------------------------------------------------------------------- name maps
-def stack_map(root: str, depth: int, *, cross: bool) -> dict[str, Source]:
-    """mmtf TransformerStack names (under ``stack.``) -> Whisper's, for ``depth`` layers: q/k/v
+# ---------------------------------------------------------------------------- name tables
+def encoder_links(prefix: str, depth: int) -> list[Link]:
+    """The encoder's name table (its fixed position table is checked and copied apart:
+    :func:`_checked_positions`), for tensors under ``prefix`` (``model.`` or ``""``)."""
+    root = f"{prefix}encoder"
+    stem = [link(f"stem.conv{i}.{kind}", f"{root}.conv{i}.{kind}")
+            for i in (1, 2) for kind in ("weight", "bias")]
+    return stem + stack_links(root, depth, cross=False)
+
+
+def decoder_links(prefix: str, depth: int) -> list[Link]:
+    """The decoder's name table; the output projection (``proj_out``) is tied to the token
+    embedding."""
+    root = f"{prefix}decoder"
+    embed = f"{root}.embed_tokens.weight"
+    return [link("embed.weight", embed), link("lm_head.weight", embed, TIED),
+            link("positions.weight", f"{root}.embed_positions.weight"),
+            *stack_links(root, depth, cross=True)]
+
+
+def stack_links(root: str, depth: int, *, cross: bool) -> list[Link]:
+    """mmtf TransformerStack names (under ``stack.``) as Whisper's, for ``depth`` layers: q/k/v
     become ``to_q`` and the fused ``to_kv`` (no key bias: the value bias is ``v_bias``)."""
-    mapping: dict[str, Source] = {}
+    table: list[Link] = []
     for i in range(depth):
-        mapping.update(block_map(f"stack.blocks.{i}.", f"{root}.layers.{i}.", NAMES,
-                                 key_bias=False, cross=cross))
-    mapping["stack.norm.weight"] = f"{root}.layer_norm.weight"
-    mapping["stack.norm.bias"] = f"{root}.layer_norm.bias"
-    return mapping
+        table += block_links(f"stack.blocks.{i}.", f"{root}.layers.{i}.", NAMES,
+                             key_bias=False, cross=cross)
+    return [*table, link("stack.norm.weight", f"{root}.layer_norm.weight"),
+            link("stack.norm.bias", f"{root}.layer_norm.bias")]
 
 
 # ---------------------------------------------------------------------------- checks
 def _open(pretrained: str | Path | None, owner: str) -> HFModel | None:
     """The Whisper folder, or None for no weights / an mmtf export (weights.safetensors)."""
-    if pretrained is None:
+    if pretrained is None or is_export(pretrained):
         return None
-    path = Path(str(pretrained)).expanduser()
-    if path.is_dir() and not (path / CONFIG_FILE).is_file() and (
-            path / EXPORT_WEIGHTS).is_file():
-        return None                                        # an mmtf export
     return open_hf_model(pretrained, model_types=MODEL_TYPES, owner=owner)
 
 
 def _export_sizes(folder: str | Path, given: dict[str, Any]) -> dict[str, Any]:
     """Null sizes filled from an mmtf export's ``config.yaml`` (written by ``mmtf.export``)."""
-    file = Path(str(folder)).expanduser() / EXPORT_CONFIG
-    stored = OmegaConf.to_container(OmegaConf.load(file)) if file.is_file() else {}
+    stored = open_export(folder, owner="whisper", key="model.encoder.pretrained").config()
     return {k: stored.get(k) if v is None else v for k, v in given.items()}
 
 
@@ -318,8 +309,9 @@ def _merge_sizes(given: dict[str, Any], found: dict[str, Any] | None, owner: str
             "max_seconds", "pad_id", "mlp_ratio"))
         if missing:
             raise UserError(f"{owner}: no pretrained folder and no {', '.join(missing)}; set "
-                            f"{owner.split()[0]}.pretrained to a Whisper folder or hub id, or "
-                            f"give the sizes.")
+                            f"pretrained=<a Whisper folder or hub id> (the pair; "
+                            f"{owner.split()[0]}.pretrained for this part alone), or give the "
+                            f"sizes.")
         return {k: v for k, v in given.items() if v is not None}
     for key, value in given.items():
         if value is not None and float(value) != float(found[key]):

@@ -31,6 +31,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from mmtf.errors import UserError, require_file
+from mmtf.hub import resolve_source
 from mmtf.text.base import BackedTokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -88,8 +89,6 @@ class PretrainedTokenizer(BackedTokenizer):
             UserError: ``tokenizer.json`` is missing or invalid, no eos token is named, or a
                 named token is not in the vocabulary.
         """
-        from mmtf.pretrained.hf import resolve_source
-
         owner = "data.tokenizer (kind: pretrained)"
         folder = resolve_source(source, owner=owner)
         file = require_file(folder / TOKENIZER_FILE, what=f"{owner}: {TOKENIZER_FILE}",

@@ -51,7 +51,7 @@ def test_fast_dev_run_on_tiny_pretrained_folders(tiny_models, data_dir, tmp_path
 
 CASES = {
     "missing_weights": r"gpt2_decoder: .*gpt2/model\.safetensors not found",
-    "other_architecture": r"VisionEncoder\.load_pretrained: .*gpt2/config\.json has "
+    "other_architecture": r"model\.encoder \(vit_encoder\): .*gpt2/config\.json has "
                           r"model_type='gpt2', but this loader reads",
     "size_disagrees": r"model\.encoder does not match .*vit/config\.json: dim=32, but it has "
                       r"hidden_size=64 \(dim=64\)",

@@ -34,7 +34,7 @@ def tiny_whisper(tmp_path_factory):
 @pytest.mark.slow
 def test_whisper_experiment_fast_dev_run(tiny_whisper, data_dir, tmp_path):
     cfg = compose_train(["experiment=audio_captioning_clotho_whisper", f"paths.data_dir={data_dir}",
-                         *COMMON, *DATA, f"model.encoder.pretrained={tiny_whisper}",
+                         *COMMON, *DATA, f"pretrained={tiny_whisper}",
                          "trainer.fast_dev_run=true"], tmp_path)
     train(cfg)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -72,7 +72,7 @@ def test_bad_pretrained_folder_is_one_line_before_any_data(case, tiny_whisper, t
         folder = make(tiny_whisper, tmp_path / "empty")
         (tmp_path / "empty").mkdir()
     args = ["experiment=audio_captioning_clotho_whisper", f"paths.data_dir={data_dir}", *COMMON,
-            *DATA, f"model.encoder.pretrained={folder}", *extra,
+            *DATA, f"pretrained={folder}", *extra,
             f"hydra.run.dir={tmp_path / 'run'}"]
     out = run_cli("mmtf.train", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
     assert out.returncode == 2, out.stderr[-3000:]
@@ -95,7 +95,7 @@ def test_a_trained_checkpoint_rebuilds_alone_and_exports_for_transformers(tiny_w
     run = tmp_path / "run"
     train(compose_train(["experiment=audio_captioning_clotho_whisper",
                          f"paths.data_dir={data_dir}", *COMMON, *DATA,
-                         f"model.encoder.pretrained={tiny_whisper}"], run))
+                         f"pretrained={tiny_whisper}"], run))
     ckpt = run / "checkpoints" / "last.ckpt"
     stored = load_checkpoint(ckpt)["mmtf"]["config"]["model"]
     assert stored["encoder"]["dim"] == 64 and stored["decoder"]["vocab_size"] == 310
@@ -143,7 +143,7 @@ def test_a_checkpoint_captions_without_its_pretrained_folder(tiny_whisper, data_
     train(compose_train(["experiment=audio_captioning_clotho_whisper",
                          f"paths.data_dir={data_dir}", *COMMON, *DATA, "test=false",
                          "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
-                         f"model.encoder.pretrained={folder}"], run))
+                         f"pretrained={folder}"], run))
     ckpt = run / "checkpoints" / "last.ckpt"
     waves = [0.1 * torch.randn(n, generator=torch.Generator().manual_seed(n))
              for n in (16000, 24000)]

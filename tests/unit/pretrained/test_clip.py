@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmtf.encoders import VisionEncoder
 from mmtf.errors import UserError
+from mmtf.pretrained.clip import clip_vision_encoder
 
 from .vision_folders import (
     CLIP_ENCODER,
@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 @pytest.mark.parametrize("size", [(32, 32), (48, 48), (40, 24)])
 def test_clip_vision_matches_transformers(tmp_path, size):
     reference = save_clip_vision(tmp_path / "clip")
-    encoder = VisionEncoder(**CLIP_ENCODER, pretrained=tmp_path / "clip").eval()
+    encoder = clip_vision_encoder(**CLIP_ENCODER, pretrained=tmp_path / "clip").eval()
     assert_same_hidden_states(reference, encoder, size)
 
 
@@ -37,7 +37,7 @@ def test_the_tower_of_a_whole_clip_model_folder(tmp_path):
                         vision_config=dict(TINY), projection_dim=16)
     model = perturb(CLIPModel(config).eval())
     model.save_pretrained(tmp_path / "clip")
-    encoder = VisionEncoder(**CLIP_ENCODER, pretrained=tmp_path / "clip").eval()
+    encoder = clip_vision_encoder(**CLIP_ENCODER, pretrained=tmp_path / "clip").eval()
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         expected = model.vision_model(pixel_values=images).last_hidden_state
@@ -45,4 +45,4 @@ def test_the_tower_of_a_whole_clip_model_folder(tmp_path):
     # A size that disagrees names the nested field.
     with pytest.raises(UserError, match=r"num_heads=8, but it has vision_config\."
                                         r"num_attention_heads=4 \(num_heads=4\)"):
-        VisionEncoder(**{**CLIP_ENCODER, "num_heads": 8}, pretrained=tmp_path / "clip")
+        clip_vision_encoder(**{**CLIP_ENCODER, "num_heads": 8}, pretrained=tmp_path / "clip")

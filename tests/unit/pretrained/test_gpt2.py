@@ -194,7 +194,7 @@ def test_a_vision_encoder_decoder_folder_loads_both_sides(tmp_path):
         ViTModel,
     )
 
-    from mmtf.encoders import VisionEncoder
+    from mmtf.pretrained.vit import vit_encoder
 
     from .vision_folders import TINY as TINY_VIT
     from .vision_folders import VIT_ENCODER
@@ -204,7 +204,7 @@ def test_a_vision_encoder_decoder_folder_loads_both_sides(tmp_path):
         decoder=GPT2LMHeadModel(GPT2Config(**TINY, add_cross_attention=True)))
     captioner = perturb(captioner.eval())
     captioner.save_pretrained(tmp_path / "ved")
-    encoder = VisionEncoder(**VIT_ENCODER, pretrained=tmp_path / "ved").eval()
+    encoder = vit_encoder(**VIT_ENCODER, pretrained=tmp_path / "ved").eval()
     decoder = gpt2_decoder(**DECODER, pretrained=tmp_path / "ved").eval()
     images = torch.randn(2, 3, 32, 32)
     tokens = torch.randint(0, 100, (2, 6))
@@ -234,8 +234,9 @@ def test_export_hf_with_a_vision_encoder_is_a_vision_encoder_decoder_folder(tmp_
 
     from transformers import VisionEncoderDecoderModel
 
-    from mmtf.encoders import VisionEncoder
-    from mmtf.pretrained.gpt2 import export_hf
+    from mmtf.pretrained.clip import clip_vision_encoder
+    from mmtf.pretrained.vision_encoder_decoder import export_hf
+    from mmtf.pretrained.vit import vit_encoder
     from mmtf.text import PretrainedTokenizer
 
     from .tiny_hf import ENDOFTEXT, write_tokenizer
@@ -245,9 +246,10 @@ def test_export_hf_with_a_vision_encoder_is_a_vision_encoder_decoder_folder(tmp_
     eos = backend.token_to_id(ENDOFTEXT)
     save_gpt2(tmp_path / "gpt2", cross=False, vocab_size=backend.get_vocab_size(),
               bos_token_id=eos, eos_token_id=eos)
-    save, settings = {"vit": (save_vit, VIT_ENCODER), "clip": (save_clip_vision, CLIP_ENCODER)}[family]
+    save, build, settings = {"vit": (save_vit, vit_encoder, VIT_ENCODER),
+                             "clip": (save_clip_vision, clip_vision_encoder, CLIP_ENCODER)}[family]
     save(tmp_path / family)
-    encoder = VisionEncoder(**settings, pretrained=tmp_path / family).eval()
+    encoder = build(**settings, pretrained=tmp_path / family).eval()
     unset = dict.fromkeys(("vocab_size", "dim", "depth", "num_heads", "max_len", "pad_id"))
     decoder = gpt2_decoder(**{**DECODER, **unset}, pretrained=tmp_path / "gpt2").eval()
     model = SimpleNamespace(encoder=encoder, decoder=decoder)

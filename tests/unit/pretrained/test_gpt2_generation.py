@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mmtf.decoders import EncoderDecoder
-from mmtf.encoders import VisionEncoder
 from mmtf.pretrained.gpt2 import gpt2_decoder
+from mmtf.pretrained.vit import vit_encoder
 
 from .test_gpt2 import DECODER, TINY
 from .vision_folders import TINY as TINY_VIT
@@ -46,7 +46,7 @@ def captioners(tmp_path_factory):
     reference.eval()
     folder = tmp_path_factory.mktemp("ved")
     reference.save_pretrained(folder)
-    ours = EncoderDecoder(encoder=VisionEncoder(**VIT_ENCODER, pretrained=folder),
+    ours = EncoderDecoder(encoder=vit_encoder(**VIT_ENCODER, pretrained=folder),
                           decoder=gpt2_decoder(**{**DECODER, "pad_id": EOS}, pretrained=folder),
                           pad_id=EOS, eos_id=EOS, prompt_ids=[EOS]).eval()
     return reference, ours

@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from mmtf.errors import UserError
-from mmtf.pretrained.hf import copy_weights, open_hf_model
+from mmtf.hub import open_hf_model
+from mmtf.pretrained.names import copy_weights, link
 
 
 def write_folder(path, *, model_type="gpt2", weights=True, pickled=False):
@@ -28,7 +29,7 @@ def test_a_folder_opens_and_its_tensors_copy_by_name(tmp_path):
     model = open_hf_model(write_folder(tmp_path / "m"), model_types={"gpt2"}, owner="test")
     assert model.model_type == "gpt2" and model.field("n_embd", owner="test") == 4
     layer = nn.Linear(4, 3)
-    copy_weights(layer, model.tensors(), {"weight": "w.weight", "bias": "w.bias"},
+    copy_weights(layer, model.tensors(), [link("weight", "w.weight"), link("bias", "w.bias")],
                  owner="test", source="m")
     assert torch.equal(layer.weight, torch.arange(12.0).reshape(3, 4))
     assert torch.equal(layer.bias, torch.ones(3))
@@ -64,9 +65,9 @@ def test_a_shape_mismatch_names_both_shapes_and_copies_nothing(tmp_path):
     before = layer.bias.clone()
     with pytest.raises(UserError, match=r"'w.weight' in m has shape \(3, 4\) but mmtf's "
                                         r"'weight' has \(3, 5\)"):
-        copy_weights(layer, model.tensors(), {"bias": "w.bias", "weight": "w.weight"},
+        copy_weights(layer, model.tensors(), [link("bias", "w.bias"), link("weight", "w.weight")],
                      owner="test", source="m")
     assert torch.equal(layer.bias, before)
     with pytest.raises(UserError, match=r"no source in m: bias"):
-        copy_weights(nn.Linear(4, 3), model.tensors(), {"weight": "w.weight"}, owner="test",
+        copy_weights(nn.Linear(4, 3), model.tensors(), [link("weight", "w.weight")], owner="test",
                      source="m")

@@ -1,5 +1,6 @@
-"""Small random-weight ViT and CLIP vision towers saved with ``save_pretrained``, and the mmtf
-``VisionEncoder`` settings that match them (2 layers, width 64, 4 heads, 32x32 images)."""
+"""Small random-weight ViT and CLIP vision towers saved with ``save_pretrained``, and the sizes
+of their builders (``vit_encoder``, ``clip_vision_encoder``) that match them (2 layers, width 64,
+4 heads, 32x32 images)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,9 @@ from torch import nn
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
             image_size=32, patch_size=8)
-VIT_ENCODER = dict(dim=64, depth=2, num_heads=4, mlp_ratio=2.0, patch_size=8, image_size=32,
-                   mlp="gelu", norm_eps=1e-12, bias=True, mlp_bias=True, cls_token=True,
-                   pos_embed="learned", stem="patch", patch_bias=True, embed_norm=False,
-                   final_norm=True)
-CLIP_ENCODER = {**VIT_ENCODER, "mlp": "quick_gelu", "norm_eps": 1e-5, "patch_bias": False,
-                "embed_norm": True, "final_norm": False}
+SIZES = dict(dim=64, depth=2, num_heads=4, mlp_ratio=2.0, patch_size=8, image_size=32)
+VIT_ENCODER = dict(**SIZES, mlp="gelu", norm_eps=1e-12, bias=True)
+CLIP_ENCODER = dict(**SIZES, mlp="quick_gelu", norm_eps=1e-5)
 
 
 def perturb(model: nn.Module) -> nn.Module:

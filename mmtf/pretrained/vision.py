@@ -1,0 +1,127 @@
+"""What the vision families (:mod:`~mmtf.pretrained.vit`, :mod:`~mmtf.pretrained.clip`) share:
+their builder, which reads a Hugging Face folder into a ``VisionEncoder``.
+
+A vision family's module holds a config translation (``encoder_values``: the ``VisionEncoder``
+settings its ``config.json`` implies), the tensor name that locates its prefix (``ANCHOR``) and
+its name table (``links``). The builder reads the sizes from ``config.json`` (a size left null in the YAML)
+or checks them against it (a size given), fixes the settings the architecture implies (norm,
+stem, CLS token ...: not config keys), and copies every tensor after checking every name and
+shape. The folder may also be the encoder of a ``VisionEncoderDecoderModel`` (tensors under
+``encoder.``, config under ``encoder``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mmtf.encoders.vision import VisionEncoder
+from mmtf.errors import UserError
+from mmtf.hub import CONFIG_FILE, HFModel, is_export, open_hf_model
+from mmtf.pretrained import FAMILIES, family_module
+from mmtf.pretrained.names import copy_weights, original_names, require_config
+
+ENCODER_DECODER = "vision-encoder-decoder"
+# The families whose folders hold a vision tower this builder reads.
+VISION_FAMILIES = ("vit", "clip")
+# What the YAML of a vision family sets: sizes, read from config.json when null.
+SIZE_KEYS = ("dim", "depth", "num_heads", "mlp_ratio", "mlp", "norm_eps", "patch_size",
+             "in_channels", "image_size", "bias")
+
+
+def build_vision_encoder(family: str, *, pretrained: str | Path | None, sizes: dict[str, Any],
+                         dropout: float, attn_dropout: float, freeze: bool) -> VisionEncoder:
+    """A ``VisionEncoder`` of ``family``'s architecture, filled from ``pretrained``.
+
+    Args:
+        family: the builder's family (:data:`mmtf.pretrained.FAMILIES`); its module provides
+            ``ANCHOR``, ``encoder_values`` and ``links``.
+        pretrained: a Hugging Face folder or hub id of ``family``, an mmtf export of such an
+            encoder (its sizes are the YAML's), or None (random weights).
+        sizes: the builder's :data:`SIZE_KEYS`; None = from ``config.json``.
+
+    Raises:
+        UserError: a missing file; a folder of another architecture (its ``model_type`` or
+            ``encoder.model_type``, and the config group that reads it); a size that differs
+            from ``config.json`` (both values and the overrides that fix it); a null size
+            without a Hugging Face folder; a missing tensor.
+    """
+    entry, module = FAMILIES[family], family_module(family)
+    owner = f"model.encoder ({entry.builders['encoder']})"
+    kind = sorted(entry.model_types)[-1]
+    fixed = {k: v for k, (v, _) in module.encoder_values({"model_type": kind}).items()
+             if k not in SIZE_KEYS}
+    hf = config = None
+    if pretrained is not None and not is_export(pretrained):
+        hf, config = _open(family, pretrained, owner)
+        needed = module.encoder_values(config)
+        size = sizes["image_size"]                        # 224 and [224, 224] are one grid
+        given = {**sizes, "image_size": [size] * 2 if isinstance(size, int) else size}
+        require_config(owner, {**fixed, **given},
+                       {k: v for k, v in needed.items() if k not in sizes
+                        or sizes[k] is not None}, source=hf.source, key_prefix="model.encoder")
+        sizes = {k: needed[k][0] if v is None else v for k, v in sizes.items()}
+    unset = sorted(k for k, v in sizes.items() if v is None)
+    if unset:
+        raise UserError(f"{owner}: model.encoder.{unset[0]} is null, which means 'read it from "
+                        f"config.json', but model.encoder.pretrained ({pretrained}) is no "
+                        f"Hugging Face folder; set the sizes or point pretrained at one.")
+    export = pretrained if hf is None else None
+    encoder = VisionEncoder(**fixed, **sizes, dropout=dropout, attn_dropout=attn_dropout,
+                            pretrained=export)
+    if hf is not None:
+        _copy(encoder, family, hf, config, owner)
+    if freeze:
+        encoder.freeze()
+    return encoder
+
+
+def load_vision(encoder: VisionEncoder, family: str, source: str | Path) -> None:
+    """Fill an already built ``encoder`` from ``family``'s folder or hub id: every setting is
+    compared with ``config.json`` first and every tensor name and shape before any copy, so a
+    refused folder changes nothing.
+
+    Raises:
+        UserError: as :func:`build_vision_encoder`.
+    """
+    owner = f"model.encoder ({FAMILIES[family].builders['encoder']})"
+    hf, config = _open(family, source, owner)
+    built = {**encoder.config, "image_size": [encoder.grid[0] * encoder.patch_size,
+                                              encoder.grid[1] * encoder.patch_size]}
+    require_config(owner, built, family_module(family).encoder_values(config), source=hf.source,
+                   key_prefix="model.encoder")
+    _copy(encoder, family, hf, config, owner)
+
+
+def _copy(encoder: VisionEncoder, family: str, hf: HFModel, config: dict[str, Any],
+          owner: str) -> None:
+    module = family_module(family)
+    table = module.links(config, hf.prefix(module.ANCHOR, owner=owner))
+    copy_weights(encoder, hf.tensors(original_names(table)), table, owner=owner,
+                 source=hf.source)
+
+
+def resolved_sizes(part: str, module: VisionEncoder) -> dict[str, Any]:
+    """The sizes a built encoder was given (null ones read from ``config.json``), by builder
+    argument; recorded in a run's config so checkpoints rebuild without the folder."""
+    return {k: module.config[k] for k in SIZE_KEYS}
+
+
+def _open(family: str, source: str | Path, owner: str) -> tuple[HFModel, dict[str, Any]]:
+    """The folder and its encoder's config; another vision family's folder is refused with
+    the config group that reads it."""
+    vision = {name: FAMILIES[name] for name in VISION_FAMILIES}
+    types = {t for entry in vision.values() for t in entry.model_types}
+    model = open_hf_model(source, model_types={*types, ENCODER_DECODER}, owner=owner)
+    config, field = model.config, "model_type"
+    if model.model_type == ENCODER_DECODER:
+        config, field = model.field("encoder", owner=owner), "encoder.model_type"
+    kind = config.get("model_type")
+    if kind in vision[family].model_types:
+        return model, config
+    other = next((e for e in vision.values() if kind in e.model_types), None)
+    fix = (f"use model/encoder={other.config_groups['encoder']}, which reads it" if other
+           else "point model.encoder.pretrained at a folder of this family")
+    reads = " or ".join(repr(t) for t in sorted(vision[family].model_types))
+    raise UserError(f"{owner}: {model.source}/{CONFIG_FILE} has {field}={kind!r}, but this "
+                    f"loader reads {reads}; {fix}.")
