@@ -20,7 +20,7 @@ from mmtf.metrics import CaptionMetrics
 from mmtf.metrics.caption import check_backend
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.optim import configure_adamw_cosine
-from mmtf.tasks.resolve import stored_tokenizer
+from mmtf.tasks.resolve import check_same_tokenizer_on_every_rank, stored_tokenizer
 from mmtf.text import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -128,6 +128,12 @@ class CaptioningTask(Task):
                               f"model.decoder.max_len ({max_len}); lower max_new_tokens.")
 
     # ------------------------------------------------------------------ wiring
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        trainer = self._trainer
+        if trainer is not None and self.tokenizer is not None and trainer.world_size > 1:
+            check_same_tokenizer_on_every_rank(self.tokenizer, trainer.strategy)
+
     def connect_data(self, datamodule: Any) -> None:
         """Check the data module builds its ids with this task's tokenizer and fits the model's
         limits; take its caption parser.

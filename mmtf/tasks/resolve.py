@@ -9,6 +9,7 @@ Why: see docs/design/tokenizer-ownership.md
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -63,3 +64,20 @@ def resolve_tokenizer(spec: Mapping[str, Any] | None, *,
         raise ConfigError("a captioning run needs a tokenizer but the config has no tokenizer "
                           "node; select one with tokenizer=bpe | char | pretrained | saved.")
     return build_tokenizer(dict(spec), train_captions)
+
+
+def check_same_tokenizer_on_every_rank(tokenizer: Tokenizer, strategy: Any) -> None:
+    """Refuse to train when the ranks resolved different tokenizers (each rank runs the entry
+    point; resolution is deterministic, this proves it for the run). Collective: every rank of
+    ``strategy`` (a Lightning strategy) calls it, and every rank raises alike.
+
+    Raises:
+        CheckpointError: rank 0's tokenizer differs from another rank's.
+    """
+    digest = hashlib.sha256(tokenizer.to_json_str().encode()).hexdigest()
+    same = strategy.broadcast(digest, src=0) == digest
+    if not strategy.reduce_boolean_decision(same, all=True):
+        raise CheckpointError(
+            "the DDP ranks resolved different tokenizers (their token ids would differ); give "
+            "every rank the same tokenizer: tokenizer=saved tokenizer.path=<a JSON written by "
+            "rank 0's Tokenizer.save>, or resume from a checkpoint.")

@@ -3,11 +3,14 @@ against the decoder, the data module and every restored checkpoint, saved in its
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 
 from mmtf.errors import CheckpointError, ConfigError, UserError
 from mmtf.tasks import build_task, resolve_tokenizer, stored_tokenizer
+from mmtf.tasks.resolve import check_same_tokenizer_on_every_rank
 from mmtf.text import CharTokenizer
 
 from .conftest import captioner, fake_datamodule
@@ -110,6 +113,26 @@ def test_build_task_hands_the_checkpoint_tokenizer_over(monkeypatch):
     monkeypatch.setattr("mmtf.tasks.rebuild.instantiate", lambda cfg: captioner())
     rebuilt, _ = build_task(checkpoint, "x.ckpt")
     assert rebuilt.tokenizer == stored and rebuilt.model.eos_id == stored.eos_id
+
+
+class _TwoRanks:
+    """A Lightning strategy's two collectives, as rank 1 sees them when rank 0 holds ``rank0``."""
+
+    def __init__(self, rank0):
+        self.rank0 = rank0
+
+    def broadcast(self, obj, src=0):
+        return hashlib.sha256(self.rank0.to_json_str().encode()).hexdigest()
+
+    def reduce_boolean_decision(self, decision, all=True):
+        return decision
+
+
+def test_ranks_with_different_tokenizers_are_refused():
+    mine = CharTokenizer.train(TEXTS)
+    check_same_tokenizer_on_every_rank(mine, _TwoRanks(CharTokenizer.train(TEXTS)))  # equal
+    with pytest.raises(CheckpointError, match=r"DDP ranks resolved different tokenizers"):
+        check_same_tokenizer_on_every_rank(mine, _TwoRanks(CharTokenizer.train(["xyz"])))
 
 
 def test_ids_past_the_tokenizer_vocabulary_are_never_generated():
