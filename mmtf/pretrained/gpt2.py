@@ -349,7 +349,7 @@ def export_hf(task: Any, out: Path) -> None:
     encoder, decoder, tokenizer = task.model.encoder, task.model.decoder, task.tokenizer
     if not isinstance(tokenizer, PretrainedTokenizer):
         raise UserError(f"export format=hf: the checkpoint's tokenizer is "
-                        f"{type(tokenizer).__name__}, not GPT-2's (data.tokenizer.kind: "
+                        f"{type(tokenizer).__name__}, not GPT-2's (tokenizer="
                         f"pretrained); transformers could not read its captions.")
     ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
            "pad_token_id": tokenizer.pad_id}
