@@ -7,13 +7,15 @@ import hashlib
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from mmtf.errors import CheckpointError, ConfigError, UserError
 from mmtf.tasks import build_task, resolve_tokenizer, stored_tokenizer
 from mmtf.tasks.resolve import check_same_tokenizer_on_every_rank
 from mmtf.text import CharTokenizer
+from mmtf.train import connect_tokenizer
 
-from .conftest import captioner, fake_datamodule
+from .conftest import captioner, classifier, fake_datamodule
 
 TEXTS = ["a high beep", "a low tone then noise"]
 
@@ -153,3 +155,16 @@ def test_ids_past_the_tokenizer_vocabulary_are_never_generated():
     assert int(tokens.max()) < tokenizer.vocab_size and len(captions) == 2
     task.update_generation({"suppress_tokens": [5]})          # a user's list is kept beside
     assert task.generation["suppress_tokens"] == (5, *range(tokenizer.vocab_size, 64))
+
+
+def test_the_entry_point_hands_one_object_to_both_and_refuses_a_tokenizer_for_classification():
+    received = []
+    dm = fake_datamodule(train_captions=lambda: TEXTS, connect=received.append)
+    task = captioner()
+    connect_tokenizer(OmegaConf.create({"tokenizer": {"kind": "char"}}), task, dm, None)
+    assert received == [task.tokenizer] and received[0] is task.tokenizer
+    assert task.tokenizer == CharTokenizer.train(TEXTS)
+    with pytest.raises(ConfigError, match=r"tokenizer \(kind: bpe\) is set but a "
+                                          r"ClassificationTask emits no text; remove it"):
+        connect_tokenizer(OmegaConf.create({"tokenizer": {"kind": "bpe"}}), classifier(), dm, None)
+    connect_tokenizer(OmegaConf.create({}), classifier(), dm, None)      # none: nothing to do
