@@ -32,7 +32,11 @@ SPLITS = ("val", "test")
 
 def build_datamodule(stored: dict[str, Any], overrides: Any) -> L.LightningDataModule:
     """The checkpoint's data module, with ``overrides`` (the ``data`` key of eval.yaml) merged."""
-    data_cfg = OmegaConf.merge(OmegaConf.create(stored["data"]), overrides or {})
+    # Checkpoints written while the data module built the tokenizer kept its settings under
+    # data; the tokenizer itself is in the checkpoint (docs/design/tokenizer-ownership.md).
+    stored_data = {k: v for k, v in stored["data"].items()
+                   if k not in ("tokenizer", "tokenizer_path")}
+    data_cfg = OmegaConf.merge(OmegaConf.create(stored_data), overrides or {})
     data_dict = OmegaConf.to_container(data_cfg, resolve=True)
     check_targets(data_dict, "data")
     return instantiate(OmegaConf.create(data_dict))
@@ -91,7 +95,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     stage = "validate" if cfg.split == "val" else "test"
     crop_long_audio(task, datamodule, cfg.split)
     datamodule.setup(stage)
-    task.connect_data(datamodule)              # the checkpoint's tokenizer for the token ids
+    if task.tokenizer is not None:             # the checkpoint's, for the token ids
+        datamodule.connect(task.tokenizer)
+    task.connect_data(datamodule)
     loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False,
                         enable_checkpointing=False, default_root_dir=str(output_dir))

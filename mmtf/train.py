@@ -35,10 +35,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mmtf.checkpoint_io import validate_safe_targets
 from mmtf.data.image import record_image_processors
+from mmtf.errors import ConfigError
 from mmtf.loggers import continue_tracker_runs, log_config, log_final_metric, record_tracker_runs
 from mmtf.pretrained import resolved_sizes
 from mmtf.reliability import resolve_resume
-from mmtf.tasks import Task
+from mmtf.tasks import CaptioningTask, Task, resolve_tokenizer
 from mmtf.utils.config import check_target_signatures, print_config_tree, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.distributed import is_distributed
@@ -103,6 +104,9 @@ def train(cfg: DictConfig) -> float | None:
         record_tracker_runs(loggers, output_dir)
         log_config(loggers, cfg)
 
+    # After every config is built (a bad one fails before data is generated or a tokenizer
+    # trained) and before fit, which launches the other DDP ranks.
+    connect_tokenizer(cfg, task, datamodule, ckpt_path)
     if cfg.get("train", True):
         trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     train_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -148,6 +152,28 @@ def optimized_value(trainer: L.Trainer, metrics: dict[str, float], name: str, mo
                     "model_checkpoint (monitor=${optimized_metric}, mode=${optimized_mode}).",
                     name, mode)
     return metrics.get(name)
+
+
+def connect_tokenizer(cfg: DictConfig, task: Task, datamodule: L.LightningDataModule,
+                      ckpt_path: str | os.PathLike | None) -> None:
+    """Resolve the run's tokenizer once (the resumed checkpoint's, else from ``cfg.tokenizer``)
+    and hand the same object to the task and the data module.
+
+    Every DDP rank runs this (Lightning re-launches the script), and resolution is
+    deterministic, so every rank holds the same tokenizer. Why here: see
+    docs/design/tokenizer-ownership.md
+    """
+    spec = cfg.get("tokenizer")
+    if not isinstance(task, CaptioningTask):
+        if spec is not None:
+            raise ConfigError(f"tokenizer (kind: {spec.get('kind')}) is set but a "
+                              f"{type(task).__name__} emits no text; remove it (~tokenizer).")
+        return
+    spec = None if spec is None else OmegaConf.to_container(spec, resolve=True)
+    tokenizer = resolve_tokenizer(spec, train_captions=datamodule.train_captions,
+                                  ckpt_path=ckpt_path)
+    task.use_tokenizer(tokenizer)
+    datamodule.connect(tokenizer)
 
 
 def report(metrics: dict[str, float], task: Task, output_dir: Path) -> None:

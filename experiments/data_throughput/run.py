@@ -34,6 +34,7 @@ import torch
 
 from mmtf.data import padding_fraction
 from mmtf.synthetic import SyntheticCaptionDataModule, ensure_synthetic
+from mmtf.text import BPETokenizer
 
 SYNTH = {"kind": "audio_captions", "num_train": 3000, "num_val": 300, "num_test": 300,
          "seed": 0, "sample_rate": 16000, "min_seconds": 2.0, "max_seconds": 6.0,
@@ -49,9 +50,9 @@ def _dm(root: Path, synth: dict, *, workers: int = 0, bucketing: bool = True
     dm = SyntheticCaptionDataModule(format="clotho", root=str(root), synthetic=synth,
                                     sample_rate=16000, max_seconds=10.0, batch_size=32,
                                     num_workers=workers, persistent_workers=False,
-                                    bucketing=bucketing, seed=0,
-                                    tokenizer={"kind": "bpe", "vocab_size": 300})
+                                    bucketing=bucketing, seed=0)
     dm.setup("fit")
+    dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=300))
     return dm
 
 

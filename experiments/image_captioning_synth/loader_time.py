@@ -24,6 +24,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from mmtf.perf.device import cpu_flags, describe_cpu, quantity_table
+from mmtf.tasks import resolve_tokenizer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -38,7 +39,7 @@ def epoch_seconds(cache_mb: float, epochs: int, data_dir: str | None) -> list[fl
     data = instantiate(cfg.data)
     data.prepare_data()
     data.setup("fit")
-    data.set_tokenizer(data.train_tokenizer())
+    data.connect(resolve_tokenizer(cfg.tokenizer, train_captions=data.train_captions))
     loader = data.train_dataloader()
     seconds = []
     for epoch in range(epochs):

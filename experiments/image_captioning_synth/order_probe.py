@@ -38,7 +38,7 @@ def probe(ckpt_path: str) -> dict[str, float]:
     task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
     task.eval()
     data = instantiate(OmegaConf.create(stored["data"]))
-    data.tokenizer = task.tokenizer
+    data.connect(task.tokenizer)
     data.setup("validate")
     dataset = data.val_dataloader().dataset
     tok = task.tokenizer

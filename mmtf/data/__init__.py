@@ -6,7 +6,6 @@ Public API::
     load_audio(path, sample_rate=, max_seconds=)      -> (s,) float32 mono waveform
     load_image(path)                                  -> (3, h, w) uint8 RGB
     build_eval_image_transform(data_cfg)              the eval image pipeline of a data config
-    build_tokenizer(spec, texts)                      -> mmtf.text tokenizer
     DataError, ErrorCounter                           bad input: raise or skip-and-count
     BucketBatchSampler, SamplerState, Collate         batching (one resumable sampler)
     make_loader, sample_rng, padding_fraction         loaders, per-item randomness, padding
@@ -22,13 +21,12 @@ from mmtf.data.errors import ErrorCounter
 from mmtf.data.image import build_eval_image_transform, build_transform, load_image
 from mmtf.data.loader import make_loader
 from mmtf.data.sampler import BucketBatchSampler, SamplerState, padding_fraction, sample_rng
-from mmtf.data.tokenizer import build_tokenizer
 from mmtf.errors import DataError
 
 __all__ = [
     "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",
     "DataError", "ErrorCounter", "SamplerState", "audio_info", "build_eval_image_transform",
-    "build_tokenizer", "build_transform",
+    "build_transform",
     "load_audio", "load_image", "make_loader",
     "padding_fraction", "resample", "sample_rng",
 ]

@@ -24,12 +24,13 @@ from typing import Any
 import hydra
 import numpy as np
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from mmtf.data.audio import load_audio
 from mmtf.data.errors import ErrorCounter
 from mmtf.data.image import load_image
 from mmtf.errors import DataError
+from mmtf.text import build_tokenizer
 from mmtf.utils.config_dir import CONF_DIR
 
 
@@ -130,11 +131,12 @@ def run_check(cfg: DictConfig) -> int:
               f"most common: {', '.join(w for w, _ in words.most_common(10))}")
         if "train" in results and results["train"]["items"]:
             dm.error_counts = ErrorCounter()
-            dm.set_tokenizer(dm.train_tokenizer())
+            spec = OmegaConf.to_container(cfg.tokenizer, resolve=True)
+            dm.connect(build_tokenizer(spec, dm.train_captions))   # what a fresh run would use
             for split in results:
                 dm.tokens(split)
             n_trunc = dm.error_counts["caption_truncated"]
-            print(f"Tokenizer ({dm.tokenizer_spec.get('kind', 'bpe')}): "
+            print(f"Tokenizer ({spec.get('kind', 'bpe')}): "
                   f"{dm.tokenizer.vocab_size} tokens; {n_trunc} caption(s) longer than "
                   f"max_caption_tokens={dm.max_caption_tokens}")
             collector.counter.merge(dm.error_counts)  # truncation counts and examples

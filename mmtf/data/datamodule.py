@@ -31,9 +31,8 @@ from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS
 from mmtf.data.image import build_transform
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
-from mmtf.data.tokenizer import build_tokenizer
-from mmtf.errors import ConfigError, DataError, UserError, require_file
-from mmtf.text import Tokenizer, load_tokenizer
+from mmtf.errors import ConfigError, DataError, UserError
+from mmtf.text import Tokenizer
 
 log = logging.getLogger("mmtf.data")
 
@@ -279,13 +278,8 @@ class CaptionDataModule(MediaDataModule):
     Besides :class:`MediaDataModule`'s arguments:
 
     Args:
-        tokenizer: ``{kind: bpe | char, **training args}``: how :meth:`train_tokenizer` trains
-            a tokenizer on every training reference for a fresh run; or ``{kind: pretrained,
-            path: <model folder or hub id>, prompt: [...]}``: a pretrained model's tokenizer.
-        tokenizer_path: a tokenizer JSON saved by ``Tokenizer.save``, used by
-            :meth:`train_tokenizer` instead of training one.
         max_caption_tokens: longer captions are truncated (keeping ``eos``) and counted as
-            ``caption_truncated`` (a warning). Default: ``tokenizer.max_len``, else 64.
+            ``caption_truncated`` (a warning).
         caption_policy: ``random`` (one reference per item per epoch) or ``all`` (every
             (item, reference) pair per epoch). Evaluation always keeps every reference.
         captions_per_item: training captions per item per step, sharing one encoder pass
@@ -295,28 +289,21 @@ class CaptionDataModule(MediaDataModule):
             item keeps the same weight. Only with ``caption_policy: random``.
         **kwargs: see :class:`MediaDataModule`.
 
-    The tokenizer belongs to the task (it is saved in its checkpoints): the task hands it over
-    with :meth:`set_tokenizer` and asks :meth:`train_tokenizer` for one on a fresh run.
+    The data module never builds a tokenizer: the entry point resolves one
+    (:func:`mmtf.tasks.resolve_tokenizer`, which reads :meth:`train_captions` on a fresh run)
+    and hands the same object to the data module (:meth:`connect`) and the task.
 
     Attributes:
-        tokenizer: the ``mmtf.text.Tokenizer`` the ids are built with (None until set).
+        tokenizer: the ``mmtf.text.Tokenizer`` the ids are built with (None until connected).
     """
 
     task = "caption"
 
-    def __init__(self, *, tokenizer: Mapping[str, Any] | None = None,
-                 tokenizer_path: str | None = None, max_caption_tokens: int | None = None,
+    def __init__(self, *, max_caption_tokens: int = 64,
                  caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        spec = dict(to_plain(tokenizer)) if tokenizer else {"kind": "bpe", "vocab_size": 1000}
-        spec_max = spec.get("max_len")
-        if max_caption_tokens is not None and spec_max is not None and \
-                max_caption_tokens != spec_max:
-            raise ConfigError(f"max_caption_tokens ({max_caption_tokens}) != tokenizer.max_len "
-                              f"({spec_max}); set only one of data.max_caption_tokens and "
-                              f"data.tokenizer.max_len.")
-        self.max_caption_tokens = int(max_caption_tokens or spec_max or 64)
+        self.max_caption_tokens = int(max_caption_tokens)
         if self.max_caption_tokens < 2:
             raise ConfigError(f"max_caption_tokens ({self.max_caption_tokens}) must be >= 2 to "
                               f"hold <bos> and <eos>.")
@@ -328,7 +315,6 @@ class CaptionDataModule(MediaDataModule):
                               f"{caption_policy!r} already visits every pair); fix "
                               f"data.captions_per_item or data.caption_policy.")
         self.captions_per_item = captions_per_item
-        self.tokenizer_spec, self.tokenizer_path = spec, tokenizer_path
         self.caption_policy = caption_policy
         self.tokenizer: Tokenizer | None = None
         self._tokens: dict[str, list[list[list[int]]]] = {}
@@ -339,25 +325,13 @@ class CaptionDataModule(MediaDataModule):
             kw["modality"] = self.modality
         return kw
 
-    def train_tokenizer(self) -> Tokenizer:
-        """A new tokenizer for a fresh run: loaded from ``tokenizer_path`` if given, else trained
-        on every reference of the training split with the ``tokenizer`` spec. Does not set it:
-        the task owns the tokenizer and hands it back with :meth:`set_tokenizer`."""
-        if self.tokenizer_path:
-            path = require_file(self.tokenizer_path, what="data.tokenizer_path",
-                                fix="pass a JSON written by Tokenizer.save or remove the key",
-                                error=DataError)
-            return load_tokenizer(path)
-        if self.tokenizer_spec.get("kind") == "pretrained":     # read, never trained
-            return build_tokenizer(self.tokenizer_spec, ())
-        texts = [c for item in self.items("train") for c in item.captions]
-        tokenizer = build_tokenizer(self.tokenizer_spec, texts)
-        log.info("[data] trained a %s tokenizer on %d training captions: %d tokens",
-                 self.tokenizer_spec.get("kind", "bpe"), len(texts), tokenizer.vocab_size)
-        return tokenizer
+    def train_captions(self) -> list[str]:
+        """Every reference caption of every training item: what a fresh run's tokenizer is
+        trained on (:func:`mmtf.tasks.resolve_tokenizer`)."""
+        return [c for item in self.items("train") for c in item.captions]
 
-    def set_tokenizer(self, tokenizer: Tokenizer) -> None:
-        """Use ``tokenizer`` for the token ids of every split from now on.
+    def connect(self, tokenizer: Tokenizer) -> None:
+        """Build token ids with ``tokenizer`` from now on (the task holds the same object).
 
         Cached ids of another tokenizer are dropped; loaders built afterwards use the new ids.
         """
@@ -368,11 +342,16 @@ class CaptionDataModule(MediaDataModule):
     def tokens(self, split: str) -> list[list[list[int]]]:
         """Token ids of every caption of every item of a split, truncated to the limit.
 
-        Without a tokenizer set (the data module used on its own) one is trained first.
+        Raises:
+            UserError: no tokenizer was connected (:meth:`connect`).
         """
         if split not in self._tokens:
             if self.tokenizer is None:
-                self.set_tokenizer(self.train_tokenizer())
+                raise UserError(
+                    f"{type(self).__name__}: no tokenizer to build the {split} token ids with; "
+                    f"call datamodule.connect(tokenizer) first, e.g. with "
+                    f"mmtf.tasks.resolve_tokenizer(cfg.tokenizer, "
+                    f"train_captions=datamodule.train_captions) (mmtf.train does).")
             items = self.items(split)
             flat = [c for item in items for c in item.captions]
             ids = self.tokenizer.encode_batch(flat)
@@ -402,7 +381,7 @@ class CaptionDataModule(MediaDataModule):
         return [len(item.captions) for item in self.items(split)]
 
     def _collate(self) -> Collate:
-        # Built after _dataset, which sets the tokenizer (its ids) when none was set.
+        # Built after _dataset, which refuses to run without a tokenizer.
         return Collate(modality=self.modality, task=self.task, pad_id=self.tokenizer.pad_id)
 
     def _policy(self, split: str) -> str:

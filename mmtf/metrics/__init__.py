@@ -19,8 +19,8 @@ from mmtf.metrics.caption import (
 from mmtf.metrics.cider import cider_d_scores, corpus_cider_d
 from mmtf.metrics.event import event_sequence_accuracy
 from mmtf.metrics.java import MetricUnavailable
+from mmtf.metrics.ptb import ptb_words
 from mmtf.metrics.rouge import corpus_rouge_l
-from mmtf.metrics.tokenizer import coco_tokenize
 
 __all__ = [
     "ALL_METRICS",
@@ -31,9 +31,9 @@ __all__ = [
     "MetricUnavailable",
     "caption_metrics",
     "cider_d_scores",
-    "coco_tokenize",
     "corpus_bleu",
     "corpus_cider_d",
     "corpus_rouge_l",
     "event_sequence_accuracy",
+    "ptb_words",
 ]

@@ -8,7 +8,7 @@ run once on a machine with internet access (``AAC_METRICS_CACHE_PATH`` / ``FENSE
 elsewhere). mmtf never downloads: a missing file makes the metric unavailable, with the reason,
 before aac-metrics is called.
 
-Captions arrive tokenised by :func:`mmtf.metrics.tokenizer.coco_tokenize` (the Python port of the
+Captions arrive tokenised by :func:`mmtf.metrics.ptb.ptb_words` (the Python port of the
 PTB tokenizer aac-metrics runs through Java) and joined by spaces, so both backends score the
 same tokens. Why a second backend: see docs/design/generation-and-metrics.md
 """

@@ -1,7 +1,7 @@
 """Captioning metrics for a corpus: BLEU-1..4, ROUGE-L, CIDEr-D, METEOR, SPICE, SPIDEr.
 
 :func:`caption_metrics` scores candidates against references the way the COCO caption
-evaluation (pycocoevalcap) does: captions are tokenised (:func:`coco_tokenize`, lower-case,
+evaluation (pycocoevalcap) does: captions are tokenised (:func:`ptb_words`, lower-case,
 punctuation removed), then BLEU, ROUGE-L and CIDEr-D are computed in Python (bit-for-bit the
 pycocoevalcap formulas, see the modules) and METEOR / SPICE by their Java jars when present.
 
@@ -36,8 +36,8 @@ from mmtf.metrics.aac import aac_scores
 from mmtf.metrics.bleu import corpus_bleu
 from mmtf.metrics.cider import corpus_cider_d
 from mmtf.metrics.event import event_sequence_accuracy
+from mmtf.metrics.ptb import ptb_words
 from mmtf.metrics.rouge import corpus_rouge_l
-from mmtf.metrics.tokenizer import coco_tokenize
 from mmtf.utils.distributed import broadcast_object, gather_objects, world
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ def caption_metrics(
             ``meteor``, ``spice``, ``spider``, ``spider_fl``); None computes all. METEOR costs
             ~10-30 s per call (a JVM loading its paraphrase table); use :data:`FAST_METRICS`
             for per-epoch validation.
-        tokenize: run :func:`coco_tokenize` on every caption; False means the captions are
+        tokenize: run :func:`ptb_words` on every caption; False means the captions are
             already tokenised and are split on whitespace.
         java_timeout_s: time limit for each Java metric.
         backend: "mmtf" (this module's metrics) or "aac" (every metric by aac-metrics,
@@ -154,7 +154,7 @@ def caption_metrics(
     names = resolve_metrics(metrics)
     check_backend(backend)
     check_inputs(candidates, references)
-    split = coco_tokenize if tokenize else str.split
+    split = ptb_words if tokenize else str.split
     cand_tok = [split(c) for c in candidates]
     refs_tok = [[split(r) for r in refs] for refs in references]
     if backend == "aac":

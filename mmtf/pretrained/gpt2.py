@@ -330,7 +330,7 @@ def pretrained_tokenizer(task: Any) -> Any:
 
     if not isinstance(task.tokenizer, PretrainedTokenizer):
         raise UserError(f"export format=hf: the checkpoint's tokenizer is "
-                        f"{type(task.tokenizer).__name__}, not GPT-2's (data.tokenizer.kind: "
+                        f"{type(task.tokenizer).__name__}, not GPT-2's (tokenizer="
                         f"pretrained); transformers could not read its captions.")
     return task.tokenizer
 

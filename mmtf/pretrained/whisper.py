@@ -201,7 +201,7 @@ def export_hf(task: Any, out: Path) -> None:
     encoder, decoder, tokenizer = task.model.encoder, task.model.decoder, task.tokenizer
     if not isinstance(tokenizer, PretrainedTokenizer):
         raise UserError(f"export format=hf: the checkpoint's tokenizer is "
-                        f"{type(tokenizer).__name__}, not Whisper's (data.tokenizer.kind: "
+                        f"{type(tokenizer).__name__}, not Whisper's (tokenizer="
                         f"pretrained); transformers could not read its captions.")
     config, tensors = whisper_state(encoder, decoder)
     ids = {"pad_token_id": tokenizer.pad_id, "bos_token_id": tokenizer.bos_id,

@@ -3,9 +3,10 @@
 A task is a LightningModule around one mmtf encoder. Besides Lightning's hooks it offers:
 
 * ``encoder`` and ``modality`` (``audio`` | ``image``): what inputs it takes;
-* :meth:`Task.connect_data`: hand the data module what the task owns (the tokenizer), take what
-  the task needs from it (class names) and check the data against the model's
-  limits. ``setup`` calls it with the trainer's data module; ``evaluate`` calls it directly;
+* :meth:`Task.connect_data`: take what the task needs from the data module (class
+  names) and check the data against the model's limits (and that both hold the same
+  tokenizer). ``setup`` calls it with the trainer's data module; ``evaluate`` calls it directly;
+* ``use_tokenizer`` (tasks that emit text): the tokenizer, handed over by the caller;
 * :meth:`Task.update_generation`: generation overrides (tasks that generate text);
 * :meth:`Task.predict_batch`: one dict per input (``caption``, or ``label`` + ``class``);
 * :meth:`Task.export_parts`: the part modules ``mmtf.export`` can write;

@@ -15,12 +15,13 @@ from torch import nn
 from mmtf.data.inputs import Input, predict_inputs
 from mmtf.decoders import EncoderDecoder
 from mmtf.decoders.generation import GenerationConfig
-from mmtf.errors import CheckpointError, ConfigError
+from mmtf.errors import CheckpointError, ConfigError, UserError
 from mmtf.metrics import CaptionMetrics
 from mmtf.metrics.caption import check_backend
 from mmtf.synthetic import caption_parser
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.optim import configure_adamw_cosine
+from mmtf.tasks.resolve import check_same_tokenizer_on_every_rank, stored_tokenizer
 from mmtf.text import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -29,9 +30,10 @@ log = logging.getLogger(__name__)
 class CaptioningTask(Task):
     """Encoder-decoder captioner.
 
-    The task owns the tokenizer: it is trained by the data module on a fresh fit
-    (``datamodule.train_tokenizer()``), restored from the checkpoint otherwise, saved in every
-    checkpoint, and handed to the data module (``datamodule.set_tokenizer``) for the token ids.
+    The tokenizer is handed over (:meth:`use_tokenizer`) by whoever built the task: ``mmtf.train``
+    resolves it once (:func:`mmtf.tasks.resolve_tokenizer`) and gives the same object to the
+    data module; :func:`mmtf.tasks.build_task` takes the checkpoint's. The task saves it in every
+    checkpoint and checks a restored checkpoint's against it; no hook builds one.
 
     Args:
         encoder: any mmtf encoder (``forward(inputs, lengths) -> EncoderOutput``).
@@ -127,12 +129,19 @@ class CaptioningTask(Task):
                               f"model.decoder.max_len ({max_len}); lower max_new_tokens.")
 
     # ------------------------------------------------------------------ wiring
-    def connect_data(self, datamodule: Any) -> None:
-        """Give the data module the tokenizer; check its limits.
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        trainer = self._trainer
+        if trainer is not None and self.tokenizer is not None and trainer.world_size > 1:
+            check_same_tokenizer_on_every_rank(self.tokenizer, trainer.strategy)
 
-        Lightning calls ``setup`` (and so this) before it restores a checkpoint: a task without
-        a tokenizer yet gets the checkpoint's in :meth:`on_load_checkpoint`, or on a fresh fit a
-        new one in :meth:`configure_optimizers`; both hand it to the data module.
+    def connect_data(self, datamodule: Any) -> None:
+        """Check the data module builds its ids with this task's tokenizer and fits the model's
+        limits.
+
+        Raises:
+            UserError: the task or the data module has no tokenizer, or another one than the
+                other; the message names the call to make.
         """
         self.check_audio_limit(datamodule)
         caption_tokens = datamodule.max_caption_tokens
@@ -142,14 +151,22 @@ class CaptioningTask(Task):
                               f"model.decoder.max_len ({max_len}); lower data.max_caption_tokens "
                               f"(longer captions are truncated and counted) or raise "
                               f"model.decoder.max_len.")
-        if self.tokenizer is not None:
-            datamodule.set_tokenizer(self.tokenizer)
+        self.require_tokenizer()
+        if datamodule.tokenizer is None:
+            raise UserError("the data module has no tokenizer; hand it the task's: "
+                            "datamodule.connect(task.tokenizer).")
+        if datamodule.tokenizer != self.tokenizer:
+            raise UserError("the data module builds its ids with another tokenizer than the "
+                            "task's; hand both the same one: datamodule.connect(task.tokenizer).")
 
-    def share_tokenizer(self, datamodule: Any) -> None:
-        """Hand the task's tokenizer to the data module; without one, train it there first."""
+    def require_tokenizer(self) -> Tokenizer:
+        """The task's tokenizer; a clear error naming the call to make when none was handed over."""
         if self.tokenizer is None:
-            self.use_tokenizer(datamodule.train_tokenizer())
-        datamodule.set_tokenizer(self.tokenizer)
+            raise UserError("CaptioningTask has no tokenizer; hand it one first: "
+                            "task.use_tokenizer(tokenizer) with the tokenizer of "
+                            "mmtf.tasks.resolve_tokenizer (a run) or mmtf.tasks.stored_tokenizer"
+                            "(checkpoint) (mmtf.tasks.build_task does it).")
+        return self.tokenizer
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Adopt ``tokenizer``: its ids must fit the decoder's vocabulary, and the model takes
@@ -159,7 +176,7 @@ class CaptioningTask(Task):
             raise ConfigError(
                 f"CaptioningTask: the tokenizer has {tokenizer.vocab_size} tokens but "
                 f"model.decoder.vocab_size is {vocab}; raise model.decoder.vocab_size to at least "
-                f"{tokenizer.vocab_size} (or lower data.tokenizer.vocab_size).")
+                f"{tokenizer.vocab_size} (or lower tokenizer.vocab_size).")
         self.model.set_special_tokens(pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id,
                                       prompt_ids=tokenizer.prompt_ids)
         self.tokenizer = tokenizer
@@ -167,12 +184,6 @@ class CaptioningTask(Task):
         self.check_generation()
 
     def configure_optimizers(self) -> dict[str, Any]:
-        # Lightning restores a checkpoint after setup() and before this hook, and
-        # estimated_stepping_batches builds the training loader, whose token ids need the
-        # tokenizer: hand it over here. Why: see docs/design/tokenizer-ownership.md
-        datamodule = self.trainer.datamodule
-        if datamodule is not None:
-            self.share_tokenizer(datamodule)
         hp = self.hparams
         return configure_adamw_cosine(self.optimizer, [self.model], weight_decay=hp.weight_decay,
                                       warmup_steps=hp.warmup_steps, min_lr_ratio=hp.min_lr_ratio,
@@ -180,22 +191,25 @@ class CaptioningTask(Task):
                                       parts=self.optim_parts(), layer_decay=self.layer_decay)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Only checks: the tokenizer was handed over before (resolve_tokenizer takes a resumed
+        # checkpoint's, build_task a loaded one's). A different one means the weights would
+        # read other words than they were trained on.
         super().on_load_checkpoint(checkpoint)
-        stored = (checkpoint.get("mmtf") or {}).get("tokenizer")
-        if not stored:
+        stored = stored_tokenizer(checkpoint)
+        if stored is None:
             raise CheckpointError("the checkpoint carries no tokenizer (checkpoint['mmtf']"
                                   "['tokenizer']); it was not written by a CaptioningTask.")
-        tokenizer = Tokenizer.from_json_str(stored)
-        if self.tokenizer is not None and tokenizer != self.tokenizer:
-            # Token ids were already built with another tokenizer (a strategy that restores
-            # after setup, e.g. FSDP): the model would read other words than it was trained on.
+        if self.tokenizer is None:
             raise CheckpointError(
-                "the checkpoint's tokenizer differs from the one this run already built its "
-                "token ids with; resume with the checkpoint's data.tokenizer settings.")
-        self.use_tokenizer(tokenizer)
-        datamodule = self.attached_datamodule()
-        if datamodule is not None:
-            datamodule.set_tokenizer(tokenizer)
+                "CaptioningTask: restoring a checkpoint into a task without a tokenizer; hand it "
+                "the checkpoint's first: task.use_tokenizer(mmtf.tasks.stored_tokenizer("
+                "checkpoint)), or load it with mmtf.tasks.build_task / mmtf.load.")
+        if stored != self.tokenizer:
+            raise CheckpointError(
+                "the checkpoint's tokenizer differs from the one this task (and its data) were "
+                "given; resume with python -m mmtf.train ckpt_path=<it> (which takes the "
+                "checkpoint's tokenizer), or hand both mmtf.tasks.resolve_tokenizer(..., "
+                "ckpt_path=<it>).")
 
     # ------------------------------------------------------------------ steps
     def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None, tokens: torch.Tensor):
@@ -244,13 +258,10 @@ class CaptioningTask(Task):
     @torch.no_grad()
     def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None) -> list[str]:
         """Captions for a batch with the configured generation strategy."""
-        if self.tokenizer is None:
-            raise CheckpointError("CaptioningTask: no tokenizer to decode captions with; "
-                                  "evaluate a checkpoint (python -m mmtf.evaluate ckpt_path=...) "
-                                  "or fit first.")
+        tokenizer = self.require_tokenizer()
         gen = self.model.generate(inputs, lengths, **self.generation)
         tokens = gen.tokens if gen.tokens.dim() == 2 else gen.tokens[:, 0]  # best of n-best
-        return self.tokenizer.decode_batch(tokens.tolist())
+        return tokenizer.decode_batch(tokens.tolist())
 
     def export_parts(self) -> dict[str, nn.Module]:
         return {"encoder": self.model.encoder, "decoder": self.model.decoder}

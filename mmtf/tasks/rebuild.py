@@ -10,6 +10,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mmtf.checkpoint_io import stored_config
+from mmtf.tasks.resolve import stored_tokenizer
 
 if TYPE_CHECKING:
     from mmtf.tasks.base import Task
@@ -34,6 +35,9 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
             # the pretrained model (its sizes are in the stored config).
             model_cfg[name] = {**part, "pretrained": None}
     task = instantiate(OmegaConf.create(model_cfg))
+    tokenizer = stored_tokenizer(checkpoint)
+    if tokenizer is not None:       # handed over here; on_load_checkpoint only checks it
+        task.use_tokenizer(tokenizer)
     task.on_load_checkpoint(checkpoint)
     task.load_state_dict(checkpoint["state_dict"], strict=True)
     task.run_config = cfg

@@ -66,7 +66,7 @@ class PretrainedTokenizer(BackedTokenizer):
         self._prompt = [int(i) for i in (prompt_ids if prompt_ids is not None else [bos_id])]
         if not self._prompt:
             raise UserError(f"PretrainedTokenizer ({source}): the prompt is empty; give at "
-                            f"least one token (data.tokenizer.prompt).")
+                            f"least one token (tokenizer.prompt).")
         ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id, "unk_id": unk_id}
         for name, value in [*ids.items(), *(("prompt_ids", i) for i in self._prompt)]:
             if value is not None and not 0 <= value < self.vocab_size:
@@ -89,7 +89,7 @@ class PretrainedTokenizer(BackedTokenizer):
             UserError: ``tokenizer.json`` is missing or invalid, no eos token is named, or a
                 named token is not in the vocabulary.
         """
-        owner = "data.tokenizer (kind: pretrained)"
+        owner = "tokenizer (kind: pretrained)"
         folder = resolve_source(source, owner=owner)
         file = require_file(folder / TOKENIZER_FILE, what=f"{owner}: {TOKENIZER_FILE}",
                             fix="save the tokenizer with save_pretrained beside the model")
@@ -123,7 +123,7 @@ class PretrainedTokenizer(BackedTokenizer):
                 found = tok.token_to_id(str(text))
                 if found is None:
                     raise UserError(f"{owner}: prompt token {text!r} is not in {file}; "
-                                    f"fix data.tokenizer.prompt.")
+                                    f"fix tokenizer.prompt.")
                 prompt_ids.append(found)
         else:
             start = numbers.get("decoder_start_token_id")

@@ -24,7 +24,7 @@ COMMON = [
 ]
 AUDIO = ["model/encoder=audio_tiny", "data.synthetic.min_seconds=1.0",
          "data.synthetic.max_seconds=1.5", "data.synthetic.num_workers=0"]
-CAPTION = ["model/decoder=text_tiny", "data.tokenizer.vocab_size=128",
+CAPTION = ["model/decoder=text_tiny", "tokenizer.vocab_size=128",
            "model.test_metrics=[bleu,rouge_l,cider_d]", "model.generation.max_new_tokens=12"]
 TINY = {
     # The default run validates every 2nd epoch; the tiny runs of one to three epochs, every epoch.

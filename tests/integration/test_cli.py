@@ -24,6 +24,7 @@ from mmtf.metrics import caption_metrics, event_sequence_accuracy
 from mmtf.predict import expand_inputs, predict, print_predictions
 from mmtf.synthetic import audio as synthetic_audio
 from mmtf.synthetic import image as synthetic_image
+from mmtf.tasks import CaptioningTask
 from mmtf.tasks.rebuild import build_task
 from mmtf.text import load_tokenizer
 from mmtf.train import train
@@ -264,12 +265,22 @@ def test_a_user_error_is_one_line_unless_hydra_full_error(tiny_run, tmp_path):
     assert "ConfigError: split ('train')" in full.stderr
 
 
-def test_evaluate_uses_the_checkpoint_tokenizer_whatever_the_data_override(tiny_run, tmp_path):
+def test_evaluate_hands_the_checkpoint_tokenizer_to_the_data(tiny_run, tmp_path, monkeypatch):
     ckpt = tiny_run / "checkpoints" / "last.ckpt"
+    same = []
+    connect_data = CaptioningTask.connect_data
+    monkeypatch.setattr(CaptioningTask, "connect_data", lambda self, dm: (
+        same.append(dm.tokenizer is self.tokenizer), connect_data(self, dm)))
     plain = evaluate_in_process(ckpt, tmp_path / "plain")
-    other = evaluate_in_process(ckpt, tmp_path / "other", "data={tokenizer: {kind: char}}")
-    _, stored = build_task(load_checkpoint(ckpt), ckpt)        # control: the override applies
-    assert build_datamodule(stored, {"tokenizer": {"kind": "char"}}).tokenizer_spec["kind"] == "char"
+    assert same == [True]                      # the very object the checkpoint's task holds
+    # A checkpoint written while the tokenizer settings lived under data (data.tokenizer,
+    # data.tokenizer_path) evaluates too, with its own tokenizer.
+    old = load_checkpoint(ckpt)
+    old["mmtf"]["config"]["data"].update(tokenizer={"kind": "char"}, tokenizer_path=None)
+    torch.save(old, tmp_path / "old.ckpt")
+    _, stored = build_task(old, tmp_path / "old.ckpt")
+    assert build_datamodule(stored, None).tokenizer is None     # built without those keys
+    other = evaluate_in_process(tmp_path / "old.ckpt", tmp_path / "other")
     assert other["test/loss"] == plain["test/loss"]        # the same token ids as targets
     assert ((tmp_path / "other" / "predictions.jsonl").read_text()
             == (tmp_path / "plain" / "predictions.jsonl").read_text())

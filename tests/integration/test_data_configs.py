@@ -10,10 +10,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from mmtf.data.formats import write_coco_json
 from mmtf.synthetic import caption_parser, ensure_synthetic
+from mmtf.text import build_tokenizer
 from tests.unit.data.conftest import TINY_AUDIO, TINY_IMAGE, sine, write_audio
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -89,11 +91,13 @@ def test_every_data_config_loads(name, tmp_path, real_roots):
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
+    if "tokenizer" in cfg:                  # the caption configs select one (conf/tokenizer/)
+        dm.connect(build_tokenizer(OmegaConf.to_container(cfg.tokenizer), dm.train_captions))
     for loader in (dm.train_dataloader(), dm.val_dataloader()):
         batch = next(iter(loader))
         key = "audio" if dm.modality == "audio" else "image"
         assert batch[key].dtype == torch.float32 and len(batch["ids"]) == 2
-        assert ("tokens" in batch) == hasattr(dm, "tokenizer_spec")
+        assert ("tokens" in batch) == ("tokenizer" in cfg)
     if name.startswith("synth_") and "captions" in name:
         parser = caption_parser(cfg.data.synthetic.kind)   # as the task's event accuracy finds it
         assert parser is not None and all(parser(r) for r in batch["references"][0])

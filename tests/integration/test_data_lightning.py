@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from mmtf.data import BucketBatchSampler, CaptionDataModule
 from mmtf.synthetic import ensure_synthetic
+from mmtf.text import BPETokenizer
 from tests.unit.data.conftest import TINY_AUDIO
 
 
@@ -46,7 +47,8 @@ def test_fit_sets_epochs_and_counts_skips(tmp_path):
     x[5] = np.nan
     sf.write(str(bad), x, 16000, subtype="FLOAT")
     dm = CaptionDataModule(format="clotho", root=str(root), batch_size=3, on_error="skip",
-                           tokenizer={"kind": "bpe", "vocab_size": 100}, seed=0)
+                           seed=0)
+    dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=100))
     probe = Probe()
     trainer = L.Trainer(max_epochs=3, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,

@@ -55,7 +55,7 @@ def write_manifest(root: Path, modality: str, sizes=(8, 4, 4)) -> Path:
 def own_overrides(experiment: str, root: Path, *extra: str) -> list[str]:
     encoder = "model/encoder=audio_tiny" if "audio" in experiment else "model/encoder=vision_tiny"
     return [f"experiment={experiment}", f"data.root={root}", *COMMON, encoder, *CAPTION,
-            "model.generation.strategy=greedy", "data.tokenizer.vocab_size=48", *extra]
+            "model.generation.strategy=greedy", "tokenizer.vocab_size=48", *extra]
 
 
 @pytest.mark.parametrize(("experiment", "modality"), [("my_audio_captions", "audio"),
@@ -117,11 +117,11 @@ EXTERNAL = """\
       - override /model/decoder: text_tiny
     task_name: mine
     tags: [lab]
+    tokenizer: {{vocab_size: 48}}
     data:
       root: {root}
-      tokenizer: {{vocab_size: 48}}
     model:
-      decoder: {{vocab_size: "${{data.tokenizer.vocab_size}}"}}
+      decoder: {{vocab_size: "${{tokenizer.vocab_size}}"}}
       encoder: {{dim: 48}}
 """
 

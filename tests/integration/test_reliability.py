@@ -259,7 +259,7 @@ def test_sigkill_mid_epoch_then_ckpt_path_last_resumes_exactly(data_dir, tmp_pat
 def test_sigkill_at_epoch_boundary_resumes_exactly_and_keeps_the_tokenizer(data_dir, tmp_path):
     """train(): killed after step 3 (last.ckpt written after epoch 0's validation); resumed
     with ckpt_path=last. Controls: without ResumeState the resumed weights differ; with a
-    different data.tokenizer spec the checkpoint's tokenizer is still the one used."""
+    different tokenizer spec the checkpoint's tokenizer is still the one used."""
     ref, run = tmp_path / "ref", tmp_path / "run"
     train(compose_train(exact_overrides(data_dir), ref))
     code = run_forked(train, compose_train(exact_overrides(data_dir, *cb("kill", KillAtStep,
@@ -288,7 +288,7 @@ def test_sigkill_at_epoch_boundary_resumes_exactly_and_keeps_the_tokenizer(data_
     # A resumed run that would train a different tokenizer (vocab 100, not 128) still uses
     # the checkpoint's: the ids the model learned stay the same and the run stays exact.
     other = tmp_path / "other_tokenizer"
-    train(compose_train(exact_overrides(data_dir, "ckpt_path=last", "data.tokenizer.vocab_size=100",
+    train(compose_train(exact_overrides(data_dir, "ckpt_path=last", "tokenizer.vocab_size=100",
                                         "model.decoder.vocab_size=128"), other))
     assert_same_final_state(ref, other)
 

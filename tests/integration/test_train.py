@@ -10,8 +10,9 @@ import torch
 from hydra.utils import instantiate
 
 from mmtf.checkpoint_io import load_checkpoint
-from mmtf.text import Tokenizer
-from mmtf.train import train
+from mmtf.errors import CheckpointError
+from mmtf.text import BPETokenizer, Tokenizer, build_tokenizer
+from mmtf.train import connect_tokenizer, train
 
 from .conftest import EXPERIMENTS, TINY, compose_train, tiny_overrides
 
@@ -68,6 +69,7 @@ def test_optimizer_steps_reduce_the_loss(data_dir, tmp_path):
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
+    connect_tokenizer(cfg, task, dm, None)
     batch = next(iter(dm.train_dataloader()))
     opt = torch.optim.AdamW(task.parameters(), lr=1e-2)
     task.train()
@@ -81,9 +83,14 @@ def test_optimizer_steps_reduce_the_loss(data_dir, tmp_path):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_resume_from_last_continues_the_step_count(data_dir, tmp_path):
+def test_resume_from_last_continues_the_step_count(data_dir, tmp_path, monkeypatch):
+    trained = []
+    train_bpe = BPETokenizer.train.__func__
+    monkeypatch.setattr(BPETokenizer, "train", classmethod(
+        lambda cls, *a, **k: trained.append(1) or train_bpe(cls, *a, **k)))
     first = compose_train(tiny_overrides("audio_captioning", data_dir, "test=false"), tmp_path)
     train(first)
+    assert len(trained) == 1                             # a fresh run trains its tokenizer once
     last = tmp_path / "checkpoints" / "last.ckpt"
     steps_one_epoch = load_checkpoint(last)["global_step"]
     assert steps_one_epoch == 3                          # 12 clips / batch 4
@@ -92,6 +99,7 @@ def test_resume_from_last_continues_the_step_count(data_dir, tmp_path):
     train(resumed)
     state = load_checkpoint(last)
     assert state["global_step"] == 2 * steps_one_epoch
+    assert len(trained) == 1                             # the resume took the checkpoint's
 
 
 def test_ckpt_path_last_without_a_checkpoint_is_an_error(data_dir, tmp_path):
@@ -100,37 +108,49 @@ def test_ckpt_path_last_without_a_checkpoint_is_an_error(data_dir, tmp_path):
         train(cfg)
 
 
-def _fit(cfg, **kw):
-    """``trainer.fit`` in-process on the composed task and data, which stay inspectable."""
+def _fit(cfg, ckpt_path=None, **kw):
+    """``trainer.fit`` in-process on the composed task and data, which stay inspectable, with
+    the tokenizer resolved as ``mmtf.train`` does."""
     task, dm = instantiate(cfg.model), instantiate(cfg.data)
+    connect_tokenizer(cfg, task, dm, ckpt_path)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, **kw.pop("trainer", {}))
-    trainer.fit(task, datamodule=dm, weights_only=True, **kw)
+    trainer.fit(task, datamodule=dm, weights_only=True, ckpt_path=ckpt_path, **kw)
     return task, dm, trainer
 
 
 def test_fresh_fit_trains_the_tokenizer_from_the_training_captions(data_dir, tmp_path):
     cfg = compose_train(tiny_overrides("audio_captioning", data_dir), tmp_path)
     task, dm, _ = _fit(cfg, trainer={"max_steps": 1})
-    control = instantiate(cfg.data)
-    assert task.tokenizer is dm.tokenizer and task.tokenizer == control.train_tokenizer()
+    control = BPETokenizer.train(instantiate(cfg.data).train_captions(), vocab_size=128)
+    assert task.tokenizer is dm.tokenizer and task.tokenizer == control
 
 
-def test_resume_uses_the_checkpoint_tokenizer_whatever_data_tokenizer_says(data_dir, tmp_path):
+def test_resume_uses_the_checkpoint_tokenizer_whatever_the_config_says(data_dir, tmp_path):
     first = compose_train(tiny_overrides("audio_captioning", data_dir), tmp_path)
     _, _, trainer = _fit(first, trainer={"max_steps": 1})
     trainer.save_checkpoint(tmp_path / "one_step.ckpt", weights_only=False)
     stored = Tokenizer.from_json_str(
         load_checkpoint(tmp_path / "one_step.ckpt")["mmtf"]["tokenizer"])
     changed = compose_train(tiny_overrides("audio_captioning", data_dir,
-                                           "data.tokenizer.vocab_size=60",
+                                           "tokenizer.vocab_size=60",
                                            "model.decoder.vocab_size=128"), tmp_path / "b")
-    assert instantiate(changed.data).train_tokenizer() != stored  # the spec alone gives another
+    fresh = instantiate(changed.data)
+    assert build_tokenizer(changed.tokenizer, fresh.train_captions) != stored  # control
     task, dm, trainer = _fit(changed, trainer={"max_steps": 2},
                              ckpt_path=str(tmp_path / "one_step.ckpt"))
     assert trainer.global_step == 2
-    assert task.tokenizer == stored and dm.tokenizer == stored
+    assert task.tokenizer is dm.tokenizer and task.tokenizer == stored
     limit = dm.max_caption_tokens
     assert dm.tokens("train") == [stored.encode_batch(item.captions, max_len=limit)
                                   for item in dm.items("train")]
+    # A task and data handed another tokenizer than the checkpoint's are refused, clearly.
+    task, dm = instantiate(changed.model), instantiate(changed.data)
+    connect_tokenizer(changed, task, dm, None)                  # a fresh 60-token one
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, max_steps=2)
+    with pytest.raises(CheckpointError, match=r"checkpoint's tokenizer differs from the one "
+                                              r"this task \(and its data\) were given"):
+        trainer.fit(task, datamodule=dm, ckpt_path=str(tmp_path / "one_step.ckpt"),
+                    weights_only=True)

@@ -42,7 +42,7 @@ def _overrides(data_dir, models, *extra):
 def test_fast_dev_run_on_tiny_pretrained_folders(tiny_models, data_dir, tmp_path):
     _, models = tiny_models
     cfg = compose_train(_overrides(data_dir, models, "trainer.fast_dev_run=true"), tmp_path)
-    assert cfg.data.tokenizer.kind == "pretrained"
+    assert cfg.tokenizer.kind == "pretrained"
     assert cfg.data.train_transforms[0].source == cfg.model.encoder.pretrained
     train(cfg)
     metrics = json.loads((tmp_path / "metrics.json").read_text())

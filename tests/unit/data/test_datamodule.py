@@ -16,15 +16,22 @@ from mmtf.data import (
     CaptionDataModule,
     ClassificationDataModule,
     DataError,
-    build_tokenizer,
 )
+from mmtf.errors import UserError
 from mmtf.synthetic import audio as synthetic_audio
+from mmtf.text import CharTokenizer, build_tokenizer
+
+BPE = {"kind": "bpe", "vocab_size": 200}
 
 
-def _audio_dm(root, **kw) -> CaptionDataModule:
-    args = dict(format="clotho", root=str(root), batch_size=4, max_seconds=1.5, seed=0,
-                tokenizer={"kind": "bpe", "vocab_size": 200})
-    return CaptionDataModule(**{**args, **kw})
+def _audio_dm(root, *, tokenizer: dict | None = BPE, **kw) -> CaptionDataModule:
+    """A Clotho data module, connected (as mmtf.train does) to a tokenizer trained on its train
+    captions from ``tokenizer`` (None: none connected)."""
+    args = dict(format="clotho", root=str(root), batch_size=4, max_seconds=1.5, seed=0)
+    dm = CaptionDataModule(**{**args, **kw})
+    if tokenizer is not None:
+        dm.connect(build_tokenizer(tokenizer, dm.train_captions))
+    return dm
 
 
 def test_audio_caption_batches(tiny_audio_captions):
@@ -50,6 +57,7 @@ def test_image_caption_batches(tiny_image_captions):
     dm = CaptionDataModule(format="coco", root=str(tiny_image_captions), batch_size=3,
                            train_transforms=norm, eval_transforms=norm, image_cache_mb=1)
     dm.setup("fit")
+    dm.connect(build_tokenizer(BPE, dm.train_captions))
     assert dm.modality == "image"
     batch = next(iter(dm.train_dataloader()))
     assert batch["image"].shape == (3, 3, 32, 32) and batch["image"].dtype == torch.float32
@@ -165,7 +173,6 @@ def test_truncated_captions_are_counted(tiny_audio_captions, caplog):
 
 def test_truncation_keeps_the_head_of_each_caption_and_eos(tiny_audio_captions):
     dm = _audio_dm(tiny_audio_captions, max_caption_tokens=6)
-    dm.set_tokenizer(dm.train_tokenizer())
     captions = [c for item in dm.items("train") for c in item.captions]
     full = [dm.tokenizer.encode(c) for c in captions]                  # no limit
     got = [ids for per_item in dm.tokens("train") for ids in per_item]
@@ -174,46 +181,36 @@ def test_truncation_keeps_the_head_of_each_caption_and_eos(tiny_audio_captions):
     assert dm.error_counts["caption_truncated"] == sum(len(ids) > 6 for ids in full) > 0
 
 
-def test_set_tokenizer_replaces_the_cached_ids(tiny_audio_captions):
+def test_connect_replaces_the_cached_ids(tiny_audio_captions):
     dm = _audio_dm(tiny_audio_captions, max_caption_tokens=256)      # nothing truncated
-    char = _audio_dm(tiny_audio_captions, tokenizer={"kind": "char"}).train_tokenizer()
-    dm.set_tokenizer(dm.train_tokenizer())
+    char = CharTokenizer.train(dm.train_captions())
     bpe_ids = dm.tokens("val")
-    dm.set_tokenizer(char)
+    dm.connect(char)
     captions = [item.captions for item in dm.items("val")]
     assert dm.tokens("val") == [[char.encode(c) for c in caps] for caps in captions]
     assert dm.tokens("val") != bpe_ids
 
 
-def test_tokenizer_path_and_specs(tiny_audio_captions, tmp_path):
-    dm = _audio_dm(tiny_audio_captions, tokenizer={"kind": "char"})
-    tokenizer = dm.train_tokenizer()
-    assert dm.tokenizer is None                 # trained on request, set only by its owner
-    path = tmp_path / "tok.json"
-    tokenizer.save(path)
-    other = _audio_dm(tiny_audio_captions, tokenizer_path=str(path))
-    text = "A high beep."
-    assert other.train_tokenizer().encode(text) == tokenizer.encode(text)
-    with pytest.raises(DataError, match=r"data.tokenizer_path .*missing.json does not exist"):
-        _audio_dm(tiny_audio_captions, tokenizer_path=str(tmp_path / "missing.json")
-                  ).train_tokenizer()
-    with pytest.raises(ValueError, match=r"max_caption_tokens \(10\) != tokenizer\.max_len"):
-        _audio_dm(tiny_audio_captions, max_caption_tokens=10,
-                  tokenizer={"kind": "bpe", "max_len": 20})
-    assert _audio_dm(tiny_audio_captions, tokenizer={"kind": "bpe", "vocab_size": 50,
-                                                     "max_len": 20}).max_caption_tokens == 20
+def test_without_a_tokenizer_the_data_module_names_the_call_and_trains_none(
+        tiny_audio_captions, monkeypatch):
+    # Before: tokens() trained a tokenizer itself when none had been handed over.
+    trained = []
+    for cls in ("BPETokenizer", "CharTokenizer"):
+        monkeypatch.setattr(f"mmtf.text.{cls}.train", lambda *a, **k: trained.append(a))
+    dm = _audio_dm(tiny_audio_captions, tokenizer=None)
+    dm.setup("fit")
+    with pytest.raises(UserError, match=r"no tokenizer to build the train token ids with; "
+                                        r"call datamodule.connect\(tokenizer\) first"):
+        dm.train_dataloader()
+    with pytest.raises(UserError, match=r"datamodule.connect\(tokenizer\)"):
+        dm.tokens("val")
+    assert dm.tokenizer is None and trained == []
 
 
-def test_build_tokenizer():
-    texts = ["a high beep", "a low tone"] * 5
-    assert build_tokenizer({"kind": "char"}, texts).decode(
-        build_tokenizer({"kind": "char"}, texts).encode("a beep")) == "a beep"
-    bpe = build_tokenizer({"kind": "bpe", "vocab_size": 40, "max_len": 8}, texts)
-    assert bpe.vocab_size <= 40 and bpe.pad_id == 0
-    with pytest.raises(ValueError, match=r"tokenizer kind \('wordpiece'\)"):
-        build_tokenizer({"kind": "wordpiece"}, texts)
-    with pytest.raises(ValueError, match=r"rejected the options \['vocab_sise'\]"):
-        build_tokenizer({"kind": "bpe", "vocab_sise": 10}, texts)
+def test_train_captions_are_every_reference_of_the_train_split(tiny_audio_captions):
+    dm = _audio_dm(tiny_audio_captions, tokenizer=None)
+    refs = [c for item in dm.items("train") for c in item.captions]
+    assert dm.train_captions() == refs and len(refs) == 5 * len(dm.items("train"))
 
 
 def test_constructor_checks(tmp_path):

@@ -27,6 +27,7 @@ from mmtf.data.errors import ErrorPolicy
 from mmtf.data.formats.clotho import read_clotho
 from mmtf.data.formats.coco import read_coco
 from mmtf.data.formats.manifest import read_manifest
+from mmtf.text import BPETokenizer
 
 EXAMPLES = Counter()  # examples run per kind, checked by _run_fuzz
 FUZZ = settings(max_examples=50, deadline=None, database=None,
@@ -218,8 +219,9 @@ def test_skip_policy_completes_an_epoch_and_counts_the_broken_files(tmp_path):
     root = tmp_path / "clotho"
     _clotho_set(root, broken)
     dm = CaptionDataModule(format="clotho", root=str(root), batch_size=2, max_seconds=1.0,
-                           seed=0, on_error="skip", tokenizer={"kind": "bpe", "vocab_size": 120})
+                           seed=0, on_error="skip")
     dm.setup("fit")
+    dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=120))
     ids = [i for batch in dm.train_dataloader() for i in batch["ids"]]
     # Every good clip is seen; no broken one (a skipped slot may be refilled by a good clip).
     assert {Path(i).stem for i in ids} == {f"train{i}" for i in range(6)}
@@ -229,8 +231,9 @@ def test_skip_policy_completes_an_epoch_and_counts_the_broken_files(tmp_path):
                                          "missing_file": 1}
     with pytest.raises(DataError, match=r"(random|cut|empty)\.(wav|flac)|gone\.wav"):
         strict = CaptionDataModule(format="clotho", root=str(root), batch_size=2,
-                                   max_seconds=1.0, tokenizer={"kind": "bpe", "vocab_size": 120})
+                                   max_seconds=1.0)
         strict.setup("fit")
+        strict.connect(BPETokenizer.train(strict.train_captions(), vocab_size=120))
         for _ in strict.train_dataloader():
             pass
 

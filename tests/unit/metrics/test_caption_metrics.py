@@ -20,7 +20,7 @@ from mmtf.metrics import (
     CaptionRow,
     MetricUnavailable,
     caption_metrics,
-    coco_tokenize,
+    ptb_words,
 )
 from mmtf.metrics import java as java_metrics
 from tests.unit.metrics.fixtures import CANDIDATES, REFERENCES
@@ -181,8 +181,8 @@ def test_meteor_matches_pycocoevalcap():
     from pycocoevalcap.meteor.meteor import Meteor
 
     cands, refs = CANDIDATES[:10], REFERENCES[:10]
-    gts = {i: [" ".join(coco_tokenize(r)) for r in rs] for i, rs in enumerate(refs)}
-    res = {i: [" ".join(coco_tokenize(c))] for i, c in enumerate(cands)}
+    gts = {i: [" ".join(ptb_words(r)) for r in rs] for i, rs in enumerate(refs)}
+    res = {i: [" ".join(ptb_words(c))] for i, c in enumerate(cands)}
     scorer = Meteor()  # starts its JVM now; it loads the paraphrase table while ours runs
     try:
         ours = caption_metrics(cands, refs, metrics=["meteor"])

@@ -18,10 +18,10 @@ from mmtf.metrics import (
     FAST_METRICS,
     caption_metrics,
     cider_d_scores,
-    coco_tokenize,
     corpus_bleu,
     corpus_cider_d,
     corpus_rouge_l,
+    ptb_words,
 )
 from tests.unit.metrics.fixtures import CANDIDATES, REFERENCES
 
@@ -42,8 +42,8 @@ def pycoco(cands: list[list[str]], refs: list[list[list[str]]]) -> tuple[dict, l
 
 
 def tokenised_fixture():
-    return ([coco_tokenize(c) for c in CANDIDATES],
-            [[coco_tokenize(r) for r in refs] for refs in REFERENCES])
+    return ([ptb_words(c) for c in CANDIDATES],
+            [[ptb_words(r) for r in refs] for refs in REFERENCES])
 
 
 def test_fixture_shape():

@@ -41,4 +41,4 @@ def fake_datamodule(**kw: Any) -> SimpleNamespace:
     return SimpleNamespace(**{"modality": "audio", "max_seconds": 10.0, "max_caption_tokens": 32,
                               "num_classes": 3,
                               "class_names": ["a", "b", "c"],
-                              "set_tokenizer": lambda tok: None, **kw})
+                              "tokenizer": None, **kw})

@@ -10,12 +10,15 @@ from __future__ import annotations
 import pytest
 
 from mmtf.errors import UserError
+from mmtf.text import CharTokenizer
 
 from .conftest import captioner, classifier, fake_datamodule
 
 
 def test_settings_within_the_model_limits_pass():
-    captioner(generation={"max_new_tokens": 32}).connect_data(fake_datamodule())
+    task, tokenizer = captioner(generation={"max_new_tokens": 32}), CharTokenizer.train(["beep"])
+    task.use_tokenizer(tokenizer)
+    task.connect_data(fake_datamodule(tokenizer=tokenizer))
     classifier().connect_data(fake_datamodule(modality="image", max_seconds=None))
 
 

@@ -9,9 +9,9 @@ import json
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
-from mmtf.data.tokenizer import build_tokenizer
 from mmtf.errors import UserError
-from mmtf.text import PretrainedTokenizer, Tokenizer
+from mmtf.tasks import stored_tokenizer
+from mmtf.text import PretrainedTokenizer, Tokenizer, build_tokenizer
 from tests.unit.pretrained.tiny_hf import ENDOFTEXT, WHISPER_PROMPT, write_tokenizer
 from tests.unit.tasks.conftest import captioner
 
@@ -53,7 +53,7 @@ def test_whisper_prompt_and_specials(tmp_path):
 def test_json_and_checkpoint_round_trip(tmp_path):
     write_tokenizer(tmp_path, family="whisper")
     tok = build_tokenizer({"kind": "pretrained", "path": str(tmp_path),
-                           "prompt": WHISPER_PROMPT, "max_len": 32}, ["ignored"])
+                           "prompt": WHISPER_PROMPT})
     restored = Tokenizer.from_json_str(tok.to_json_str())
     assert isinstance(restored, PretrainedTokenizer) and restored == tok
     assert restored.prompt_ids == tok.prompt_ids and restored.pad_id == tok.pad_id
@@ -61,7 +61,9 @@ def test_json_and_checkpoint_round_trip(tmp_path):
     # Through a captioning task's checkpoint: the model takes the tokenizer's ids.
     task = captioner(vocab_size=tok.vocab_size)
     task.model.decoder.pad_id = tok.pad_id       # a decoder configured for this tokenizer
-    task.on_load_checkpoint({"mmtf": {"config": {}, "tokenizer": tok.to_json_str()}})
+    checkpoint = {"mmtf": {"config": {}, "tokenizer": tok.to_json_str()}}
+    task.use_tokenizer(stored_tokenizer(checkpoint))
+    task.on_load_checkpoint(checkpoint)
     saved: dict = {}
     task.on_save_checkpoint(saved)
     again = Tokenizer.from_json_str(saved["mmtf"]["tokenizer"])

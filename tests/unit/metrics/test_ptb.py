@@ -1,4 +1,4 @@
-"""coco_tokenize: hand-written expectations, and agreement with the Java PTBTokenizer."""
+"""ptb_words: hand-written expectations, and agreement with the Java PTBTokenizer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pycocoevalcap.tokenizer import ptbtokenizer
 
-from mmtf.metrics import coco_tokenize
+from mmtf.metrics import ptb_words
 from tests.unit.metrics.fixtures import CANDIDATES, REFERENCES
 
 
@@ -30,7 +30,7 @@ from tests.unit.metrics.fixtures import CANDIDATES, REFERENCES
     ("Caf\u00e9 na\u00efve o'clock and/or", "caf\u00e9 na\u00efve o'clock and/or"),
 ])
 def test_hand_cases(text, tokens):
-    assert coco_tokenize(text) == tokens.split()
+    assert ptb_words(text) == tokens.split()
 
 
 PTB_JAR = Path(ptbtokenizer.__file__).with_name(ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
@@ -57,4 +57,4 @@ def test_matches_java_ptb_tokenizer(tmp_path):
     assert len(lines) >= len(captions)
     for caption, line in zip(captions, lines):
         expected = [w for w in line.rstrip().split(" ") if w and w not in ptbtokenizer.PUNCTUATIONS]
-        assert coco_tokenize(caption) == expected, caption
+        assert ptb_words(caption) == expected, caption

@@ -1,8 +1,9 @@
-"""Caption tokenisation for the COCO-style metrics: a pure-Python stand-in for the PTB step.
+"""The words the COCO-style metrics compare: a pure-Python stand-in for the PTB step (text
+normalisation for scoring; the model's tokenizers are :mod:`mmtf.text`).
 
 The COCO caption evaluation (pycocoevalcap) runs every caption through Stanford's Java
 ``PTBTokenizer -preserveLines -lowerCase`` and then drops the punctuation tokens
-``'' ' `` ` . ? ! , : - -- ... ;``. :func:`coco_tokenize` reproduces that effect in Python:
+``'' ' `` ` . ? ! , : - -- ... ;``. :func:`ptb_words` reproduces that effect in Python:
 
 * lower-case; curly quotes/apostrophes as their ASCII forms;
 * clitics split off as PTB does: ``dog's -> dog 's``, ``don't -> do n't``, ``we'll -> we 'll``,
@@ -50,7 +51,7 @@ _TOKEN = re.compile(
 PUNCTUATION_CHARS = frozenset(".,?!:;-'\"`()[]{}\u2026\u2013\u2014\u00ab\u00bb")
 
 
-def coco_tokenize(text: str) -> list[str]:
+def ptb_words(text: str) -> list[str]:
     """Tokens of one caption, as the COCO evaluation's PTB step would give them.
 
     Args:
