@@ -10,13 +10,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from mmtf.checkpoint_io import (
-    SAFE_TARGETS_ENV,
-    CheckpointError,
-    build_task,
-    check_targets,
-    validate_safe_targets,
-)
+from mmtf.checkpoint_io import SAFE_TARGETS_ENV, check_targets, validate_safe_targets
+from mmtf.errors import CheckpointError
+from mmtf.tasks import build_task
 from mmtf.train import train
 from tests.integration.conftest import CONF
 
