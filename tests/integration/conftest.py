@@ -74,6 +74,73 @@ def run_cli(module: str, args: list[str], cwd: Path, timeout: float = 300,
                           capture_output=True, text=True, timeout=timeout)
 
 
+# What ``python -m <module>`` runs: the console entry points of pyproject.toml.
+ENTRY_POINTS = {"mmtf.train": "mmtf.train", "mmtf.evaluate": "mmtf.evaluate",
+                "mmtf.predict": "mmtf.predict", "mmtf.export": "mmtf.export",
+                "mmtf.inspect": "mmtf.inspect.__main__", "mmtf.report": "mmtf.report.cli",
+                "mmtf.data.check": "mmtf.data.check"}
+
+
+def cli_in_process(module: str, args: list[str], cwd: Path,
+                   env: dict | None = None) -> subprocess.CompletedProcess:
+    """:func:`run_cli` without a new interpreter: the entry point's ``main()`` under ``argv``.
+
+    For the tests of what a command prints and its exit status (an interpreter start costs
+    seconds; the console path itself is covered by one real :func:`run_cli` test per entry
+    point). Everything the command sets for itself is undone afterwards: ``os.environ``, the
+    working directory, ``sys.argv``, the root logger Hydra configures, Hydra's global state
+    (``HydraConfig`` included) and the matmul precision ``mmtf.train`` sets. An exception that
+    would end the interpreter is returned as status 1 with its traceback on stderr, as Python
+    prints it.
+    """
+    import contextlib
+    import importlib
+    import io
+    import logging
+    import traceback
+
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    main = importlib.import_module(ENTRY_POINTS[module]).main
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_env, saved_argv, saved_cwd = dict(os.environ), sys.argv, os.getcwd()
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    precision = torch.get_float32_matmul_precision()
+    os.environ.update({"HYDRA_FULL_ERROR": "1", **(env or {})})
+    sys.argv = [module, *args]
+    os.chdir(cwd)
+    code = 0
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main()
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+                if isinstance(exit_.code, str):
+                    print(exit_.code, file=sys.stderr)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None       # train() reads "under the CLI" from it
+        for handler in root.handlers:
+            if handler not in saved_handlers:
+                handler.close()
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        torch.set_float32_matmul_precision(precision)
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess([module, *args], code, stdout.getvalue(),
+                                       stderr.getvalue())
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """One synthetic-data cache per test worker: each tiny set is generated once."""

@@ -27,7 +27,14 @@ from mmtf.tasks.rebuild import build_task
 from mmtf.text import load_tokenizer
 from mmtf.train import train
 
-from .conftest import CONF, compose_train, evaluate_in_process, run_cli, tiny_overrides
+from .conftest import (
+    CONF,
+    cli_in_process,
+    compose_train,
+    evaluate_in_process,
+    run_cli,
+    tiny_overrides,
+)
 
 USER_ERRORS = {"HYDRA_FULL_ERROR": "0"}   # run_cli's default (1) shows every traceback
 
@@ -226,7 +233,7 @@ def test_config_errors_are_one_readable_line(data_dir, tmp_path):
         "model.encoder.dim=oops": ("'model.encoder.dim' = 'oops' (str) does not fit", 2),
     }
     for override, (message, code) in cases.items():
-        out = run_cli("mmtf.train", [*base, override], cwd=tmp_path, env=USER_ERRORS)
+        out = cli_in_process("mmtf.train", [*base, override], cwd=tmp_path, env=USER_ERRORS)
         assert out.returncode == code, (override, out.returncode, out.stderr[-2000:])
         assert message in out.stderr, (override, out.stderr[-2000:])
         if code == 2:
@@ -241,9 +248,10 @@ def test_misspelt_key_inside_an_experiment_yaml_fails_up_front(data_dir, tmp_pat
         "    n_mel: 16\n")
     overrides = [o if o != "experiment=audio_captioning" else "experiment=typo"
                  for o in _tiny(data_dir)]
-    out = run_cli("mmtf.train", [*overrides, f"hydra.searchpath=[file://{tmp_path / 'extra_conf'}]",
-                                 f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path,
-                  env=USER_ERRORS)
+    out = cli_in_process("mmtf.train", [*overrides,
+                                        f"hydra.searchpath=[file://{tmp_path / 'extra_conf'}]",
+                                        f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path,
+                         env=USER_ERRORS)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "'model.encoder.n_mel' is not an argument" in out.stderr
     assert "Did you mean 'n_mels'" in out.stderr
