@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
@@ -145,3 +149,74 @@ def cli_in_process(module: str, args: list[str], cwd: Path,
 def data_dir(tmp_path_factory) -> Path:
     """One synthetic-data cache per test worker: each tiny set is generated once."""
     return tmp_path_factory.mktemp("data")
+
+
+# ---------------------------------------------------------------- trained once per session
+# The shared audio captioner's encoder takes 1.2 s, under the synthetic clips' 1-1.5 s: the
+# long-audio paths of predict and evaluate run on it (tests/integration/test_inference_api.py).
+AUDIO_CAPTIONER_MAX_SECONDS = 1.2
+
+
+class TrainedRun(NamedTuple):
+    """A finished tiny run: its run dir and the synthetic data it was trained on."""
+
+    run_dir: Path
+    data_dir: Path
+
+    @property
+    def ckpt(self) -> Path:
+        return self.run_dir / "checkpoints" / "last.ckpt"
+
+
+def session_dir(tmp_path_factory) -> Path:
+    """A folder every xdist worker of this session sees: the parent of the workers' base
+    temps (alone, the session's own base temp)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """``build(folder)`` once per session, by whichever worker asks first; the others wait
+    on a file lock and reuse the folder. A failed build is retried by the next caller."""
+    root = session_dir(tmp_path_factory) / "built_once"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def audio_captioner(tmp_path_factory) -> TrainedRun:
+    """The tiny audio captioner every test that only needs *a* checkpoint uses (read-only).
+
+    One real ``python -m mmtf.train`` run (logger=default, tested at the end), so
+    test_cli.py checks the run dir a user's command leaves with it.
+    """
+    def build(folder: Path) -> None:
+        limit = AUDIO_CAPTIONER_MAX_SECONDS
+        overrides = [o if o != "logger=csv" else "logger=default" for o in tiny_overrides(
+            "audio_captioning", folder / "data", f"model.encoder.max_seconds={limit}",
+            f"data.max_seconds={limit}", "data.eval_crop=start")]
+        out = run_cli("mmtf.train", [*overrides, f"hydra.run.dir={folder / 'run'}"], cwd=folder)
+        assert out.returncode == 0, out.stderr[-3000:]
+
+    folder = built_once(tmp_path_factory, "audio_captioner", build)
+    return TrainedRun(folder / "run", folder / "data")
+
+
+@pytest.fixture(scope="session")
+def image_captioner(tmp_path_factory) -> TrainedRun:
+    """The tiny image captioner (one epoch, no test), trained in-process once (read-only)."""
+    from mmtf.train import train
+
+    def build(folder: Path) -> None:
+        train(compose_train(tiny_overrides("image_captioning", folder / "data", "test=false"),
+                            folder / "run"))
+
+    folder = built_once(tmp_path_factory, "image_captioner", build)
+    return TrainedRun(folder / "run", folder / "data")

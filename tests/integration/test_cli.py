@@ -43,15 +43,11 @@ def _tiny(data_dir: Path, *extra: str) -> list[str]:
     return tiny_overrides("audio_captioning", data_dir, *extra)
 
 
-@pytest.fixture(scope="module")
-def tiny_run(data_dir, tmp_path_factory) -> Path:
-    """One real `python -m mmtf.train` run whose checkpoint the other CLI tests use."""
-    work = tmp_path_factory.mktemp("cli")
-    run_dir = work / "run"
-    overrides = [o if o != "logger=csv" else "logger=default" for o in _tiny(data_dir)]
-    out = run_cli("mmtf.train", [*overrides, f"hydra.run.dir={run_dir}"], cwd=work)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return run_dir
+@pytest.fixture
+def tiny_run(audio_captioner) -> Path:
+    """The session's real `python -m mmtf.train` run (conftest.py), whose checkpoint the other
+    CLI tests use."""
+    return audio_captioner.run_dir
 
 
 def test_train_cli_writes_a_complete_run_dir(tiny_run):
@@ -261,12 +257,12 @@ def test_misspelt_key_inside_an_experiment_yaml_fails_up_front(data_dir, tmp_pat
 def test_a_user_error_is_one_line_unless_hydra_full_error(tiny_run, tmp_path):
     args = [f"ckpt_path={tiny_run / 'checkpoints' / 'last.ckpt'}", "split=train",
             f"hydra.run.dir={tmp_path / 'e'}"]
-    short = run_cli("mmtf.evaluate", args, cwd=tmp_path, env=USER_ERRORS)
+    short = run_cli("mmtf.evaluate", args, cwd=tmp_path, env=USER_ERRORS)   # the console path
     assert short.returncode == 2 and "Traceback" not in short.stderr, short.stderr[-2000:]
     assert short.stderr.strip().splitlines() == [
         "mmtf: error: ConfigError: split ('train') must be one of ('val', 'test'); set "
         "split=test or split=val."]
-    full = run_cli("mmtf.evaluate", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    full = cli_in_process("mmtf.evaluate", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert full.returncode == 1 and "Traceback" in full.stderr
     assert "ConfigError: split ('train')" in full.stderr
 
@@ -322,8 +318,8 @@ def test_evaluate_and_predict_a_classification_checkpoint(data_dir, tmp_path, ca
     assert set(dm.class_names) == {"circle", "square", "triangle", "cross"}
 
 
-def test_evaluate_and_predict_an_image_captioning_checkpoint(data_dir, tmp_path):
-    ckpt = _train_tiny("image_captioning", data_dir, tmp_path / "run")
+def test_evaluate_and_predict_an_image_captioning_checkpoint(image_captioner, tmp_path):
+    ckpt = image_captioner.ckpt
     evaluate_in_process(ckpt, tmp_path / "eval")
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     rows = [json.loads(line)

@@ -14,21 +14,17 @@ from hydra import compose, initialize_config_dir
 import mmtf
 from mmtf.errors import UserError
 from mmtf.predict import predict, print_predictions
-from mmtf.train import train
 
-from .conftest import CONF, compose_train, evaluate_in_process, run_cli, tiny_overrides
+from .conftest import AUDIO_CAPTIONER_MAX_SECONDS, CONF, evaluate_in_process, run_cli
 
-LIMIT = 1.2          # model.encoder.max_seconds of the checkpoint; the synthetic clips are 1-1.5 s
+LIMIT = AUDIO_CAPTIONER_MAX_SECONDS   # of the checkpoint; the synthetic clips are 1-1.5 s
 RATE = 16000
 
 
-@pytest.fixture(scope="module")
-def ckpt(data_dir, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("short_limit")
-    train(compose_train(tiny_overrides(
-        "audio_captioning", data_dir, "test=false", f"model.encoder.max_seconds={LIMIT}",
-        f"data.max_seconds={LIMIT}", "data.eval_crop=start"), run_dir))
-    return run_dir / "checkpoints" / "last.ckpt"
+@pytest.fixture
+def ckpt(audio_captioner) -> Path:
+    """The session's tiny audio captioner (conftest.py): encoder limit LIMIT, eval_crop=start."""
+    return audio_captioner.ckpt
 
 
 @pytest.fixture(scope="module")

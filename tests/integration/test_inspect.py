@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from mmtf.checkpoint_io import load_checkpoint
 
-from .conftest import run_cli, tiny_overrides
+from .conftest import cli_in_process, run_cli, tiny_overrides
 
 NO_FIGURE = "callbacks.attention_figure=null"   # on by default: conf/callbacks/default.yaml
 
@@ -87,9 +87,9 @@ def test_inspect_cli_scores_event_overlap_on_the_synthetic_set(audio_runs, tmp_p
     assert "2 clips;" in out.stdout
 
 
-def test_inspect_cli_overlays_attention_on_an_image(data_dir, tmp_path):
-    run = _train(data_dir, tmp_path / "image", "image_captioning")
-    images = sorted((data_dir / "synth_image_captions").rglob("*.png"))
+def test_inspect_cli_overlays_attention_on_an_image(image_captioner, tmp_path):
+    run = image_captioner.run_dir
+    images = sorted((image_captioner.data_dir / "synth_image_captions").rglob("*.png"))
     assert images
     out = run_cli("mmtf.inspect", [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
                                    f"input={images[0]}", f"out={tmp_path / 'o'}", "name=img",
@@ -100,7 +100,7 @@ def test_inspect_cli_overlays_attention_on_an_image(data_dir, tmp_path):
 
 
 def test_inspect_cli_needs_one_input(tmp_path):
-    out = run_cli("mmtf.inspect", ["ckpt_path=x.ckpt", f"hydra.run.dir={tmp_path / 'h'}"],
-                  cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})   # the one-line form
+    out = cli_in_process("mmtf.inspect", ["ckpt_path=x.ckpt", f"hydra.run.dir={tmp_path / 'h'}"],
+                         cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})   # the one-line form
     assert out.returncode == 2
     assert "give exactly one of input=<audio or image file> and synthetic_split" in out.stderr

@@ -11,7 +11,7 @@ import pytest
 
 from mmtf.train import train
 
-from .conftest import COMMON, REPO, compose_train, run_cli
+from .conftest import COMMON, REPO, cli_in_process, compose_train, run_cli
 
 transformers = pytest.importorskip("transformers")
 EXPERIMENT = "image_captioning_coco_vit_gpt2"
@@ -76,8 +76,8 @@ def test_bad_pretrained_folders_are_one_line_before_anything_is_written(case, ti
     else:
         models.append("model.encoder.dim=32")
     data_dir, run = tmp_path / "data", tmp_path / "run"
-    out = run_cli("mmtf.train", _overrides(data_dir, models, f"hydra.run.dir={run}"),
-                  cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
+    out = cli_in_process("mmtf.train", _overrides(data_dir, models, f"hydra.run.dir={run}"),
+                         cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("mmtf: error:")]

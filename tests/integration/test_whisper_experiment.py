@@ -11,7 +11,7 @@ import pytest
 
 from mmtf.train import train
 
-from .conftest import COMMON, compose_train, run_cli
+from .conftest import COMMON, cli_in_process, compose_train, run_cli
 
 pytest.importorskip("transformers")
 
@@ -74,7 +74,7 @@ def test_bad_pretrained_folder_is_one_line_before_any_data(case, tiny_whisper, t
     args = ["experiment=audio_captioning_clotho_whisper", f"paths.data_dir={data_dir}", *COMMON,
             *DATA, f"model.encoder.pretrained={folder}", *extra,
             f"hydra.run.dir={tmp_path / 'run'}"]
-    out = run_cli("mmtf.train", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
+    out = cli_in_process("mmtf.train", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("mmtf: error:")]
