@@ -15,7 +15,7 @@ import mmtf
 from mmtf.errors import UserError
 from mmtf.predict import predict, print_predictions
 
-from .conftest import AUDIO_CAPTIONER_MAX_SECONDS, CONF, evaluate_in_process, run_cli
+from .conftest import AUDIO_CAPTIONER_MAX_SECONDS, CONF, cli_in_process, evaluate_in_process
 
 LIMIT = AUDIO_CAPTIONER_MAX_SECONDS   # of the checkpoint; the synthetic clips are 1-1.5 s
 RATE = 16000
@@ -58,9 +58,9 @@ def test_predict_windows_caption_every_window_with_its_span(ckpt, clips):
 
 
 def test_predict_cli_prints_window_spans(ckpt, clips, tmp_path):
-    out = run_cli("mmtf.predict", [f"ckpt_path={ckpt}", f"inputs=[{clips['long']}]",
-                                   "long_audio=window", f"hydra.run.dir={tmp_path / 'p'}"],
-                  cwd=tmp_path)
+    out = cli_in_process("mmtf.predict", [f"ckpt_path={ckpt}", f"inputs=[{clips['long']}]",
+                                          "long_audio=window", f"hydra.run.dir={tmp_path / 'p'}"],
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line.split("\t") for line in out.stdout.splitlines() if line.startswith("/")]
     assert [line[1] for line in lines] == ["0.00-1.00", "1.00-2.00", "2.00-3.00"]

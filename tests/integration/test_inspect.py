@@ -21,7 +21,8 @@ NO_FIGURE = "callbacks.attention_figure=null"   # on by default: conf/callbacks/
 def _train(data_dir: Path, run_dir: Path, experiment: str, *extra: str) -> Path:
     overrides = [o if o != "logger=csv" else "logger=default"
                  for o in tiny_overrides(experiment, data_dir, "test=false", *extra)]
-    out = run_cli("mmtf.train", [*overrides, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    out = cli_in_process("mmtf.train", [*overrides, f"hydra.run.dir={run_dir}"],
+                         cwd=run_dir.parent)
     assert out.returncode == 0, out.stderr[-3000:]
     return run_dir
 
@@ -81,20 +82,20 @@ def test_inspect_cli_writes_audio_figures_and_a_word_table(audio_runs, data_dir,
 
 def test_inspect_cli_scores_event_overlap_on_the_synthetic_set(audio_runs, tmp_path):
     ckpt = audio_runs[1] / "checkpoints" / "last.ckpt"
-    out = run_cli("mmtf.inspect", [f"ckpt_path={ckpt}", "synthetic_split=val", "num_clips=2",
-                                   f"hydra.run.dir={tmp_path / 'h'}"], cwd=tmp_path)
+    out = cli_in_process("mmtf.inspect", [f"ckpt_path={ckpt}", "synthetic_split=val",
+                                          "num_clips=2", f"hydra.run.dir={tmp_path / 'h'}"],
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "2 clips;" in out.stdout
 
 
 def test_inspect_cli_overlays_attention_on_an_image(image_captioner, tmp_path):
-    run = image_captioner.run_dir
     images = sorted((image_captioner.data_dir / "synth_image_captions").rglob("*.png"))
     assert images
-    out = run_cli("mmtf.inspect", [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
-                                   f"input={images[0]}", f"out={tmp_path / 'o'}", "name=img",
-                                   "layers=[-1]", "head=0", f"hydra.run.dir={tmp_path / 'h'}"],
-                  cwd=tmp_path)
+    out = cli_in_process("mmtf.inspect", [f"ckpt_path={image_captioner.ckpt}",
+                                          f"input={images[0]}", f"out={tmp_path / 'o'}",
+                                          "name=img", "layers=[-1]", "head=0",
+                                          f"hydra.run.dir={tmp_path / 'h'}"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["img_cross_layer1.png"]
 
