@@ -194,8 +194,9 @@ def test_exported_encoder_gives_identical_features_in_a_classifier(tiny_run, dat
 
 def test_multirun_two_jobs_into_one_sweep_dir(data_dir, tmp_path):
     sweep = tmp_path / "sweep"
-    out = run_cli("mmtf.train", ["-m", *_tiny(data_dir, "test=false"), "model.decoder.depth=1,2",
-                                 f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    out = cli_in_process("mmtf.train", ["-m", *_tiny(data_dir, "test=false"),
+                                        "model.decoder.depth=1,2", f"hydra.sweep.dir={sweep}"],
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert jobs == ["0", "1"]

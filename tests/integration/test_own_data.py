@@ -15,7 +15,7 @@ from PIL import Image
 from mmtf.errors import MonitorError
 from mmtf.train import train
 
-from .conftest import CAPTION, COMMON, cli_in_process, compose_train, run_cli, tiny_overrides
+from .conftest import CAPTION, COMMON, cli_in_process, compose_train, tiny_overrides
 
 WORDS = ["a dog barks", "rain falls softly", "a car passes by", "birds sing loudly"]
 
@@ -138,7 +138,7 @@ def test_experiment_outside_the_repo(how, tmp_path):
     run = tmp_path / "run"
     args = [*where, "experiment=mine", "trainer.fast_dev_run=true", *COMMON,
             "model.generation.max_new_tokens=4", f"hydra.run.dir={run}"]
-    proc = run_cli("mmtf.train", args, cwd=tmp_path)
+    proc = cli_in_process("mmtf.train", args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import yaml
     cfg = yaml.safe_load((run / "config.yaml").read_text())
