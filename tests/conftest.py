@@ -28,9 +28,15 @@ def seed() -> int:
     return 0
 
 
-@pytest.hookimpl(tryfirst=True)     # before xdist reads the marks (its hook is registered later)
+# Session fixtures that train a model (tests/integration/conftest.py): whichever of their
+# tests comes first pays for the run, so all of them are `slow`.
+TRAINED_FIXTURES = frozenset({"audio_captioner", "image_captioner"})
+
+
+@pytest.hookimpl(tryfirst=True)     # before xdist and -m read the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that use a module-scoped fixture share one ``xdist_group``, their module's.
+    """Tests that use a module-scoped fixture share one ``xdist_group``, their module's; tests
+    that use a session-trained checkpoint are ``slow``.
 
     With ``--dist loadgroup`` (pyproject.toml's addopts) xdist sends a group to one worker, so
     each such fixture (a trained run, the installed wheel, the compiled-decoding results) is
@@ -38,6 +44,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     distributed one by one, as ``--dist load`` does.
     """
     for item in items:
+        if TRAINED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
             continue

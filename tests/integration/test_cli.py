@@ -192,6 +192,7 @@ def test_exported_encoder_gives_identical_features_in_a_classifier(tiny_run, dat
     torch.testing.assert_close(standalone(wave, lengths).memory, expected.memory, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_multirun_two_jobs_into_one_sweep_dir(data_dir, tmp_path):
     sweep = tmp_path / "sweep"
     out = cli_in_process("mmtf.train", ["-m", *_tiny(data_dir, "test=false"),

@@ -45,6 +45,7 @@ def _first_val_clip(data_dir: Path) -> Path:
         return root / "validation" / next(csv.DictReader(f))["file_name"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)      # the fixture trains two runs before this first test
 def test_callback_logs_a_figure_per_epoch_and_changes_no_weight(audio_runs):
     with_cb, without = audio_runs
@@ -63,6 +64,7 @@ def test_callback_logs_a_figure_per_epoch_and_changes_no_weight(audio_runs):
     assert not (without / "samples" / "val_attention_epoch000.png").exists()
 
 
+@pytest.mark.slow
 def test_inspect_cli_writes_audio_figures_and_a_word_table(audio_runs, data_dir, tmp_path):
     ckpt = audio_runs[1] / "checkpoints" / "last.ckpt"
     clip = _first_val_clip(data_dir)
@@ -80,6 +82,7 @@ def test_inspect_cli_writes_audio_figures_and_a_word_table(audio_runs, data_dir,
     assert starts == sorted(starts) and all(s <= e for s, e in zip(starts, ends))
 
 
+@pytest.mark.slow
 def test_inspect_cli_scores_event_overlap_on_the_synthetic_set(audio_runs, tmp_path):
     ckpt = audio_runs[1] / "checkpoints" / "last.ckpt"
     out = cli_in_process("mmtf.inspect", [f"ckpt_path={ckpt}", "synthetic_split=val",
