@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
 
@@ -74,7 +78,145 @@ def run_cli(module: str, args: list[str], cwd: Path, timeout: float = 300,
                           capture_output=True, text=True, timeout=timeout)
 
 
+# What ``python -m <module>`` runs: the console entry points of pyproject.toml.
+ENTRY_POINTS = {"mmtf.train": "mmtf.train", "mmtf.evaluate": "mmtf.evaluate",
+                "mmtf.predict": "mmtf.predict", "mmtf.export": "mmtf.export",
+                "mmtf.inspect": "mmtf.inspect.__main__", "mmtf.report": "mmtf.report.cli",
+                "mmtf.data.check": "mmtf.data.check"}
+
+
+def cli_in_process(module: str, args: list[str], cwd: Path,
+                   env: dict | None = None) -> subprocess.CompletedProcess:
+    """:func:`run_cli` without a new interpreter: the entry point's ``main()`` under ``argv``.
+
+    For the tests of what a command prints and its exit status (an interpreter start costs
+    seconds; the console path itself is covered by one real :func:`run_cli` test per entry
+    point). Everything the command sets for itself is undone afterwards: ``os.environ``, the
+    working directory, ``sys.argv``, the root logger Hydra configures, Hydra's global state
+    (``HydraConfig`` included) and the matmul precision ``mmtf.train`` sets. An exception that
+    would end the interpreter is returned as status 1 with its traceback on stderr, as Python
+    prints it.
+    """
+    import contextlib
+    import importlib
+    import io
+    import logging
+    import traceback
+
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    main = importlib.import_module(ENTRY_POINTS[module]).main
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_env, saved_argv, saved_cwd = dict(os.environ), sys.argv, os.getcwd()
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    precision = torch.get_float32_matmul_precision()
+    os.environ.update({"HYDRA_FULL_ERROR": "1", **(env or {})})
+    sys.argv = [module, *args]
+    os.chdir(cwd)
+    code = 0
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main()
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+                if isinstance(exit_.code, str):
+                    print(exit_.code, file=sys.stderr)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None       # train() reads "under the CLI" from it
+        for handler in root.handlers:
+            if handler not in saved_handlers:
+                handler.close()
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        torch.set_float32_matmul_precision(precision)
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess([module, *args], code, stdout.getvalue(),
+                                       stderr.getvalue())
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """One synthetic-data cache per test worker: each tiny set is generated once."""
     return tmp_path_factory.mktemp("data")
+
+
+# ---------------------------------------------------------------- trained once per session
+# The shared audio captioner's encoder takes 1.2 s, under the synthetic clips' 1-1.5 s: the
+# long-audio paths of predict and evaluate run on it (tests/integration/test_inference_api.py).
+AUDIO_CAPTIONER_MAX_SECONDS = 1.2
+
+
+class TrainedRun(NamedTuple):
+    """A finished tiny run: its run dir and the synthetic data it was trained on."""
+
+    run_dir: Path
+    data_dir: Path
+
+    @property
+    def ckpt(self) -> Path:
+        return self.run_dir / "checkpoints" / "last.ckpt"
+
+
+def session_dir(tmp_path_factory) -> Path:
+    """A folder every xdist worker of this session sees: the parent of the workers' base
+    temps (alone, the session's own base temp)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """``build(folder)`` once per session, by whichever worker asks first; the others wait
+    on a file lock and reuse the folder. A failed build is retried by the next caller."""
+    root = session_dir(tmp_path_factory) / "built_once"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def audio_captioner(tmp_path_factory) -> TrainedRun:
+    """The tiny audio captioner every test that only needs *a* checkpoint uses (read-only).
+
+    One real ``python -m mmtf.train`` run (logger=default, tested at the end), so
+    test_cli.py checks the run dir a user's command leaves with it.
+    """
+    def build(folder: Path) -> None:
+        limit = AUDIO_CAPTIONER_MAX_SECONDS
+        overrides = [o if o != "logger=csv" else "logger=default" for o in tiny_overrides(
+            "audio_captioning", folder / "data", f"model.encoder.max_seconds={limit}",
+            f"data.max_seconds={limit}", "data.eval_crop=start")]
+        out = run_cli("mmtf.train", [*overrides, f"hydra.run.dir={folder / 'run'}"], cwd=folder)
+        assert out.returncode == 0, out.stderr[-3000:]
+
+    folder = built_once(tmp_path_factory, "audio_captioner", build)
+    return TrainedRun(folder / "run", folder / "data")
+
+
+@pytest.fixture(scope="session")
+def image_captioner(tmp_path_factory) -> TrainedRun:
+    """The tiny image captioner (one epoch, no test), trained in-process once (read-only)."""
+    from mmtf.train import train
+
+    def build(folder: Path) -> None:
+        train(compose_train(tiny_overrides("image_captioning", folder / "data", "test=false"),
+                            folder / "run"))
+
+    folder = built_once(tmp_path_factory, "image_captioner", build)
+    return TrainedRun(folder / "run", folder / "data")

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from .conftest import compose_train, run_cli, tiny_overrides
+from .conftest import cli_in_process, compose_train, tiny_overrides
 
 
 def _wrong_width_export(folder: Path, data_dir: Path) -> None:
@@ -54,7 +54,7 @@ def test_bad_config_is_one_readable_line_before_any_data(case, tmp_path):
         _wrong_width_export(tmp_path / "enc", tmp_path / "unused_data")
         args = tiny_overrides("audio_captioning", data_dir,
                               f"model.encoder.pretrained={tmp_path / 'enc'}", run_dir)
-    out = run_cli("mmtf.train", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
+    out = cli_in_process("mmtf.train", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("mmtf: error:")]

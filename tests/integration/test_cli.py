@@ -29,7 +29,14 @@ from mmtf.tasks.rebuild import build_task
 from mmtf.text import load_tokenizer
 from mmtf.train import train
 
-from .conftest import CONF, compose_train, evaluate_in_process, run_cli, tiny_overrides
+from .conftest import (
+    CONF,
+    cli_in_process,
+    compose_train,
+    evaluate_in_process,
+    run_cli,
+    tiny_overrides,
+)
 
 USER_ERRORS = {"HYDRA_FULL_ERROR": "0"}   # run_cli's default (1) shows every traceback
 
@@ -38,15 +45,11 @@ def _tiny(data_dir: Path, *extra: str) -> list[str]:
     return tiny_overrides("audio_captioning", data_dir, *extra)
 
 
-@pytest.fixture(scope="module")
-def tiny_run(data_dir, tmp_path_factory) -> Path:
-    """One real `python -m mmtf.train` run whose checkpoint the other CLI tests use."""
-    work = tmp_path_factory.mktemp("cli")
-    run_dir = work / "run"
-    overrides = [o if o != "logger=csv" else "logger=default" for o in _tiny(data_dir)]
-    out = run_cli("mmtf.train", [*overrides, f"hydra.run.dir={run_dir}"], cwd=work)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return run_dir
+@pytest.fixture
+def tiny_run(audio_captioner) -> Path:
+    """The session's real `python -m mmtf.train` run (conftest.py), whose checkpoint the other
+    CLI tests use."""
+    return audio_captioner.run_dir
 
 
 def test_train_cli_writes_a_complete_run_dir(tiny_run):
@@ -191,10 +194,12 @@ def test_exported_encoder_gives_identical_features_in_a_classifier(tiny_run, dat
     torch.testing.assert_close(standalone(wave, lengths).memory, expected.memory, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_multirun_two_jobs_into_one_sweep_dir(data_dir, tmp_path):
     sweep = tmp_path / "sweep"
-    out = run_cli("mmtf.train", ["-m", *_tiny(data_dir, "test=false"), "model.decoder.depth=1,2",
-                                 f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    out = cli_in_process("mmtf.train", ["-m", *_tiny(data_dir, "test=false"),
+                                        "model.decoder.depth=1,2", f"hydra.sweep.dir={sweep}"],
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert jobs == ["0", "1"]
@@ -228,7 +233,7 @@ def test_config_errors_are_one_readable_line(data_dir, tmp_path):
         "model.encoder.dim=oops": ("'model.encoder.dim' = 'oops' (str) does not fit", 2),
     }
     for override, (message, code) in cases.items():
-        out = run_cli("mmtf.train", [*base, override], cwd=tmp_path, env=USER_ERRORS)
+        out = cli_in_process("mmtf.train", [*base, override], cwd=tmp_path, env=USER_ERRORS)
         assert out.returncode == code, (override, out.returncode, out.stderr[-2000:])
         assert message in out.stderr, (override, out.stderr[-2000:])
         if code == 2:
@@ -243,9 +248,10 @@ def test_misspelt_key_inside_an_experiment_yaml_fails_up_front(data_dir, tmp_pat
         "    n_mel: 16\n")
     overrides = [o if o != "experiment=audio_captioning" else "experiment=typo"
                  for o in _tiny(data_dir)]
-    out = run_cli("mmtf.train", [*overrides, f"hydra.searchpath=[file://{tmp_path / 'extra_conf'}]",
-                                 f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path,
-                  env=USER_ERRORS)
+    out = cli_in_process("mmtf.train", [*overrides,
+                                        f"hydra.searchpath=[file://{tmp_path / 'extra_conf'}]",
+                                        f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path,
+                         env=USER_ERRORS)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "'model.encoder.n_mel' is not an argument" in out.stderr
     assert "Did you mean 'n_mels'" in out.stderr
@@ -255,12 +261,12 @@ def test_misspelt_key_inside_an_experiment_yaml_fails_up_front(data_dir, tmp_pat
 def test_a_user_error_is_one_line_unless_hydra_full_error(tiny_run, tmp_path):
     args = [f"ckpt_path={tiny_run / 'checkpoints' / 'last.ckpt'}", "split=train",
             f"hydra.run.dir={tmp_path / 'e'}"]
-    short = run_cli("mmtf.evaluate", args, cwd=tmp_path, env=USER_ERRORS)
+    short = run_cli("mmtf.evaluate", args, cwd=tmp_path, env=USER_ERRORS)   # the console path
     assert short.returncode == 2 and "Traceback" not in short.stderr, short.stderr[-2000:]
     assert short.stderr.strip().splitlines() == [
         "mmtf: error: ConfigError: split ('train') must be one of ('val', 'test'); set "
         "split=test or split=val."]
-    full = run_cli("mmtf.evaluate", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    full = cli_in_process("mmtf.evaluate", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert full.returncode == 1 and "Traceback" in full.stderr
     assert "ConfigError: split ('train')" in full.stderr
 
@@ -326,8 +332,8 @@ def test_evaluate_and_predict_a_classification_checkpoint(data_dir, tmp_path, ca
     assert set(dm.class_names) == {"circle", "square", "triangle", "cross"}
 
 
-def test_evaluate_and_predict_an_image_captioning_checkpoint(data_dir, tmp_path):
-    ckpt = _train_tiny("image_captioning", data_dir, tmp_path / "run")
+def test_evaluate_and_predict_an_image_captioning_checkpoint(image_captioner, tmp_path):
+    ckpt = image_captioner.ckpt
     evaluate_in_process(ckpt, tmp_path / "eval")
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     rows = [json.loads(line)

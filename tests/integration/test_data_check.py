@@ -16,6 +16,8 @@ import soundfile as sf
 from mmtf.synthetic import ensure_synthetic
 from tests.unit.data.conftest import TINY_AUDIO
 
+from .conftest import cli_in_process
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -57,7 +59,8 @@ def test_broken_dataset_lists_every_problem(clotho, tmp_path):
     lines = csv.read_text().splitlines()
     lines[4] = lines[4].split(",")[0] + ",,a,b,c,d"
     csv.write_text("\n".join(lines) + "\n")
-    res = _check(["data=clotho", f"data.root={root}", "data.max_caption_tokens=12"], tmp_path)
+    res = cli_in_process("mmtf.data.check", ["data=clotho", f"data.root={root}",
+                                             "data.max_caption_tokens=12"], tmp_path)
     out = res.stdout
     assert res.returncode == 1, out + res.stderr
     assert f"[undecodable] {files[0]} (clotho_captions_development.csv line 2)" in out
@@ -70,7 +73,7 @@ def test_broken_dataset_lists_every_problem(clotho, tmp_path):
 
 
 def _run_in_process(overrides: list[str], capsys) -> tuple[int, str]:
-    """The same check without a subprocess (the CLI path above is tested twice already)."""
+    """The same check without Hydra's main (the console path is tested above)."""
     from hydra import compose, initialize_config_dir
 
     from mmtf.data.check import run_check

@@ -14,21 +14,17 @@ from hydra import compose, initialize_config_dir
 import mmtf
 from mmtf.errors import UserError
 from mmtf.predict import predict, print_predictions
-from mmtf.train import train
 
-from .conftest import CONF, compose_train, evaluate_in_process, run_cli, tiny_overrides
+from .conftest import AUDIO_CAPTIONER_MAX_SECONDS, CONF, cli_in_process, evaluate_in_process
 
-LIMIT = 1.2          # model.encoder.max_seconds of the checkpoint; the synthetic clips are 1-1.5 s
+LIMIT = AUDIO_CAPTIONER_MAX_SECONDS   # of the checkpoint; the synthetic clips are 1-1.5 s
 RATE = 16000
 
 
-@pytest.fixture(scope="module")
-def ckpt(data_dir, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("short_limit")
-    train(compose_train(tiny_overrides(
-        "audio_captioning", data_dir, "test=false", f"model.encoder.max_seconds={LIMIT}",
-        f"data.max_seconds={LIMIT}", "data.eval_crop=start"), run_dir))
-    return run_dir / "checkpoints" / "last.ckpt"
+@pytest.fixture
+def ckpt(audio_captioner) -> Path:
+    """The session's tiny audio captioner (conftest.py): encoder limit LIMIT, eval_crop=start."""
+    return audio_captioner.ckpt
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +58,9 @@ def test_predict_windows_caption_every_window_with_its_span(ckpt, clips):
 
 
 def test_predict_cli_prints_window_spans(ckpt, clips, tmp_path):
-    out = run_cli("mmtf.predict", [f"ckpt_path={ckpt}", f"inputs=[{clips['long']}]",
-                                   "long_audio=window", f"hydra.run.dir={tmp_path / 'p'}"],
-                  cwd=tmp_path)
+    out = cli_in_process("mmtf.predict", [f"ckpt_path={ckpt}", f"inputs=[{clips['long']}]",
+                                          "long_audio=window", f"hydra.run.dir={tmp_path / 'p'}"],
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line.split("\t") for line in out.stdout.splitlines() if line.startswith("/")]
     assert [line[1] for line in lines] == ["0.00-1.00", "1.00-2.00", "2.00-3.00"]

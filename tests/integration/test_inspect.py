@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from mmtf.checkpoint_io import load_checkpoint
 
-from .conftest import run_cli, tiny_overrides
+from .conftest import cli_in_process, run_cli, tiny_overrides
 
 NO_FIGURE = "callbacks.attention_figure=null"   # on by default: conf/callbacks/default.yaml
 
@@ -21,7 +21,8 @@ NO_FIGURE = "callbacks.attention_figure=null"   # on by default: conf/callbacks/
 def _train(data_dir: Path, run_dir: Path, experiment: str, *extra: str) -> Path:
     overrides = [o if o != "logger=csv" else "logger=default"
                  for o in tiny_overrides(experiment, data_dir, "test=false", *extra)]
-    out = run_cli("mmtf.train", [*overrides, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    out = cli_in_process("mmtf.train", [*overrides, f"hydra.run.dir={run_dir}"],
+                         cwd=run_dir.parent)
     assert out.returncode == 0, out.stderr[-3000:]
     return run_dir
 
@@ -44,6 +45,7 @@ def _first_val_clip(data_dir: Path) -> Path:
         return root / "validation" / next(csv.DictReader(f))["file_name"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)      # the fixture trains two runs before this first test
 def test_callback_logs_a_figure_per_epoch_and_changes_no_weight(audio_runs):
     with_cb, without = audio_runs
@@ -62,6 +64,7 @@ def test_callback_logs_a_figure_per_epoch_and_changes_no_weight(audio_runs):
     assert not (without / "samples" / "val_attention_epoch000.png").exists()
 
 
+@pytest.mark.slow
 def test_inspect_cli_writes_audio_figures_and_a_word_table(audio_runs, data_dir, tmp_path):
     ckpt = audio_runs[1] / "checkpoints" / "last.ckpt"
     clip = _first_val_clip(data_dir)
@@ -79,28 +82,29 @@ def test_inspect_cli_writes_audio_figures_and_a_word_table(audio_runs, data_dir,
     assert starts == sorted(starts) and all(s <= e for s, e in zip(starts, ends))
 
 
+@pytest.mark.slow
 def test_inspect_cli_scores_event_overlap_on_the_synthetic_set(audio_runs, tmp_path):
     ckpt = audio_runs[1] / "checkpoints" / "last.ckpt"
-    out = run_cli("mmtf.inspect", [f"ckpt_path={ckpt}", "synthetic_split=val", "num_clips=2",
-                                   f"hydra.run.dir={tmp_path / 'h'}"], cwd=tmp_path)
+    out = cli_in_process("mmtf.inspect", [f"ckpt_path={ckpt}", "synthetic_split=val",
+                                          "num_clips=2", f"hydra.run.dir={tmp_path / 'h'}"],
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "2 clips;" in out.stdout
 
 
-def test_inspect_cli_overlays_attention_on_an_image(data_dir, tmp_path):
-    run = _train(data_dir, tmp_path / "image", "image_captioning")
-    images = sorted((data_dir / "synth_image_captions").rglob("*.png"))
+def test_inspect_cli_overlays_attention_on_an_image(image_captioner, tmp_path):
+    images = sorted((image_captioner.data_dir / "synth_image_captions").rglob("*.png"))
     assert images
-    out = run_cli("mmtf.inspect", [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
-                                   f"input={images[0]}", f"out={tmp_path / 'o'}", "name=img",
-                                   "layers=[-1]", "head=0", f"hydra.run.dir={tmp_path / 'h'}"],
-                  cwd=tmp_path)
+    out = cli_in_process("mmtf.inspect", [f"ckpt_path={image_captioner.ckpt}",
+                                          f"input={images[0]}", f"out={tmp_path / 'o'}",
+                                          "name=img", "layers=[-1]", "head=0",
+                                          f"hydra.run.dir={tmp_path / 'h'}"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["img_cross_layer1.png"]
 
 
 def test_inspect_cli_needs_one_input(tmp_path):
-    out = run_cli("mmtf.inspect", ["ckpt_path=x.ckpt", f"hydra.run.dir={tmp_path / 'h'}"],
-                  cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})   # the one-line form
+    out = cli_in_process("mmtf.inspect", ["ckpt_path=x.ckpt", f"hydra.run.dir={tmp_path / 'h'}"],
+                         cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})   # the one-line form
     assert out.returncode == 2
     assert "give exactly one of input=<audio or image file> and synthetic_split" in out.stderr

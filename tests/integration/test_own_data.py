@@ -15,7 +15,7 @@ from PIL import Image
 from mmtf.errors import MonitorError
 from mmtf.train import train
 
-from .conftest import CAPTION, COMMON, compose_train, run_cli, tiny_overrides
+from .conftest import CAPTION, COMMON, cli_in_process, compose_train, tiny_overrides
 
 WORDS = ["a dog barks", "rain falls softly", "a car passes by", "birds sing loudly"]
 
@@ -102,7 +102,7 @@ def test_unlogged_monitor_fails_at_first_validation(data_dir, tmp_path):
 def test_unlogged_monitor_is_one_cli_line(data_dir, tmp_path):
     args = tiny_overrides("audio_captioning", data_dir, "optimized_metric=val/nope", "test=false",
                           f"hydra.run.dir={tmp_path / 'run'}")
-    proc = run_cli("mmtf.train", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
+    proc = cli_in_process("mmtf.train", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("mmtf: error:")]
     assert len(errors) == 1 and "'val/nope'" in errors[0] and "val/loss" in errors[0]
@@ -138,7 +138,7 @@ def test_experiment_outside_the_repo(how, tmp_path):
     run = tmp_path / "run"
     args = [*where, "experiment=mine", "trainer.fast_dev_run=true", *COMMON,
             "model.generation.max_new_tokens=4", f"hydra.run.dir={run}"]
-    proc = run_cli("mmtf.train", args, cwd=tmp_path)
+    proc = cli_in_process("mmtf.train", args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import yaml
     cfg = yaml.safe_load((run / "config.yaml").read_text())

@@ -35,7 +35,7 @@ from mmtf.reliability import NonFiniteLossError
 from mmtf.train import train
 from tests.unit.reliability.toy import run_forked
 
-from .conftest import REPO, compose_train, run_cli, tiny_overrides
+from .conftest import REPO, cli_in_process, compose_train, run_cli, tiny_overrides
 
 HERE = "tests.integration.test_reliability"
 # One thread: runs that are compared bit for bit use the same kernels in every process.
@@ -329,7 +329,8 @@ def test_ckpt_path_last_with_nothing_or_a_truncated_file_is_a_one_line_error(dat
     base = tiny_overrides("audio_captioning", data_dir, "ckpt_path=last")
     empty = tmp_path / "empty"
     one_line = {**ENV, "HYDRA_FULL_ERROR": "0"}     # the form a user sees (1 shows tracebacks)
-    out = run_cli("mmtf.train", [*base, f"hydra.run.dir={empty}"], cwd=tmp_path, env=one_line)
+    out = cli_in_process("mmtf.train", [*base, f"hydra.run.dir={empty}"], cwd=tmp_path,
+                         env=one_line)
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.strip().splitlines() == [
         f"mmtf: error: ResumeError: ckpt_path=last but {empty}/checkpoints/last.ckpt does not "
@@ -345,7 +346,8 @@ def test_ckpt_path_last_with_nothing_or_a_truncated_file_is_a_one_line_error(dat
                 "global_step": 4, "epoch": 1}, full)
     data = full.read_bytes()
     (broken / "checkpoints" / "last.ckpt").write_bytes(data[: len(data) // 2])
-    out = run_cli("mmtf.train", [*base, f"hydra.run.dir={broken}"], cwd=tmp_path, env=one_line)
+    out = cli_in_process("mmtf.train", [*base, f"hydra.run.dir={broken}"], cwd=tmp_path,
+                         env=one_line)
     assert out.returncode == 2, out.stderr[-3000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]

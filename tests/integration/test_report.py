@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.unit.report.fixtures import csv_rows, make_run
 
 from .conftest import run_cli
@@ -9,6 +11,7 @@ from .conftest import run_cli
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow    # a fresh interpreter: the report CLI's console path
 def test_report_of_a_run_writes_png_and_summary(tmp_path):
     run = make_run(tmp_path / "run", rows=csv_rows(), metrics={"test/event_accuracy": 0.65},
                    config={"task_name": "audio_captioning", "optimized_metric": "val/loss",

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from mmtf.errors import CheckpointError
 from mmtf.export import load_exported
 
-from .conftest import run_cli, tiny_overrides
+from .conftest import cli_in_process, run_cli, tiny_overrides
 
 # HYDRA_FULL_ERROR=0: the one-line form of a user error (run_cli shows tracebacks under 1).
 UNSAFE_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "HYDRA_FULL_ERROR": "0"}
@@ -113,7 +113,10 @@ def test_every_entry_point_refuses_code_in_a_checkpoint(case, tmp_path):
         _os_system_export(tmp_path / "enc", target)
         named = tmp_path / "enc" / "weights.safetensors"
         module, args = "mmtf.train", [*train, f"model.encoder.pretrained={named.parent}"]
-    out = run_cli(module, args, cwd=tmp_path, env=UNSAFE_ENV)
+    # One case through a real interpreter (the environment an attacker sets at its start);
+    # the others in-process: the same main() and the same environment variable.
+    runner = run_cli if case == "train_resume" else cli_in_process
+    out = runner(module, args, cwd=tmp_path, env=UNSAFE_ENV)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("mmtf: error:")]

@@ -11,7 +11,7 @@ import pytest
 
 from mmtf.train import train
 
-from .conftest import COMMON, REPO, compose_train, run_cli
+from .conftest import COMMON, REPO, cli_in_process, compose_train
 
 transformers = pytest.importorskip("transformers")
 EXPERIMENT = "image_captioning_coco_vit_gpt2"
@@ -76,8 +76,8 @@ def test_bad_pretrained_folders_are_one_line_before_anything_is_written(case, ti
     else:
         models.append("model.encoder.dim=32")
     data_dir, run = tmp_path / "data", tmp_path / "run"
-    out = run_cli("mmtf.train", _overrides(data_dir, models, f"hydra.run.dir={run}"),
-                  cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
+    out = cli_in_process("mmtf.train", _overrides(data_dir, models, f"hydra.run.dir={run}"),
+                         cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("mmtf: error:")]
@@ -98,8 +98,9 @@ def test_a_trained_captioner_exports_for_transformers(tiny_models, data_dir, tmp
     train(compose_train(_overrides(data_dir, models, "test=false"), run))
     ckpt = run / "checkpoints" / "last.ckpt"
     task, _ = build_task(load_checkpoint(ckpt), ckpt)    # without re-reading the folders
-    out = run_cli("mmtf.export", [f"ckpt_path={ckpt}", "format=hf", f"out={tmp_path / 'hf'}",
-                                  f"hydra.run.dir={tmp_path / 'x'}"], cwd=tmp_path)
+    out = cli_in_process("mmtf.export", [f"ckpt_path={ckpt}", "format=hf",
+                                         f"out={tmp_path / 'hf'}",
+                                         f"hydra.run.dir={tmp_path / 'x'}"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "VisionEncoderDecoderModel" in out.stdout
     hf = transformers.VisionEncoderDecoderModel.from_pretrained(tmp_path / "hf").eval()

@@ -11,7 +11,7 @@ import pytest
 
 from mmtf.train import train
 
-from .conftest import COMMON, compose_train, run_cli
+from .conftest import COMMON, cli_in_process, compose_train
 
 pytest.importorskip("transformers")
 
@@ -74,7 +74,7 @@ def test_bad_pretrained_folder_is_one_line_before_any_data(case, tiny_whisper, t
     args = ["experiment=audio_captioning_clotho_whisper", f"paths.data_dir={data_dir}", *COMMON,
             *DATA, f"pretrained={folder}", *extra,
             f"hydra.run.dir={tmp_path / 'run'}"]
-    out = run_cli("mmtf.train", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
+    out = cli_in_process("mmtf.train", args, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("mmtf: error:")]
@@ -100,8 +100,9 @@ def test_a_trained_checkpoint_rebuilds_alone_and_exports_for_transformers(tiny_w
     stored = load_checkpoint(ckpt)["mmtf"]["config"]["model"]
     assert stored["encoder"]["dim"] == 64 and stored["decoder"]["vocab_size"] == 310
     task, _ = build_task(load_checkpoint(ckpt), ckpt)    # sizes from the checkpoint alone
-    out = run_cli("mmtf.export", [f"ckpt_path={ckpt}", "format=hf", f"out={tmp_path / 'hf'}",
-                                  f"hydra.run.dir={tmp_path / 'x'}"], cwd=tmp_path)
+    out = cli_in_process("mmtf.export", [f"ckpt_path={ckpt}", "format=hf",
+                                         f"out={tmp_path / 'hf'}",
+                                         f"hydra.run.dir={tmp_path / 'x'}"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     hf = transformers.WhisperForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
     wave = 0.1 * torch.randn(1, 16000 * 2, generator=torch.Generator().manual_seed(0))

@@ -67,6 +67,7 @@ def test_sbatch_asks_for_requeue_and_a_warning_signal():
     assert "--job-name=mmtf" in directives            # not bash/interactive: Lightning detects SLURM
 
 
+@pytest.mark.slow
 def test_every_rank_and_a_requeue_compose_the_same_run_dir(srun_args, monkeypatch):
     overrides = srun_args[3:]
     run_dirs = set()

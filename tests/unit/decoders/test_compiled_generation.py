@@ -30,33 +30,62 @@ def graphs_compiled() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def in_fresh_process(case: Callable[[], None]) -> None:
-    """Run the module-level function ``case`` in a spawned interpreter; fail with its traceback.
+def run_spawned(cases: dict[str, Callable[[], None]]) -> dict[str, str]:
+    """Run the module-level functions ``cases`` one after the other in ONE spawned interpreter;
+    {name: its traceback, "" when it passed}.
 
     Not in the pytest worker: once inductor has compiled anything in a process, its next
     backward pass starts autograd's device threads, after which forked children cannot run
     autograd ("Unable to handle autograd's threading in combination with fork-based
     multiprocessing"), and the reliability tests train in the worker and then in forked
     children. Not in a forked child either: compiled OpenMP kernels hang in a child forked from
-    a process whose OpenMP pool is running.
+    a process whose OpenMP pool is running. One interpreter for all cases (an interpreter start
+    and torch's import cost seconds each): ``torch._dynamo.reset()`` between cases gives each
+    the compile caches of a fresh process.
     """
     context = mp.get_context("spawn")
     reader, writer = context.Pipe(duplex=False)
-    proc = context.Process(target=_run_case, args=(case, writer))
+    proc = context.Process(target=_run_cases, args=(cases, writer))
     proc.start()
-    failure = reader.recv() if reader.poll(600) else "the child sent nothing in 600 s"
-    proc.join(60)
-    if failure:
-        pytest.fail(f"in the spawned process:\n{failure}", pytrace=False)
-
-
-def _run_case(case: Callable[[], None], writer) -> None:
-    torch.set_num_threads(1)                  # it shares the 2 cores with the other worker
+    writer.close()                            # the child's end alone: a crash reads as EOF
+    timeout = 600 * len(cases)
     try:
-        case()
-        writer.send("")
-    except BaseException:
-        writer.send(traceback.format_exc())
+        results = (reader.recv() if reader.poll(timeout)
+                   else dict.fromkeys(cases, f"the child sent nothing in {timeout} s"))
+    except EOFError:
+        results = None
+    proc.join(60)
+    return results or dict.fromkeys(cases, f"the child died (exit code {proc.exitcode})")
+
+
+def _run_cases(cases: dict[str, Callable[[], None]], writer) -> None:
+    torch.set_num_threads(1)                  # it shares the 2 cores with the other worker
+    results = {}
+    for name, case in cases.items():
+        torch._dynamo.reset()
+        try:
+            case()
+            results[name] = ""
+        except BaseException:
+            results[name] = traceback.format_exc()
+    writer.send(results)
+
+
+def _check(results: dict[str, str], name: str) -> None:
+    if results[name]:
+        pytest.fail(f"{name}, in the spawned process:\n{results[name]}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def compiled_results() -> dict[str, str]:
+    """Every compiled case of this module, run once. The missing-compiler case first: it must
+    not find a kernel that an earlier case compiled."""
+    from tests.unit.decoders.test_prompt import compiled_prompt_case
+
+    return run_spawned({"missing_compiler": _missing_compiler_case,
+                        "greedy_and_beam": _greedy_and_beam_case,
+                        "weight_change": _weight_change_case,
+                        "prompt": compiled_prompt_case})
 
 
 def _greedy_and_beam_case() -> None:
@@ -92,9 +121,10 @@ def _greedy_and_beam_case() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)      # the first of these runs every case (the fixture)
 @needs_cxx
-def test_compiled_greedy_equals_eager_and_compiles_once():
-    in_fresh_process(_greedy_and_beam_case)
+def test_compiled_greedy_equals_eager_and_compiles_once(compiled_results):
+    _check(compiled_results, "greedy_and_beam")
 
 
 def _weight_change_case() -> None:
@@ -115,9 +145,10 @@ def _weight_change_case() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 @needs_cxx
-def test_weight_change_compiles_again():
-    in_fresh_process(_weight_change_case)
+def test_weight_change_compiles_again(compiled_results):
+    _check(compiled_results, "weight_change")
 
 
 def _missing_compiler_case() -> None:
@@ -132,9 +163,18 @@ def _missing_compiler_case() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 @needs_cxx
-def test_missing_compiler_is_explained():
-    in_fresh_process(_missing_compiler_case)
+def test_missing_compiler_is_explained(compiled_results):
+    _check(compiled_results, "missing_compiler")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@needs_cxx
+def test_compiled_generation_with_a_prompt_equals_eager(compiled_results):
+    """The case lives beside the prompt tests (tests/unit/decoders/test_prompt.py)."""
+    _check(compiled_results, "prompt")
 
 
 def test_compile_needs_the_cache():

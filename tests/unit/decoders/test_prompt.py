@@ -13,7 +13,6 @@ from mmtf.decoders import EncoderDecoder, TextDecoder
 from mmtf.decoders.generation import GenerationConfig, generate
 from tests.unit.decoders.conftest import DIM, IN_DIM, VOCAB
 from tests.unit.decoders.stubs import StubEncoder
-from tests.unit.decoders.test_compiled_generation import in_fresh_process, needs_cxx
 
 PROMPT = [30, 31, 5, 32]          # a 4-token prompt, as Whisper's sot / lang / task / notimestamps
 EOS = 7                           # pad == eos, as in Whisper and GPT-2
@@ -143,7 +142,8 @@ def test_prompt_plus_new_tokens_must_fit_max_len():
                  prompt_ids=PROMPT, eos_id=EOS, pad_id=EOS)
 
 
-def _compiled_prompt_case() -> None:
+def compiled_prompt_case() -> None:
+    """Run by tests/unit/decoders/test_compiled_generation.py with its other compiled cases."""
     model = make(seed=3)
     # Two generations with other shapes back to back: the first compiled step of the second
     # must check the compiled graph's guards (the eager prompt step came before it).
@@ -154,9 +154,3 @@ def _compiled_prompt_case() -> None:
                                   **options)
         assert torch.equal(compiled.tokens, eager.tokens), (b, m)
         torch.testing.assert_close(compiled.scores, eager.scores, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.slow
-@needs_cxx
-def test_compiled_generation_with_a_prompt_equals_eager():
-    in_fresh_process(_compiled_prompt_case)

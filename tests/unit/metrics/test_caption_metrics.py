@@ -303,6 +303,7 @@ def _ddp_worker(rank: int, world_size: int, store: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_rank_gather_equals_one_process(tmp_path):
     """Two gloo ranks on CPU, item 0 on both (sampler padding): every rank returns the scores
     one process computes on the whole corpus, each item counted once."""

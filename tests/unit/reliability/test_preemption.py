@@ -36,7 +36,8 @@ class TermAt(Callback):
 
 @pytest.mark.parametrize("term_at, run, data, ckpt_step", [
     (8, {"max_steps": 15}, {}, 9),                                       # mid-epoch
-    (5, {"max_epochs": 3}, {"val": True, "num_workers": 2, "noise": "sample"}, 6),  # last batch
+    pytest.param(5, {"max_epochs": 3}, {"val": True, "num_workers": 2, "noise": "sample"}, 6,
+                 marks=pytest.mark.slow),                                # last batch
 ])
 def test_sigterm_saves_last_ckpt_exits_143_and_resumes_exactly(tmp_path, term_at, run, data,
                                                                ckpt_step):

@@ -69,7 +69,7 @@ def test_epoch_boundary_kill_resumes_exactly(tmp_path, num_workers, noise):
     assert_same_training_state(ref, resumed)
 
 
-@pytest.mark.parametrize("num_workers, noise", [(0, "global"), (2, "sample")])
+@pytest.mark.parametrize("num_workers, noise", WORKERS_SLOW)
 def test_mmtf_style_checkpoint_after_epoch_end_validation(tmp_path, num_workers, noise):
     # conf/callbacks/default.yaml model_checkpoint: monitor a val metric, saved at validation end,
     # epoch-based training; killed in epoch 1

@@ -39,6 +39,7 @@ def test_malicious_checkpoint_is_refused_and_runs_nothing(tmp_path):
     assert target.exists()
 
 
+@pytest.mark.slow
 def test_env_var_cannot_turn_unsafe_loading_back_on(tmp_path):
     ckpt, target = tmp_path / "evil.ckpt", tmp_path / "pwned.txt"
     write_malicious_checkpoint(ckpt, target)
