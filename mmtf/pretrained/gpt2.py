@@ -42,9 +42,9 @@ from mmtf.pretrained.names import (
     Rule,
     copy_weights,
     export_tensors,
+    fill_sizes,
     link,
     original_names,
-    require_config,
     write_tokenizer_files,
 )
 
@@ -98,19 +98,13 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
                  max_len=max_len, mlp_ratio=mlp_ratio, mlp=mlp, norm_eps=norm_eps,
                  tie_embeddings=tie_embeddings, pad_id=pad_id)
     hf = pretrained is not None and is_hf_source(pretrained)
-    source = config = None
+    source = config = needed = None
     if hf:
         model, config, where = open_gpt2(pretrained)
         source = model.source
         needed = decoder_values(config, where)
-        require_config(OWNER, given, {k: v for k, v in needed.items() if given[k] is not None},
-                       source=source, key_prefix="model.decoder")
-        given = {k: needed[k][0] if v is None else v for k, v in given.items()}
-    unset = sorted(k for k, v in given.items() if v is None)
-    if unset:
-        raise UserError(f"{OWNER}: model.decoder.{unset[0]} is null, which means 'read it from "
-                        f"config.json', but model.decoder.pretrained ({pretrained}) is no "
-                        f"Hugging Face GPT-2 folder; set the sizes or point pretrained at one.")
+    given = fill_sizes(OWNER, given, needed, pretrained=pretrained, source=str(source),
+                       key_prefix="model.decoder", folder="Hugging Face GPT-2 folder")
     decoder = TextDecoder(context_dim=context_dim, dropout=dropout, attn_dropout=attn_dropout,
                           positions="learned", bias=True, mlp_bias=True, **given)
     if hf:

@@ -198,6 +198,42 @@ def require_config(owner: str, built: Mapping[str, Any],
                     f"set {fix}{hint}.")
 
 
+def fill_sizes(owner: str, sizes: Mapping[str, Any],
+               needed: Mapping[str, tuple[Any, str]] | None, *, pretrained: Any, source: str,
+               key_prefix: str, fixed: Mapping[str, Any] | None = None,
+               folder: str = "Hugging Face folder") -> dict[str, Any]:
+    """A builder's sizes with every null read from ``config.json``: the one convention of the
+    pretrained builders (a null YAML size means "the folder's"; a given one must equal it).
+
+    Args:
+        owner: the builder, named first in messages.
+        sizes: the builder's size arguments; None = read from ``config.json``.
+        needed: what the folder's ``config.json`` says (:func:`require_config`'s ``required``),
+            or None when ``pretrained`` is no Hugging Face folder (nothing to read).
+        pretrained: the builder's ``pretrained`` value, for the message.
+        source: the folder or hub id. key_prefix: where the sizes live (``model.encoder``).
+        fixed: settings the architecture fixes, checked against ``needed`` too.
+        folder: what ``pretrained`` should have been, for the message.
+
+    Raises:
+        UserError: a given size that differs from ``config.json`` (see :func:`require_config`),
+            or a null size with nothing to read it from.
+    """
+    filled = dict(sizes)
+    if needed is not None:
+        fixed = dict(fixed or {})
+        require_config(owner, {**fixed, **filled},
+                       {k: v for k, v in needed.items() if k in fixed or filled.get(k) is not None},
+                       source=source, key_prefix=key_prefix)
+        filled = {k: needed[k][0] if v is None else v for k, v in filled.items()}
+    unset = sorted(k for k, v in filled.items() if v is None)
+    if unset:
+        raise UserError(f"{owner}: {key_prefix}.{unset[0]} is null, which means 'read it from "
+                        f"config.json', but {key_prefix}.pretrained ({pretrained}) is no "
+                        f"{folder}; set the sizes or point pretrained at one.")
+    return filled
+
+
 def _same(ours: Any, theirs: Any) -> bool:
     if isinstance(ours, (list, tuple)) and isinstance(theirs, (list, tuple)):
         return len(ours) == len(theirs) and all(map(_same, ours, theirs))

@@ -19,7 +19,7 @@ from mmtf.encoders.vision import VisionEncoder
 from mmtf.errors import UserError
 from mmtf.hub import CONFIG_FILE, HFModel, is_export, open_hf_model
 from mmtf.pretrained import FAMILIES, family_module
-from mmtf.pretrained.names import copy_weights, original_names, require_config
+from mmtf.pretrained.names import copy_weights, fill_sizes, original_names, require_config
 
 ENCODER_DECODER = "vision-encoder-decoder"
 # The families whose folders hold a vision tower this builder reads.
@@ -52,20 +52,17 @@ def build_vision_encoder(family: str, *, pretrained: str | Path | None, sizes: d
     fixed = {k: v for k, (v, _) in module.encoder_values({"model_type": kind}).items()
              if k not in SIZE_KEYS}
     hf = config = None
+    needed = None
     if pretrained is not None and not is_export(pretrained):
         hf, config = _open(family, pretrained, owner)
         needed = module.encoder_values(config)
-        size = sizes["image_size"]                        # 224 and [224, 224] are one grid
-        given = {**sizes, "image_size": [size] * 2 if isinstance(size, int) else size}
-        require_config(owner, {**fixed, **given},
-                       {k: v for k, v in needed.items() if k not in sizes
-                        or sizes[k] is not None}, source=hf.source, key_prefix="model.encoder")
-        sizes = {k: needed[k][0] if v is None else v for k, v in sizes.items()}
-    unset = sorted(k for k, v in sizes.items() if v is None)
-    if unset:
-        raise UserError(f"{owner}: model.encoder.{unset[0]} is null, which means 'read it from "
-                        f"config.json', but model.encoder.pretrained ({pretrained}) is no "
-                        f"Hugging Face folder; set the sizes or point pretrained at one.")
+    size = sizes["image_size"]                            # 224 and [224, 224] are one grid
+    given = {**sizes, "image_size": [size] * 2 if isinstance(size, int) else size}
+    sizes = fill_sizes(owner, given, needed, pretrained=pretrained, fixed=fixed,
+                       source=hf.source if hf is not None else str(pretrained),
+                       key_prefix="model.encoder")
+    if isinstance(size, int):
+        sizes["image_size"] = size                        # as the YAML wrote it
     export = pretrained if hf is None else None
     encoder = VisionEncoder(**fixed, **sizes, dropout=dropout, attn_dropout=attn_dropout,
                             pretrained=export)
