@@ -120,3 +120,10 @@ def test_an_export_with_its_config_loads_back_through_load_exported(tmp_path):
     write_export(tmp_path / "other", source.state_dict(), {**config, "patch_size": 4})
     with pytest.raises(UserError, match=r"config patch_size=8 but the export has patch_size=4"):
         vit_encoder(**VIT_ENCODER, pretrained=tmp_path / "other")
+
+
+def test_a_null_size_without_a_folder_to_read_it_from_is_refused():
+    with pytest.raises(UserError, match=r"model\.encoder \(vit_encoder\): model\.encoder\.depth is "
+                                        r"null.*model\.encoder\.pretrained \(None\) is no Hugging "
+                                        r"Face folder"):
+        vit_encoder(pretrained=None, depth=None)
