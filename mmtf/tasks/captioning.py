@@ -131,8 +131,11 @@ class CaptioningTask(Task):
     # ------------------------------------------------------------------ wiring
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        trainer = self._trainer
-        if trainer is not None and self.tokenizer is not None and trainer.world_size > 1:
+        try:
+            trainer = self.trainer
+        except RuntimeError:       # Lightning: "... is not attached to a `Trainer`"
+            return
+        if self.tokenizer is not None and trainer.world_size > 1:
             check_same_tokenizer_on_every_rank(self.tokenizer, trainer.strategy)
 
     def connect_data(self, datamodule: Any) -> None:

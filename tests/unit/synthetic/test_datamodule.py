@@ -16,17 +16,18 @@ from mmtf.synthetic import (
     image,
 )
 from mmtf.synthetic.cache import MARKER
+from mmtf.text import BPETokenizer
 from tests.unit.data.conftest import TINY_AUDIO
 from tests.unit.tasks.conftest import captioner
 
 
 def test_caption_module_generates_the_set_then_reads_it_as_clotho(tmp_path):
     dm = SyntheticCaptionDataModule(format="clotho", root=str(tmp_path / "set"), batch_size=4,
-                                    tokenizer={"kind": "bpe", "vocab_size": 200},
                                     synthetic={"kind": "audio_captions", **TINY_AUDIO})
     assert isinstance(dm, CaptionDataModule) and not (tmp_path / "set").exists()
     dm.setup("fit")                       # reading a split generates the set first
     assert (tmp_path / "set" / MARKER).is_file() and len(dm.items("train")) == 6
+    dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=200))
     refs = [r for b in dm.val_dataloader() for r in b["references"]]
     assert len(refs) == 3
     parser = caption_parser("audio_captions")
