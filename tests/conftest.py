@@ -4,8 +4,12 @@ CI. How the suite is organised: tests/README.md."""
 
 from __future__ import annotations
 
+import functools
 import os
 import random
+import re
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,21 +37,42 @@ def seed() -> int:
 TRAINED_FIXTURES = frozenset({"audio_captioner", "image_captioner"})
 
 
-@pytest.hookimpl(tryfirst=True)     # before xdist and -m read the marks
+@pytest.hookimpl(tryfirst=True)     # before -m reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that use a module-scoped fixture share one ``xdist_group``, their module's; tests
-    that use a session-trained checkpoint are ``slow``.
-
-    With ``--dist loadgroup`` (pyproject.toml's addopts) xdist sends a group to one worker, so
-    each such fixture (a trained run, the installed wheel, the compiled-decoding results) is
-    built once, not once per worker that happens to get one of its tests. The other tests are
-    distributed one by one, as ``--dist load`` does.
-    """
+    """Tests that use a session-trained checkpoint are ``slow`` (whichever runs first trains it)."""
     for item in items:
         if TRAINED_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        if any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+_MODULE_FIXTURE = re.compile(r"""scope\s*=\s*["']module["']""")
+
+
+@functools.cache
+def _has_module_fixture(path: Path) -> bool:
+    return path.suffix == ".py" and path.is_file() and bool(_MODULE_FIXTURE.search(path.read_text()))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)   # optional: a run without xdist has no such hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``-n``: the tests of a module that defines a module-scoped fixture (a trained run, the
+    installed wheel, the compiled-decoding results) go to one worker, so the fixture is built
+    once; every other test is sent on its own to whichever worker is free, as ``--dist load``.
+
+    Why not ``--dist loadgroup`` with ``xdist_group`` marks: with pytest 9.2 and xdist 3.8 the
+    group never reaches the scheduler (xdist writes it into the node id, which pytest 9.2 no
+    longer lets it change: pytest-dev/pytest-xdist#1386). Tested by
+    ``tests/unit/test_scheduler.py``; other ``--dist`` modes are left to xdist.
+    """
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = config.rootpath
+
+    class ModuleFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if _has_module_fixture(root / module) else nodeid
+
+    return ModuleFixtureScheduling(config, log)
