@@ -72,12 +72,13 @@ def check_same_tokenizer_on_every_rank(tokenizer: Tokenizer, strategy: Any) -> N
     ``strategy`` (a Lightning strategy) calls it, and every rank raises alike.
 
     Raises:
-        CheckpointError: rank 0's tokenizer differs from another rank's.
+        ConfigError: rank 0's tokenizer differs from another rank's (no checkpoint is involved:
+            the run's tokenizer settings did not resolve alike).
     """
     digest = hashlib.sha256(tokenizer.to_json_str().encode()).hexdigest()
     same = strategy.broadcast(digest, src=0) == digest
     if not strategy.reduce_boolean_decision(same, all=True):
-        raise CheckpointError(
+        raise ConfigError(
             "the DDP ranks resolved different tokenizers (their token ids would differ); give "
             "every rank the same tokenizer: tokenizer=saved tokenizer.path=<a JSON written by "
             "rank 0's Tokenizer.save>, or resume from a checkpoint.")

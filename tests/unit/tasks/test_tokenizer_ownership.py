@@ -133,7 +133,7 @@ class _TwoRanks:
 def test_ranks_with_different_tokenizers_are_refused():
     mine = CharTokenizer.train(TEXTS)
     check_same_tokenizer_on_every_rank(mine, _TwoRanks(CharTokenizer.train(TEXTS)))  # equal
-    with pytest.raises(CheckpointError, match=r"DDP ranks resolved different tokenizers"):
+    with pytest.raises(ConfigError, match=r"DDP ranks resolved different tokenizers"):
         check_same_tokenizer_on_every_rank(mine, _TwoRanks(CharTokenizer.train(["xyz"])))
 
 
