@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmtf.utils.threads import share_cpu as _share_cpu
+
+# Before torch loads libgomp, which reads its wait policy once: see mmtf/utils/threads.py.
+_share_cpu()
+
 
 def __getattr__(name: str) -> Any:
     # Imported on first use: `import mmtf.data` etc. must not load Lightning and Hydra.

@@ -29,6 +29,7 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -44,6 +45,7 @@ from mmtf.utils.config import check_target_signatures, print_config_tree, requir
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.distributed import is_distributed
 from mmtf.utils.run_info import write_run_info
+from mmtf.utils.threads import parallel_jobs, set_threads
 
 log = logging.getLogger("mmtf.train")
 
@@ -99,6 +101,7 @@ def train(cfg: DictConfig) -> float | None:
     loggers = instantiate_group(cfg.get("logger"))
     _pin_ddp_children_to_this_run(str(output_dir))
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    share_cores(cfg, trainer)
     if trainer.is_global_zero:                 # the loggers write on rank 0 only
         write_run_info(output_dir)
         record_tracker_runs(loggers, output_dir)
@@ -129,6 +132,22 @@ def train(cfg: DictConfig) -> float | None:
     if trainer.is_global_zero:
         report(metrics, task, output_dir)
     return value
+
+
+def share_cores(cfg: DictConfig, trainer: L.Trainer) -> None:
+    """Give this process its share of the machine's cores: the ranks this node runs, the jobs a
+    parallel sweep launcher runs at once and this rank's loader workers all compute beside it.
+    ``cpu_threads`` (or the user's ``OMP_NUM_THREADS``) overrides. Why: docs/design/cpu-sharing.md
+    """
+    ranks = trainer.num_devices if trainer.world_size > 1 else 1
+    jobs = 1
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        jobs = parallel_jobs(HydraConfig.get().launcher)
+    workers = int((cfg.get("data") or {}).get("num_workers") or 0)
+    try:
+        set_threads(cfg.get("cpu_threads"), processes=ranks * jobs, loader_workers=workers)
+    except ValueError as err:
+        raise ConfigError(f"{err}.") from None
 
 
 def optimized_value(trainer: L.Trainer, metrics: dict[str, float], name: str, mode: str, *,

@@ -11,6 +11,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+# Before torch: mmtf's OpenMP wait setting (mmtf/utils/threads.py) must reach libgomp here and in
+# the workers and interpreters the suite starts (it is inherited through the environment).
+import mmtf  # noqa: F401
+
+# isort: split
 import numpy as np
 import pytest
 import torch
@@ -19,8 +24,12 @@ import torch
 pytest_plugins = ["pytester", "tests.ci_skips"]
 
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-# Under xdist each worker gets one core; alone, use both.
-torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
+# Under xdist each worker gets one core; alone, use both. In the environment too: the CLIs and
+# the DDP ranks a test starts keep the count (mmtf.utils.threads.set_threads respects it) rather
+# than each taking every core beside the other worker.
+_THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1)
+os.environ["OMP_NUM_THREADS"] = str(_THREADS)
+torch.set_num_threads(_THREADS)
 
 
 @pytest.fixture(autouse=True)

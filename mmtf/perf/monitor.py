@@ -36,6 +36,7 @@ from lightning.pytorch.callbacks import Callback
 from mmtf.perf.device import bf16_warning, describe_cpu, sdpa_backends
 from mmtf.perf.flops import FlopCounter, matmul_flops_per_s
 from mmtf.tasks.base import batch_inputs
+from mmtf.utils.threads import describe_threads
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,8 @@ class EfficiencyMonitor(Callback):
                  else f"{self._device} ({torch.cuda.get_device_name(self._device)})"
                  if self._device.type == "cuda" else str(self._device))
         tf32 = torch.get_float32_matmul_precision() != "highest"
-        log.info("[perf] %s; precision %s (compute %s)%s; SDPA kernels: %s; dense %s matmul "
-                 "%.1f GFLOP/s (the MFU denominator)", where, precision,
+        log.info("[perf] %s; %s; precision %s (compute %s)%s; SDPA kernels: %s; dense %s matmul "
+                 "%.1f GFLOP/s (the MFU denominator)", where, describe_threads(), precision,
                  str(dtype).removeprefix("torch."),
                  f", TF32 matmuls {'on' if tf32 else 'off'}" if self._device.type == "cuda" else "",
                  ", ".join(f"{k}={v}" for k, v in kernels.items()) or "none",

@@ -72,8 +72,10 @@ def evaluate_in_process(ckpt: Path, out_dir: Path, *overrides: str) -> dict[str,
 
 def run_cli(module: str, args: list[str], cwd: Path, timeout: float = 300,
             env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m module args`` as a user runs it; output captured for assertions."""
+    """``python -m module args`` as a user runs it; output captured for assertions. ``env``
+    adds to the suite's environment; a key given None is removed from it."""
     full_env = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 

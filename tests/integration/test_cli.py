@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -212,9 +214,15 @@ def test_multirun_two_jobs_into_one_sweep_dir(data_dir, tmp_path):
 @pytest.mark.slow
 def test_ddp_cpu_two_processes_one_run_dir(data_dir, tmp_path):
     run_dir = tmp_path / "ddp"
+    # As a user starts it (no OMP_NUM_THREADS): the two ranks split the cores between them.
     out = run_cli("mmtf.train", [*_tiny(data_dir), "trainer=ddp_cpu", f"hydra.run.dir={run_dir}"],
-                  cwd=tmp_path, timeout=600)
+                  cwd=tmp_path, timeout=600, env={"OMP_NUM_THREADS": None})
     assert out.returncode == 0, out.stderr[-3000:]
+    cores = len(os.sched_getaffinity(0))
+    ranks = re.findall(r"\[perf\].*?; threads (\d+) \((.*?)\);", out.stderr + out.stdout)
+    assert len(ranks) == 2, out.stderr[-3000:]
+    # Rank 0 decides the count; rank 1 inherits it through OMP_NUM_THREADS.
+    assert [int(n) for n, _ in ranks] == [max(1, cores // 2)] * 2, ranks
     assert (run_dir / "metrics.json").is_file()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert "test/cider_d" in metrics and "val/event_accuracy" in metrics

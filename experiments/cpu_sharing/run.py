@@ -1,0 +1,180 @@
+"""CPU sharing: how much slower a training step gets next to other work, per OpenMP wait setting.
+
+Question (issue #24): next to one other 2-thread torch process a training step of the default
+audio captioner ran ~10x slower, not the fair ~2x. Which setting of how OpenMP threads wait
+(libgomp's default spin, ``OMP_WAIT_POLICY=PASSIVE``, ``GOMP_SPINCOUNT=N``, mmtf's default) gives
+about the fair share next to other work and loses little alone?
+
+Per setting one measuring process (the setting fixed in its environment before torch loads, as
+``import mmtf`` does for every CLI) builds the default experiment's model and AdamW exactly as
+``experiments/training_throughput`` does, then times ``--steps`` training steps on batches of the
+experiment's batch size (4 s clips) in each condition, which the parent sets up in between:
+idle; beside one and two competing 2-thread torch processes (a matmul loop with libgomp's default
+spin: other people's work, not mmtf's); beside a competing mmtf process (the same step in a loop,
+under the same setting: two mmtf runs on one machine). Conditions run in the same order for every
+setting, and the idle condition is measured first and again last (its spread is the noise).
+
+    python experiments/cpu_sharing/run.py                  # every setting (~6 min on 2 cores)
+    python experiments/cpu_sharing/run.py --steps 10 --settings off mmtf
+
+Prints the cores, CPU flags and load average, a table of seconds and ratios to the same
+setting's idle time, and, last, one JSON line. Needs an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MMTF_CPU_SHARING", "OMP_NUM_THREADS")
+CONDITIONS = ("idle", "1 torch", "2 torch", "1 mmtf", "idle again")
+
+
+def setting_env(name: str) -> dict[str, str]:
+    """The environment of one setting: the user's wait keys removed, this setting's added."""
+    env = {k: v for k, v in os.environ.items() if k not in WAIT_KEYS}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if name == "off":
+        env["MMTF_CPU_SHARING"] = "0"                 # libgomp's default: 300,000 spins
+    elif name == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    elif name.startswith("spin"):
+        env["GOMP_SPINCOUNT"] = name.removeprefix("spin")
+    elif name != "mmtf":                              # mmtf: what `import mmtf` sets
+        raise SystemExit(f"unknown setting {name!r}: off, mmtf, passive or spin<N>")
+    return env
+
+
+# ---------------------------------------------------------------------------- the workload
+def worker(steps: int, loop: bool) -> None:
+    """Build the model, then time ``steps`` steps per line read from stdin (or loop forever)."""
+    import importlib.util
+
+    import mmtf  # noqa: F401  (before torch: the wait setting of this process)
+
+    # isort: split
+    import torch
+
+    from mmtf.utils.threads import describe_threads
+
+    spec = importlib.util.spec_from_file_location(
+        "training_throughput", REPO / "experiments" / "training_throughput" / "run.py")
+    tt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tt)
+    device = torch.device("cpu")
+    model, opt, cfg = tt.build_mmtf([], device)
+    batches = tt.make_batches(cfg, 4, int(cfg.data.batch_size), 4.0, device)
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        for i in range(n):
+            tt.mmtf_step(model, opt, batches[i % len(batches)], dtype=torch.float32)
+        return time.perf_counter() - start
+
+    run(2)                                            # warm-up: allocator, oneDNN primitives
+    if loop:
+        while True:
+            run(1)
+    print(json.dumps({"ready": describe_threads(), "batch": int(cfg.data.batch_size)}),
+          flush=True)
+    for _ in sys.stdin:
+        print(json.dumps({"seconds": run(steps)}), flush=True)
+
+
+def torch_competitor() -> None:
+    """Other people's work: a 2-thread torch matmul loop under libgomp's default spin."""
+    import torch
+
+    torch.set_num_threads(2)
+    a = torch.randn(256, 256)
+    while True:
+        for _ in range(50):
+            b = a @ a
+        torch.relu(b)
+
+
+# ---------------------------------------------------------------------------- the parent
+def start(args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(Path(__file__)), *args], env=env, text=True,
+                            **kw)
+
+
+def measure(setting: str, steps: int) -> dict[str, float]:
+    env = setting_env(setting)
+    proc = start(["--worker", "--steps", str(steps)], env, stdin=subprocess.PIPE,
+                 stdout=subprocess.PIPE)
+    ready = json.loads(proc.stdout.readline())
+    print(f"[{setting}] {ready['ready']}", file=sys.stderr, flush=True)
+    out: dict[str, float] = {}
+    plain = {k: v for k, v in os.environ.items() if k not in WAIT_KEYS}
+    for condition in CONDITIONS:
+        others: list[subprocess.Popen] = []
+        if condition in ("1 torch", "2 torch"):
+            others = [start(["--compete"], plain, stdout=subprocess.DEVNULL)
+                      for _ in range(int(condition[0]))]
+        elif condition == "1 mmtf":
+            others = [start(["--worker", "--loop"], env, stdout=subprocess.DEVNULL)]
+        if others:
+            time.sleep(20 if condition == "1 mmtf" else 3)   # past their start-up
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out[condition] = json.loads(proc.stdout.readline())["seconds"]
+        for other in others:
+            other.kill()
+            other.wait()
+        print(f"[{setting}] {condition}: {out[condition]:.2f} s", file=sys.stderr, flush=True)
+    proc.stdin.close()
+    proc.wait()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--settings", nargs="+",
+                        default=["off", "mmtf", "passive", "spin1000", "spin100000"])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--loop", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compete", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.steps, args.loop)
+    if args.compete:
+        return torch_competitor()
+
+    sys.path.insert(0, str(REPO))
+    from mmtf.perf.device import describe_cpu
+    from mmtf.utils.threads import SPINCOUNT, available_cores
+
+    load = os.getloadavg()
+    print(f"cores {available_cores()}; {describe_cpu()}; load average {load[0]:.2f} "
+          f"(before); mmtf's default GOMP_SPINCOUNT={SPINCOUNT}; {args.steps} steps per cell")
+    results = {s: measure(s, args.steps) for s in args.settings}
+
+    width = max(len(s) for s in results)
+    print(f"\n{'setting':<{width}}  " + "  ".join(f"{c:>16}" for c in CONDITIONS))
+    for setting, row in results.items():
+        idle = row["idle"]
+        cells = [f"{row[c]:6.2f} s ({row[c] / idle:4.2f}x)" for c in CONDITIONS]
+        print(f"{setting:<{width}}  " + "  ".join(f"{c:>16}" for c in cells))
+    summary: dict[str, object] = {"cores": available_cores(), "cpu": describe_cpu(),
+                                  "load_before": round(load[0], 2), "steps": args.steps,
+                                  "seconds": results}
+    if "off" in results and "mmtf" in results:
+        off, ours = results["off"], results["mmtf"]
+        summary["mmtf_idle_vs_libgomp_idle"] = round(
+            min(ours["idle"], ours["idle again"]) / min(off["idle"], off["idle again"]), 3)
+        summary["mmtf_beside_1_torch_vs_idle"] = round(ours["1 torch"] / ours["idle"], 3)
+        summary["libgomp_beside_1_torch_vs_idle"] = round(off["1 torch"] / off["idle"], 3)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

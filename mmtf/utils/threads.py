@@ -1,0 +1,137 @@
+"""CPU threads that share the machine: how torch's OpenMP threads wait, and how many there are.
+
+torch's intra-op pool is OpenMP (libgomp in the Linux wheels). After each parallel region its
+threads spin for libgomp's default 300,000 iterations before they sleep. Alone on a CPU that
+spinning saves a wake-up per op; next to another busy process it holds cores that process
+needs, and every parallel region of either waits at its barrier for a thread the scheduler has
+descheduled: a training step ran ~10x slower, not 2x (issue #24, experiments/cpu_sharing).
+
+Two things are set here, each only where the user has not set it:
+
+* :func:`share_cpu` (called by ``import mmtf``, so before ``import torch`` for every mmtf CLI):
+  ``GOMP_SPINCOUNT`` = :data:`SPINCOUNT`, a short spin that keeps the wake-up saving of an idle
+  machine and sleeps soon enough to leave the cores to others. libgomp reads it once, when torch
+  loads it, so it must be in the environment before ``import torch``; it is also inherited by
+  every process mmtf starts (DDP ranks, loader workers, a sweep's jobs).
+  ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` of the user win; ``MMTF_CPU_SHARING=0`` turns this off.
+* :func:`threads_per_process`: the processes that compute on one machine (DDP ranks on CPU, the
+  parallel jobs of a sweep launcher, busy loader workers) share its cores instead of each taking
+  all of them. ``OMP_NUM_THREADS`` of the user wins.
+
+Why: see docs/design/cpu-sharing.md
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+# Spins before an idle OpenMP thread sleeps (libgomp: 300,000 by default, 0 for
+# OMP_WAIT_POLICY=PASSIVE). experiments/cpu_sharing measures the choice.
+SPINCOUNT = "10000"
+WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+OPT_OUT = "MMTF_CPU_SHARING"
+
+# What share_cpu() decided in this process, for describe_threads().
+_decision: dict[str, str] = {}
+
+
+def share_cpu(environ: MutableMapping[str, str] | None = None) -> str:
+    """Put :data:`SPINCOUNT` into ``GOMP_SPINCOUNT`` unless the user chose a wait policy.
+
+    Returns how OpenMP threads wait in this process, in words (what the start log prints).
+    Called before ``import torch`` it governs this process; afterwards only its children.
+    """
+    env = os.environ if environ is None else environ
+    chosen = {k: env[k] for k in WAIT_ENV if k in env}
+    late = "torch" in sys.modules and environ is None
+    if env.get(OPT_OUT, "").strip().lower() in ("0", "false", "off", "no"):
+        how = f"libgomp's default spin ({OPT_OUT}={env[OPT_OUT]})"
+    elif chosen == {"GOMP_SPINCOUNT": SPINCOUNT}:         # inherited from an mmtf parent
+        how = f"GOMP_SPINCOUNT={SPINCOUNT} (mmtf's default)"
+    elif chosen:
+        how = ", ".join(f"{k}={v}" for k, v in chosen.items()) + " (yours)"
+    else:
+        env["GOMP_SPINCOUNT"] = SPINCOUNT
+        how = f"GOMP_SPINCOUNT={SPINCOUNT} (mmtf's default; set OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose)"
+        if late:
+            how = ("libgomp's default spin in this process: torch was imported before mmtf "
+                   f"(GOMP_SPINCOUNT={SPINCOUNT} reaches the processes it starts; import mmtf "
+                   "first, or export GOMP_SPINCOUNT, to share the CPU here too)")
+    if environ is None:
+        _decision["wait"] = how
+    return how
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask: taskset, cgroup cpusets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                    # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_process(cores: int, *, processes: int = 1, loader_workers: int = 0) -> int:
+    """Intra-op threads for each of ``processes`` that compute on ``cores`` at once, each with
+    ``loader_workers`` loader processes of its own (one thread each, busy while it trains).
+
+    >>> threads_per_process(16, processes=2, loader_workers=2)
+    6
+    >>> threads_per_process(2, processes=2)
+    1
+    """
+    if cores < 1 or processes < 1 or loader_workers < 0:
+        raise ValueError(f"threads_per_process: cores={cores}, processes={processes}, "
+                         f"loader_workers={loader_workers}")
+    return max(1, cores // processes - loader_workers)
+
+
+def parallel_jobs(launcher: Mapping[str, Any] | None) -> int:
+    """How many jobs a sweep launcher runs at once on this machine: ``n_jobs`` of joblib-style
+    launchers (-1 = one per core), 1 for the sequential ones (the basic, SLURM and Optuna's)."""
+    n_jobs = (launcher or {}).get("n_jobs")
+    if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or n_jobs == 0:
+        return 1
+    return available_cores() if n_jobs < 0 else n_jobs
+
+
+def set_threads(threads: int | None, *, processes: int = 1, loader_workers: int = 0,
+                environ: MutableMapping[str, str] | None = None) -> str:
+    """Set torch's intra-op threads for this process (``threads``, or the share of
+    :func:`threads_per_process`), unless the user's ``OMP_NUM_THREADS`` says; return the
+    decision in words.
+
+    The count also goes into ``OMP_NUM_THREADS`` so that the processes started after it (the
+    DDP ranks Lightning launches, which read it rather than re-deciding) keep it.
+    """
+    import torch
+
+    env = os.environ if environ is None else environ
+    cores = available_cores()
+    if threads is None and "OMP_NUM_THREADS" in env:
+        how = f"{torch.get_num_threads()} (OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, yours)"
+    else:
+        if threads is not None and threads < 1:
+            raise ValueError(f"cpu_threads={threads}: give a positive count or null (auto)")
+        n = threads or threads_per_process(cores, processes=processes,
+                                           loader_workers=loader_workers)
+        torch.set_num_threads(n)
+        env["OMP_NUM_THREADS"] = str(n)
+        why = ("cpu_threads" if threads else
+               f"{cores} cores / {processes} process{'es' if processes > 1 else ''}"
+               + (f" - {loader_workers} loader workers" if loader_workers else ""))
+        how = f"{n} ({why})"
+    if environ is None:
+        _decision["threads"] = how
+    return how
+
+
+def describe_threads() -> str:
+    """One line for the start log: threads and how they wait (what this process decided)."""
+    import torch
+
+    threads = _decision.get("threads", f"{torch.get_num_threads()} (torch's default)")
+    wait = _decision.get("wait") or share_cpu()
+    return f"threads {threads}; OpenMP waits: {wait}"

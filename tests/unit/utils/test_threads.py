@@ -1,0 +1,91 @@
+"""mmtf.utils.threads: how OpenMP threads wait and how many each process runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmtf.utils import threads
+from mmtf.utils.threads import SPINCOUNT, parallel_jobs, set_threads, share_cpu, threads_per_process
+
+
+def test_share_cpu_sets_a_short_spin_where_the_user_chose_none():
+    env: dict[str, str] = {}
+    how = share_cpu(env)
+    assert env == {"GOMP_SPINCOUNT": SPINCOUNT} and "mmtf's default" in how
+
+
+@pytest.mark.parametrize("user", [{"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "300000"},
+                                  {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "5"}])
+def test_share_cpu_keeps_the_users_wait_policy(user):
+    env = dict(user)
+    how = share_cpu(env)
+    assert env == user and how.endswith("(yours)") and all(f"{k}={v}" in how for k, v in user.items())
+
+
+@pytest.mark.parametrize("off", ["0", "off", "False"])
+def test_share_cpu_can_be_turned_off(off):
+    env = {"MMTF_CPU_SHARING": off}
+    assert "libgomp's default" in share_cpu(env) and "GOMP_SPINCOUNT" not in env
+
+
+def test_an_inherited_mmtf_default_is_not_called_the_users():
+    assert "mmtf's default" in share_cpu({"GOMP_SPINCOUNT": SPINCOUNT})
+
+
+def test_import_mmtf_puts_the_setting_into_a_fresh_interpreter_before_torch():
+    code = ("import os, sys; import mmtf; assert 'torch' not in sys.modules; "
+            "print(os.environ.get('GOMP_SPINCOUNT'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == SPINCOUNT
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "None", out.stderr
+
+
+@pytest.mark.parametrize(("cores", "processes", "workers", "expected"), [
+    (2, 1, 0, 2), (2, 2, 0, 1), (2, 1, 2, 1), (16, 2, 2, 6), (16, 4, 0, 4), (3, 2, 0, 1),
+    (64, 8, 4, 4), (1, 4, 4, 1)])
+def test_the_processes_threads_add_up_to_the_cores(cores, processes, workers, expected):
+    n = threads_per_process(cores, processes=processes, loader_workers=workers)
+    assert n == expected
+    # Never more than the cores, unless one thread each is already too many.
+    assert n == 1 or processes * (n + workers) <= cores
+
+
+def test_parallel_jobs_reads_joblib_style_launchers():
+    assert parallel_jobs(None) == 1
+    assert parallel_jobs({"_target_": "hydra._internal.core_plugins.basic_launcher"}) == 1
+    assert parallel_jobs({"n_jobs": 3}) == 3
+    assert parallel_jobs({"n_jobs": -1}) == threads.available_cores()
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_set_threads_respects_omp_num_threads(restore_threads):
+    torch.set_num_threads(1)
+    env = {"OMP_NUM_THREADS": "1"}
+    assert "yours" in set_threads(None, processes=1, environ=env)
+    assert torch.get_num_threads() == 1 and env == {"OMP_NUM_THREADS": "1"}
+
+
+def test_set_threads_takes_its_share_and_tells_its_children(restore_threads, monkeypatch):
+    monkeypatch.setattr(threads, "available_cores", lambda: 4)
+    env: dict[str, str] = {}
+    how = set_threads(None, processes=2, loader_workers=1, environ=env)
+    assert torch.get_num_threads() == 1 and env["OMP_NUM_THREADS"] == "1"
+    assert how == "1 (4 cores / 2 processes - 1 loader workers)"
+    assert set_threads(2, environ=env) == "2 (cpu_threads)" and torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="cpu_threads=0"):
+        set_threads(0, environ={})
