@@ -125,7 +125,11 @@ class Task(L.LightningModule):
                 add_lora(parts[name], config, owner=f"model.{name}")
         self.lora, self.lora_parts = config, tuple(names)
         for name in names:
-            self.set_lora_trainable(name)
+            part = parts[name]
+            if isinstance(part, Encoder) and part.frozen:   # built frozen: the adapters too,
+                part.freeze()                                # until it unfreezes
+            else:
+                self.set_lora_trainable(name)
 
     def resolved_lora(self) -> dict[str, Any] | None:
         """``model.lora`` as built, for the run's stored config: a PEFT folder's rank, scale

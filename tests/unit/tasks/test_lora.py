@@ -85,6 +85,13 @@ def test_a_frozen_part_unfreezes_to_its_adapters_only():
     assert not {id(p) for n, p in decoder.named_parameters() if ".lora_" not in n} & held
     task.set_part_frozen("decoder", False)
     assert {id(p) for p in decoder.parameters() if p.requires_grad} == adapters
+    # an encoder built frozen keeps its adapters frozen too until it unfreezes
+    task = classifier(encoder=vision_encoder(freeze=True), unfreeze_encoder_at_epoch=1,
+                      lora={**LORA, "parts": ["encoder"]})
+    assert not any(p.requires_grad for p in task.encoder.parameters())
+    task.set_part_frozen("encoder", False)
+    assert {n for n, p in task.encoder.named_parameters() if p.requires_grad} == {
+        n for n, _ in task.encoder.named_parameters() if ".lora_" in n}
 
 
 def test_adapters_belong_to_their_blocks_layer():
