@@ -242,6 +242,18 @@ def links(decoder: TextDecoder, prefix: str = "transformer.", *, cross: bool = T
     return table
 
 
+def part_links(part: str, module: TextDecoder, prefix: str = "") -> list[Link]:
+    """The name table of a built GPT-2 decoder (:mod:`mmtf.pretrained.peft`).
+
+    Raises:
+        UserError: ``part`` is not the decoder or the decoder is not GPT-2-shaped.
+    """
+    if part != "decoder":
+        raise UserError(f"model.{part}: GPT-2 is a decoder.")
+    hf_config(module, bos_id=0, eos_id=0)
+    return links(module, prefix)
+
+
 def hf_state_dict(decoder: TextDecoder, prefix: str = "transformer.") -> dict[str, Tensor]:
     """``decoder``'s weights under ``GPT2LMHeadModel``'s names (the export direction of
     :func:`links`); the tied LM head is left to ``tie_word_embeddings``."""
