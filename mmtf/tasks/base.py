@@ -17,6 +17,10 @@ Fine-tuning controls are the task's too, per export part (``encoder``, ``decoder
 trainable, unfrozen at an epoch, a learning-rate scale, layer-wise decay
 (:meth:`Task.init_finetuning`). Why: see docs/design/finetuning-controls.md
 
+LoRA (``model.lora``) is the task's as well: adapters added to the chosen parts after they are
+built (and their pretrained weights loaded), only adapters and new layers trainable there
+(:meth:`Task.init_lora`). Why: see docs/design/lora.md
+
 Why one interface instead of ``hasattr`` probes: see docs/design/task-interface.md
 """
 

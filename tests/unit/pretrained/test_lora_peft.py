@@ -1,5 +1,5 @@
 """LoRA adapters in PEFT's format, against peft itself on a tiny random Whisper saved with
-``save_pretrained``: mmtf's ``format=peft`` export loaded by ``PeftModel.from_pretrained`` gives
+``save_pretrained``: mmtf's ``format=peft`` export (of a checkpoint) loaded by ``PeftModel.from_pretrained`` gives
 mmtf's logits; an adapter made and saved by peft (random nonzero B) loads into mmtf with
 peft's logits; ``format=hf merge_lora=true`` is the merged model in transformers; an adapter
 for another base is a one-line error naming it and the shapes."""
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from mmtf.errors import ConfigError, UserError
-from mmtf.nn.lora import lora_layers, strip_lora
-from mmtf.pretrained import export_hf, export_peft
+from mmtf.export import export_hf_model, export_peft_adapter
+from mmtf.nn.lora import lora_layers
+from mmtf.pretrained import resolved_sizes
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 from mmtf.tasks import CaptioningTask
 from mmtf.text import PretrainedTokenizer
@@ -79,8 +80,8 @@ def test_format_peft_loads_in_peft_with_mmtf_logits(whisper, tmp_path, targets):
     ours = _logits(task, wave, lengths, tokens)
     base = _base(folder)
     assert (ours - _peft_logits(base, features, tokens)).abs().max() > 1e-2   # adapters matter
-    out = export_peft(task, {**CFG, "encoder": {**CFG["encoder"], "pretrained": str(folder)},
-                             "lora": lora}, tmp_path / "adapter")
+    ckpt = _checkpoint(task, folder, lora, tmp_path / "lora.ckpt")
+    out = export_peft_adapter(ckpt, tmp_path / "adapter")      # rebuilt from the checkpoint
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(folder) and config["r"] == 4
     modules = {m.rsplit(".", 1)[-1] for m in config["target_modules"]}
@@ -90,11 +91,26 @@ def test_format_peft_loads_in_peft_with_mmtf_logits(whisper, tmp_path, targets):
     assert (ours - theirs).abs().max().item() <= 1e-4
 
     # format=hf merge_lora=true: the merged model is transformers' plain Whisper
-    for part in task.export_parts().values():
-        strip_lora(part)
-    merged = export_hf(task, CFG, tmp_path / "merged")
-    hf = _base(merged)
+    with pytest.raises(ConfigError, match=r"format=hf: the checkpoint's model has LoRA adapters"
+                                          r", .* add merge_lora=true"):
+        export_hf_model(ckpt, tmp_path / "merged")
+    hf = _base(export_hf_model(ckpt, tmp_path / "merged", merge_lora=True))
     assert (ours - _peft_logits(hf, features, tokens)).abs().max().item() <= 1e-4
+
+
+def _checkpoint(task, folder, lora, path):
+    """What mmtf.train stores for this task: the config with the sizes read from the folder."""
+    model = {"_target_": "mmtf.tasks.CaptioningTask",
+             "encoder": {**CFG["encoder"], "pretrained": str(folder)},
+             "decoder": {**CFG["decoder"], "pretrained": str(folder)},
+             "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3},
+             "lora": lora}
+    for part, sizes in resolved_sizes(model, task.export_parts()).items():
+        model[part].update(sizes)
+    torch.save({"state_dict": task.state_dict(),
+                "mmtf": {"config": {"model": model}, "tokenizer": task.tokenizer.to_json_str()}},
+               path)
+    return path
 
 
 def _peft_trained(folder, out, target_modules, seed: int = 2):
