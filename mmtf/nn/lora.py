@@ -109,8 +109,9 @@ class LoRALinear(nn.Linear):
         self.lora_A = nn.ParameterDict()
         self.lora_B = nn.ParameterDict()
         kw = {"device": self.weight.device, "dtype": self.weight.dtype}
+        adapted = set(adapted)
         for name in self.slices:
-            if name in set(adapted):
+            if name in adapted:
                 self.lora_A[name] = nn.Parameter(torch.empty(r, in_features, **kw))
                 self.lora_B[name] = nn.Parameter(torch.zeros(self.width, r, **kw))
         self.merged = False

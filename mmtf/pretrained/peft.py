@@ -126,15 +126,10 @@ def load_peft_adapter(folder: str | Path, parts: Mapping[str, nn.Module], config
     """
     peft_config, tensors = read_adapter(folder)
     base = peft_config.get("base_model_name_or_path")
-    r, alpha = int(peft_config.get("r", config.r)), float(peft_config.get("lora_alpha",
-                                                                          config.alpha))
     patterns = {k: v for k in ("rank_pattern", "alpha_pattern") if (v := peft_config.get(k))}
     if patterns:
         raise UserError(f"model.lora.pretrained: {folder}/{ADAPTER_CONFIG} sets "
                         f"{', '.join(patterns)}; mmtf's adapters have one rank and alpha.")
-    found = LoRAConfig(r=r, alpha=alpha, dropout=float(peft_config.get("lora_dropout",
-                                                                       config.dropout)),
-                       targets=config.targets, bias=peft_config.get("bias") or "none")
     modules = {}
     for name in tensors:
         if not name.endswith((".lora_A.weight", ".lora_B.weight")):
@@ -154,10 +149,12 @@ def load_peft_adapter(folder: str | Path, parts: Mapping[str, nn.Module], config
         raise ConfigError(f"model.lora.pretrained: {folder} has no adapter in the "
                           f"{', '.join(missing)} (it adapts {sorted(by_part)}); set "
                           f"model.lora.parts=[{','.join(sorted(by_part))}].")
-    found = LoRAConfig(r=found.r, alpha=found.alpha, dropout=found.dropout, targets=targets,
-                       bias=found.bias)
+    found = LoRAConfig(r=int(peft_config.get("r", config.r)),
+                       alpha=float(peft_config.get("lora_alpha", config.alpha)),
+                       dropout=float(peft_config.get("lora_dropout", config.dropout)),
+                       targets=targets, bias=peft_config.get("bias") or "none")
     for name, adapted in by_part.items():
-        expected = {k: v for k, v in lora_sites(parts[name], targets).items()}
+        expected = lora_sites(parts[name], targets)
         if expected != adapted:
             raise ConfigError(f"model.lora.pretrained: {folder} adapts {len(adapted)} of the "
                               f"{len(expected)} projections that its targets {list(targets)} "

@@ -65,6 +65,7 @@ def _peft_logits(model, features, tokens) -> torch.Tensor:
         return model(input_features=features, decoder_input_ids=tokens).logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("targets", [["q", "k", "v", "o", "mlp"], ["k"]], ids=["all", "k_only"])
 def test_format_peft_loads_in_peft_with_mmtf_logits(whisper, tmp_path, targets):
     folder, tokenizer, features, wave, lengths, tokens = whisper
@@ -123,6 +124,7 @@ def _peft_trained(folder, out, target_modules, seed: int = 2):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target_modules, targets", [(ALL, ["q", "k", "v", "o", "mlp"]),
                                                      (["q_proj", "v_proj"], ["q", "v"])],
                          ids=["all", "q_v"])
