@@ -159,3 +159,49 @@ def test_a_checkpoint_captions_without_its_pretrained_folder(tiny_whisper, data_
     folder.rename(tmp_path / "moved")                      # the checkpoint on another machine
     assert captions() == before
     assert evaluate_in_process(ckpt, tmp_path / "eval2") == metrics_before
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_lora_variant_trains_adapters_only_and_exports_them_for_peft(tiny_whisper, data_dir,
+                                                                        tmp_path):
+    """README's LoRA variant end to end: ``model/lora=default`` trains, the base in the
+    checkpoint is the folder's bit for bit, ``format=peft`` loads in peft with mmtf's logits,
+    ``mmtf.load`` rebuilds the adapters from the checkpoint alone."""
+    import torch
+    import transformers
+
+    import mmtf
+    from mmtf.checkpoint_io import load_checkpoint
+    from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
+
+    peft = pytest.importorskip("peft")
+    run = tmp_path / "run"
+    train(compose_train(["experiment=audio_captioning_clotho_whisper",
+                         f"paths.data_dir={data_dir}", *COMMON, *DATA, "test=false",
+                         "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+                         f"pretrained={tiny_whisper}", "model/lora=default",
+                         "model.lora.r=4", "model.optimizer.lr=1e-2"], run))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    state = load_checkpoint(ckpt)["state_dict"]
+    for part, build in (("encoder", whisper_encoder), ("decoder", whisper_decoder)):
+        base = build(pretrained=tiny_whisper).state_dict()
+        for key, value in base.items():
+            assert torch.equal(state[f"model.{part}.{key}"], value), (part, key)
+    assert any(".lora_B." in k and v.abs().max() > 0 for k, v in state.items())   # trained
+    out = cli_in_process("mmtf.export", [f"ckpt_path={ckpt}", "format=peft",
+                                         f"out={tmp_path / 'adapter'}",
+                                         f"hydra.run.dir={tmp_path / 'x'}"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    hf = transformers.WhisperForConditionalGeneration.from_pretrained(tiny_whisper).eval()
+    model = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    task, _ = mmtf.load(ckpt)
+    wave = 0.1 * torch.randn(1, 16000 * 2, generator=torch.Generator().manual_seed(0))
+    features = transformers.WhisperFeatureExtractor()(wave[0].numpy(), sampling_rate=16000,
+                                                      return_tensors="pt").input_features
+    tokens = torch.tensor([[*task.tokenizer.prompt_ids, 5, 6, 7]])
+    with torch.no_grad():
+        ref = model(input_features=features, decoder_input_ids=tokens).logits
+        memory, mask = task.model.encode(wave, torch.tensor([wave.shape[1]]))
+        logits = task.model.decoder(tokens, memory, mask)
+    assert (logits - ref).abs().max().item() <= 1e-4
