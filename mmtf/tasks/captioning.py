@@ -236,9 +236,10 @@ class CaptioningTask(Task):
 
     def _eval_step(self, batch: dict[str, Any], split: str) -> None:
         inputs, lengths = batch_inputs(batch)
-        out = self.model(inputs, lengths, batch["tokens"])
-        self.log(f"{split}/loss", out.loss, prog_bar=True, sync_dist=True,
-                 batch_size=inputs.shape[0])
+        if not self.too_long(lengths):      # whole long clips (long_audio=...): no loss
+            out = self.model(inputs, lengths, batch["tokens"])
+            self.log(f"{split}/loss", out.loss, prog_bar=True, sync_dist=True,
+                     batch_size=inputs.shape[0])
         if split == "val" and (not self.hparams.val_generate or self.trainer.sanity_checking):
             return
         predictions = self.generate_captions(inputs, lengths)
@@ -249,6 +250,12 @@ class CaptioningTask(Task):
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, "test")
+
+    def too_long(self, lengths: torch.Tensor | None) -> bool:
+        """Whether an audio batch holds clips longer than the encoder takes (handed over whole
+        for long-form speech decoding)."""
+        limit = getattr(self.encoder, "max_samples", None) if self.modality == "audio" else None
+        return limit is not None and lengths is not None and int(lengths.max()) > limit
 
     def decode_speech(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
                       ) -> list[dict[str, Any]]:
@@ -263,10 +270,7 @@ class CaptioningTask(Task):
         """``{"caption": str}`` per input, with the configured generation strategy; with speech
         options (or audio longer than the encoder takes, from ``long_audio=sequential|chunked``)
         also ``language`` and ``segments``."""
-        too_long = (self.modality == "audio" and lengths is not None
-                    and getattr(self.encoder, "max_samples", None) is not None
-                    and int(lengths.max()) > self.encoder.max_samples)
-        if self.speech.active or too_long:
+        if self.speech.active or self.too_long(lengths):
             return self.decode_speech(inputs, lengths)
         return [{"caption": c} for c in self.generate_captions(inputs, lengths)]
 
@@ -310,7 +314,7 @@ class CaptioningTask(Task):
     @torch.no_grad()
     def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None) -> list[str]:
         """Captions for a batch with the configured generation strategy."""
-        if self.speech.active:
+        if self.speech.active or self.too_long(lengths):
             return [row["caption"] for row in self.decode_speech(inputs, lengths)]
         tokenizer = self.require_tokenizer()
         gen = self.model.generate(inputs, lengths, **self.generation)

@@ -156,3 +156,23 @@ def test_a_missing_checkpoint_is_not_taken_for_a_hub_id():
 
     with pytest.raises(UserError, match=r"runs/last.ckpt"):
         mmtf.load("runs/last.ckpt")
+
+
+def test_evaluation_scores_whole_long_clips_with_long_form_decoding(whisper, clips):
+    """evaluate long_audio=sequential: a batch the encoder cannot take whole is decoded with the
+    long-form algorithm (no teacher-forced loss) and its text is what gets scored."""
+    from mmtf.data.collate import pad_1d
+    from mmtf.tasks.rebuild import build_pretrained_task
+
+    folder, _ = whisper
+    task = build_pretrained_task(str(folder)).eval()
+    task.update_generation({"max_new_tokens": MAX_NEW, "long_form": "sequential"})
+    wave = load_audio(clips["long"], sample_rate=RATE)
+    audio, lengths = pad_1d([wave, wave[: 40 * RATE]], dtype=torch.float32)
+    batch = {"audio": audio, "audio_lengths": lengths, "ids": ["a", "b"],
+             "references": [["x"], ["y"]], "tokens": torch.zeros(2, 5, dtype=torch.long)}
+    with torch.no_grad():
+        task.test_step(batch, 0)
+    scored = [row.prediction for row in task.caption_metrics["test"]._items]
+    expected = [r["text"] for r in task.transcribe([wave, wave[: 40 * RATE]])]
+    assert scored == expected
