@@ -158,6 +158,33 @@ def test_short_clips_with_timestamps_equal_transformers_generate(speech):
 
 
 @pytest.mark.slow
+def test_english_only_model_prompts_with_start_of_transcript_alone_as_transformers(
+        tmp_path):
+    hf = write_whisper(tmp_path, speech=True, multilingual=False, max_target_positions=64,
+                       seed=1)
+    tokenizer = PretrainedTokenizer.from_folder(tmp_path)
+    model = EncoderDecoder(encoder=whisper_encoder(pretrained=tmp_path),
+                           decoder=whisper_decoder(pretrained=tmp_path),
+                           pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id,
+                           prompt_ids=tokenizer.speech_prompt(None)).eval()
+    prompt = tokenizer.speech_prompt(None, timestamps=True)
+    assert prompt == [tokenizer.start_of_transcript_id]
+    waves = [scene(5.0, 4)]
+    out = hf.generate(hf_features(waves).input_features, return_timestamps=True,
+                      return_segments=True, max_new_tokens=MAX_NEW, suppress_tokens=prompt,
+                      begin_suppress_tokens=None)
+    features, _ = model.encoder.frontend(*batch(waves))
+    rules = TimestampRules(timestamp_begin=tokenizer.timestamp_begin,
+                           no_timestamps_id=tokenizer.no_timestamps_id, eos_id=tokenizer.eos_id)
+    mine = ours(transcribe_long(model, features[0], prompt=prompt,
+                                config=GenerationConfig(max_new_tokens=MAX_NEW), rules=rules))
+    assert_same_segments(mine, hf_segments(out["segments"][0]))
+    # A timestamp first (the rules' first step), then text: the prompt and rules were read.
+    tokens = [t for s in mine for t in s[2]]
+    assert tokens[0] >= tokenizer.timestamp_begin and len(tokens) > 1
+
+
+@pytest.mark.slow
 def test_long_form_equals_transformers_sequential_long_form_generate(speech):
     hf, model, tokenizer = speech
     wave = scene(150.0, 5)

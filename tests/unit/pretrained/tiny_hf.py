@@ -109,9 +109,11 @@ def write_whisper(folder: Path, *, n_mels: int = 80, d_model: int = 64, layers: 
             lang -= (lang @ unit)[:, None] * unit[None]
             model.model.decoder.embed_tokens.weight[rows] = lang * (3.0 / spread)
         generation = model.generation_config
-        generation.lang_to_id = {f"<|{c}|>": tok.token_to_id(f"<|{c}|>") for c in SPEECH_LANGUAGES}
-        generation.task_to_id = {t: tok.token_to_id(f"<|{t}|>") for t in ("transcribe",
-                                                                           "translate")}
+        if multilingual:     # English-only models' generation configs name no languages
+            generation.lang_to_id = {f"<|{c}|>": tok.token_to_id(f"<|{c}|>")
+                                     for c in SPEECH_LANGUAGES}
+            generation.task_to_id = {t: tok.token_to_id(f"<|{t}|>") for t in ("transcribe",
+                                                                               "translate")}
         generation.no_timestamps_token_id = tok.token_to_id("<|notimestamps|>")
         generation.is_multilingual = multilingual
         generation.max_initial_timestamp_index = 50
