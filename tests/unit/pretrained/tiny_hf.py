@@ -20,12 +20,22 @@ WHISPER_SPECIALS = [ENDOFTEXT, "<|startoftranscript|>", "<|en|>", "<|fr|>", "<|t
                     "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nocaptions|>",
                     "<|notimestamps|>"]
 WHISPER_PROMPT = ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
+# Whisper's full special layout (whisper/tokenizer.py), with 8 of its 99 languages in its order:
+# languages between <|startoftranscript|> and <|translate|>, then <|0.00|> .. <|30.00|> (0.02 s).
+SPEECH_LANGUAGES = ["en", "zh", "de", "es", "ru", "ko", "fr", "ja"]
+TIMESTAMPS = [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
+WHISPER_SPEECH_SPECIALS = [ENDOFTEXT, "<|startoftranscript|>",
+                           *(f"<|{code}|>" for code in SPEECH_LANGUAGES), "<|translate|>",
+                           "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
+                           "<|notimestamps|>"]
 
 
 def write_tokenizer(folder: Path, *, family: str = "whisper", vocab_size: int = 300) -> Tokenizer:
     """Write ``tokenizer.json`` + ``tokenizer_config.json`` into ``folder``; return the
-    tokenizer. ``family``: "whisper" (eos = pad = <|endoftext|>, the Whisper specials) or
-    "gpt2" (bos = eos = unk = <|endoftext|>, no pad)."""
+    tokenizer. ``family``: "whisper" (eos = pad = <|endoftext|>, the Whisper specials),
+    "whisper_speech" (the same with 8 languages and the 1501 timestamp tokens, added as
+    non-special tokens as in the hub's Whisper tokenizer.json) or "gpt2" (bos = eos = unk =
+    <|endoftext|>, no pad)."""
     folder.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -33,32 +43,40 @@ def write_tokenizer(folder: Path, *, family: str = "whisper", vocab_size: int = 
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer=trainer)
-    specials = WHISPER_SPECIALS if family == "whisper" else [ENDOFTEXT]
+    specials = {"whisper": WHISPER_SPECIALS, "whisper_speech": WHISPER_SPEECH_SPECIALS}.get(
+        family, [ENDOFTEXT])
     tok.add_special_tokens(specials)
+    if family == "whisper_speech":
+        tok.add_tokens(TIMESTAMPS)
     tok.save(str(folder / "tokenizer.json"))
     config = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT, "unk_token": ENDOFTEXT}
-    if family == "whisper":
+    if family.startswith("whisper"):
         config["pad_token"] = ENDOFTEXT
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return tok
 
 
 def write_whisper(folder: Path, *, n_mels: int = 80, d_model: int = 64, layers: int = 2,
-                  heads: int = 4, seed: int = 0):
+                  heads: int = 4, seed: int = 0, speech: bool = False,
+                  multilingual: bool = True, max_target_positions: int = 48):
     """A random-weight ``WhisperForConditionalGeneration`` and its tokenizer in ``folder``;
     returns the model (eval mode). Weights are drawn far from the default init (biases,
     decoder positions, cross-attention) so that outputs depend on every tensor and the random
-    decoder does not just repeat one token."""
+    decoder does not just repeat one token. ``speech``: Whisper's full special layout (8
+    languages, timestamps) and the ``generation_config.json`` fields transformers' Whisper
+    ``generate`` reads (``lang_to_id``, ``task_to_id``, ``no_timestamps_token_id``,
+    ``is_multilingual``, ``max_initial_timestamp_index``)."""
     import torch
     import transformers
 
-    tok = write_tokenizer(folder, family="whisper")
+    tok = write_tokenizer(folder, family="whisper_speech" if speech else "whisper")
     end = tok.token_to_id(ENDOFTEXT)
     config = transformers.WhisperConfig(
         vocab_size=tok.get_vocab_size(with_added_tokens=True), d_model=d_model,
         encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
         decoder_attention_heads=heads, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
-        num_mel_bins=n_mels, max_source_positions=1500, max_target_positions=48,
+        num_mel_bins=n_mels, max_source_positions=1500,
+        max_target_positions=max_target_positions,
         pad_token_id=end, bos_token_id=end, eos_token_id=end,
         decoder_start_token_id=tok.token_to_id("<|startoftranscript|>"),
         begin_suppress_tokens=None, suppress_tokens=None)
@@ -74,5 +92,33 @@ def write_whisper(folder: Path, *, n_mels: int = 80, d_model: int = 64, layers: 
                 p.mul_(4.0)
             elif "encoder.layers" in name and p.dim() == 2:
                 p.normal_(0.0, 0.3)
+    if speech:
+        # The language rows of the (tied) output projection are made orthogonal to the mean
+        # hidden state after <|startoftranscript|> and scaled to its spread, so the detected
+        # language depends on the audio (a random model's hidden state hardly does).
+        with torch.no_grad():
+            rows = [tok.token_to_id(f"<|{c}|>") for c in SPEECH_LANGUAGES]
+            feats = torch.randn(8, n_mels, 3000, generator=torch.Generator().manual_seed(seed))
+            start = torch.full((8, 1), config.decoder_start_token_id)
+            hidden = model.model(input_features=feats, decoder_input_ids=start
+                                 ).last_hidden_state[:, -1]                     # (8, d)
+            mean = hidden.mean(dim=0)
+            unit = mean / mean.norm()
+            spread = (hidden - mean).norm(dim=1).mean()
+            lang = torch.randn(len(rows), d_model, generator=torch.Generator().manual_seed(seed))
+            lang -= (lang @ unit)[:, None] * unit[None]
+            model.model.decoder.embed_tokens.weight[rows] = lang * (3.0 / spread)
+        generation = model.generation_config
+        if multilingual:     # English-only models' generation configs name no languages
+            generation.lang_to_id = {f"<|{c}|>": tok.token_to_id(f"<|{c}|>")
+                                     for c in SPEECH_LANGUAGES}
+            generation.task_to_id = {t: tok.token_to_id(f"<|{t}|>") for t in ("transcribe",
+                                                                               "translate")}
+        generation.no_timestamps_token_id = tok.token_to_id("<|notimestamps|>")
+        generation.is_multilingual = multilingual
+        generation.max_initial_timestamp_index = 50
+        generation.suppress_tokens = None
+        generation.begin_suppress_tokens = None
+        generation._from_model_config = False      # from_pretrained keeps the file's fields
     model.save_pretrained(folder)
     return model
