@@ -41,7 +41,8 @@ from mmtf.data.audio import AUDIO_EXTENSIONS, colored_noise, load_audio, resampl
 from mmtf.data.sampler import sample_rng
 from mmtf.errors import ConfigError
 
-__all__ = ["AUGMENT_STREAM", "Mixup", "WaveAugment", "build_augment"]
+__all__ = ["AUGMENT_STREAM", "Mixup", "WaveAugment", "add_noise", "augment_stream", "build_augment",
+           "speed"]
 
 AUGMENT_STREAM = 1     # sample_rng stream of the per-item augmentations (0 is the crop's)
 _MIXUP_STREAM = 2      # first entropy word of a batch's mixup generator
