@@ -110,11 +110,22 @@ def get_resampler(orig: int, new: int) -> torchaudio.transforms.Resample:
 
 
 def resample(wave: Tensor, orig: int, new: int) -> Tensor:
-    """Resample ``wave`` (..., s) from ``orig`` Hz to ``new`` Hz (no-op when equal)."""
+    """Resample ``wave`` (..., s) from ``orig`` Hz to ``new`` Hz (no-op when equal).
+
+    On one thread: the convolution's result depends on how many threads split it (by one ulp,
+    for some lengths), and a DataLoader worker has one; so a clip is the same bits in a worker
+    and in the main process (``data.num_workers`` changes no example)."""
     if orig == new:
         return wave
-    with torch.no_grad():
-        return get_resampler(int(orig), int(new))(wave)
+    threads = torch.get_num_threads()
+    try:
+        if threads != 1:
+            torch.set_num_threads(1)
+        with torch.no_grad():
+            return get_resampler(int(orig), int(new))(wave)
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)
 
 
 def crop_window(frames: int, want: int | None, crop: Crop,
@@ -199,3 +210,29 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
     wave = torch.from_numpy(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0])  # (f,)
     wave = resample(wave, info.sample_rate, sample_rate or info.sample_rate)  # (s,)
     return wave.contiguous()
+
+
+def fast_fft_len(n: int) -> int:
+    """The smallest 2^a 3^b 5^c >= n: FFT sizes pocketfft handles fast (a prime n is 10x slower)."""
+    best = 1 << max(0, n - 1).bit_length()
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            m = p35 << max(0, (n - 1) // p35).bit_length()  # times the power of 2 that reaches n
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
+def colored_noise(rng: np.random.Generator, n: int, exponent: float) -> np.ndarray:
+    """Unit-RMS noise (n,) float64 with a 1/f^exponent power spectrum (0 = white, 1 = pink, 2 =
+    brown): the built-in sets' background and noise events, and additive-noise augmentation."""
+    m = fast_fft_len(n)
+    spec = np.fft.rfft(rng.standard_normal(m))
+    f = np.arange(spec.shape[0], dtype=np.float64)
+    f[0] = 1.0
+    spec *= f ** (-exponent / 2)
+    x = np.fft.irfft(spec, m)[:n]
+    return x / (np.sqrt(np.mean(x**2)) + 1e-12)

@@ -13,6 +13,9 @@ Batch keys (the Lightning tasks rely on them):
 ``references``     list[list[str]], every caption of each item — captioning
 ``label``          long (b,) — classification
 ``ids``            list[str]
+``mix_index``      long (b,), each item's mixup partner — training with
+                   ``data.augment.mixup`` only (:class:`mmtf.data.augment.Mixup`)
+``mix_lambda``     float32 (b,), the weight of the item's own caption (1 = unmixed)
 =================  =============================================================
 
 Plus ``_skipped``: ``(reason, where)`` of items skipped under ``data.on_error=skip`` while
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mmtf.data.augment import Mixup
 from mmtf.errors import UserError
 
 
@@ -56,18 +60,27 @@ class Collate:
         modality: ``audio`` | ``image``.
         task: ``caption`` | ``label``.
         pad_id: token padding id (the tokenizer's; 0 in mmtf's own).
+        mixup: audio captioning, training only: mix pairs of the batch's waveforms, seeded by
+            the examples' ``_key`` (item, epoch), so the pairs do not depend on the worker.
     """
 
-    def __init__(self, *, modality: Modality, task: str, pad_id: int = 0) -> None:
+    def __init__(self, *, modality: Modality, task: str, pad_id: int = 0,
+                 mixup: Mixup | None = None) -> None:
         if task not in ("caption", "label"):
             raise UserError(f"task ({task!r}) must be 'caption' or 'label'.")
-        self.modality, self.task, self.pad_id = modality, task, pad_id
+        if mixup is not None and (modality, task) != ("audio", "caption"):
+            raise UserError(f"mixup needs audio captions, not {modality} {task}s.")
+        self.modality, self.task, self.pad_id, self.mixup = modality, task, pad_id, mixup
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         batch: dict[str, Any] = {}
         if self.modality == "audio":
             batch["audio"], batch["audio_lengths"] = pad_1d([e["audio"] for e in examples],
                                                            dtype=torch.float32)  # (b, s)
+            if self.mixup is not None:
+                keys = [e["_key"] for e in examples]
+                batch.update(self.mixup(batch["audio"], batch["audio_lengths"],
+                                        epoch=keys[0][1], items=[k[0] for k in keys]))
         else:
             shapes = {tuple(e["image"].shape) for e in examples}
             if len(shapes) > 1:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import lightning as L
 
+from mmtf.data.augment import build_augment
 from mmtf.data.collate import Collate
 from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
 from mmtf.data.errors import ErrorCounter, ErrorPolicy
@@ -81,6 +82,8 @@ class MediaDataModule(L.LightningDataModule):
         image_cache_mb: images only: decoded images (uint8, before the transforms) kept in
             memory per split, up to this many MiB each, so epochs after the first skip reading
             and decoding them; 0 = off. Per process: with workers, set ``persistent_workers``.
+        augment: audio only, training split only: ``{speed, noise, gain, mixup}`` (see
+            :mod:`mmtf.data.augment` for every key); None or all ``p: 0`` = off.
     """
 
     task = "label"
@@ -95,7 +98,7 @@ class MediaDataModule(L.LightningDataModule):
                  pin_memory: bool | None = None, persistent_workers: bool = False,
                  bucketing: bool = True, bucket_size: int = 50, drop_last: bool = False,
                  seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
-                 image_cache_mb: float = 0) -> None:
+                 image_cache_mb: float = 0, augment: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         formats = CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS
         if format not in formats:
@@ -123,6 +126,12 @@ class MediaDataModule(L.LightningDataModule):
                              f">= 0, and 0 for {modality} data (it keeps decoded images); fix "
                              f"data.image_cache_mb.")
         self.image_cache_bytes = int(image_cache_mb * 2 ** 20)
+        self.augment, self.mixup = build_augment(
+            to_plain(augment), sample_rate=sample_rate, max_seconds=max_seconds, seed=seed,
+            task=self.task)
+        if modality != "audio" and (self.augment or self.mixup):
+            raise ConfigError(f"data.augment is for audio; this data is {modality} (image "
+                              f"augmentation: data.train_transforms); remove data.augment.")
         self.format, self.modality = format, modality
         self.root = Path(root).expanduser().resolve()
         self.splits = dict(to_plain(splits)) if splits else None
@@ -200,7 +209,8 @@ class MediaDataModule(L.LightningDataModule):
         return dict(modality=self.modality, sample_rate=self.sample_rate,
                     max_seconds=self.max_seconds, crop=crop, channels=self.channels,
                     transform=self._transform(split), on_error=self.on_error, seed=self.seed,
-                    image_cache_bytes=self.image_cache_bytes)
+                    image_cache_bytes=self.image_cache_bytes,
+                    augment=self.augment if split == "train" else None)
 
     def batch_sampler(self, split: str, *, bucketing: bool | None = None) -> BucketBatchSampler:
         """The batch sampler of a split (training: shuffled buckets; eval: sorted by length)."""
@@ -235,14 +245,14 @@ class MediaDataModule(L.LightningDataModule):
         # Train: resumable mid-epoch (Lightning checkpoints the sampler's position). Every
         # loader has its own generator, so iterating one never shifts the training stream.
         loader = make_loader(dataset, sampler, resumable=train, seed=self.seed,
-                             collate_fn=self._collate(),
+                             collate_fn=self._collate(split),
                              num_workers=self.num_workers, pin_memory=self._pin_memory(),
                              persistent_workers=self.persistent_workers,
                              counter=self.error_counts, split=split)
         self._loaders[split] = loader
         return loader
 
-    def _collate(self) -> Collate:
+    def _collate(self, split: str) -> Collate:
         return Collate(modality=self.modality, task=self.task)
 
     def _pin_memory(self) -> bool:
@@ -380,9 +390,10 @@ class CaptionDataModule(MediaDataModule):
     def _num_captions(self, split: str) -> list[int] | None:
         return [len(item.captions) for item in self.items(split)]
 
-    def _collate(self) -> Collate:
+    def _collate(self, split: str) -> Collate:
         # Built after _dataset, which refuses to run without a tokenizer.
-        return Collate(modality=self.modality, task=self.task, pad_id=self.tokenizer.pad_id)
+        return Collate(modality=self.modality, task=self.task, pad_id=self.tokenizer.pad_id,
+                       mixup=self.mixup if split == "train" else None)
 
     def _policy(self, split: str) -> str:
         return self.caption_policy if split == "train" else "first"

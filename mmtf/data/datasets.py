@@ -29,6 +29,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from mmtf.data.audio import Crop, audio_info, load_audio
+from mmtf.data.augment import WaveAugment, augment_stream
 from mmtf.data.collate import Modality
 from mmtf.data.errors import ErrorPolicy, OnError, check_media_file
 from mmtf.data.formats.base import CaptionItem, LabelItem
@@ -100,13 +101,15 @@ class MediaDataset(Dataset):
             memory up to this many bytes, so later epochs skip the file read and the PNG/JPEG
             decode; 0 = decode every time. The cache belongs to the process that decodes (the
             main process, or each worker while it lives: use persistent workers).
+        augment: audio only: speed / noise / gain of each decoded clip (training), drawn from
+            :func:`mmtf.data.augment.augment_stream` ``(seed, epoch, item)``; None = off.
     """
 
     def __init__(self, items: Sequence[CaptionItem | LabelItem], *, modality: Modality,
                  sample_rate: int = 16000, max_seconds: float | None = None, crop: Crop = "center",
                  channels: int | None = None, transform: Callable[[Tensor], Tensor] | None = None,
                  on_error: OnError = "raise", seed: int = 0, max_retries: int = 16,
-                 image_cache_bytes: int = 0) -> None:
+                 image_cache_bytes: int = 0, augment: WaveAugment | None = None) -> None:
         # modality and on_error are checked once, at the config boundary (CaptionDataModule,
         # ErrorPolicy); a dataset is built from checked values.
         if image_cache_bytes < 0:
@@ -117,6 +120,7 @@ class MediaDataset(Dataset):
         self.modality, self.sample_rate, self.max_seconds = modality, sample_rate, max_seconds
         self.crop, self.channels, self.transform = crop, channels, transform
         self.on_error, self.seed, self.max_retries = on_error, seed, max_retries
+        self.augment = augment
 
     def __len__(self) -> int:
         return len(self.items)
@@ -128,10 +132,13 @@ class MediaDataset(Dataset):
             # A pure function of (seed, epoch, item): the same crop in any worker, and again
             # after a resume (a worker's global generators restart with the worker).
             rng = sample_rng(self.seed, epoch, index) if self.crop == "random" else None
-            return load_audio(item.path, sample_rate=self.sample_rate,
+            wave = load_audio(item.path, sample_rate=self.sample_rate,
                               max_seconds=self.max_seconds, crop=self.crop,
                               channels=self.channels, rng=rng, where=item.where,
                               check_header=False)  # headers were checked by probe()
+            if self.augment is not None:
+                wave = self.augment(wave, augment_stream(self.seed, epoch, index))
+            return wave
         image = self._image_cache.get(index)
         if image is None:
             image = load_image(item.path, where=item.where)                # (3, h, w) uint8
@@ -171,6 +178,7 @@ class MediaDataset(Dataset):
                 continue
             out = self.example(index, caption, media)
             out["_skipped"] = skipped
+            out["_key"] = (index, epoch)   # what Collate seeds a batch's mixup with
             return out
         raise DataError(f"{self.max_retries + 1} items in a row (from {self.items[item].path}) "
                         f"failed to load; the last error: {last}. Most of this dataset looks "

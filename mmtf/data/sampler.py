@@ -244,8 +244,8 @@ class BucketBatchSampler:
         self.state.restored = True
 
 
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """A numpy generator that depends only on ``(seed, epoch, index)``.
+def sample_rng(seed: int, epoch: int, index: int, stream: int = 0) -> np.random.Generator:
+    """A numpy generator that depends only on ``(seed, epoch, index, stream)``.
 
     Use it for per-item randomness in a Dataset (where to crop): the draw is then the same
     whichever worker runs the item and whether or not the run was resumed, unlike a worker's
@@ -255,11 +255,14 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
         seed: the run's data seed (non-negative).
         epoch: the epoch of the key ``(item, caption, epoch)`` the sampler yielded.
         index: the item index in the dataset.
+        stream: one independent stream per use (0: the crop; :mod:`mmtf.data.augment` has its
+            own), so switching one use on does not move another's draws.
     """
-    if min(seed, epoch, index) < 0:
-        raise ValueError(f"sample_rng: seed ({seed}), epoch ({epoch}) and index ({index}) must "
-                         f"be >= 0.")
-    return np.random.default_rng([seed, epoch, index])
+    if min(seed, epoch, index, stream) < 0:
+        raise ValueError(f"sample_rng: seed ({seed}), epoch ({epoch}), index ({index}) and "
+                         f"stream ({stream}) must be >= 0.")
+    # Stream 0 keeps the three-number key: the crops of every run before streams existed.
+    return np.random.default_rng([seed, epoch, index] + ([stream] if stream else []))
 
 
 def padding_fraction(batches: Sequence[Sequence[Key | int]], lengths: Sequence[float]) -> float:

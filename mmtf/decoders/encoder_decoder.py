@@ -127,6 +127,13 @@ class EncoderDecoder(nn.Module):
             :class:`Seq2SeqOutput` with logits (b * k, n - 1, v) and the mean loss over scored
             targets.
         """
+        memory, mask = self._memory_rows(inputs, lengths, tokens)
+        logits = self.decoder(tokens[:, :-1], memory, mask)              # (b * k, n - 1, v)
+        return Seq2SeqOutput(logits, self.loss(logits, tokens[:, 1:]))
+
+    def _memory_rows(self, inputs: Tensor, lengths: Tensor | None,
+                     tokens: Tensor) -> tuple[Tensor, Tensor | None]:
+        """One encoder pass, its memory repeated for each of the k caption rows per input."""
         min_len = len(self.prompt_ids) + 1
         if tokens.dim() != 2 or tokens.shape[1] < min_len:
             raise ValueError(f"EncoderDecoder: tokens must be (batch, length >= {min_len}) ids "
@@ -141,8 +148,65 @@ class EncoderDecoder(nn.Module):
             memory = memory.repeat_interleave(rows // b, dim=0)           # (b * k, s, d)
             if mask is not None:
                 mask = mask.repeat_interleave(rows // b, dim=0)           # (b * k, s)
+        return memory, mask
+
+    def mixup_forward(self, inputs: Tensor, lengths: Tensor | None, tokens: Tensor,
+                      partner: Tensor, weight: Tensor) -> Seq2SeqOutput:
+        """Teacher forcing on mixed inputs: each input's own and its partner's captions.
+
+        Input i (a mix of items i and ``partner[i]`` with weight ``weight[i]`` on i) is scored
+        as ``weight[i] * CE(caption_i) + (1 - weight[i]) * CE(caption_partner[i])``, each
+        caption teacher-forced on its own tokens against input i's memory; the sum over rows is
+        divided by the scored targets of the batch's own captions. With one weight λ for the
+        whole batch and a permutation as partners that is ``λ * loss(own) + (1 - λ) *
+        loss(partners)`` of :meth:`loss`; with every weight 1 it is :meth:`forward`.
+
+        Args:
+            inputs, lengths: the mixed encoder inputs (:class:`mmtf.data.augment.Mixup`).
+            tokens: (b * k, n) targets, as in :meth:`forward`.
+            partner: (b,) long, each input's partner (itself when unmixed).
+            weight: (b,) float in [0, 1], the weight of the input's own captions.
+
+        Returns:
+            :class:`Seq2SeqOutput`: logits (b * k, n - 1, v) of the own captions, the loss.
+        """
+        mixed = weight < 1                                                # (b,)
+        if not bool(mixed.any()):
+            return self.forward(inputs, lengths, tokens)
+        memory, mask = self._memory_rows(inputs, lengths, tokens)
+        b, rows = partner.shape[0], tokens.shape[0]
+        k = rows // b
+        offsets = torch.arange(k, device=tokens.device)
+        other_rows = (partner.to(tokens.device)[:, None] * k + offsets).flatten()   # (b * k,)
+        row_weight = weight.to(memory.device, torch.float32).repeat_interleave(k)   # (b * k,)
+        sel = mixed.to(tokens.device).repeat_interleave(k).nonzero().flatten()      # mixed rows
         logits = self.decoder(tokens[:, :-1], memory, mask)              # (b * k, n - 1, v)
-        return Seq2SeqOutput(logits, self.loss(logits, tokens[:, 1:]))
+        other = tokens[other_rows[sel]]                                  # (r, n)
+        other_logits = self.decoder(other[:, :-1], memory[sel],
+                                    None if mask is None else mask[sel])  # (r, n - 1, v)
+        own = self.token_losses(logits, tokens[:, 1:])                   # (b * k, n - 1)
+        theirs = self.token_losses(other_logits, other[:, 1:])           # (r, n - 1)
+        scored = (self.scored_targets(tokens[:, 1:]) != -100).sum()
+        total = ((row_weight[:, None] * own).sum()
+                 + ((1 - row_weight[sel])[:, None] * theirs).sum())
+        return Seq2SeqOutput(logits, total / scored.clamp_min(1))
+
+    def scored_targets(self, targets: Tensor) -> Tensor:
+        """``targets`` (b, n) with -100 wherever :meth:`loss` does not score: the prompt,
+        after the first eos, pads (a pad equal to eos is that eos, so it is scored once)."""
+        in_prompt = torch.arange(targets.shape[1], device=targets.device) < len(
+            self.prompt_ids) - 1                                          # (n,)
+        is_eos = ((targets == self.eos_id) & ~in_prompt).long()
+        after_eos = (is_eos.cumsum(dim=1) - is_eos) > 0                  # an eos came before
+        is_pad = (targets == self.pad_id) & (targets != self.eos_id)
+        return targets.masked_fill(in_prompt | after_eos | is_pad, -100)
+
+    def token_losses(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Per-target cross-entropy (b, n), 0 where :meth:`scored_targets` does not score."""
+        return F.cross_entropy(logits.flatten(0, 1).float(),
+                               self.scored_targets(targets).flatten(), ignore_index=-100,
+                               label_smoothing=self.label_smoothing,
+                               reduction="none").view(targets.shape)
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Mean cross-entropy over the targets past the prompt, up to and including the first
@@ -152,14 +216,8 @@ class EncoderDecoder(nn.Module):
             logits: (b, n, v).
             targets: (b, n) long, ``tokens[:, 1:]``: its first p - 1 columns are the prompt.
         """
-        in_prompt = torch.arange(targets.shape[1], device=targets.device) < len(
-            self.prompt_ids) - 1                                          # (n,)
-        is_eos = ((targets == self.eos_id) & ~in_prompt).long()
-        after_eos = (is_eos.cumsum(dim=1) - is_eos) > 0                  # an eos came before
-        is_pad = (targets == self.pad_id) & (targets != self.eos_id)
-        ignore = in_prompt | after_eos | is_pad
         return F.cross_entropy(logits.flatten(0, 1).float(),
-                               targets.masked_fill(ignore, -100).flatten(),
+                               self.scored_targets(targets).flatten(),
                                ignore_index=-100, label_smoothing=self.label_smoothing)
 
     @torch.inference_mode()

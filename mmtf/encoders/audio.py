@@ -60,6 +60,7 @@ from mmtf.utils.compat import module_apply
 FeatureNorm = Literal["utterance", "global"]
 FeatureKind = Literal["mmtf", "whisper"]
 PositionKind = Literal["rope", "sinusoidal"]
+TimeMaskMode = Literal["fixed", "adaptive"]
 LOG_EPS = 1e-6   # log(mel + 1e-6): a floor near 16-bit quantisation noise, finite for silence
 STD_FLOOR = 1e-5
 # Whisper's log-mel: log10(max(mel, 1e-10)), floored 8 below the clip's maximum, (x + 4) / 4.
@@ -193,30 +194,70 @@ class LogMelFrontEnd(nn.Module):
 class SpecAugment(nn.Module):
     """Frequency and time masking, a fresh mask per item, in training mode only.
 
-    Each time mask has a width drawn from ``[0, min(time_mask_width, L))`` and lies within the
-    item's ``L`` valid frames, so a short clip in a long padded batch is masked as much as alone
-    (docs/design/spec-augment-valid-frames.md).
+    Each time mask has a width drawn from ``[0, W)`` and lies within the item's ``L`` valid
+    frames, so a short clip in a long padded batch is masked as much as alone
+    (docs/design/spec-augment-valid-frames.md). Two modes:
+
+    * ``fixed``: ``time_masks`` masks per item, ``W = min(time_mask_width, L)``.
+    * ``adaptive`` (Park et al. 2020, "SpecAugment on large scale datasets"): the masks fit the
+      item's length, ``W = min(time_mask_width, floor(time_mask_fraction * L))`` and
+      ``min(time_masks, floor(time_mask_multiplicity * L))`` masks, so a 1 s utterance loses a
+      syllable where a 30 s clip loses half a second. The random draws are the fixed mode's: an
+      item long enough for neither limit to bind is masked exactly as in ``fixed``
+      (docs/design/spec-augment-adaptive.md).
 
     Args:
         freq_masks: bands masked per clip; freq_mask_width: max width of each, in mel bins.
-        time_masks: spans masked per clip; time_mask_width: max width of each, in frames.
+        time_masks: spans masked per clip (adaptive: the most per clip); time_mask_width: max
+            width of each, in frames.
+        time_mask_mode: ``fixed`` | ``adaptive``.
+        time_mask_fraction: adaptive: a mask covers less than this share of the valid frames.
+        time_mask_multiplicity: adaptive: masks per valid frame (0.04: one per 25 frames).
     """
 
     def __init__(self, *, freq_masks: int = 2, freq_mask_width: int = 8, time_masks: int = 2,
-                 time_mask_width: int = 20) -> None:
+                 time_mask_width: int = 20, time_mask_mode: TimeMaskMode = "adaptive",
+                 time_mask_fraction: float = 0.05, time_mask_multiplicity: float = 0.04) -> None:
         super().__init__()
         for key, value in (("freq_masks", freq_masks), ("freq_mask_width", freq_mask_width),
                            ("time_masks", time_masks), ("time_mask_width", time_mask_width)):
             if value < 0:
                 raise UserError(f"SpecAugment: {key} ({value}) must be >= 0; use 0 to switch "
                                 f"that masking off (model.encoder.{key}).")
+        if time_mask_mode not in ("fixed", "adaptive"):
+            raise UserError(f"SpecAugment: time_mask_mode ({time_mask_mode!r}) must be 'fixed' "
+                            f"or 'adaptive'; fix model.encoder.time_mask_mode.")
+        if not 0 < time_mask_fraction <= 1:
+            raise UserError(f"SpecAugment: time_mask_fraction ({time_mask_fraction}) must be in "
+                            f"(0, 1] (a share of each clip's valid frames); fix "
+                            f"model.encoder.time_mask_fraction.")
+        if time_mask_multiplicity <= 0:
+            raise UserError(f"SpecAugment: time_mask_multiplicity ({time_mask_multiplicity}) "
+                            f"must be > 0 (masks per valid frame, e.g. 0.04); fix "
+                            f"model.encoder.time_mask_multiplicity, or time_masks=0 for none.")
         self.freq_masks, self.time_masks = freq_masks, time_masks
-        self.time_mask_width = time_mask_width
+        self.time_mask_width, self.time_mask_mode = time_mask_width, time_mask_mode
+        self.time_mask_fraction = float(time_mask_fraction)
+        self.time_mask_multiplicity = float(time_mask_multiplicity)
         self.freq = torchaudio.transforms.FrequencyMasking(freq_mask_width, iid_masks=True)
 
     def extra_repr(self) -> str:
+        adaptive = (f", time_mask_fraction={self.time_mask_fraction}, time_mask_multiplicity="
+                    f"{self.time_mask_multiplicity}" if self.time_mask_mode == "adaptive" else "")
         return (f"freq_masks={self.freq_masks}, freq_mask_width={self.freq.mask_param}, "
-                f"time_masks={self.time_masks}, time_mask_width={self.time_mask_width}")
+                f"time_masks={self.time_masks}, time_mask_width={self.time_mask_width}, "
+                f"time_mask_mode={self.time_mask_mode}{adaptive}")
+
+    def time_mask_limits(self, frames: Tensor) -> tuple[Tensor, Tensor]:
+        """The widest mask (frames, exclusive bound of the drawn width) and the number of masks
+        of items with ``frames`` (b,) valid frames: two (b,) float tensors."""
+        valid = frames.to(torch.float32)
+        width = valid.clamp(max=self.time_mask_width)
+        count = torch.full_like(valid, float(self.time_masks))
+        if self.time_mask_mode == "adaptive":
+            width = torch.minimum(width, torch.floor(self.time_mask_fraction * valid))
+            count = torch.minimum(count, torch.floor(self.time_mask_multiplicity * valid))
+        return width, count
 
     def forward(self, feats: Tensor, frames: Tensor | None = None) -> Tensor:
         """Mask ``feats`` (b, f, t) -> (b, f, t); the identity in eval mode.
@@ -236,14 +277,18 @@ class SpecAugment(nn.Module):
         b, _, t = x.shape
         if frames is None:
             frames = torch.full((b,), t, device=x.device)
-        valid = frames.to(device=x.device, dtype=torch.float32)[:, None]        # (b, 1)
-        # As torchaudio's TimeMasking, but within [0, L) of each item instead of [0, t).
-        width = torch.rand(b, self.time_masks, device=x.device) * valid.clamp(
-            max=self.time_mask_width)                                           # (b, k)
+        frames = frames.to(x.device)
+        valid = frames.to(torch.float32)[:, None]                               # (b, 1)
+        widest, count = (v[:, None] for v in self.time_mask_limits(frames))     # (b, 1) each
+        # As torchaudio's TimeMasking, but within [0, L) of each item instead of [0, t). A
+        # drawn width w < widest covers at most ceil(w) <= widest frames (widest is whole).
+        width = torch.rand(b, self.time_masks, device=x.device) * widest        # (b, k)
         start = torch.rand(b, self.time_masks, device=x.device) * (valid - width)
         position = torch.arange(t, device=x.device)                             # (t,)
         inside = ((position >= start.long()[..., None])
                   & (position < (start + width).long()[..., None]))             # (b, k, t)
+        used = torch.arange(self.time_masks, device=x.device) < count           # (b, k)
+        inside = inside & used[..., None]
         return x.masked_fill(rearrange(inside.any(dim=1), "b t -> b 1 t"), 0.0)
 
 
@@ -304,8 +349,9 @@ class AudioEncoder(Encoder):
             feature_mean, feature_std, features, pad_to_seconds: the log-mel front end
             (:class:`LogMelFrontEnd`; "whisper" features and 30 s padding for Whisper).
         stem_strides: the conv stem's strides (:class:`ConvStem`; Whisper: [1, 2]).
-        freq_masks, freq_mask_width, time_masks, time_mask_width: SpecAugment
-            (:class:`SpecAugment`), training mode only; 0 masks switch it off.
+        freq_masks, freq_mask_width, time_masks, time_mask_width, time_mask_mode,
+            time_mask_fraction, time_mask_multiplicity: SpecAugment (:class:`SpecAugment`),
+            training mode only; 0 masks switch it off.
         max_seconds: longest input accepted (the padded width of the batch); longer batches
             raise ValueError. Crop in the data pipeline. None = no limit.
         causal: causal self-attention (streaming research only; warns).
@@ -325,7 +371,8 @@ class AudioEncoder(Encoder):
                  feature_mean: float | Sequence[float] = 0.0,
                  feature_std: float | Sequence[float] = 1.0, freq_masks: int = 2,
                  freq_mask_width: int = 8, time_masks: int = 2, time_mask_width: int = 20,
-                 max_seconds: float | None = 30.0, causal: bool = False,
+                 time_mask_mode: TimeMaskMode = "adaptive", time_mask_fraction: float = 0.05,
+                 time_mask_multiplicity: float = 0.04, max_seconds: float | None = 30.0, causal: bool = False,
                  pretrained: str | Path | None = None, freeze: bool = False) -> None:
         super().__init__()
         self.config = record_config(locals())
@@ -350,7 +397,10 @@ class AudioEncoder(Encoder):
             feature_mean=feature_mean, feature_std=feature_std, features=features,
             pad_to_seconds=pad_to_seconds)
         self.spec_augment = SpecAugment(freq_masks=freq_masks, freq_mask_width=freq_mask_width,
-                                        time_masks=time_masks, time_mask_width=time_mask_width)
+                                        time_masks=time_masks, time_mask_width=time_mask_width,
+                                        time_mask_mode=time_mask_mode,
+                                        time_mask_fraction=time_mask_fraction,
+                                        time_mask_multiplicity=time_mask_multiplicity)
         self.stem = ConvStem(in_channels=n_mels, dim=dim, strides=stem_strides)
         max_tokens = 4096 if self.max_samples is None else int(self.output_lengths(
             torch.tensor([self.max_samples], device="cpu")).item())

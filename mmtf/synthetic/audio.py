@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
+from mmtf.data.audio import colored_noise
 from mmtf.data.formats.clotho import SPLIT_NAMES, write_clotho_csv
 from mmtf.data.formats.esc50 import write_esc50_csv
 from mmtf.errors import UserError
@@ -122,31 +123,6 @@ def sample_scene(rng: np.random.Generator, *, min_seconds: float = 2.0, max_seco
 
 
 # ----------------------------------------------------------------------------- rendering
-def _fast_len(n: int) -> int:
-    """The smallest 2^a 3^b 5^c >= n: FFT sizes pocketfft handles fast (a prime n is 10x slower)."""
-    best = 1 << max(0, n - 1).bit_length()
-    p5 = 1
-    while p5 < best:
-        p35 = p5
-        while p35 < best:
-            m = p35 << max(0, (n - 1) // p35).bit_length()  # times the power of 2 that reaches n
-            best = min(best, m)
-            p35 *= 3
-        p5 *= 5
-    return best
-
-
-def _colored_noise(rng: np.random.Generator, n: int, exponent: float) -> np.ndarray:
-    """Unit-RMS noise with a 1/f^exponent power spectrum (0 = white, 1 = pink)."""
-    m = _fast_len(n)
-    spec = np.fft.rfft(rng.standard_normal(m))
-    f = np.arange(spec.shape[0], dtype=np.float64)
-    f[0] = 1.0
-    spec *= f ** (-exponent / 2)
-    x = np.fft.irfft(spec, m)[:n]
-    return x / (np.sqrt(np.mean(x**2)) + 1e-12)
-
-
 def _fade(n: int, sr: int) -> np.ndarray:
     """Raised-cosine 10 ms fade-in/out envelope of length n."""
     env = np.ones(n)
@@ -172,7 +148,7 @@ def render_event(event: Event, sr: int, rng: np.random.Generator) -> np.ndarray:
         x = x if event.attr == "rising" else x[::-1].copy()
         active = x
     elif event.kind == "noise":
-        x = _colored_noise(rng, n, 0.0 if event.attr == "white" else 1.0) * _fade(n, sr)
+        x = colored_noise(rng, n, 0.0 if event.attr == "white" else 1.0) * _fade(n, sr)
         active = x
     else:  # clicks: short decaying broadband pulses
         rate = rng.uniform(4, 6) if event.attr == "slow" else rng.uniform(16, 24)
@@ -193,7 +169,7 @@ def render(scene: Scene, sample_rate: int, rng: np.random.Generator) -> np.ndarr
     """The clip's waveform (s,) float32 in [-1, 1]: background noise plus every event."""
     n = int(round(scene.duration * sample_rate))
     quietest = min(LOUD_RMS * (1.0 if e.loud else 10 ** (-QUIET_DB / 20)) for e in scene.events)
-    x = _colored_noise(rng, n, scene.noise_exponent) * quietest * 10 ** (-scene.snr_db / 20)
+    x = colored_noise(rng, n, scene.noise_exponent) * quietest * 10 ** (-scene.snr_db / 20)
     for e in scene.events:
         wave = render_event(e, sample_rate, rng)
         s = int(round(e.start * sample_rate))

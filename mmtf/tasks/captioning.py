@@ -234,7 +234,11 @@ class CaptioningTask(Task):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         inputs, lengths = batch_inputs(batch)
-        out = self.model(inputs, lengths, batch["tokens"])
+        if "mix_lambda" in batch:      # data.augment.mixup: both captions, weighted
+            out = self.model.mixup_forward(inputs, lengths, batch["tokens"],
+                                           batch["mix_index"], batch["mix_lambda"])
+        else:
+            out = self.model(inputs, lengths, batch["tokens"])
         self.log("train/loss", out.loss, prog_bar=True, batch_size=inputs.shape[0])
         return out.loss
 

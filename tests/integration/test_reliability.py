@@ -229,24 +229,32 @@ def procs_with(token: str) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- kill and resume
+# Every waveform augmentation on (data.augment): mixup pairs, speed, noise and gain are drawn
+# from (seed, epoch, items), so the killed run resumes onto the same clips and loss weights.
+AUGMENT = ["data.augment.mixup.p=0.5", "data.augment.speed.p=0.5", "data.augment.noise.p=0.5",
+           "data.augment.gain.p=0.5"]
+
+
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_ckpt_path_last_resumes_exactly(data_dir, tmp_path):
     """CLI: reference run; the same run SIGKILLed after step 5 (last.ckpt of step 4 = epoch 1
-    after 1 of 3 batches); `ckpt_path=last hydra.run.dir=<same>` finishes it."""
+    after 1 of 3 batches); `ckpt_path=last hydra.run.dir=<same>` finishes it. With waveform
+    augmentation and mixup on."""
     ref, run, starts = tmp_path / "ref", tmp_path / "run", tmp_path / "starts.jsonl"
-    out = run_cli("mmtf.train", [*exact_overrides(data_dir), f"hydra.run.dir={ref}"],
+    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT), f"hydra.run.dir={ref}"],
                   cwd=tmp_path, env=ENV)
     assert out.returncode == 0, out.stderr[-3000:]
 
-    out = run_cli("mmtf.train", [*exact_overrides(data_dir), *cb("kill", KillAtStep, step=5),
-                                 f"hydra.run.dir={run}"], cwd=tmp_path, env=ENV)
+    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT),
+                                 *cb("kill", KillAtStep, step=5), f"hydra.run.dir={run}"],
+                  cwd=tmp_path, env=ENV)
     assert out.returncode == -signal.SIGKILL, (out.returncode, out.stderr[-3000:])
     killed = load(run / "checkpoints" / "last.ckpt")
     position = killed["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     assert (killed["global_step"], killed["epoch"]) == (4, 1)
     assert position["_index_sampler_state"]["epoch"] == 1 and position["_num_yielded"] == 1
 
-    out = run_cli("mmtf.train", [*exact_overrides(data_dir), "ckpt_path=last",
+    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT), "ckpt_path=last",
                                  *cb("rec", Recorder, path=str(starts)), f"hydra.run.dir={run}"],
                   cwd=tmp_path, env=ENV)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -34,3 +34,30 @@ def test_an_odd_epoch_count_leaves_the_last_epoch_unvalidated():
     """The check above can fail: 17 epochs validated every 2nd leave epoch 17 unscored."""
     assert not _last_epoch_validated(_trainer("audio_captioning", "trainer.max_epochs=17",
                                               "trainer.check_val_every_n_epoch=2"))
+
+
+def test_the_default_audio_run_keeps_its_fixed_masks_bit_for_bit():
+    """experiment=audio_captioning's adaptive time masks bind on none of its clips (>= 2 s of
+    40 ms frames), so it trains with the masks it was measured with (fixed mode's draws)."""
+    import torch
+
+    from mmtf.encoders import SpecAugment
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=audio_captioning"])
+    enc = cfg.model.encoder
+    keys = ("freq_masks", "time_masks", "time_mask_width")
+    adaptive = SpecAugment(**{k: enc[k] for k in keys}, freq_mask_width=enc.freq_mask_width,
+                           time_mask_mode=enc.time_mask_mode,
+                           time_mask_fraction=enc.time_mask_fraction,
+                           time_mask_multiplicity=enc.time_mask_multiplicity).train()
+    fixed = SpecAugment(**{k: enc[k] for k in keys}, freq_mask_width=enc.freq_mask_width,
+                        time_mask_mode="fixed").train()
+    assert enc.time_mask_mode == "adaptive"
+    shortest = int(cfg.data.synthetic.min_seconds * enc.sample_rate) // enc.hop_length + 1
+    frames = torch.arange(shortest, shortest + 101)                  # 2.0 .. 6.0 s
+    feats = torch.randn(len(frames), enc.n_mels, int(frames.max())) + 5.0
+    torch.manual_seed(0)
+    a = fixed(feats, frames)
+    torch.manual_seed(0)
+    assert torch.equal(a, adaptive(feats, frames))

@@ -27,14 +27,28 @@ def _dm(root, **kw) -> CaptionDataModule:
 
 
 def _fingerprint(batch) -> tuple:
-    """What the model sees: ids, the caption tokens and the (randomly cropped) audio."""
+    """What the model sees: ids, the caption tokens and the (randomly cropped, augmented)
+    audio, and the mixup pairs and weights."""
     return (tuple(batch["ids"]), tuple(batch["tokens"].flatten().tolist()),
-            round(float(batch["audio"].double().sum()), 6), batch["audio"].shape)
+            round(float(batch["audio"].double().sum()), 6), batch["audio"].shape,
+            tuple(batch["audio_lengths"].tolist()),
+            tuple(batch.get("mix_index", torch.zeros(0)).tolist()),
+            tuple(batch.get("mix_lambda", torch.zeros(0)).tolist()))
 
 
+# data.augment with everything on: speed, noise and gain per item, mixup per batch.
+AUGMENT = {"speed": {"p": 0.7}, "noise": {"p": 0.7}, "gain": {"p": 0.7},
+           "mixup": {"p": 0.7, "alpha": 0.4}}
+
+
+@pytest.mark.parametrize("augment", [None, AUGMENT], ids=["plain", "augmented"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_train_loader_resumes_mid_epoch_from_its_state(tiny_audio_captions, num_workers):
-    loader = _dm(tiny_audio_captions, num_workers=num_workers).train_dataloader()
+def test_train_loader_resumes_mid_epoch_from_its_state(tiny_audio_captions, num_workers,
+                                                       augment):
+    """Also with augmentation: its draws come from (seed, epoch, items), so a resumed loader
+    and one with workers hand out the same clips, pairs and weights."""
+    loader = _dm(tiny_audio_captions, num_workers=num_workers,
+                 augment=augment).train_dataloader()
     assert isinstance(loader, StatefulDataLoader) and len(loader) == 3   # 6 clips, batch 2
     loader.batch_sampler.set_epoch(1)
     it = iter(loader)
@@ -43,10 +57,16 @@ def test_train_loader_resumes_mid_epoch_from_its_state(tiny_audio_captions, num_
     rest = [_fingerprint(b) for b in it]
     assert len(rest) == 2
 
-    fresh = _dm(tiny_audio_captions, num_workers=num_workers).train_dataloader()
+    fresh = _dm(tiny_audio_captions, num_workers=num_workers,
+                augment=augment).train_dataloader()
     fresh.load_state_dict(state)
     resumed = [_fingerprint(b) for b in fresh]
     assert resumed == rest and first not in resumed
+    if augment:       # the same batches as without workers, and mixed
+        serial = _dm(tiny_audio_captions, augment=augment).train_dataloader()
+        serial.batch_sampler.set_epoch(1)
+        assert [_fingerprint(b) for b in serial] == [first, *rest]
+        assert any(lam < 1 for fp in rest for lam in fp[-1])
     # the complete pass moved the sampler to the start of the next epoch
     assert fresh.batch_sampler.state == SamplerState(epoch=2, position=0)
 

@@ -113,7 +113,8 @@ def test_padding_never_changes_valid_memory(feature_norm, junk, n):
 
 
 def test_spec_augment_masks_bands_and_spans_only_in_training():
-    aug = SpecAugment(freq_masks=1, freq_mask_width=6, time_masks=1, time_mask_width=12)
+    aug = SpecAugment(freq_masks=1, freq_mask_width=6, time_masks=1, time_mask_width=12,
+                      time_mask_mode="fixed")
     feats = torch.randn(64, 16, 40) + 5.0                     # no natural zeros
     assert torch.equal(aug.eval()(feats), feats)
     out = aug.train()(feats)
@@ -130,7 +131,8 @@ def test_spec_augment_masks_bands_and_spans_only_in_training():
 @pytest.mark.parametrize("width", [12, 80])
 def test_spec_augment_time_masks_fall_within_each_clips_valid_frames(width):
     """A 50-frame clip is masked the same amount in a batch padded to 50 or to 1000 frames."""
-    aug = SpecAugment(freq_masks=0, time_masks=2, time_mask_width=width).train()
+    aug = SpecAugment(freq_masks=0, time_masks=2, time_mask_width=width,
+                      time_mask_mode="fixed").train()
     frames = torch.full((400,), 50)
     fractions = []
     for padded in (50, 1000):
@@ -146,7 +148,8 @@ def test_spec_augment_time_masks_fall_within_each_clips_valid_frames(width):
 
 
 def test_spec_augment_masks_every_length_in_a_mixed_batch():
-    aug = SpecAugment(freq_masks=0, time_masks=1, time_mask_width=10).train()
+    aug = SpecAugment(freq_masks=0, time_masks=1, time_mask_width=10,
+                      time_mask_mode="fixed").train()
     frames = torch.tensor([10, 30, 300] * 200)
     masked = (aug(torch.randn(600, 4, 300) + 5.0, frames) == 0).all(dim=1)   # (b, t)
     valid = torch.arange(300) < frames[:, None]
@@ -154,6 +157,88 @@ def test_spec_augment_masks_every_length_in_a_mixed_batch():
     per_item = masked.sum(1).float()                            # frames masked per clip
     for length in (10, 30, 300):                                # E[width] = 10 / 2 frames
         assert per_item[frames == length].mean().item() == pytest.approx(5.0, abs=0.6)
+
+
+def _time_masks(aug: SpecAugment, frames: torch.Tensor, t: int, seed: int = 0) -> torch.Tensor:
+    """The frames ``aug`` masks in a batch of ``frames`` valid lengths padded to t, (b, t)."""
+    torch.manual_seed(seed)
+    masked = (aug(torch.ones(len(frames), 2, t), frames) == 0).all(dim=1)     # (b, t)
+    return masked
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.2])
+def test_adaptive_time_masks_are_at_most_a_fraction_of_each_items_valid_frames(fraction):
+    """Park et al. 2020: a mask is narrower than fraction * L frames of an L-frame item, and
+    only valid frames are masked, whatever the padding."""
+    aug = SpecAugment(freq_masks=0, time_masks=1, time_mask_width=10_000,
+                      time_mask_mode="adaptive", time_mask_fraction=fraction,
+                      time_mask_multiplicity=1.0).train()
+    frames = torch.tensor([20, 60, 100, 150, 300, 700] * 300)
+    masked = _time_masks(aug, frames, 800)                                   # one mask each
+    widths = masked.sum(1)
+    limit = torch.floor(fraction * frames)
+    assert (widths <= limit).all()                                          # never wider
+    assert not (masked & ~(torch.arange(800) < frames[:, None])).any()      # valid frames only
+    for length in (100, 300, 700):          # drawn widths U[0, floor(f L)): their mean, about
+        mean = widths[frames == length].float().mean().item()   # half the limit (floor(u W)
+        w = int(fraction * length)                              # + start fraction: ~W / 2)
+        assert mean == pytest.approx(w / 2, rel=0.2, abs=0.6)
+    # The fixed mode's width for the same items: a constant limit, not a fraction.
+    fixed = SpecAugment(freq_masks=0, time_masks=1, time_mask_width=10_000,
+                        time_mask_mode="fixed").train()
+    assert (_time_masks(fixed, frames, 800).sum(1)[frames == 20] > 0.2 * 20).any()
+
+
+def test_adaptive_time_mask_count_grows_with_length_up_to_time_masks():
+    aug = SpecAugment(freq_masks=0, time_masks=5, time_mask_width=20, time_mask_mode="adaptive",
+                      time_mask_fraction=0.05, time_mask_multiplicity=0.02)
+    frames = torch.tensor([10, 49, 50, 120, 199, 200, 250, 1000, 3000])
+    widest, count = aug.time_mask_limits(frames)
+    assert count.tolist() == [0, 0, 1, 2, 3, 4, 5, 5, 5]       # floor(0.02 L), at most 5
+    assert widest.tolist() == [0, 2, 2, 6, 9, 10, 12, 20, 20]  # floor(0.05 L), at most 20
+    # Drawn: count x mean width (widest / 2) frames, less overlaps; 10 frames: never masked.
+    aug.train()
+    lengths = torch.tensor([10, 60, 200, 1000] * 300)
+    masked = _time_masks(aug, lengths, 1000).sum(1).float()
+    assert masked[lengths == 10].sum() == 0
+    for n, expected in ((60, 1 * 3 / 2), (200, 4 * 10 / 2), (1000, 5 * 20 / 2)):
+        assert masked[lengths == n].mean().item() == pytest.approx(expected, rel=0.2)
+
+
+def test_adaptive_time_masks_equal_fixed_ones_where_no_limit_binds_and_follow_the_seed():
+    """The adaptive mode draws the fixed mode's random numbers: long items get the same masks
+    bit for bit (a built-in set of long-enough clips trains as before), and torch's seed
+    fixes the masks, as it does today."""
+    fixed = SpecAugment(freq_masks=1, time_masks=2, time_mask_width=5,
+                        time_mask_mode="fixed").train()
+    adaptive = SpecAugment(freq_masks=1, time_masks=2, time_mask_width=5,
+                           time_mask_mode="adaptive", time_mask_fraction=0.1,
+                           time_mask_multiplicity=0.04).train()
+    frames = torch.tensor([50, 51, 90, 150])        # >= 50 frames: 5 <= 0.1 L, 2 <= 0.04 L
+    feats = torch.randn(4, 16, 150) + 5.0
+    torch.manual_seed(1)
+    a = fixed(feats, frames)
+    torch.manual_seed(1)
+    b = adaptive(feats, frames)
+    torch.manual_seed(1)
+    assert torch.equal(a, b) and torch.equal(adaptive(feats, frames), b)
+    short = torch.tensor([20, 20, 20, 20])          # here the limits bind: other masks
+    torch.manual_seed(1)
+    c = fixed(feats, short)
+    torch.manual_seed(1)
+    assert not torch.equal(c, adaptive(feats, short))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"time_mask_mode": "relative"}, r"time_mask_mode \('relative'\) must be 'fixed' or "
+                                     r"'adaptive'.*model\.encoder\.time_mask_mode"),
+    ({"time_mask_fraction": 0.0}, r"time_mask_fraction \(0\.0\) must be in \(0, 1\]"),
+    ({"time_mask_fraction": 1.5}, r"time_mask_fraction \(1\.5\).*model\.encoder"),
+    ({"time_mask_multiplicity": 0}, r"time_mask_multiplicity \(0\) must be > 0"),
+])
+def test_adaptive_time_mask_settings_are_checked(kwargs, match):
+    with pytest.raises(UserError, match=match):
+        AudioEncoder(**{**TINY_AUDIO, **kwargs})
 
 
 def test_encoder_spec_augment_only_in_train_mode():
