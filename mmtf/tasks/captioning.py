@@ -18,11 +18,13 @@ from mmtf.decoders.generation import GenerationConfig
 from mmtf.errors import CheckpointError, ConfigError, UserError
 from mmtf.metrics import CaptionMetrics
 from mmtf.metrics.caption import check_backend
+from mmtf.metrics.wer import write_errors_csv
 from mmtf.synthetic import caption_parser
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.optim import configure_adamw_cosine
 from mmtf.tasks.resolve import check_same_tokenizer_on_every_rank, stored_tokenizer
 from mmtf.text import Tokenizer
+from mmtf.text.normalize import get_normalizer
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ class CaptioningTask(Task):
             ones (BLEU, ROUGE-L, CIDEr-D) and test to all.
         metrics_backend: "mmtf" (built-in metrics) or "aac" (aac-metrics: SPICE, SPIDEr and
             SPIDEr-FL where its downloaded files are present; see :mod:`mmtf.metrics.aac`).
+            ``wer`` / ``cer`` in the metric lists score transcripts (speech recognition).
+        wer_normalizer: the text normalizer both sides go through before WER / CER:
+            ``whisper_english`` | ``whisper_basic`` | ``none`` (:mod:`mmtf.text.normalize`).
         num_logged_samples: reference-vs-prediction rows logged per validation epoch.
         freeze_decoder: no trainable decoder parameters, decoder pinned in eval mode (the
             encoder has its own ``freeze``).
@@ -66,7 +71,7 @@ class CaptioningTask(Task):
                  val_generate: bool = True, num_logged_samples: int = 8,
                  val_metrics: list[str] | None = ("bleu", "rouge_l", "cider_d"),
                  test_metrics: list[str] | None = None, metrics_backend: str = "mmtf",
-                 freeze_decoder: bool = False, unfreeze_encoder_at_epoch: int | None = None,
+                 wer_normalizer: str = "whisper_english", freeze_decoder: bool = False, unfreeze_encoder_at_epoch: int | None = None,
                  unfreeze_decoder_at_epoch: int | None = None, encoder_lr_scale: float = 1.0,
                  decoder_lr_scale: float = 1.0, layer_decay: float | None = None) -> None:
         super().__init__()
@@ -79,7 +84,7 @@ class CaptioningTask(Task):
         self.check_generation()
         self.caption_metrics = {
             split: CaptionMetrics(metrics=None if names is None else list(names),
-                                  backend=metrics_backend)
+                                  backend=metrics_backend, normalizer=wer_normalizer)
             for split, names in (("val", val_metrics), ("test", test_metrics))
         }
         self.init_finetuning(
@@ -93,6 +98,12 @@ class CaptioningTask(Task):
         """Score with ``backend`` ("mmtf" | "aac") from now on (``evaluate metrics_backend=``)."""
         for metrics in self.caption_metrics.values():
             metrics.backend = check_backend(backend)
+
+    def set_wer_normalizer(self, name: str) -> None:
+        """Normalise WER / CER text with ``name`` from now on (``evaluate wer_normalizer=``)."""
+        get_normalizer(name)
+        for metrics in self.caption_metrics.values():
+            metrics.normalizer = name
 
     @property
     def encoder(self) -> nn.Module:
@@ -292,9 +303,14 @@ class CaptioningTask(Task):
                      rank_zero_only=False, sync_dist=False)
         rows = [{"id": row.key, "prediction": row.prediction, "references": row.references}
                 for row in metrics.rows]
+        for row, errors in zip(rows, metrics.errors):   # wer / cer: the word alignment counts
+            row.update({k: v for k, v in errors.to_row().items() if k != "id"})
         self.last_predictions = {split: rows}
         if self.global_rank == 0:
             self._log_samples(split, rows)
+            if metrics.errors:
+                write_errors_csv(Path(self.trainer.default_root_dir) / "errors" /
+                                 f"{split}_{self._epoch_step()}.csv", metrics.errors)
 
     def event_parser(self) -> Callable[[str], Any] | None:
         """The caption -> event sequence parser of the built-in set this run's data is (its
@@ -304,13 +320,21 @@ class CaptioningTask(Task):
         data = (self.run_config or {}).get("data") or {}
         return caption_parser((data.get("synthetic") or {}).get("kind"))
 
+    def _epoch_step(self) -> str:
+        return f"epoch{self.current_epoch:03d}_step{self.global_step:07d}"
+
     def _log_samples(self, split: str, rows: list[dict[str, Any]]) -> None:
-        lines = ["| id | prediction | reference |", "|---|---|---|"]
-        lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} |"
-                  for r in rows[:self.hparams.num_logged_samples]]
-        table = "\n".join(lines)
-        name = f"{split}_epoch{self.current_epoch:03d}_step{self.global_step:07d}.md"
         shown = rows[:self.hparams.num_logged_samples]
+        if rows and "substitutions" in rows[0]:     # transcripts: the alignment counts too
+            lines = ["| id | prediction | reference | S | D | I | WER |", "|---|---|---|---|---|---|---|"]
+            lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} | "
+                      f"{r['substitutions']} | {r['deletions']} | {r['insertions']} | "
+                      f"{r['wer']:.3f} |" for r in shown]
+        else:
+            lines = ["| id | prediction | reference |", "|---|---|---|"]
+            lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} |" for r in shown]
+        table = "\n".join(lines)
+        name = f"{split}_{self._epoch_step()}.md"
         for logger in self.loggers:
             if isinstance(logger, WandbLogger):          # a table per validation
                 logger.log_table(f"{split}/samples", columns=["id", "prediction", "reference"],
