@@ -87,11 +87,9 @@ def basic_normalize(text: str, *, remove_diacritics: bool = False) -> str:
 
 
 # ---------------------------------------------------------------------------- numbers
-_ONES = ("one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-         "fifteen sixteen seventeen eighteen nineteen").split()
-_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
-_SCALES = ("hundred thousand million billion trillion quadrillion quintillion sextillion "
-           "septillion octillion nonillion decillion").split()
+_ONES = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+_TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_SCALES = ["hundred", "thousand", "million", "billion", "trillion", "quadrillion", "quintillion", "sextillion", "septillion", "octillion", "nonillion", "decillion"]
 
 
 class _Vocabulary:

@@ -101,7 +101,8 @@ def test_empty_reference_counts_insertions_and_all_empty_is_an_error():
 def test_errors_csv_worst_first(tmp_path):
     rates = error_rates(HYPS, REFS, ids=[f"u{i}" for i in range(len(REFS))])
     path = write_errors_csv(tmp_path / "errors.csv", rates.utterances)
-    rows = list(csv.DictReader(open(path)))
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
     assert [float(r["wer"]) for r in rows] == sorted((float(r["wer"]) for r in rows),
                                                      reverse=True)
     assert set(rows[0]) == {"id", "wer", "substitutions", "deletions", "insertions", "hits",
