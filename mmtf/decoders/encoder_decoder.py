@@ -158,7 +158,9 @@ class EncoderDecoder(nn.Module):
     @torch.inference_mode()
     def generate(self, inputs: Tensor, lengths: Tensor | None = None, *,
                  config: GenerationConfig | None = None, generator: torch.Generator | None = None,
-                 callback: StepCallback | None = None, **options) -> GenerationOutput:
+                 callback: StepCallback | None = None, prompt_ids: Sequence[int]
+                 | Sequence[Sequence[int]] | Tensor | None = None, **options,
+                 ) -> GenerationOutput:
         """Encode once and decode (see :mod:`mmtf.decoders.generation` for the conventions).
 
         Call ``model.eval()`` first: dropout is not switched off here.
@@ -171,6 +173,9 @@ class EncoderDecoder(nn.Module):
                 ``generate(x, lengths, **asdict(cfg))`` and ``generate(x, config=cfg)`` agree.
             generator: random generator for sampling.
             callback: ``callback(step, tokens, logits)`` after every step.
+            prompt_ids: None = the model's prompt; else one prompt or one per item, a (b, p)
+                long tensor (e.g. a language and task per item), as in
+                :func:`mmtf.decoders.generation.generate`.
 
         Returns:
             :class:`GenerationOutput`: tokens (b, t) or (b, n, t) without the prompt,
@@ -178,6 +183,7 @@ class EncoderDecoder(nn.Module):
         """
         cfg = GenerationConfig.build(config, **options)
         memory, mask = self.encode(inputs, lengths)
-        return generate(self.decoder, memory, mask, cfg, prompt_ids=self.prompt_ids,
+        prompt = self.prompt_ids if prompt_ids is None else prompt_ids
+        return generate(self.decoder, memory, mask, cfg, prompt_ids=prompt,
                         eos_id=self.eos_id, pad_id=self.pad_id, generator=generator,
                         callback=callback)

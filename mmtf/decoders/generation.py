@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
@@ -198,19 +198,20 @@ class _Stepper:
     one position) or uncached (prompt + whole prefix)."""
 
     def __init__(self, decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None, *,
-                 max_new_tokens: int, prompt_ids: list[int], use_cache: bool,
+                 max_new_tokens: int, prompt: Tensor, use_cache: bool,
                  compile: bool = False) -> None:
         self.decoder, self.memory, self.memory_mask = decoder, memory, memory_mask
         self.cache = None
         self.compiled = compiled_decode_step(decoder) if compile else None
         self.compiled_steps = 0       # of this generation: only after one are guards skipped
-        self.prompt = repeat(torch.tensor(prompt_ids, dtype=torch.long, device=memory.device),
-                             "p -> r p", r=memory.shape[0])                       # (r, p)
+        self.prompt = prompt                                                     # (r, p)
+        # (r, p) ids banned per row (the rows' prompts differ), or None; see ban_rows.
+        self.row_banned: Tensor | None = None
         if use_cache:
             # The only allocation of K/V memory in a generate call: every position it will hold.
             self.cache = decoder.make_cache(batch_size=memory.shape[0],
                                             context_len=memory.shape[1],
-                                            max_len=len(prompt_ids) + max_new_tokens - 1)
+                                            max_len=prompt.shape[1] + max_new_tokens - 1)
 
     def __call__(self, last: Tensor, generated: Tensor) -> Tensor:
         """last: (r,) latest token of each row (unused on the first, prompt-fed call);
@@ -237,10 +238,54 @@ class _Stepper:
         # Uncached decoding recomputes from the (already reordered) prefix: nothing to follow.
         if self.cache is not None:
             self.cache.reorder(index)
+        # Beams move within their item, whose prompt every one of its rows holds: row_banned
+        # and prompt stay valid without a reorder.
+
+    def ban_rows(self, logits: Tensor, eos_id: int) -> None:
+        """Mask each row's own prompt ids in ``logits`` (r, v), in place; eos is never banned
+        here (it may be in a prompt: GPT-2's bos = eos)."""
+        if self.row_banned is None:
+            return
+        eos = logits[:, eos_id].clone()
+        logits.scatter_(1, self.row_banned, -math.inf)                  # r * p elements
+        logits[:, eos_id] = eos
+
+
+def _prompt_rows(prompt_ids: Sequence[int] | Sequence[Sequence[int]] | Tensor, b: int,
+                 device: torch.device) -> Tensor:
+    """The prompt of each of the b items as a (b, p) long tensor."""
+    if isinstance(prompt_ids, Tensor):
+        prompt = prompt_ids.to(device=device, dtype=torch.long)
+        if prompt.dim() == 1:
+            prompt = prompt[None]
+    elif len(prompt_ids) and not isinstance(prompt_ids[0], int | Tensor) and hasattr(
+            prompt_ids[0], "__len__"):
+        lengths = sorted({len(row) for row in prompt_ids})
+        if len(lengths) > 1:
+            raise UserError(f"generate: the per-item prompts have different lengths {lengths}; "
+                            f"every row of a call needs a prompt of the same length (Whisper's "
+                            f"<|startoftranscript|> <|lang|> <|task|> .. are): generate items "
+                            f"with different prompt lengths in separate calls.")
+        prompt = torch.tensor([[int(i) for i in row] for row in prompt_ids], dtype=torch.long,
+                              device=device)
+    else:
+        prompt = torch.tensor([int(i) for i in prompt_ids], dtype=torch.long,
+                              device=device)[None]
+    if prompt.dim() != 2 or prompt.shape[1] == 0:
+        raise UserError(f"generate: prompt_ids has shape {tuple(prompt.shape)}; give the ids "
+                        f"of one prompt (p,) or one per item (batch, p), p >= 1 (at least the "
+                        f"bos id).")
+    if prompt.shape[0] == 1:
+        return prompt.expand(b, -1)
+    if prompt.shape[0] != b:
+        raise UserError(f"generate: {prompt.shape[0]} per-item prompts for a batch of {b}; give "
+                        f"one prompt, or one per item.")
+    return prompt
 
 
 def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
-             config: GenerationConfig, *, prompt_ids: list[int], eos_id: int, pad_id: int,
+             config: GenerationConfig, *, prompt_ids: Sequence[int] | Sequence[Sequence[int]]
+             | Tensor, eos_id: int, pad_id: int,
              generator: torch.Generator | None = None, callback: StepCallback | None = None,
              ) -> GenerationOutput:
     """Decode from an encoder memory (use :meth:`EncoderDecoder.generate` for raw inputs).
@@ -250,7 +295,9 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
         memory: (b, m, c_ctx) encoder output.
         memory_mask: (b, m) bool, True = real position, or None.
         config: decoding options.
-        prompt_ids: the ids every row starts from (``[bos]`` for mmtf's tokenizers).
+        prompt_ids: the ids every row starts from (``[bos]`` for mmtf's tokenizers), or one
+            prompt per batch item: a (b, p) long tensor or b lists of equal length p (Whisper's
+            language and task per item); the ids of a row's own prompt are banned in that row.
         eos_id, pad_id: special token ids (they may be equal).
         generator: random generator for sampling (reproducible draws).
         callback: called after every step as ``callback(step, tokens, logits)`` with the chosen
@@ -260,34 +307,37 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
     Returns:
         A :class:`GenerationOutput`.
     """
-    prompt_ids = [int(i) for i in prompt_ids]
-    if not prompt_ids:
-        raise UserError("generate: prompt_ids is empty; give at least the bos id.")
+    b = memory.shape[0]
+    prompt = _prompt_rows(prompt_ids, b, memory.device)                          # (b, p)
+    p = prompt.shape[1]
     # The decoder reads the prompt and every generated token but the last.
-    if len(prompt_ids) + config.max_new_tokens - 1 > decoder.max_len:
-        raise UserError(f"generate: the prompt ({len(prompt_ids)} tokens) + max_new_tokens "
+    if p + config.max_new_tokens - 1 > decoder.max_len:
+        raise UserError(f"generate: the prompt ({p} tokens) + max_new_tokens "
                         f"({config.max_new_tokens}) - 1 > model.decoder.max_len "
                         f"({decoder.max_len}); lower max_new_tokens or raise "
                         f"model.decoder.max_len.")
     if memory_mask is not None and bool(memory_mask.all()):
         memory_mask = None               # one check per call; no mask is built in any step then
-    b = memory.shape[0]
     rows = config.num_beams if config.strategy == "beam" else config.num_return_sequences
     if rows > 1:
         # Expanded once, before the first step, so the cross K/V are projected for every row.
         memory = repeat(memory, "b m c -> (b k) m c", k=rows)
         if memory_mask is not None:
             memory_mask = repeat(memory_mask, "b m -> (b k) m", k=rows)
+        prompt = repeat(prompt, "b p -> (b k) p", k=rows)
     stepper = _Stepper(decoder, memory, memory_mask, max_new_tokens=config.max_new_tokens,
-                       prompt_ids=prompt_ids, use_cache=config.use_cache,
-                       compile=config.compile)
+                       prompt=prompt, use_cache=config.use_cache, compile=config.compile)
     # Never generated: pad and the prompt's ids unless they are eos, suppress_tokens, and eos in
     # the first min_new_tokens steps. Built once; step t masks banned[t >= min_new_tokens] in
-    # place (a few elements, no full-vocab pass).
-    never = [*sorted({pad_id, *prompt_ids} - {eos_id}), *config.suppress_tokens]
+    # place (a few elements, no full-vocab pass). Ids in every row's prompt go there; the ids
+    # only some rows' prompts hold are banned per row (stepper.row_banned).
+    shared = set(prompt[0].tolist()).intersection(*(set(r) for r in prompt.tolist()))
+    never = [*sorted({pad_id, *shared} - {eos_id}), *config.suppress_tokens]
     banned = (torch.tensor([*never, eos_id], device=memory.device),
               torch.tensor(never, dtype=torch.long, device=memory.device))
-    ids = dict(start_id=prompt_ids[-1], eos_id=eos_id, pad_id=pad_id)
+    if any(set(r) - shared for r in prompt.tolist()):
+        stepper.row_banned = prompt
+    ids = dict(start_id=int(prompt[0, -1]), eos_id=eos_id, pad_id=pad_id)
     if config.strategy == "beam":
         return _beam_search(stepper, config, b, banned, callback=callback, **ids)
     out = _greedy_or_sample(stepper, config, b * rows, banned, generator=generator,
@@ -350,6 +400,7 @@ def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
         if penalties is not None:
             history = torch.cat([stepper.prompt, tokens[:, :t]], dim=1)
             penalize_repeats(logits, history, **penalties)               # history (r, p + t)
+        stepper.ban_rows(logits, eos_id)
         logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
         if config.strategy == "greedy":
             # max(dim).indices: the first maximum, as argmax, one kernel cheaper on CPU.
@@ -441,6 +492,7 @@ def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
         if penalties is not None:
             history = torch.cat([stepper.prompt, seqs[:, :t]], dim=1)
             penalize_repeats(logits, history, **penalties)                       # (r, p + t)
+        stepper.ban_rows(logits, eos_id)
         logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
         logprobs = logits.log_softmax(dim=-1)
         vocab = logprobs.shape[-1]

@@ -310,6 +310,8 @@ class BackedTokenizer(Tokenizer):
 
     # Constructor arguments besides ``tokenizer``, stored in the JSON payload by name.
     _payload_keys: ClassVar[tuple[str, ...]] = ()
+    # Values of payload keys added after checkpoints were written without them.
+    _payload_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, tokenizer: HFTokenizer) -> None:
         tokenizer.encode_special_tokens = True
@@ -352,7 +354,9 @@ class BackedTokenizer(Tokenizer):
     def _from_dict(cls, payload: dict[str, Any]) -> BackedTokenizer:
         try:
             backend = HFTokenizer.from_str(json.dumps(payload["tokenizer"]))
-            return cls(tokenizer=backend, **{key: payload[key] for key in cls._payload_keys})
+            return cls(tokenizer=backend, **{
+                key: payload[key] if key in payload or key not in cls._payload_defaults
+                else cls._payload_defaults[key] for key in cls._payload_keys})
         except KeyError as err:
             raise UserError(f"{cls.__name__}: JSON is missing the field {err}.") from err
         except Exception as err:  # the Rust side raises its own exception type

@@ -14,6 +14,16 @@ special tokens from ``tokenizer_config.json`` / ``special_tokens_map.json`` and 
   <|notimestamps|>]``), else ``[decoder_start_token_id]`` when the folder names one, else
   ``[bos]``.
 
+Whisper's speech tokens are read from the vocabulary itself (its added special tokens), so
+multilingual and English-only vocabularies both work: :attr:`PretrainedTokenizer.languages`
+(code -> id of every ``<|xx|>`` token), :attr:`~PretrainedTokenizer.task_ids`
+(``<|transcribe|>``, ``<|translate|>``), :attr:`~PretrainedTokenizer.no_timestamps_id`,
+:attr:`~PretrainedTokenizer.timestamp_begin` (``<|0.00|>``; timestamp ``k`` is
+``timestamp_begin + k``, ``k * 0.02`` s) and :meth:`~PretrainedTokenizer.speech_prompt`, the
+prompt of a (language, task, timestamps). ``multilingual`` comes from the folder's
+``generation_config.json`` (``is_multilingual``; English-only models prompt with
+``<|startoftranscript|>`` alone, as Whisper's ``.en`` models were trained).
+
 The whole ``tokenizer.json`` is embedded in :meth:`to_json_str`, so a checkpoint needs no side
 file. Text is not normalised beyond the original pipeline's own normaliser. Why: see
 docs/design/prompt-and-special-tokens.md.
@@ -24,7 +34,9 @@ Shapes: ids are python ``list[int]``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +50,14 @@ TOKENIZER_FILE = "tokenizer.json"
 # Read in this order; a later file fills only what the earlier ones left unset.
 _TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 _ID_FILES = ("generation_config.json", "config.json")
+# Whisper's speech tokens (whisper/tokenizer.py): a language is <|code|> with a 2-3 letter code
+# (haw, yue), which no other special token matches.
+START_OF_TRANSCRIPT = "<|startoftranscript|>"
+NO_TIMESTAMPS = "<|notimestamps|>"
+FIRST_TIMESTAMP = "<|0.00|>"
+TASKS = ("transcribe", "translate")
+_LANGUAGE = re.compile(r"<\|([a-z]{2,3})\|>")
+_TIMESTAMP = re.compile(r"<\|\d+\.\d\d\|>")
 
 
 class PretrainedTokenizer(BackedTokenizer):
@@ -49,19 +69,23 @@ class PretrainedTokenizer(BackedTokenizer):
         unk_id: the unknown-token id, or None (byte-level BPE never needs one).
         prompt_ids: the decoder prompt; default ``[bos_id]``.
         source: where it was read from (for messages and the repr).
+        multilingual: the model reads language and task tokens (Whisper; False for the ``.en``
+            models, whose prompt is ``<|startoftranscript|>`` alone).
 
     Raises:
         UserError: an id is outside the vocabulary or the prompt is empty.
     """
 
     kind = "pretrained"
-    _payload_keys = ("pad_id", "bos_id", "eos_id", "unk_id", "prompt_ids")
+    _payload_keys = ("pad_id", "bos_id", "eos_id", "unk_id", "prompt_ids", "multilingual")
+    _payload_defaults = {"multilingual": True}
 
     def __init__(self, *, tokenizer: HFTokenizer, pad_id: int, bos_id: int, eos_id: int,
                  unk_id: int | None = None, prompt_ids: Sequence[int] | None = None,
-                 source: str = "") -> None:
+                 source: str = "", multilingual: bool = True) -> None:
         super().__init__(tokenizer)
         self.source = source
+        self.multilingual = bool(multilingual)
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = pad_id, bos_id, eos_id, unk_id
         self._prompt = [int(i) for i in (prompt_ids if prompt_ids is not None else [bos_id])]
         if not self._prompt:
@@ -72,7 +96,9 @@ class PretrainedTokenizer(BackedTokenizer):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise UserError(f"PretrainedTokenizer ({source}): {name} ({value}) is outside "
                                 f"the vocabulary [0, {self.vocab_size}).")
-        added = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+        # Whisper's tokenizer.json adds its timestamps as non-special tokens; they are never text.
+        added = {i for i, t in tokenizer.get_added_tokens_decoder().items()
+                 if t.special or _TIMESTAMP.fullmatch(t.content)}
         self._special = frozenset(added | {i for i in ids.values() if i is not None}
                                   | set(self._prompt))
 
@@ -130,11 +156,98 @@ class PretrainedTokenizer(BackedTokenizer):
             prompt_ids = [start if start is not None else (bos if bos is not None else eos)]
         return cls(tokenizer=tok, pad_id=eos if pad is None else pad,
                    bos_id=eos if bos is None else bos, eos_id=eos, unk_id=token_id("unk_token"),
-                   prompt_ids=prompt_ids, source=str(source))
+                   prompt_ids=prompt_ids, source=str(source),
+                   multilingual=bool(numbers.get("is_multilingual", True)))
 
     @property
     def prompt_ids(self) -> list[int]:
         return list(self._prompt)
+
+    # ------------------------------------------------------------------ Whisper's speech tokens
+    @cached_property
+    def languages(self) -> dict[str, int]:
+        """Language code -> token id, in vocabulary order (Whisper's order: most data first).
+        English-only models keep the tokens but read none (:meth:`speech_prompt`)."""
+        found = {}
+        for i, token in sorted(self._tok.get_added_tokens_decoder().items()):
+            match = _LANGUAGE.fullmatch(token.content)
+            if match:
+                found[match.group(1)] = i
+        return found
+
+    @cached_property
+    def task_ids(self) -> dict[str, int]:
+        """``transcribe`` / ``translate`` -> token id (those in the vocabulary)."""
+        ids = {task: self._tok.token_to_id(f"<|{task}|>") for task in TASKS}
+        return {task: i for task, i in ids.items() if i is not None}
+
+    @property
+    def start_of_transcript_id(self) -> int | None:
+        return self._tok.token_to_id(START_OF_TRANSCRIPT)
+
+    @property
+    def no_timestamps_id(self) -> int | None:
+        return self._tok.token_to_id(NO_TIMESTAMPS)
+
+    @property
+    def timestamp_begin(self) -> int | None:
+        """Id of ``<|0.00|>``; every id from it on is a timestamp (0.02 s apart), or None when
+        the vocabulary has no timestamp tokens."""
+        return self._tok.token_to_id(FIRST_TIMESTAMP)
+
+    def speech_prompt(self, language: str | None = "en", task: str = "transcribe",
+                      timestamps: bool = False) -> list[int]:
+        """Whisper's decoder prompt: ``<|startoftranscript|> <|lang|> <|task|>``, then
+        ``<|notimestamps|>`` unless ``timestamps``; English-only models: no language and task.
+
+        Args:
+            language: a code of :attr:`languages` (``"en"``, ``"fr"``); None only on an
+                English-only model.
+            task: ``"transcribe"`` or ``"translate"``.
+            timestamps: leave ``<|notimestamps|>`` out, so timestamp tokens are generated.
+
+        Raises:
+            UserError: an unknown language or task, a model without Whisper's prompt tokens,
+                or timestamps on a vocabulary without timestamp tokens.
+        """
+        sot = self.start_of_transcript_id
+        if sot is None:
+            raise UserError(f"tokenizer ({self.source}): no {START_OF_TRANSCRIPT} token; "
+                            f"generation.language and generation.task need a Whisper "
+                            f"vocabulary.")
+        prompt = [sot]
+        if self.multilingual:
+            prompt += [self.language_id(language), self.task_id(task)]
+        elif task != "transcribe" or language not in (None, "en"):
+            raise UserError(f"tokenizer ({self.source}): an English-only model transcribes "
+                            f"English only; got language={language!r}, task={task!r} "
+                            f"(use language=en, task=transcribe, or a multilingual model).")
+        if timestamps:
+            if self.timestamp_begin is None:
+                raise UserError(f"generation.timestamps=true: the tokenizer ({self.source}) has "
+                                f"no timestamp tokens ({FIRST_TIMESTAMP} ..); set "
+                                f"generation.timestamps=false.")
+        else:
+            if self.no_timestamps_id is None:
+                raise UserError(f"tokenizer ({self.source}): no {NO_TIMESTAMPS} token; not a "
+                                f"Whisper vocabulary.")
+            prompt.append(self.no_timestamps_id)
+        return prompt
+
+    def language_id(self, language: str | None) -> int:
+        """The token id of a language code; a one-line error listing the model's codes."""
+        found = self.languages.get(str(language).lower()) if language is not None else None
+        if found is None:
+            codes = " ".join(self.languages) or "none"
+            raise UserError(f"generation.language={language!r} is not a language of this model "
+                            f"({self.source}); its codes: {codes} (or auto to detect it).")
+        return found
+
+    def task_id(self, task: str) -> int:
+        if task not in self.task_ids:
+            raise UserError(f"generation.task={task!r} is not a task of this model "
+                            f"({self.source}); its tasks: {' '.join(self.task_ids) or 'none'}.")
+        return self.task_ids[task]
 
     @property
     def special_ids(self) -> frozenset[int]:

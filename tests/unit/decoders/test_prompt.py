@@ -142,6 +142,55 @@ def test_prompt_plus_new_tokens_must_fit_max_len():
                  prompt_ids=PROMPT, eos_id=EOS, pad_id=EOS)
 
 
+ROW_PROMPTS = [[30, 31, 5, 32], [30, 33, 5, 32], [30, 31, 6, 32]]   # language, task per item
+
+
+@pytest.mark.parametrize("options", [dict(strategy="greedy"),
+                                     dict(strategy="beam", num_beams=3, num_return_sequences=2),
+                                     dict(strategy="greedy", use_cache=False)],
+                         ids=["greedy", "beam", "uncached"])
+def test_per_item_prompts_equal_one_call_per_item(options):
+    """A (b, p) prompt decodes each item as a call with its own prompt would, its own prompt's
+    ids banned in its rows only (33 is not banned in the rows of the other items)."""
+    model = make(seed=4)
+    x, lengths = torch.randn(3, 6, IN_DIM), torch.tensor([6, 4, 2])
+    together = model.generate(x, lengths, max_new_tokens=6, prompt_ids=torch.tensor(ROW_PROMPTS),
+                              **options)
+    lists = model.generate(x, lengths, max_new_tokens=6, prompt_ids=ROW_PROMPTS, **options)
+    assert torch.equal(together.tokens, lists.tokens)
+    for i, prompt in enumerate(ROW_PROMPTS):
+        alone = model.generate(x[i:i + 1], lengths[i:i + 1], max_new_tokens=6, prompt_ids=prompt,
+                               **options)
+        width = alone.tokens.shape[-1]
+        assert torch.equal(together.tokens[i, ..., :width], alone.tokens[0]), i
+        assert (together.tokens[i, ..., width:] == EOS).all()
+        torch.testing.assert_close(together.scores[i], alone.scores[0])
+    # Control: the rows do differ by prompt, so a prompt mixed up between rows would show.
+    swapped = model.generate(x, lengths, max_new_tokens=6,
+                             prompt_ids=torch.tensor(ROW_PROMPTS[::-1]), **options)
+    assert not torch.allclose(swapped.scores, together.scores)
+
+
+def test_per_item_prompts_ban_each_rows_own_ids():
+    model = make(seed=4)
+    seen = []
+    model.generate(torch.randn(2, 6, IN_DIM), None, max_new_tokens=1,
+                   prompt_ids=torch.tensor(ROW_PROMPTS[:2]),
+                   callback=lambda step, tokens, logits: seen.append(logits.clone()))
+    banned = [torch.isinf(row).nonzero().flatten().tolist() for row in seen[0]]
+    assert banned == [[5, 30, 31, 32], [5, 30, 32, 33]]       # pad = eos is never banned
+
+
+def test_per_item_prompts_of_different_lengths_are_one_line_errors():
+    model = make()
+    x = torch.randn(2, 6, IN_DIM)
+    with pytest.raises(ValueError, match=r"different lengths \[3, 4\]; every row of a call "
+                                         r"needs a prompt of the same length"):
+        model.generate(x, None, prompt_ids=[[30, 31, 5, 32], [30, 5, 32]])
+    with pytest.raises(ValueError, match=r"3 per-item prompts for a batch of 2"):
+        model.generate(x, None, prompt_ids=torch.tensor(ROW_PROMPTS))
+
+
 def compiled_prompt_case() -> None:
     """Run by tests/unit/decoders/test_compiled_generation.py with its other compiled cases."""
     model = make(seed=3)

@@ -20,12 +20,22 @@ WHISPER_SPECIALS = [ENDOFTEXT, "<|startoftranscript|>", "<|en|>", "<|fr|>", "<|t
                     "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nocaptions|>",
                     "<|notimestamps|>"]
 WHISPER_PROMPT = ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
+# Whisper's full special layout (whisper/tokenizer.py), with 8 of its 99 languages in its order:
+# languages between <|startoftranscript|> and <|translate|>, then <|0.00|> .. <|30.00|> (0.02 s).
+SPEECH_LANGUAGES = ["en", "zh", "de", "es", "ru", "ko", "fr", "ja"]
+TIMESTAMPS = [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
+WHISPER_SPEECH_SPECIALS = [ENDOFTEXT, "<|startoftranscript|>",
+                           *(f"<|{code}|>" for code in SPEECH_LANGUAGES), "<|translate|>",
+                           "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
+                           "<|notimestamps|>"]
 
 
 def write_tokenizer(folder: Path, *, family: str = "whisper", vocab_size: int = 300) -> Tokenizer:
     """Write ``tokenizer.json`` + ``tokenizer_config.json`` into ``folder``; return the
-    tokenizer. ``family``: "whisper" (eos = pad = <|endoftext|>, the Whisper specials) or
-    "gpt2" (bos = eos = unk = <|endoftext|>, no pad)."""
+    tokenizer. ``family``: "whisper" (eos = pad = <|endoftext|>, the Whisper specials),
+    "whisper_speech" (the same with 8 languages and the 1501 timestamp tokens, added as
+    non-special tokens as in the hub's Whisper tokenizer.json) or "gpt2" (bos = eos = unk =
+    <|endoftext|>, no pad)."""
     folder.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -33,11 +43,14 @@ def write_tokenizer(folder: Path, *, family: str = "whisper", vocab_size: int = 
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer=trainer)
-    specials = WHISPER_SPECIALS if family == "whisper" else [ENDOFTEXT]
+    specials = {"whisper": WHISPER_SPECIALS, "whisper_speech": WHISPER_SPEECH_SPECIALS}.get(
+        family, [ENDOFTEXT])
     tok.add_special_tokens(specials)
+    if family == "whisper_speech":
+        tok.add_tokens(TIMESTAMPS)
     tok.save(str(folder / "tokenizer.json"))
     config = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT, "unk_token": ENDOFTEXT}
-    if family == "whisper":
+    if family.startswith("whisper"):
         config["pad_token"] = ENDOFTEXT
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return tok

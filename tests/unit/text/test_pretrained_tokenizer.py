@@ -89,3 +89,51 @@ def test_mmtf_tokenizers_keep_their_ids():
     tok = CharTokenizer.train(["ab"])
     assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id, tok.prompt_ids) == (0, 1, 2, 3, [1])
     assert isinstance(HFTokenizer, type)
+
+
+def test_whisper_speech_tokens_come_from_the_vocabulary(tmp_path):
+    from tests.unit.pretrained.tiny_hf import SPEECH_LANGUAGES, TIMESTAMPS
+
+    hf = write_tokenizer(tmp_path, family="whisper_speech")
+    tok = PretrainedTokenizer.from_folder(tmp_path)
+    assert tok.languages == {code: hf.token_to_id(f"<|{code}|>") for code in SPEECH_LANGUAGES}
+    assert list(tok.languages) == SPEECH_LANGUAGES                       # Whisper's order
+    assert tok.task_ids == {"transcribe": hf.token_to_id("<|transcribe|>"),
+                            "translate": hf.token_to_id("<|translate|>")}
+    assert tok.timestamp_begin == hf.token_to_id("<|0.00|>") == tok.no_timestamps_id + 1
+    assert hf.token_to_id(TIMESTAMPS[-1]) == tok.timestamp_begin + 1500   # <|30.00|>
+    sot = hf.token_to_id("<|startoftranscript|>")
+    fr, translate = tok.languages["fr"], tok.task_ids["translate"]
+    assert tok.speech_prompt("fr", "translate") == [sot, fr, translate, tok.no_timestamps_id]
+    assert tok.speech_prompt("fr", "translate", timestamps=True) == [sot, fr, translate]
+    # Timestamps are never text, though the hub's tokenizer.json adds them as non-special.
+    words = hf.encode("rain falls", add_special_tokens=False).ids
+    assert tok.decode([tok.timestamp_begin, *words, tok.timestamp_begin + 50]) == "rain falls"
+    with pytest.raises(UserError, match=r"generation.language='xx' is not a language of this "
+                                        r"model .*; its codes: en zh de es ru ko fr ja \(or auto"):
+        tok.speech_prompt("xx")
+    with pytest.raises(UserError, match=r"generation.task='summarize' is not a task"):
+        tok.speech_prompt("en", "summarize")
+    # English-only models (generation_config.json is_multilingual: false): <|sot|> alone.
+    (tmp_path / "generation_config.json").write_text(json.dumps({"is_multilingual": False}))
+    english = PretrainedTokenizer.from_folder(tmp_path)
+    assert english.speech_prompt("en") == [sot, english.no_timestamps_id]
+    assert english.speech_prompt(None, timestamps=True) == [sot]
+    with pytest.raises(UserError, match=r"English-only model transcribes English only; got "
+                                        r"language='fr'"):
+        english.speech_prompt("fr")
+    restored = Tokenizer.from_json_str(english.to_json_str())
+    assert restored == english and not restored.multilingual
+    # A checkpoint written before the flag existed reads as multilingual.
+    payload = json.loads(tok.to_json_str())
+    del payload["multilingual"]
+    assert Tokenizer.from_json_str(json.dumps(payload)) == tok
+
+
+def test_timestamps_on_a_vocabulary_without_timestamp_tokens_is_a_one_line_error(tmp_path):
+    write_tokenizer(tmp_path, family="whisper")
+    tok = PretrainedTokenizer.from_folder(tmp_path)
+    assert tok.timestamp_begin is None
+    with pytest.raises(UserError, match=r"generation.timestamps=true: the tokenizer .* has no "
+                                        r"timestamp tokens .*; set generation.timestamps=false"):
+        tok.speech_prompt("en", timestamps=True)
