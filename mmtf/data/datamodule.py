@@ -18,7 +18,6 @@ Shapes: see :mod:`mmtf.data.collate` for the batch dict.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -34,7 +33,7 @@ from mmtf.data.image import build_transform
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.errors import ConfigError, DataError, UserError
-from mmtf.text import Tokenizer
+from mmtf.text import PretrainedTokenizer, Tokenizer
 
 log = logging.getLogger("mmtf.data")
 
@@ -495,40 +494,44 @@ class ClassificationDataModule(MediaDataModule):
         return LabelDataset(self.items(split), **self._media_kwargs(split, crop))
 
 
-_LANGUAGE_TOKEN = re.compile(r"^<\|([a-z]{2,3}(?:-[a-z]+)?)\|>$")
-_TASK_TOKENS = {"transcribe": "<|transcribe|>", "translate": "<|translate|>"}
-
 
 def speech_prompt(tokenizer: Tokenizer, *, language: str | None, task: str | None,
                   explicit: bool, where: str) -> list[int] | None:
-    """``tokenizer``'s prompt with its language and task tokens set to ``language`` / ``task``
-    (the same length, so the loss skips the same prompt positions), or None when the tokenizer
-    has no language tokens and nothing was asked for explicitly.
+    """The Whisper prompt of one item (:meth:`PretrainedTokenizer.speech_prompt`), timestamps
+    as in the tokenizer's own prompt; None when the tokenizer is not a Whisper vocabulary and
+    nothing was asked for explicitly.
 
     Raises:
-        ConfigError: an unknown language (the message lists the tokenizer's languages), or
-            ``explicit`` (``data.language`` / ``data.task`` set) with a tokenizer without them.
+        ConfigError: an unknown language (the message lists the model's), a prompt of another
+            length than the tokenizer's (the loss skips that many positions), or ``explicit``
+            (``data.language`` / ``data.task`` set) with a tokenizer that is not Whisper's.
     """
-    prompt = tokenizer.prompt_ids
-    languages = {m.group(1): i for i in tokenizer.special_ids
-                 if (m := _LANGUAGE_TOKEN.match(tokenizer.id_to_token(i)))}
-    tasks = {tokenizer.token_to_id(t): name for name, t in _TASK_TOKENS.items()}
-    has_language = any(i in languages.values() for i in prompt)
-    has_task = any(i in tasks for i in prompt)
-    if not (has_language or has_task):
+    default = tokenizer.prompt_ids
+    whisper = isinstance(tokenizer, PretrainedTokenizer) and \
+        tokenizer.start_of_transcript_id is not None
+    if not whisper:
         if explicit:
             raise ConfigError(f"data.language / data.task are set but the tokenizer's prompt "
-                              f"{[tokenizer.id_to_token(i) for i in prompt]} has no language or "
-                              f"task token (it is not a multilingual Whisper tokenizer); set "
-                              f"data.language=null data.task=null.")
+                              f"{[tokenizer.id_to_token(i) for i in default]} is not Whisper's "
+                              f"(no language or task tokens); set data.language=null "
+                              f"data.task=null.")
         return None
-    out = list(prompt)
-    for k, i in enumerate(prompt):
-        if language is not None and i in languages.values():
-            if language not in languages:
-                raise ConfigError(f"{where}: unknown language code {language!r}; the model's "
-                                  f"languages are {sorted(languages)}.")
-            out[k] = languages[language]
-        elif task is not None and i in tasks:
-            out[k] = tokenizer.token_to_id(_TASK_TOKENS[task])
-    return out
+    if tokenizer.multilingual:
+        if language is None:            # the language of the configured prompt, else English
+            language = next((code for code, i in tokenizer.languages.items() if i in default),
+                            "en")
+        if language not in tokenizer.languages:
+            raise ConfigError(f"{where}: unknown language code {language!r}; the model's "
+                              f"languages are {sorted(tokenizer.languages)}.")
+    # Timestamps as the configured prompt has them: no <|notimestamps|> in it (and a vocabulary
+    # with timestamp tokens) means the targets carry timestamps.
+    timestamps = tokenizer.no_timestamps_id not in default and \
+        tokenizer.timestamp_begin is not None
+    prompt = tokenizer.speech_prompt(language, task or "transcribe", timestamps=timestamps)
+    if len(prompt) != len(default):
+        raise ConfigError(f"{where}: the item's prompt {[tokenizer.id_to_token(i) for i in prompt]}"
+                          f" is not as long as tokenizer.prompt "
+                          f"{[tokenizer.id_to_token(i) for i in default]}; write tokenizer.prompt "
+                          f"in the same form (e.g. <|startoftranscript|> <|en|> <|transcribe|> "
+                          f"<|notimestamps|>).")
+    return prompt

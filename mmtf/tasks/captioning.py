@@ -242,7 +242,10 @@ class CaptioningTask(Task):
                  batch_size=inputs.shape[0])
         if split == "val" and (not self.hparams.val_generate or self.trainer.sanity_checking):
             return
-        predictions = self.generate_captions(inputs, lengths)
+        # Each item generates from the prompt it was scored with (its language and task:
+        # the data module puts each speech item's own prompt at the start of its target).
+        prompts = batch["tokens"][:, :len(self.model.prompt_ids)]
+        predictions = self.generate_captions(inputs, lengths, prompt_ids=prompts)
         self.caption_metrics[split].update(predictions, batch["references"], keys=batch["ids"])
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -270,10 +273,17 @@ class CaptioningTask(Task):
         return [row["caption"] for row in rows]
 
     @torch.no_grad()
-    def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None) -> list[str]:
-        """Captions for a batch with the configured generation strategy."""
+    def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None, *,
+                          prompt_ids: torch.Tensor | None = None) -> list[str]:
+        """Captions for a batch with the configured generation strategy.
+
+        Args:
+            inputs, lengths: the encoder inputs.
+            prompt_ids: (b, p) each item's prompt (its language and task), or None for the
+                model's prompt.
+        """
         tokenizer = self.require_tokenizer()
-        gen = self.model.generate(inputs, lengths, **self.generation)
+        gen = self.model.generate(inputs, lengths, prompt_ids=prompt_ids, **self.generation)
         tokens = gen.tokens if gen.tokens.dim() == 2 else gen.tokens[:, 0]  # best of n-best
         return tokenizer.decode_batch(tokens.tolist())
 

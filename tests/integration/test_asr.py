@@ -9,9 +9,12 @@ import json
 
 import jiwer
 import pytest
+import torch
 
 from mmtf.checkpoint_io import load_checkpoint
+from mmtf.evaluate import build_datamodule
 from mmtf.report.summary import error_tables
+from mmtf.tasks import build_task
 from mmtf.text.normalize import get_normalizer
 from mmtf.train import train
 from tests.unit.data.speech_sets import write_common_voice, write_librispeech
@@ -44,11 +47,9 @@ def librispeech(tmp_path_factory):
 def test_librispeech_finetune_monitored_by_wer(tiny_whisper, librispeech, tmp_path):
     run = tmp_path / "run"
     cfg = compose_train(["experiment=asr_librispeech", f"pretrained={tiny_whisper}",
-                         f"data.root={librispeech}", *COMMON, *TINY], run)
+                         f"data.root={librispeech}", *COMMON, *TINY, "test=false"], run)
     assert (cfg.optimized_metric, cfg.optimized_mode) == ("val/wer", "min")
-    train(cfg)
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert {"test/wer", "test/cer"} <= set(metrics), metrics
+    train(cfg)                                         # the test split: by evaluate below
     best = sorted((run / "checkpoints").glob("epoch*.ckpt"))
     callbacks = load_checkpoint(best[0])["callbacks"]
     monitors = {v["monitor"]: v["best_model_score"] for k, v in callbacks.items()
@@ -73,13 +74,14 @@ def test_librispeech_finetune_monitored_by_wer(tiny_whisper, librispeech, tmp_pa
 
     # the run report: the newest per-utterance errors table of each split
     report = "\n".join(error_tables(run))     # the section RunSummary.to_markdown adds
-    assert "## Per-utterance errors, test" in report and "| id | WER | S | D | I |" in report
-    assert "## Per-utterance errors, val" in report
+    assert "## Per-utterance errors, val" in report and "| id | WER | S | D | I |" in report
+    assert {"test/wer", "test/cer"} <= set(scores)
     samples = sorted((run / "samples").glob("val_*.md"))[-1].read_text()
     assert "| S | D | I | WER |" in samples
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")
 def test_common_voice_mp3_trains_with_each_clips_language(tiny_whisper, tmp_path):
     root = write_common_voice(tmp_path / "cv", {"train": 4, "dev": 2, "test": 2}, locale="fr")
     cfg = compose_train(["experiment=asr_common_voice", f"pretrained={tiny_whisper}",
@@ -88,6 +90,28 @@ def test_common_voice_mp3_trains_with_each_clips_language(tiny_whisper, tmp_path
     train(cfg)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert "test/wer" in metrics
+
+    # Every clip trains and generates with its own prompt: <|fr|> from the TSV's locale.
+    ckpt = sorted((tmp_path / "run" / "checkpoints").glob("*.ckpt"))[0]
+    task, stored = build_task(load_checkpoint(ckpt), ckpt)
+    datamodule = build_datamodule(stored, None)
+    datamodule.setup("test")
+    datamodule.connect(task.tokenizer)
+    batch = next(iter(datamodule.test_dataloader()))
+    french = task.tokenizer.speech_prompt("fr", "transcribe")
+    assert batch["tokens"][:, :4].tolist() == [french] * len(batch["ids"])
+    seen = []
+    generate = task.model.generate
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["prompt_ids"].tolist())
+        return generate(*args, **kwargs)
+
+    task.model.generate = recording
+    task.eval()
+    with torch.no_grad():
+        task.test_step(batch, 0)                       # generates and accumulates the scores
+    assert seen == [[french] * len(batch["ids"])]
 
 
 @pytest.mark.slow

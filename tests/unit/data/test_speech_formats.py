@@ -152,6 +152,19 @@ def test_unknown_language_lists_the_models(tmp_path, whisper_tokenizer):
         dm.tokens("train")
 
 
+def test_item_prompt_must_be_as_long_as_the_tokenizers(tmp_path, whisper_tokenizer):
+    from tests.unit.pretrained.tiny_hf import write_tokenizer
+
+    folder = tmp_path / "tok"
+    write_tokenizer(folder, family="whisper")
+    short = PretrainedTokenizer.from_folder(folder, prompt=["<|startoftranscript|>"])
+    dm = _manifest_module(tmp_path, [{"audio": "a.flac", "text": "x", "language": "fr"}])
+    dm.connect(short)
+    with pytest.raises(ConfigError, match=r"train.jsonl line 1: the item's prompt .* is not as "
+                                          r"long as tokenizer.prompt \['<\|startoftranscript"):
+        dm.tokens("train")
+
+
 def test_language_with_a_tokenizer_without_language_tokens(tmp_path):
     from mmtf.text import BPETokenizer
 
@@ -161,5 +174,5 @@ def test_language_with_a_tokenizer_without_language_tokens(tmp_path):
     dm = _manifest_module(tmp_path, [{"audio": "a.flac", "text": "a dog"}], language="fr")
     dm.connect(BPETokenizer.train(["a dog barks"] * 4, vocab_size=40))   # ignored; asked: error
     with pytest.raises(ConfigError, match=r"data.language / data.task are set but the "
-                                          r"tokenizer's prompt \['<bos>'\] has no language"):
+                                          r"tokenizer's prompt \['<bos>'\] is not Whisper's"):
         dm.tokens("train")
