@@ -245,7 +245,9 @@ class CaptioningTask(Task):
         # Each item generates from the prompt it was scored with (its language and task:
         # the data module puts each speech item's own prompt at the start of its target).
         prompts = batch["tokens"][:, :len(self.model.prompt_ids)]
-        predictions = self.generate_captions(inputs, lengths, prompt_ids=prompts)
+        same = bool((prompts == prompts.new_tensor(self.model.prompt_ids)).all())
+        predictions = self.generate_captions(inputs, lengths,
+                                             prompt_ids=None if same else prompts)
         self.caption_metrics[split].update(predictions, batch["references"], keys=batch["ids"])
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -283,7 +285,8 @@ class CaptioningTask(Task):
                 model's prompt.
         """
         tokenizer = self.require_tokenizer()
-        gen = self.model.generate(inputs, lengths, prompt_ids=prompt_ids, **self.generation)
+        extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
+        gen = self.model.generate(inputs, lengths, **extra, **self.generation)
         tokens = gen.tokens if gen.tokens.dim() == 2 else gen.tokens[:, 0]  # best of n-best
         return tokenizer.decode_batch(tokens.tolist())
 
