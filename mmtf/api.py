@@ -6,6 +6,8 @@
     model, tokenizer = mmtf.load("outputs/.../checkpoints/last.ckpt")
     model.caption(["a.wav", "b.flac"])                  # -> ["a dog barks ...", ...]
     model.caption([waveform], strategy="beam", num_beams=4)
+    model, _ = mmtf.load("openai/whisper-small")          # a Whisper folder or hub id, zero-shot
+    model.transcribe(["talk.flac"], language="auto", timestamps=True)
 
 ``model`` is the checkpoint's task (a LightningModule, in eval mode); ``caption`` preprocesses
 as :mod:`mmtf.data.inputs` says (the checkpoint's sample rate and image transforms) and generates
@@ -15,10 +17,12 @@ with the checkpoint's settings, which keyword arguments override for that call.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmtf.checkpoint_io import load_checkpoint
-from mmtf.tasks.rebuild import build_task
+from mmtf.hub import is_hf_source
+from mmtf.tasks.rebuild import build_pretrained_task, build_task
 
 if TYPE_CHECKING:
     from mmtf.tasks.base import Task
@@ -27,11 +31,12 @@ if TYPE_CHECKING:
 
 def load(ckpt_path: str | os.PathLike, *, device: str = "cpu",
          **generation: Any) -> tuple[Task, Tokenizer | None]:
-    """Rebuild the task of an mmtf checkpoint for inference.
+    """Rebuild the task of an mmtf checkpoint (or a pretrained Whisper) for inference.
 
     Args:
         ckpt_path: a checkpoint written by ``mmtf.train`` (read with ``weights_only=True``; its
-            config may name only allowlisted ``_target_``s).
+            config may name only allowlisted ``_target_``s), or a Hugging Face Whisper folder
+            or hub id, used zero-shot (:func:`mmtf.tasks.rebuild.build_pretrained_task`).
         device: where the model runs (``"cpu"``, ``"cuda"``, ...).
         **generation: generation settings kept for every later call (``strategy="beam"`` ...).
 
@@ -39,7 +44,11 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu",
         ``(model, tokenizer)``: the task in eval mode, and its tokenizer (None for
         classification).
     """
-    task, _ = build_task(load_checkpoint(ckpt_path), ckpt_path)
+    # A missing "runs/last.ckpt" also looks like an org/name hub id: checkpoints keep their error.
+    if is_hf_source(ckpt_path) and Path(ckpt_path).suffix != ".ckpt":
+        task = build_pretrained_task(ckpt_path)
+    else:
+        task, _ = build_task(load_checkpoint(ckpt_path), ckpt_path)
     task = task.to(device).eval()
     task.update_generation(generation)
     return task, task.tokenizer

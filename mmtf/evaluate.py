@@ -6,7 +6,8 @@ writes ``metrics.json`` and ``predictions.jsonl`` (captioning; with WER, each ro
 word-alignment counts) and, when WER / CER are scored, ``errors.csv`` (per utterance:
 substitutions, deletions, insertions, hits, the normalised reference and hypothesis, worst
 first) into the run dir. Audio longer than ``model.encoder.max_seconds`` is scored on its first
-``max_seconds`` (:func:`crop_long_audio`).
+``max_seconds`` (:func:`crop_long_audio`), or whole with ``long_audio=sequential|chunked``
+(Whisper's long-form speech decoding).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mmtf.checkpoint_io import check_targets, load_checkpoint
+from mmtf.data.inputs import WHOLE
 from mmtf.errors import ConfigError
 from mmtf.metrics.wer import write_errors_csv
 from mmtf.tasks import CaptioningTask, Task
@@ -103,7 +105,17 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("batch_size"):
         datamodule.batch_size = cfg.batch_size
     stage = "validate" if cfg.split == "val" else "test"
-    crop_long_audio(task, datamodule, cfg.split)
+    long_audio = cfg.get("long_audio") or "crop"
+    if long_audio not in ("crop", *WHOLE):
+        raise ConfigError(f"long_audio ({long_audio!r}) must be crop (score the first "
+                          f"model.encoder.max_seconds), sequential or chunked (Whisper's "
+                          f"long-form decoding of the whole clip).")
+    if long_audio in WHOLE and task.modality == "audio":
+        # Whole clips; the teacher-forced loss skips the batches the encoder cannot take.
+        task.update_generation({"long_form": long_audio})
+        datamodule.eval_crop = "full"
+    else:
+        crop_long_audio(task, datamodule, cfg.split)
     datamodule.setup(stage)
     if task.tokenizer is not None:             # the checkpoint's, for the token ids
         datamodule.connect(task.tokenizer)

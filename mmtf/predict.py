@@ -1,10 +1,14 @@
 """`python -m mmtf.predict ckpt_path=... inputs=[a.wav,b.flac]` (files and/or folders).
 
-Prints one caption (or class name) per input: ``path<TAB>caption``, or one JSON object per line
-with ``json=true``. Audio is decoded with soundfile and resampled to the encoder's rate; images go
-through the checkpoint's evaluation transforms. Audio longer than ``model.encoder.max_seconds``
-is cropped (``long_audio=crop``, a warning per file) or captioned per window
-(``long_audio=window``: ``path<TAB>start-end<TAB>caption``); see :mod:`mmtf.data.inputs`.
+Prints one caption (or class name) per input: ``path<TAB>caption`` (``format=tsv``), one JSON
+object per line (``format=json``, with ``language`` and ``segments`` when decoded), or subtitles
+of the timed segments (``format=srt|vtt``: printed, or one file per input in ``output_dir``).
+Audio is decoded with soundfile and resampled to the encoder's rate; images go through the
+checkpoint's evaluation transforms. Audio longer than ``model.encoder.max_seconds`` is cropped
+(``long_audio=crop``, a warning per file), captioned per window (``long_audio=window``:
+``path<TAB>start-end<TAB>caption``) or decoded whole by Whisper's long-form decoding
+(``long_audio=sequential|chunked``); see :mod:`mmtf.data.inputs`. ``ckpt_path`` may be a Hugging
+Face Whisper folder or hub id (zero-shot, :func:`mmtf.load`).
 """
 
 from __future__ import annotations
@@ -21,10 +25,14 @@ from omegaconf import DictConfig, OmegaConf
 from mmtf.api import load
 from mmtf.data.audio import AUDIO_EXTENSIONS
 from mmtf.data.image import IMAGE_EXTENSIONS
-from mmtf.data.inputs import LongAudio, check_long_audio, predict_inputs
+from mmtf.data.inputs import WHOLE, LongAudio, check_long_audio, predict_inputs
+from mmtf.data.subtitles import FORMATS as SUBTITLE_FORMATS
+from mmtf.data.subtitles import subtitles
 from mmtf.errors import UserError, require_file
 from mmtf.utils.config import generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
+
+OUTPUT_FORMATS = ("tsv", "json", *SUBTITLE_FORMATS)
 
 
 def expand_inputs(inputs: Iterable[str], extensions: Sequence[str]) -> list[Path]:
@@ -50,7 +58,10 @@ def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = Non
     with ``long_audio="window"``): ``path`` plus the task's
     :meth:`~mmtf.tasks.Task.predict_batch` keys (see :func:`mmtf.data.inputs.predict_inputs`)."""
     check_long_audio(long_audio)
-    task, _ = load(ckpt_path, device=device, **(generation or {}))
+    generation = dict(generation or {})
+    if long_audio in WHOLE:
+        generation["long_form"] = long_audio
+    task, _ = load(ckpt_path, device=device, **generation)
     extensions = AUDIO_EXTENSIONS if task.modality == "audio" else IMAGE_EXTENSIONS
     files = expand_inputs(inputs, extensions)
     return predict_inputs(task, files, batch_size=batch_size, long_audio=long_audio)
@@ -63,16 +74,42 @@ def format_row(row: dict[str, Any]) -> str:
     return f"{row['path']}{span}\t{text}"
 
 
+def write_subtitles(rows: list[dict[str, Any]], fmt: str, output_dir: str | None) -> None:
+    """Each input's segments as an ``fmt`` document: printed, or written to
+    ``output_dir/<input name>.<fmt>`` (the path is printed)."""
+    missing = [row["path"] for row in rows if "segments" not in row]
+    if missing:
+        raise UserError(f"format={fmt} needs timed segments, and {missing[0]} has none; add "
+                        f"generation.timestamps=true (or long_audio=sequential) with a Whisper "
+                        f"model.")
+    for row in rows:
+        text = subtitles(row["segments"], fmt)
+        if output_dir is None:
+            print(text)
+            continue
+        out = Path(output_dir).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{Path(row['path']).stem}.{fmt}"
+        path.write_text(text, encoding="utf-8")
+        print(path)
+
+
 def print_predictions(cfg: DictConfig) -> None:
     """The CLI: predict ``cfg.inputs`` and print one line per prediction."""
     require_values(cfg)
+    fmt = cfg.get("format", "tsv")
+    if fmt not in OUTPUT_FORMATS:
+        raise UserError(f"format={fmt!r} must be one of {', '.join(OUTPUT_FORMATS)}.")
     inputs = cfg.inputs if OmegaConf.is_list(cfg.inputs) else [cfg.inputs]
     device = "cuda" if cfg.accelerator in ("auto", "gpu") and torch.cuda.is_available() else "cpu"
     generation = generation_overrides(cfg.get("generation"))
     rows = predict(cfg.ckpt_path, [str(i) for i in inputs], generation, cfg.batch_size, device,
                    long_audio=cfg.get("long_audio", "crop"))
+    if fmt in SUBTITLE_FORMATS:
+        write_subtitles(rows, fmt, cfg.get("output_dir"))
+        return
     for row in rows:
-        print(json.dumps(row) if cfg.json else format_row(row))
+        print(json.dumps(row) if fmt == "json" else format_row(row))
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")

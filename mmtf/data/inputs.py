@@ -13,6 +13,9 @@ Audio longer than ``model.encoder.max_seconds`` follows ``long_audio``:
 * ``window``: split it into the fewest equal windows of at most ``max_seconds`` (widths differ
   by at most one sample) and predict each; every row carries its window's ``start`` and ``end``
   in seconds.
+* ``sequential`` / ``chunked``: hand the whole input to the task, whose speech decoding
+  (``generation.long_form``, :mod:`mmtf.tasks.speech`) covers it with Whisper's sequential
+  windows or with overlapping chunks and a merge of their text. One prediction per input.
 
 Why these two and not a refusal: see docs/design/long-audio.md
 
@@ -44,8 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LongAudio = Literal["crop", "window"]
-LONG_AUDIO: tuple[str, ...] = ("crop", "window")
+LongAudio = Literal["crop", "window", "sequential", "chunked"]
+LONG_AUDIO: tuple[str, ...] = ("crop", "window", "sequential", "chunked")
+WHOLE = ("sequential", "chunked")      # the task decodes the whole input
 Input = str | os.PathLike | Tensor | np.ndarray | tuple | Image.Image
 
 
@@ -63,7 +67,9 @@ def check_long_audio(long_audio: str) -> str:
     """``long_audio`` if valid; a UserError naming the key and the choices otherwise."""
     if long_audio not in LONG_AUDIO:
         raise UserError(f"long_audio ({long_audio!r}) must be 'crop' (keep the first "
-                        f"model.encoder.max_seconds) or 'window' (predict every window).")
+                        f"model.encoder.max_seconds), 'window' (predict every window), "
+                        f"'sequential' or 'chunked' (Whisper long-form speech decoding of the "
+                        f"whole input).")
     return long_audio
 
 
@@ -85,6 +91,8 @@ def audio_segments(item: Input, index: int, *, sample_rate: int, max_seconds: fl
                    long_audio: LongAudio = "crop") -> list[Segment]:
     """The encoder inputs of one audio input under the ``long_audio`` policy."""
     name = _name(item, index)
+    if long_audio in WHOLE:
+        max_seconds = None
     limit = None if max_seconds is None else int(round(max_seconds * sample_rate))
     if isinstance(item, (str, os.PathLike)):
         info = audio_info(item)
@@ -98,6 +106,8 @@ def audio_segments(item: Input, index: int, *, sample_rate: int, max_seconds: fl
         seconds = wave.shape[0] / sample_rate
     if limit is not None and wave.shape[0] > limit and long_audio == "crop":
         wave = wave[:limit]
+    if long_audio in WHOLE:
+        return [Segment(name, wave)]
     if long_audio == "crop":
         if max_seconds is not None and seconds > max_seconds:
             log.warning("%s: %.2f s is longer than model.encoder.max_seconds (%g s); captioning "

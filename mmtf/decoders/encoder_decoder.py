@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from mmtf.decoders.generation import (
     GenerationConfig,
     GenerationOutput,
+    LogitsProcessor,
     StepCallback,
     generate,
 )
@@ -107,6 +108,12 @@ class EncoderDecoder(nn.Module):
         out = self.encoder(inputs, lengths=lengths)
         return out.memory, getattr(out, "mask", None)
 
+    def encode_features(self, features: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Run the encoder after its front end on (b, f, n) log-mel features (long-form
+        windows, :mod:`mmtf.decoders.speech`): memory and mask as :meth:`encode`."""
+        out = self.encoder.encode_features(features)
+        return out.memory, getattr(out, "mask", None)
+
     def forward(self, inputs: Tensor, lengths: Tensor | None, tokens: Tensor) -> Seq2SeqOutput:
         """Teacher forcing.
 
@@ -159,8 +166,8 @@ class EncoderDecoder(nn.Module):
     def generate(self, inputs: Tensor, lengths: Tensor | None = None, *,
                  config: GenerationConfig | None = None, generator: torch.Generator | None = None,
                  callback: StepCallback | None = None, prompt_ids: Sequence[int]
-                 | Sequence[Sequence[int]] | Tensor | None = None, **options,
-                 ) -> GenerationOutput:
+                 | Sequence[Sequence[int]] | Tensor | None = None,
+                 processors: Sequence[LogitsProcessor] = (), **options) -> GenerationOutput:
         """Encode once and decode (see :mod:`mmtf.decoders.generation` for the conventions).
 
         Call ``model.eval()`` first: dropout is not switched off here.
@@ -176,6 +183,7 @@ class EncoderDecoder(nn.Module):
             prompt_ids: None = the model's prompt; else one prompt or one per item, a (b, p)
                 long tensor (e.g. a language and task per item), as in
                 :func:`mmtf.decoders.generation.generate`.
+            processors: logits processors (``generate``'s), e.g. Whisper's timestamp rules.
 
         Returns:
             :class:`GenerationOutput`: tokens (b, t) or (b, n, t) without the prompt,
@@ -186,4 +194,4 @@ class EncoderDecoder(nn.Module):
         prompt = self.prompt_ids if prompt_ids is None else prompt_ids
         return generate(self.decoder, memory, mask, cfg, prompt_ids=prompt,
                         eos_id=self.eos_id, pad_id=self.pad_id, generator=generator,
-                        callback=callback)
+                        callback=callback, processors=processors)

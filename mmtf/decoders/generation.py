@@ -49,6 +49,9 @@ from mmtf.errors import UserError
 
 Strategy = Literal["greedy", "beam", "sample"]
 StepCallback = Callable[[int, Tensor, Tensor], None]
+# processor(logits (r, v), generated (r, t)) masks logits in place after the bans (e.g.
+# mmtf.decoders.speech.TimestampRules); ``generated`` holds each row's tokens so far.
+LogitsProcessor = Callable[[Tensor, Tensor], None]
 
 
 @dataclass
@@ -88,6 +91,8 @@ class GenerationConfig:
             repeats.
         no_repeat_ngram_size: n > 0 bans tokens that would repeat an n-gram of the row;
             0 = off.
+        begin_suppress_tokens: ids never generated first (Whisper's option: a space or eos
+            right after the prompt).
     """
 
     strategy: Strategy = "greedy"
@@ -105,6 +110,7 @@ class GenerationConfig:
     suppress_tokens: tuple[int, ...] = ()
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+    begin_suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.strategy not in ("greedy", "beam", "sample"):
@@ -149,10 +155,12 @@ class GenerationConfig:
                             f"({self.no_repeat_ngram_size}) must be an integer >= 0 (0 = off, "
                             f"n bans repeating any n-gram).")
         self.no_repeat_ngram_size = int(self.no_repeat_ngram_size)
-        self.suppress_tokens = tuple(int(i) for i in self.suppress_tokens)
-        if any(i < 0 for i in self.suppress_tokens):
-            raise UserError(f"GenerationConfig: suppress_tokens ({list(self.suppress_tokens)}) "
-                            f"must be token ids >= 0.")
+        for name in ("suppress_tokens", "begin_suppress_tokens"):
+            ids = tuple(int(i) for i in getattr(self, name))
+            setattr(self, name, ids)
+            if any(i < 0 for i in ids):
+                raise UserError(f"GenerationConfig: {name} ({list(ids)}) must be token ids "
+                                f">= 0.")
 
     @classmethod
     def build(cls, config: GenerationConfig | None = None, **overrides) -> GenerationConfig:
@@ -207,6 +215,8 @@ class _Stepper:
         self.prompt = prompt                                                     # (r, p)
         # (r, p) ids banned per row (the rows' prompts differ), or None; see ban_rows.
         self.row_banned: Tensor | None = None
+        self.processors: tuple[LogitsProcessor, ...] = ()
+        self.first_banned: Tensor | None = None   # begin_suppress_tokens
         if use_cache:
             # The only allocation of K/V memory in a generate call: every position it will hold.
             self.cache = decoder.make_cache(batch_size=memory.shape[0],
@@ -240,6 +250,13 @@ class _Stepper:
             self.cache.reorder(index)
         # Beams move within their item, whose prompt every one of its rows holds: row_banned
         # and prompt stay valid without a reorder.
+
+    def process(self, logits: Tensor, generated: Tensor) -> None:
+        """The first step's begin_suppress_tokens, then the processors, in place."""
+        if generated.shape[1] == 0 and self.first_banned is not None and len(self.first_banned):
+            logits.index_fill_(1, self.first_banned, -math.inf)
+        for processor in self.processors:
+            processor(logits, generated)
 
     def ban_rows(self, logits: Tensor, eos_id: int) -> None:
         """Mask each row's own prompt ids in ``logits`` (r, v), in place; eos is never banned
@@ -287,7 +304,7 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
              config: GenerationConfig, *, prompt_ids: Sequence[int] | Sequence[Sequence[int]]
              | Tensor, eos_id: int, pad_id: int,
              generator: torch.Generator | None = None, callback: StepCallback | None = None,
-             ) -> GenerationOutput:
+             processors: Sequence[LogitsProcessor] = ()) -> GenerationOutput:
     """Decode from an encoder memory (use :meth:`EncoderDecoder.generate` for raw inputs).
 
     Args:
@@ -303,6 +320,9 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
         callback: called after every step as ``callback(step, tokens, logits)`` with the chosen
             tokens (r,) and the logits (r, v) of that step, banned tokens already at -inf
             (timing, streaming, tests).
+        processors: called in order on every step's logits after the bans and before the
+            choice, ``processor(logits, generated)``, masking in place (Whisper's timestamp
+            rules). The scores are the log-probabilities after them.
 
     Returns:
         A :class:`GenerationOutput`.
@@ -335,6 +355,9 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
     never = [*sorted({pad_id, *shared} - {eos_id}), *config.suppress_tokens]
     banned = (torch.tensor([*never, eos_id], device=memory.device),
               torch.tensor(never, dtype=torch.long, device=memory.device))
+    stepper.processors = tuple(processors)
+    stepper.first_banned = torch.tensor(config.begin_suppress_tokens, dtype=torch.long,
+                                        device=memory.device)
     if any(set(r) - shared for r in prompt.tolist()):
         stepper.row_banned = prompt
     ids = dict(start_id=int(prompt[0, -1]), eos_id=eos_id, pad_id=pad_id)
@@ -402,6 +425,7 @@ def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
             penalize_repeats(logits, history, **penalties)               # history (r, p + t)
         stepper.ban_rows(logits, eos_id)
         logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
+        stepper.process(logits, tokens[:, :t])
         if config.strategy == "greedy":
             # max(dim).indices: the first maximum, as argmax, one kernel cheaper on CPU.
             nxt = logits.max(dim=-1).indices                             # (r,)
@@ -494,6 +518,7 @@ def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
             penalize_repeats(logits, history, **penalties)                       # (r, p + t)
         stepper.ban_rows(logits, eos_id)
         logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
+        stepper.process(logits, seqs[:, :t])
         logprobs = logits.log_softmax(dim=-1)
         vocab = logprobs.shape[-1]
         cand = rearrange(beam_scores[:, None] + logprobs, "(b k) v -> b (k v)", k=k)
@@ -557,5 +582,5 @@ def _keep_best(k: int, kept: tuple[Tensor, Tensor, Tensor], new: tuple[Tensor, T
     return tokens, scores, lengths.gather(1, index)
 
 
-__all__ = ["GenerationConfig", "GenerationOutput", "StepCallback", "filter_logits", "generate",
+__all__ = ["GenerationConfig", "GenerationOutput", "LogitsProcessor", "StepCallback", "filter_logits", "generate",
            "penalize_repeats", "sample_next"]

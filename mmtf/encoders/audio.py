@@ -407,6 +407,27 @@ class AudioEncoder(Encoder):
         lengths = self._check_inputs(inputs, lengths)
         feats, frames = self.frontend(inputs, lengths)           # (b, f, t), (b,)
         feats = self.spec_augment(feats, frames)
+        return self.encode_features(feats, frames, attention_layers=attention_layers)
+
+    def whisper_features(self, wave: Tensor) -> Tensor:
+        """Whisper's log-mel of one whole clip (n,) -> (f, n // hop), unpadded and normalised
+        over the whole clip: what ``WhisperFeatureExtractor(truncation=False)`` gives the
+        long-form decoding, which slides 30 s windows over these frames
+        (:mod:`mmtf.decoders.speech`)."""
+        if self.frontend.features != "whisper" or self.frontend.pad_to_samples is None:
+            raise UserError("long-form decoding needs Whisper's front end "
+                            "(model.encoder.features=whisper, pad_to_seconds=30).")
+        with torch.autocast(wave.device.type, enabled=False):
+            return self.frontend._whisper_features(wave.float()[None])[0]
+
+    def encode_features(self, feats: Tensor, frames: Tensor | None = None, *,
+                        attention_layers: AttentionLayers | None = None,
+                        ) -> EncoderOutput | tuple[EncoderOutput, AttentionMaps]:
+        """The encoder after its front end: normalised log-mel ``feats`` (b, f, t) with
+        ``frames`` (b,) valid frames (None = all) -> as :meth:`forward`."""
+        if frames is None:
+            frames = torch.full((feats.shape[0],), feats.shape[-1], dtype=torch.long,
+                                device=feats.device)
         x, tokens = self.stem(feats.to(self.stem.conv1.weight.dtype), frames)   # (b, s, c)
         mask = _lengths_mask(tokens, x.shape[1])                 # (b, s)
         if self.positions is not None:

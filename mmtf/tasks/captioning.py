@@ -3,6 +3,7 @@ generation-based validation scored with captioning metrics against all reference
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from mmtf.synthetic import caption_parser
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.optim import configure_adamw_cosine
 from mmtf.tasks.resolve import check_same_tokenizer_on_every_rank, stored_tokenizer
+from mmtf.tasks.speech import SpeechOptions, check_speech, decode_speech, split_generation
 from mmtf.text import Tokenizer
 from mmtf.text.normalize import get_normalizer
 
@@ -45,7 +47,9 @@ class CaptioningTask(Task):
         warmup_steps, min_lr_ratio: warmup + cosine schedule, stepped per optimizer step.
         label_smoothing: of the teacher-forced cross-entropy.
         generation: keyword arguments of ``EncoderDecoder.generate`` for validation and test
-            (``strategy: greedy | beam | sample`` ...).
+            (``strategy: greedy | beam | sample`` ...), and with a Whisper tokenizer the speech
+            options ``language`` (a code or auto), ``task``, ``timestamps``, ``long_form``
+            (:mod:`mmtf.tasks.speech`).
         val_generate: generate and score captions in validation (loss only when False).
         val_metrics, test_metrics: metric names for ``mmtf.metrics.caption_metrics`` (None = every
             available metric). METEOR starts a JVM (10-50 s), so validation defaults to the fast
@@ -79,7 +83,9 @@ class CaptioningTask(Task):
         self.model = EncoderDecoder(encoder=encoder, decoder=decoder,
                                     label_smoothing=label_smoothing)
         self.optimizer = optimizer
-        self.generation = dict(generation or {"strategy": "greedy"})
+        decoding, speech = split_generation(dict(generation or {"strategy": "greedy"}))
+        self.generation = decoding
+        self.speech = SpeechOptions(**speech)
         self.user_suppress_tokens = tuple(self.generation.get("suppress_tokens", ()))
         self.check_generation()
         self.caption_metrics = {
@@ -111,7 +117,9 @@ class CaptioningTask(Task):
 
     def update_generation(self, overrides: dict[str, Any]) -> None:
         """Merge ``overrides`` into the generation settings (``evaluate``, ``predict``)."""
-        self.generation.update(overrides)
+        decoding, speech = split_generation(overrides)
+        self.generation.update(decoding)
+        self.speech = dataclasses.replace(self.speech, **speech)
         self.user_suppress_tokens = tuple(self.generation.get("suppress_tokens", ()))
         self.suppress_undecodable_ids()
         self.check_generation()
@@ -138,6 +146,8 @@ class CaptioningTask(Task):
             raise ConfigError(f"model.generation.max_new_tokens ({max_new}) + the prompt "
                               f"({prompt} token{'s' if prompt > 1 else ''}) exceeds "
                               f"model.decoder.max_len ({max_len}); lower max_new_tokens.")
+        if self.tokenizer is not None:
+            check_speech(self.speech, self.tokenizer)
 
     # ------------------------------------------------------------------ wiring
     def setup(self, stage: str) -> None:
@@ -237,9 +247,10 @@ class CaptioningTask(Task):
 
     def _eval_step(self, batch: dict[str, Any], split: str) -> None:
         inputs, lengths = batch_inputs(batch)
-        out = self.model(inputs, lengths, batch["tokens"])
-        self.log(f"{split}/loss", out.loss, prog_bar=True, sync_dist=True,
-                 batch_size=inputs.shape[0])
+        if not self.too_long(lengths):      # whole long clips (long_audio=...): no loss
+            out = self.model(inputs, lengths, batch["tokens"])
+            self.log(f"{split}/loss", out.loss, prog_bar=True, sync_dist=True,
+                     batch_size=inputs.shape[0])
         if split == "val" and (not self.hparams.val_generate or self.trainer.sanity_checking):
             return
         # Each item generates from the prompt it was scored with (its language and task:
@@ -256,9 +267,27 @@ class CaptioningTask(Task):
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, "test")
 
+    def too_long(self, lengths: torch.Tensor | None) -> bool:
+        """Whether an audio batch holds clips longer than the encoder takes (handed over whole
+        for long-form speech decoding)."""
+        limit = getattr(self.encoder, "max_samples", None) if self.modality == "audio" else None
+        return limit is not None and lengths is not None and int(lengths.max()) > limit
+
+    def decode_speech(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
+                      ) -> list[dict[str, Any]]:
+        """Speech decoding of a batch of waveforms under the speech options
+        (:func:`mmtf.tasks.speech.decode_speech`): caption, language, segments."""
+        config = GenerationConfig.build(**self.generation)
+        return decode_speech(self.model, self.require_tokenizer(), inputs, lengths, self.speech,
+                             config)
+
     def predict_batch(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
                       ) -> list[dict[str, Any]]:
-        """``{"caption": str}`` per input, with the configured generation strategy."""
+        """``{"caption": str}`` per input, with the configured generation strategy; with speech
+        options (or audio longer than the encoder takes, from ``long_audio=sequential|chunked``)
+        also ``language`` and ``segments``."""
+        if self.speech.active or self.too_long(lengths):
+            return self.decode_speech(inputs, lengths)
         return [{"caption": c} for c in self.generate_captions(inputs, lengths)]
 
     def caption(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
@@ -266,13 +295,37 @@ class CaptioningTask(Task):
         """One caption per input: audio files or waveforms, image files, PIL images or tensors,
         preprocessed as the checkpoint's data (:mod:`mmtf.data.inputs`; longer audio is cropped to
         ``model.encoder.max_seconds``). ``generation`` overrides the settings for this call."""
-        saved = dict(self.generation), self.user_suppress_tokens
+        return [row["caption"] for row in self._predict(inputs, batch_size, "crop", generation)]
+
+    def transcribe(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
+                   long_form: str = "sequential", **generation: Any) -> list[dict[str, Any]]:
+        """Transcribe speech with a Whisper vocabulary, long files whole: one dict per input
+        with ``text``, and ``language`` / ``segments`` (``[{start, end, text}]``) when asked
+        for or decoded sequentially.
+
+        Args:
+            inputs: audio files or waveforms (:mod:`mmtf.data.inputs`).
+            long_form: ``sequential`` (Whisper's windows that move by the last complete
+                timestamp) or ``chunked`` (overlapping 30 s chunks, merged text), for audio
+                longer than 30 s.
+            **generation: overrides for this call: ``language="auto"``, ``task="translate"``,
+                ``timestamps=True``, ``strategy="beam"``, ...
+        """
+        rows = self._predict(inputs, batch_size, long_form,
+                             {"long_form": long_form, "task": self.speech.task or "transcribe",
+                              **generation})
+        return [{"path": row["path"], "text": row["caption"],
+                 **{k: row[k] for k in ("language", "segments") if k in row}} for row in rows]
+
+    def _predict(self, inputs, batch_size: int, long_audio: str,
+                 generation: dict[str, Any]) -> list[dict[str, Any]]:
+        """predict_inputs with ``generation`` over the settings for this call only."""
+        saved = dict(self.generation), self.user_suppress_tokens, self.speech
         self.update_generation(generation)
         try:
-            rows = predict_inputs(self, inputs, batch_size=batch_size, long_audio="crop")
+            return predict_inputs(self, inputs, batch_size=batch_size, long_audio=long_audio)
         finally:
-            self.generation, self.user_suppress_tokens = saved
-        return [row["caption"] for row in rows]
+            self.generation, self.user_suppress_tokens, self.speech = saved
 
     @torch.no_grad()
     def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None, *,
@@ -282,8 +335,12 @@ class CaptioningTask(Task):
         Args:
             inputs, lengths: the encoder inputs.
             prompt_ids: (b, p) each item's prompt (its language and task), or None for the
-                model's prompt.
+                model's prompt. Speech decoding settings (``generation.language`` / ``task`` /
+                ``timestamps``, or clips longer than the encoder's window) decode by those
+                instead.
         """
+        if self.speech.active or self.too_long(lengths):
+            return [row["caption"] for row in self.decode_speech(inputs, lengths)]
         tokenizer = self.require_tokenizer()
         extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
         gen = self.model.generate(inputs, lengths, **extra, **self.generation)

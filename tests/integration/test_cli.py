@@ -113,7 +113,7 @@ def test_predict_cli_captions_files_and_folders(tiny_run, tmp_path):
     sf.write(folder / "b.flac", rng.normal(0, 0.1, (22050, 2)).astype(np.float32), 22050)
     ckpt = tiny_run / "checkpoints" / "last.ckpt"
     out = run_cli("mmtf.predict", [f"ckpt_path={ckpt}", f"inputs=[{folder / 'a.wav'},{folder}]",
-                                   "json=true", f"hydra.run.dir={tmp_path / 'p'}"], cwd=tmp_path)
+                                   "format=json", f"hydra.run.dir={tmp_path / 'p'}"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert [Path(r["path"]).name for r in rows] == ["a.wav", "a.wav", "b.flac"]

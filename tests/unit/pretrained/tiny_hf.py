@@ -57,21 +57,26 @@ def write_tokenizer(folder: Path, *, family: str = "whisper", vocab_size: int = 
 
 
 def write_whisper(folder: Path, *, n_mels: int = 80, d_model: int = 64, layers: int = 2,
-                  heads: int = 4, seed: int = 0):
+                  heads: int = 4, seed: int = 0, speech: bool = False,
+                  multilingual: bool = True, max_target_positions: int = 48):
     """A random-weight ``WhisperForConditionalGeneration`` and its tokenizer in ``folder``;
     returns the model (eval mode). Weights are drawn far from the default init (biases,
     decoder positions, cross-attention) so that outputs depend on every tensor and the random
-    decoder does not just repeat one token."""
+    decoder does not just repeat one token. ``speech``: Whisper's full special layout (8
+    languages, timestamps) and the ``generation_config.json`` fields transformers' Whisper
+    ``generate`` reads (``lang_to_id``, ``task_to_id``, ``no_timestamps_token_id``,
+    ``is_multilingual``, ``max_initial_timestamp_index``)."""
     import torch
     import transformers
 
-    tok = write_tokenizer(folder, family="whisper")
+    tok = write_tokenizer(folder, family="whisper_speech" if speech else "whisper")
     end = tok.token_to_id(ENDOFTEXT)
     config = transformers.WhisperConfig(
         vocab_size=tok.get_vocab_size(with_added_tokens=True), d_model=d_model,
         encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
         decoder_attention_heads=heads, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
-        num_mel_bins=n_mels, max_source_positions=1500, max_target_positions=48,
+        num_mel_bins=n_mels, max_source_positions=1500,
+        max_target_positions=max_target_positions,
         pad_token_id=end, bos_token_id=end, eos_token_id=end,
         decoder_start_token_id=tok.token_to_id("<|startoftranscript|>"),
         begin_suppress_tokens=None, suppress_tokens=None)
@@ -87,5 +92,31 @@ def write_whisper(folder: Path, *, n_mels: int = 80, d_model: int = 64, layers: 
                 p.mul_(4.0)
             elif "encoder.layers" in name and p.dim() == 2:
                 p.normal_(0.0, 0.3)
+    if speech:
+        # The language rows of the (tied) output projection are made orthogonal to the mean
+        # hidden state after <|startoftranscript|> and scaled to its spread, so the detected
+        # language depends on the audio (a random model's hidden state hardly does).
+        with torch.no_grad():
+            rows = [tok.token_to_id(f"<|{c}|>") for c in SPEECH_LANGUAGES]
+            feats = torch.randn(8, n_mels, 3000, generator=torch.Generator().manual_seed(seed))
+            start = torch.full((8, 1), config.decoder_start_token_id)
+            hidden = model.model(input_features=feats, decoder_input_ids=start
+                                 ).last_hidden_state[:, -1]                     # (8, d)
+            mean = hidden.mean(dim=0)
+            unit = mean / mean.norm()
+            spread = (hidden - mean).norm(dim=1).mean()
+            lang = torch.randn(len(rows), d_model, generator=torch.Generator().manual_seed(seed))
+            lang -= (lang @ unit)[:, None] * unit[None]
+            model.model.decoder.embed_tokens.weight[rows] = lang * (3.0 / spread)
+        generation = model.generation_config
+        generation.lang_to_id = {f"<|{c}|>": tok.token_to_id(f"<|{c}|>") for c in SPEECH_LANGUAGES}
+        generation.task_to_id = {t: tok.token_to_id(f"<|{t}|>") for t in ("transcribe",
+                                                                           "translate")}
+        generation.no_timestamps_token_id = tok.token_to_id("<|notimestamps|>")
+        generation.is_multilingual = multilingual
+        generation.max_initial_timestamp_index = 50
+        generation.suppress_tokens = None
+        generation.begin_suppress_tokens = None
+        generation._from_model_config = False      # from_pretrained keeps the file's fields
     model.save_pretrained(folder)
     return model

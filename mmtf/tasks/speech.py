@@ -1,0 +1,230 @@
+"""Speech decoding options of a captioning task with a Whisper vocabulary, and the batch decoder
+that applies them (:mod:`mmtf.decoders.speech` holds Whisper's rules).
+
+Generation settings (``model.generation``, ``generation.*`` of evaluate/predict, keyword
+arguments of ``caption``/``transcribe``) may hold, besides :class:`GenerationConfig`'s fields:
+
+* ``language``: a language code of the tokenizer (``en``, ``fr``), ``auto`` (detected per item
+  from the first 30 s, reported as ``language``), or null (the prompt's own);
+* ``task``: ``transcribe`` or ``translate`` (null: the prompt's own, else transcribe);
+* ``timestamps``: generate timestamp tokens; each item gets ``segments`` with start/end seconds;
+* ``long_form``: for audio longer than 30 s, ``sequential`` (Whisper's windows that move by the
+  last complete timestamp; timestamps are generated, whatever ``timestamps`` says) or
+  ``chunked`` (30 s chunks overlapping by ``chunk_overlap`` seconds, texts merged at the middle
+  of their longest common token run).
+
+Why these rules: docs/design/asr-decoding.md.
+
+Shapes: b batch, n samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmtf.decoders import EncoderDecoder
+from mmtf.decoders.generation import GenerationConfig, generate
+from mmtf.decoders.speech import (
+    WINDOW_FRAMES,
+    TimestampRules,
+    chunk_bounds,
+    detect_language,
+    merge_overlapping,
+    transcribe_long,
+)
+from mmtf.errors import UserError
+from mmtf.text import Tokenizer
+
+LONG_FORMS = ("sequential", "chunked")
+TASKS = ("transcribe", "translate")
+
+
+@dataclass
+class SpeechOptions:
+    """The speech keys of the generation settings (see the module docstring)."""
+
+    language: str | None = None
+    task: str | None = None
+    timestamps: bool = False
+    long_form: str = "sequential"
+    chunk_overlap: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.task is not None and self.task not in TASKS:
+            raise UserError(f"generation.task={self.task!r} must be transcribe or translate "
+                            f"(or null: the prompt's own).")
+        if self.long_form not in LONG_FORMS:
+            raise UserError(f"generation.long_form={self.long_form!r} must be sequential "
+                            f"(Whisper's timestamp-driven windows) or chunked (overlapping "
+                            f"chunks, merged text).")
+        if not 0.0 <= float(self.chunk_overlap) < 15.0:
+            raise UserError(f"generation.chunk_overlap={self.chunk_overlap} must be in [0, 15) "
+                            f"seconds (half a 30 s chunk at most).")
+        self.timestamps = bool(self.timestamps)
+
+    @property
+    def active(self) -> bool:
+        """Whether the prompt is built here (otherwise the tokenizer's prompt is used)."""
+        return self.language is not None or self.task is not None or self.timestamps
+
+
+SPEECH_KEYS = frozenset(f.name for f in dataclasses.fields(SpeechOptions))
+
+
+def split_generation(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``GenerationConfig`` keys, speech keys) of generation settings."""
+    decoding = {k: v for k, v in settings.items() if k not in SPEECH_KEYS}
+    return decoding, {k: v for k, v in settings.items() if k in SPEECH_KEYS}
+
+
+def check_speech(options: SpeechOptions, tokenizer: Tokenizer | None) -> None:
+    """The options fit the tokenizer: known language and task, timestamp tokens if asked."""
+    if not options.active:
+        return
+    if tokenizer is None or not hasattr(tokenizer, "speech_prompt"):
+        raise UserError("generation.language / task / timestamps need a Whisper tokenizer "
+                        "(tokenizer=pretrained with a Whisper folder).")
+    if options.language == "auto":
+        if not tokenizer.languages:
+            raise UserError(f"generation.language=auto: the tokenizer ({tokenizer.source}) has "
+                            f"no language tokens to detect.")
+        language = next(iter(tokenizer.languages)) if tokenizer.multilingual else None
+    else:
+        language = _language(options, tokenizer)
+    tokenizer.speech_prompt(language, options.task or "transcribe",
+                            timestamps=options.timestamps)
+
+
+def _language(options: SpeechOptions, tokenizer) -> str | None:
+    """The configured language, else the one in the tokenizer's prompt, else English."""
+    if options.language is not None:
+        return options.language
+    codes = {i: code for code, i in tokenizer.languages.items()}
+    found = [codes[i] for i in tokenizer.prompt_ids if i in codes]
+    if found:
+        return found[0]
+    return "en" if tokenizer.multilingual else None
+
+
+@torch.no_grad()
+def decode_speech(model: EncoderDecoder, tokenizer, inputs: Tensor, lengths: Tensor | None,
+                  options: SpeechOptions, config: GenerationConfig) -> list[dict[str, Any]]:
+    """One result per waveform: ``caption`` (the text), ``language`` (with a language option)
+    and ``segments`` (``[{start, end, text}]``, with timestamps or sequential long-form).
+
+    Args:
+        model: the task's encoder-decoder (a Whisper-type audio encoder for timestamps and
+            long audio).
+        tokenizer: its :class:`~mmtf.text.PretrainedTokenizer` (Whisper's speech tokens).
+        inputs: (b, n) waveforms; lengths (b,) valid samples (None = all). Items longer than
+            30 s follow ``options.long_form``.
+        options: the speech options; config: the decoding options.
+    """
+    encoder = model.encoder
+    b, n = inputs.shape
+    lengths = (torch.full((b,), n, dtype=torch.long) if lengths is None else lengths).cpu()
+    window = WINDOW_FRAMES * encoder.frontend.hop_length                     # 30 s in samples
+    first = inputs[:, :window]
+    first_lengths = lengths.clamp(max=first.shape[1])
+    task = options.task or "transcribe"
+    long = [int(length) > window for length in lengths]
+    memory = mask = None
+    if options.language == "auto" and tokenizer.multilingual:
+        memory, mask = model.encode(first, first_lengths.to(inputs.device))
+        if any(long):
+            # As Whisper: a long clip's language from the first window of its whole-clip
+            # features (normalised over the clip), not from its first 30 s alone.
+            memory, mask = memory.clone(), None if mask is None else mask.clone()
+            for i in (i for i in range(b) if long[i]):
+                features = encoder.whisper_features(inputs[i, :int(lengths[i])])
+                own, own_mask = model.encode_features(features[None, :, :WINDOW_FRAMES])
+                memory[i] = own[0]
+                if mask is not None and own_mask is not None:
+                    mask[i] = own_mask[0]
+        ids = detect_language(model.decoder, memory, mask,
+                              start_id=tokenizer.start_of_transcript_id,
+                              language_ids=list(tokenizer.languages.values()))
+        codes = {i: code for code, i in tokenizer.languages.items()}
+        languages = [codes[int(i)] for i in ids]
+    elif options.language == "auto":
+        languages = [None] * b                  # English-only: nothing to detect
+    else:
+        languages = [_language(options, tokenizer)] * b
+    sequential = [options.timestamps or (is_long and options.long_form == "sequential")
+                  for is_long in long]
+    results: list[dict[str, Any]] = [{} for _ in range(b)]
+    # Short items without timestamps: one batched call with a prompt per item.
+    plain = [i for i in range(b) if not sequential[i] and not long[i]]
+    if plain:
+        prompts = torch.tensor([tokenizer.speech_prompt(languages[i], task) for i in plain])
+        if memory is None or len(plain) != b:
+            index = torch.tensor(plain, device=inputs.device)
+            memory, mask = model.encode(first[index], first_lengths[plain].to(inputs.device))
+        out = generate(model.decoder, memory, mask, config, prompt_ids=prompts,
+                       eos_id=model.eos_id, pad_id=model.pad_id)
+        tokens = out.tokens if out.tokens.dim() == 2 else out.tokens[:, 0]
+        for i, row in zip(plain, tokens.tolist()):
+            results[i]["caption"] = tokenizer.decode(row)
+    rules = None
+    for i in range(b):
+        wave = inputs[i, :int(lengths[i])]
+        if sequential[i]:
+            rules = rules or TimestampRules(timestamp_begin=tokenizer.timestamp_begin,
+                                            no_timestamps_id=tokenizer.no_timestamps_id,
+                                            eos_id=tokenizer.eos_id)
+            if long[i]:
+                features = encoder.whisper_features(wave)                   # (f, n // hop)
+            else:
+                features = encoder.frontend(wave[None], lengths[i:i + 1].to(wave.device))[0][0]
+            prompt = tokenizer.speech_prompt(languages[i], task, timestamps=True)
+            segments = transcribe_long(model, features, prompt=prompt, config=config,
+                                       rules=rules)
+            for segment in segments:
+                segment.text = tokenizer.decode(segment.tokens)
+            results[i]["caption"] = tokenizer.decode([t for s in segments for t in s.tokens])
+            results[i]["segments"] = [s.as_dict() for s in segments]
+        elif long[i]:
+            results[i]["caption"] = _chunked(model, tokenizer, wave, window, options,
+                                             languages[i], task, config)
+        if options.language is not None:
+            results[i]["language"] = languages[i] or "en"
+    return results
+
+
+def _chunked(model: EncoderDecoder, tokenizer, wave: Tensor, window: int,
+             options: SpeechOptions, language: str | None, task: str,
+             config: GenerationConfig) -> str:
+    """A long clip as 30 s chunks overlapping by ``chunk_overlap`` s, decoded in one batch and
+    merged (:func:`mmtf.decoders.speech.merge_overlapping`)."""
+    sample_rate = model.encoder.sample_rate
+    bounds = chunk_bounds(wave.shape[0], chunk=window,
+                          overlap=int(options.chunk_overlap * sample_rate))
+    chunks = torch.zeros(len(bounds), window, device=wave.device)
+    for k, (a, z) in enumerate(bounds):
+        chunks[k, : z - a] = wave[a:z]
+    sizes = torch.tensor([z - a for a, z in bounds], device=wave.device)
+    memory, mask = model.encode(chunks, sizes)
+    prompt = tokenizer.speech_prompt(language, task)
+    out = generate(model.decoder, memory, mask, config, prompt_ids=prompt, eos_id=model.eos_id,
+                   pad_id=model.pad_id)
+    tokens = out.tokens if out.tokens.dim() == 2 else out.tokens[:, 0]
+    special = tokenizer.special_ids
+    texts = [[t for t in row if t not in special] for row in tokens.tolist()]
+    reach = overlap_reach(texts, options.chunk_overlap, window / sample_rate)
+    return tokenizer.decode(merge_overlapping(texts, max_overlap=reach))
+
+
+def overlap_reach(texts: list[list[int]], overlap: float, chunk: float) -> int:
+    """How many tokens at a chunk's edge the merge searches: the overlap holds about
+    ``overlap / chunk`` of the longest chunk's tokens; twice that, and at least 4."""
+    longest = max((len(t) for t in texts), default=0)
+    return max(4, int(longest * 2 * overlap / chunk) + 2)
+
+
+__all__ = ["LONG_FORMS", "overlap_reach", "SPEECH_KEYS", "SpeechOptions", "check_speech",
+           "decode_speech", "split_generation"]
