@@ -2,9 +2,12 @@
 
 Rebuilds the task from the config stored in the checkpoint (allowlisted ``_target_``s, weights
 loaded with ``weights_only=True``), scores it on a split with the checkpoint's data config, and
-writes ``metrics.json`` and ``predictions.jsonl`` (captioning) into the run dir. Audio longer
-than ``model.encoder.max_seconds`` is scored on its first ``max_seconds`` (:func:`crop_long_audio`),
-or whole with ``long_audio=sequential|chunked`` (Whisper's long-form speech decoding).
+writes ``metrics.json`` and ``predictions.jsonl`` (captioning; with WER, each row carries its
+word-alignment counts) and, when WER / CER are scored, ``errors.csv`` (per utterance:
+substitutions, deletions, insertions, hits, the normalised reference and hypothesis, worst
+first) into the run dir. Audio longer than ``model.encoder.max_seconds`` is scored on its first
+``max_seconds`` (:func:`crop_long_audio`), or whole with ``long_audio=sequential|chunked``
+(Whisper's long-form speech decoding).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from mmtf.checkpoint_io import check_targets, load_checkpoint
 from mmtf.data.inputs import WHOLE
 from mmtf.errors import ConfigError
+from mmtf.metrics.wer import write_errors_csv
 from mmtf.tasks import CaptioningTask, Task
 from mmtf.tasks.rebuild import build_task
 from mmtf.utils.config import generation_overrides, require_values, run_cli
@@ -91,6 +95,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                               f"{type(task).__name__} checkpoint has no caption metrics; "
                               f"remove metrics_backend.")
         task.set_metrics_backend(cfg.metrics_backend)
+    if cfg.get("wer_normalizer") is not None:
+        if not isinstance(task, CaptioningTask):
+            raise ConfigError(f"wer_normalizer ({cfg.wer_normalizer!r}) is set but a "
+                              f"{type(task).__name__} checkpoint scores no transcripts; remove "
+                              f"wer_normalizer.")
+        task.set_wer_normalizer(cfg.wer_normalizer)
     datamodule = build_datamodule(stored, cfg.get("data"))
     if cfg.get("batch_size"):
         datamodule.batch_size = cfg.batch_size
@@ -119,10 +129,16 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "metrics.json").write_text(json.dumps(dict(sorted(metrics.items())), indent=2))
     rows = task.last_predictions.get("test")
+    written = []
     if rows:
         dump_predictions(output_dir / "predictions.jsonl", rows)
+        written.append("predictions.jsonl")
+    errors = task.caption_metrics["test"].errors if isinstance(task, CaptioningTask) else []
+    if errors:                                  # wer / cer: the per-utterance alignment table
+        write_errors_csv(output_dir / "errors.csv", errors)
+        written.append("errors.csv")
     print(json.dumps(metrics, indent=2))
-    print(f"Wrote {output_dir / 'metrics.json'}" + (" and predictions.jsonl" if rows else ""))
+    print(f"Wrote {output_dir / 'metrics.json'}" + "".join(f" and {w}" for w in written))
     return metrics
 
 

@@ -95,12 +95,32 @@ def audio_info(path: str | os.PathLike, *, channels: int | None = None,
     try:
         raw = sf.info(str(path))
     except (sf.LibsndfileError, RuntimeError, TypeError) as e:
+        codec = missing_codec(path)
+        if codec is not None:   # every file of this kind fails alike: not a skippable row
+            raise DataError.make("undecodable", path, f"cannot be decoded: {codec}",
+                                 "install a soundfile whose libsndfile decodes it (soundfile>=0.12 "
+                                 "wheels bundle libsndfile >= 1.1 with MP3), or convert the clips "
+                                 "to FLAC", where, skippable=False) from None
         raise DataError.make("undecodable", path, f"cannot be decoded ({e})", _FIX_DECODE,
                              where) from None
     info = AudioInfo(frames=int(raw.frames), sample_rate=int(raw.samplerate),
                      channels=int(raw.channels))
     _check_header(path, info, raw.extra_info, channels, where)
     return info
+
+
+# File extension -> the libsndfile major format that decodes it.
+_CODECS = {".mp3": "MP3", ".flac": "FLAC", ".ogg": "OGG", ".opus": "OGG", ".wav": "WAV"}
+
+
+def missing_codec(path: str | os.PathLike) -> str | None:
+    """Why this libsndfile cannot decode files like ``path`` at all (no decoder for the
+    format, e.g. MP3 before libsndfile 1.1), or None when it has the decoder."""
+    fmt = _CODECS.get(Path(path).suffix.lower())
+    if fmt is None or fmt in sf.available_formats():
+        return None
+    return (f"this libsndfile ({sf.__libsndfile_version__}) has no {fmt} decoder "
+            f"(it decodes {sorted(sf.available_formats())})")
 
 
 @functools.lru_cache(maxsize=32)

@@ -28,12 +28,13 @@ from mmtf.data.augment import build_augment
 from mmtf.data.collate import Collate
 from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
 from mmtf.data.errors import ErrorCounter, ErrorPolicy
-from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS
+from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS, CaptionItem
+from mmtf.data.formats.manifest import TASKS
 from mmtf.data.image import build_transform
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.errors import ConfigError, DataError, UserError
-from mmtf.text import Tokenizer
+from mmtf.text import PretrainedTokenizer, Tokenizer
 
 log = logging.getLogger("mmtf.data")
 
@@ -62,8 +63,11 @@ class MediaDataModule(L.LightningDataModule):
         modality: ``audio`` | ``image``; fixed by the format except for ``manifest``.
         splits: our split -> the format's split name (e.g. COCO ``{train: train2017, ...}``).
         sample_rate: audio is resampled to this rate (Hz).
-        max_seconds: longer audio is cropped: randomly in training, per ``eval_crop`` otherwise.
+        max_seconds: longer audio is cropped: per ``train_crop`` in training, per ``eval_crop``
+            otherwise.
         eval_crop: ``full`` (never crop in val/test), ``center`` or ``start``.
+        train_crop: ``random`` (a random window each epoch: sound events) or ``start`` (the
+            first ``max_seconds``: speech, whose transcript follows the audio from its start).
         channels: required audio channel count; None accepts any and mixes to mono.
         train_transforms: image transforms (``transforms.v2`` list) for training.
         eval_transforms: image transforms for val/test.
@@ -92,6 +96,7 @@ class MediaDataModule(L.LightningDataModule):
                  splits: Mapping[str, str] | None = None, sample_rate: int = 16000,
                  max_seconds: float | None = None,
                  eval_crop: Literal["full", "center", "start"] = "full",
+                 train_crop: Literal["random", "start"] = "random",
                  channels: int | None = None, train_transforms: Sequence[Any] | None = None,
                  eval_transforms: Sequence[Any] | None = None, batch_size: int = 32,
                  eval_batch_size: int | None = None, num_workers: int = 0,
@@ -114,6 +119,10 @@ class MediaDataModule(L.LightningDataModule):
                              f"or 'image'; set data.modality.")
         if eval_crop not in ("full", "center", "start"):
             raise UserError(f"eval_crop ({eval_crop!r}) must be 'full', 'center' or 'start'.")
+        if train_crop not in ("random", "start"):
+            raise UserError(f"train_crop ({train_crop!r}) must be 'random' or 'start'; fix "
+                            f"data.train_crop.")
+        self.train_crop = train_crop
         if max_seconds is not None and max_seconds <= 0:
             raise UserError(f"max_seconds ({max_seconds}) must be > 0, or null for no limit.")
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
@@ -216,7 +225,7 @@ class MediaDataModule(L.LightningDataModule):
         """The batch sampler of a split (training: shuffled buckets; eval: sorted by length)."""
         train = split == "train"
         items = self.items(split)
-        crop = "random" if train else self.eval_crop
+        crop = self.train_crop if train else self.eval_crop
         limit = self.max_seconds if crop != "full" else None
         lengths = [min(d, limit) if limit else d for d in self._durations[split]]
         if not items:
@@ -241,7 +250,7 @@ class MediaDataModule(L.LightningDataModule):
             log.info("[data] %s: length bucketing pads %.1f%% of audio samples (%.1f%% without)",
                      split, 100 * padding_fraction(sampler.batches(0), lengths),
                      100 * padding_fraction(plain.batches(0), lengths))
-        dataset = self._dataset(split, "random" if train else self.eval_crop)
+        dataset = self._dataset(split, self.train_crop if train else self.eval_crop)
         # Train: resumable mid-epoch (Lightning checkpoints the sampler's position). Every
         # loader has its own generator, so iterating one never shifts the training stream.
         loader = make_loader(dataset, sampler, resumable=train, seed=self.seed,
@@ -297,7 +306,18 @@ class CaptionDataModule(MediaDataModule):
             references from the epoch's drawn one on, cycling when it has fewer. The batch's
             ``tokens`` then hold ``batch_size * captions_per_item`` rows, item-major, and every
             item keeps the same weight. Only with ``caption_policy: random``.
+        language: speech: the language code of items that name none (``en``, ``de``); None =
+            the tokenizer's prompt as configured.
+        task: speech: ``transcribe`` | ``translate`` for items that name none; None = the
+            tokenizer's prompt as configured.
         **kwargs: see :class:`MediaDataModule`.
+
+    Speech items (a format that reads a ``language`` / ``task`` per item, or ``language`` /
+    ``task`` set here) start their token ids with their own prompt (Whisper's
+    ``<|startoftranscript|> <|de|> <|transcribe|> <|notimestamps|>``) in place of the
+    tokenizer's, so one multilingual set trains one model and the task generates each item from
+    its own prompt (:meth:`tokens`). A tokenizer without language tokens (mmtf's own BPE)
+    keeps its prompt; there, setting ``language`` / ``task`` is an error.
 
     The data module never builds a tokenizer: the entry point resolves one
     (:func:`mmtf.tasks.resolve_tokenizer`, which reads :meth:`train_captions` on a fresh run)
@@ -311,7 +331,7 @@ class CaptionDataModule(MediaDataModule):
 
     def __init__(self, *, max_caption_tokens: int = 64,
                  caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
-                 **kwargs: Any) -> None:
+                 language: str | None = None, task: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.max_caption_tokens = int(max_caption_tokens)
         if self.max_caption_tokens < 2:
@@ -324,6 +344,10 @@ class CaptionDataModule(MediaDataModule):
                               f"only with caption_policy=random (caption_policy "
                               f"{caption_policy!r} already visits every pair); fix "
                               f"data.captions_per_item or data.caption_policy.")
+        if task is not None and task not in TASKS:
+            raise ConfigError(f"data.task ({task!r}) must be one of {list(TASKS)} or null.")
+        # Not self.task: that is the data module's kind ("caption" | "label").
+        self.language, self.speech_task = language, task
         self.captions_per_item = captions_per_item
         self.caption_policy = caption_policy
         self.tokenizer: Tokenizer | None = None
@@ -382,10 +406,32 @@ class CaptionDataModule(MediaDataModule):
                             truncated.examples["caption_truncated"][0])
             out, k = [], 0
             for item in items:
-                out.append(ids[k:k + len(item.captions)])
+                prompt = self.item_prompt(item)
+                per_item = ids[k:k + len(item.captions)]
+                if prompt is not None:
+                    default = len(self.tokenizer.prompt_ids)
+                    per_item = [[*prompt, *t[default:]] for t in per_item]
+                out.append(per_item)
                 k += len(item.captions)
             self._tokens[split] = out
         return self._tokens[split]
+
+    def item_prompt(self, item: CaptionItem) -> list[int] | None:
+        """The prompt ids of one speech item (its language and task, else ``data.language`` /
+        ``data.task``), or None for the tokenizer's own prompt.
+
+        Raises:
+            ConfigError: an unknown language code (the message lists the tokenizer's), or
+                ``data.language`` / ``data.task`` set with a tokenizer that has no language
+                tokens.
+        """
+        language = item.language or self.language
+        task = item.task or self.speech_task
+        if language is None and task is None:
+            return None
+        return speech_prompt(self.tokenizer, language=language, task=task,
+                             explicit=self.language is not None or self.speech_task is not None,
+                             where=item.where)
 
     def _num_captions(self, split: str) -> list[int] | None:
         return [len(item.captions) for item in self.items(split)]
@@ -457,3 +503,46 @@ class ClassificationDataModule(MediaDataModule):
 
     def _dataset(self, split: str, crop: str) -> LabelDataset:
         return LabelDataset(self.items(split), **self._media_kwargs(split, crop))
+
+
+
+def speech_prompt(tokenizer: Tokenizer, *, language: str | None, task: str | None,
+                  explicit: bool, where: str) -> list[int] | None:
+    """The Whisper prompt of one item (:meth:`PretrainedTokenizer.speech_prompt`), timestamps
+    as in the tokenizer's own prompt; None when the tokenizer is not a Whisper vocabulary and
+    nothing was asked for explicitly.
+
+    Raises:
+        ConfigError: an unknown language (the message lists the model's), a prompt of another
+            length than the tokenizer's (the loss skips that many positions), or ``explicit``
+            (``data.language`` / ``data.task`` set) with a tokenizer that is not Whisper's.
+    """
+    default = tokenizer.prompt_ids
+    whisper = isinstance(tokenizer, PretrainedTokenizer) and \
+        tokenizer.start_of_transcript_id is not None
+    if not whisper:
+        if explicit:
+            raise ConfigError(f"data.language / data.task are set but the tokenizer's prompt "
+                              f"{[tokenizer.id_to_token(i) for i in default]} is not Whisper's "
+                              f"(no language or task tokens); set data.language=null "
+                              f"data.task=null.")
+        return None
+    if tokenizer.multilingual:
+        if language is None:            # the language of the configured prompt, else English
+            language = next((code for code, i in tokenizer.languages.items() if i in default),
+                            "en")
+        if language not in tokenizer.languages:
+            raise ConfigError(f"{where}: unknown language code {language!r}; the model's "
+                              f"languages are {sorted(tokenizer.languages)}.")
+    # Timestamps as the configured prompt has them: no <|notimestamps|> in it (and a vocabulary
+    # with timestamp tokens) means the targets carry timestamps.
+    timestamps = tokenizer.no_timestamps_id not in default and \
+        tokenizer.timestamp_begin is not None
+    prompt = tokenizer.speech_prompt(language, task or "transcribe", timestamps=timestamps)
+    if len(prompt) != len(default):
+        raise ConfigError(f"{where}: the item's prompt {[tokenizer.id_to_token(i) for i in prompt]}"
+                          f" is not as long as tokenizer.prompt "
+                          f"{[tokenizer.id_to_token(i) for i in default]}; write tokenizer.prompt "
+                          f"in the same form (e.g. <|startoftranscript|> <|en|> <|transcribe|> "
+                          f"<|notimestamps|>).")
+    return prompt

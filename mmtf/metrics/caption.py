@@ -38,6 +38,8 @@ from mmtf.metrics.cider import corpus_cider_d
 from mmtf.metrics.event import event_sequence_accuracy
 from mmtf.metrics.ptb import ptb_words
 from mmtf.metrics.rouge import corpus_rouge_l
+from mmtf.metrics.wer import ASR_METRICS, UtteranceErrors, error_rates
+from mmtf.text.normalize import get_normalizer
 from mmtf.utils.distributed import broadcast_object, gather_objects, world
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,8 @@ def resolve_metrics(metrics: Sequence[str] | None) -> list[str]:
         if names[0] not in ALL_METRICS:
             raise ValueError(
                 f"caption_metrics: metrics contains unknown name ({name!r}); choose from "
-                f"{['bleu', *ALL_METRICS]} or pass metrics=None for all."
+                f"{['bleu', *ALL_METRICS]} (transcripts: {list(ASR_METRICS)}) or pass "
+                f"metrics=None for all."
             )
         out += [n for n in names if n not in out]
     return out
@@ -226,16 +229,28 @@ class CaptionMetrics:
         tokenize: forwarded to :func:`caption_metrics`.
         java_timeout_s: forwarded to :func:`caption_metrics`.
         backend: forwarded to :func:`caption_metrics`.
+        normalizer: the text normalizer of ``wer`` / ``cer`` (:mod:`mmtf.text.normalize`).
 
     Attributes:
         unavailable: metric -> reason, from the last :meth:`compute`.
         rows: the gathered, de-duplicated :class:`CaptionRow` s of the last :meth:`compute`
             (the same on every rank).
+        errors: with ``wer`` / ``cer`` among the metrics, the per-utterance
+            :class:`~mmtf.metrics.wer.UtteranceErrors` of the last :meth:`compute` (against
+            each item's first reference), in the order of :attr:`rows`.
     """
 
     def __init__(self, *, metrics: Sequence[str] | None = None, tokenize: bool = True,
-                 java_timeout_s: float = 900.0, backend: Backend = "mmtf") -> None:
-        self.metrics = resolve_metrics(metrics)
+                 java_timeout_s: float = 900.0, backend: Backend = "mmtf",
+                 normalizer: str = "whisper_english") -> None:
+        names = [metrics] if isinstance(metrics, str) else metrics
+        # wer / cer score transcripts (mmtf.metrics.wer); the rest are caption metrics.
+        self.asr_metrics = [n for n in names or () if n in ASR_METRICS]
+        caption_names = [n for n in names or () if n not in ASR_METRICS]
+        self.metrics = resolve_metrics(None if names is None else caption_names)
+        get_normalizer(normalizer)             # an unknown name fails when the task is built
+        self.normalizer = normalizer
+        self.errors: list[UtteranceErrors] = []
         self.backend = check_backend(backend)
         self.tokenize = tokenize
         self.java_timeout_s = java_timeout_s
@@ -314,18 +329,28 @@ class CaptionMetrics:
                 raise ValueError("CaptionMetrics.compute: no captions were accumulated; call "
                                  "update() before compute().") from error
             raise error
-        scores, self.unavailable = scores
+        scores, self.unavailable, self.errors = scores
         return scores
 
     def _score(self, rows: list[CaptionRow], event_parser: Callable[[str], Any] | None,
-               ) -> tuple[dict[str, float], dict[str, str]]:
+               ) -> tuple[dict[str, float], dict[str, str], list[UtteranceErrors]]:
         predictions = [row.prediction for row in rows]
         references = [row.references for row in rows]
-        result = caption_metrics(predictions, references, metrics=self.metrics,
-                                 tokenize=self.tokenize, java_timeout_s=self.java_timeout_s,
-                                 backend=self.backend)
-        scores = dict(result)
+        scores: dict[str, float] = {}
+        unavailable: dict[str, str] = {}
+        errors: list[UtteranceErrors] = []
+        if self.metrics:
+            result = caption_metrics(predictions, references, metrics=self.metrics,
+                                     tokenize=self.tokenize, java_timeout_s=self.java_timeout_s,
+                                     backend=self.backend)
+            scores, unavailable = dict(result), result.unavailable
+        if self.asr_metrics:
+            check_inputs(predictions, references)
+            rates = error_rates(predictions, [refs[0] for refs in references],
+                                normalizer=self.normalizer, ids=[row.key for row in rows])
+            scores.update(rates.scores(self.asr_metrics))
+            errors = rates.utterances
         if event_parser is not None:
             scores["event_accuracy"] = event_sequence_accuracy(predictions, references,
                                                                event_parser)
-        return scores, result.unavailable
+        return scores, unavailable, errors

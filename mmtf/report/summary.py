@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 from dataclasses import dataclass, field
@@ -104,7 +105,8 @@ class RunSummary:
         lines += ["", *_time_lines(logs), _sources_line(logs), *[f"- {n}" for n in self.notes]]
         if image:
             lines += ["", f"![learning curves]({image})"]
-        return "\n".join([*lines, *self._metric_tables(), *self._diff_table()]) + "\n"
+        return "\n".join([*lines, *self._metric_tables(), *error_tables(logs.run_dir),
+                          *self._diff_table()]) + "\n"
 
     def _metric_tables(self) -> list[str]:
         lines = []
@@ -275,6 +277,34 @@ def _sample_lines(run_dir: Path) -> list[str]:
         newest[path.name.split("_epoch", 1)[0]] = path
     return [f"- last {split} captions: `{path.relative_to(run_dir)}`"
             for split, path in sorted(newest.items(), key=lambda item: item[0] != "val")]
+
+
+def error_tables(run_dir: Path, worst: int = 10) -> list[str]:
+    """Speech recognition: per split, the totals of the newest per-utterance errors table
+    (``errors/<split>_epoch...csv``, written with WER / CER) and its ``worst`` utterances."""
+    newest: dict[str, Path] = {}
+    for path in sorted((run_dir / "errors").glob("*_epoch*.csv")):   # zero-padded: sorts in time
+        newest[path.name.split("_epoch", 1)[0]] = path
+    lines: list[str] = []
+    for split, path in sorted(newest.items(), key=lambda item: item[0] != "val"):
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        totals = {k: sum(int(r[k]) for r in rows)
+                  for k in ("substitutions", "deletions", "insertions", "hits")}
+        lines += ["", f"## Per-utterance errors, {split} (`{path.relative_to(run_dir)}`)", "",
+                  f"{len(rows)} utterances: {totals['substitutions']} substitutions, "
+                  f"{totals['deletions']} deletions, {totals['insertions']} insertions, "
+                  f"{totals['hits']} hits. Worst first:", "",
+                  "| id | WER | S | D | I | reference | hypothesis |",
+                  "|---|---:|---:|---:|---:|---|---|"]
+        lines += [f"| {r['id']} | {float(r['wer']):.3f} | {r['substitutions']} | "
+                  f"{r['deletions']} | {r['insertions']} | {_text_cell(r['reference'])} | "
+                  f"{_text_cell(r['hypothesis'])} |" for r in rows[:worst]]
+    return lines
+
+
+def _text_cell(text: str) -> str:
+    return (text if len(text) <= 80 else text[:77] + "...").replace("|", "\\|")
 
 
 def _sources_line(logs: RunLogs) -> str:

@@ -19,12 +19,14 @@ from mmtf.decoders.generation import GenerationConfig
 from mmtf.errors import CheckpointError, ConfigError, UserError
 from mmtf.metrics import CaptionMetrics
 from mmtf.metrics.caption import check_backend
+from mmtf.metrics.wer import write_errors_csv
 from mmtf.synthetic import caption_parser
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.optim import configure_adamw_cosine
 from mmtf.tasks.resolve import check_same_tokenizer_on_every_rank, stored_tokenizer
 from mmtf.tasks.speech import SpeechOptions, check_speech, decode_speech, split_generation
 from mmtf.text import Tokenizer
+from mmtf.text.normalize import get_normalizer
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,9 @@ class CaptioningTask(Task):
             ones (BLEU, ROUGE-L, CIDEr-D) and test to all.
         metrics_backend: "mmtf" (built-in metrics) or "aac" (aac-metrics: SPICE, SPIDEr and
             SPIDEr-FL where its downloaded files are present; see :mod:`mmtf.metrics.aac`).
+            ``wer`` / ``cer`` in the metric lists score transcripts (speech recognition).
+        wer_normalizer: the text normalizer both sides go through before WER / CER:
+            ``whisper_english`` | ``whisper_basic`` | ``none`` (:mod:`mmtf.text.normalize`).
         num_logged_samples: reference-vs-prediction rows logged per validation epoch.
         freeze_decoder: no trainable decoder parameters, decoder pinned in eval mode (the
             encoder has its own ``freeze``).
@@ -72,7 +77,7 @@ class CaptioningTask(Task):
                  val_generate: bool = True, num_logged_samples: int = 8,
                  val_metrics: list[str] | None = ("bleu", "rouge_l", "cider_d"),
                  test_metrics: list[str] | None = None, metrics_backend: str = "mmtf",
-                 freeze_decoder: bool = False, unfreeze_encoder_at_epoch: int | None = None,
+                 wer_normalizer: str = "whisper_english", freeze_decoder: bool = False, unfreeze_encoder_at_epoch: int | None = None,
                  unfreeze_decoder_at_epoch: int | None = None, encoder_lr_scale: float = 1.0,
                  decoder_lr_scale: float = 1.0, layer_decay: float | None = None,
                  lora: dict[str, Any] | None = None) -> None:
@@ -88,7 +93,7 @@ class CaptioningTask(Task):
         self.check_generation()
         self.caption_metrics = {
             split: CaptionMetrics(metrics=None if names is None else list(names),
-                                  backend=metrics_backend)
+                                  backend=metrics_backend, normalizer=wer_normalizer)
             for split, names in (("val", val_metrics), ("test", test_metrics))
         }
         self.init_lora(lora)
@@ -103,6 +108,12 @@ class CaptioningTask(Task):
         """Score with ``backend`` ("mmtf" | "aac") from now on (``evaluate metrics_backend=``)."""
         for metrics in self.caption_metrics.values():
             metrics.backend = check_backend(backend)
+
+    def set_wer_normalizer(self, name: str) -> None:
+        """Normalise WER / CER text with ``name`` from now on (``evaluate wer_normalizer=``)."""
+        get_normalizer(name)
+        for metrics in self.caption_metrics.values():
+            metrics.normalizer = name
 
     @property
     def encoder(self) -> nn.Module:
@@ -250,7 +261,12 @@ class CaptioningTask(Task):
                      batch_size=inputs.shape[0])
         if split == "val" and (not self.hparams.val_generate or self.trainer.sanity_checking):
             return
-        predictions = self.generate_captions(inputs, lengths)
+        # Each item generates from the prompt it was scored with (its language and task:
+        # the data module puts each speech item's own prompt at the start of its target).
+        prompts = batch["tokens"][:, :len(self.model.prompt_ids)]
+        same = bool((prompts == prompts.new_tensor(self.model.prompt_ids)).all())
+        predictions = self.generate_captions(inputs, lengths,
+                                             prompt_ids=None if same else prompts)
         self.caption_metrics[split].update(predictions, batch["references"], keys=batch["ids"])
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -320,12 +336,22 @@ class CaptioningTask(Task):
             self.generation, self.user_suppress_tokens, self.speech = saved
 
     @torch.no_grad()
-    def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None) -> list[str]:
-        """Captions for a batch with the configured generation strategy."""
+    def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None, *,
+                          prompt_ids: torch.Tensor | None = None) -> list[str]:
+        """Captions for a batch with the configured generation strategy.
+
+        Args:
+            inputs, lengths: the encoder inputs.
+            prompt_ids: (b, p) each item's prompt (its language and task), or None for the
+                model's prompt. Speech decoding settings (``generation.language`` / ``task`` /
+                ``timestamps``, or clips longer than the encoder's window) decode by those
+                instead.
+        """
         if self.speech.active or self.too_long(lengths):
             return [row["caption"] for row in self.decode_speech(inputs, lengths)]
         tokenizer = self.require_tokenizer()
-        gen = self.model.generate(inputs, lengths, **self.generation)
+        extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
+        gen = self.model.generate(inputs, lengths, **extra, **self.generation)
         tokens = gen.tokens if gen.tokens.dim() == 2 else gen.tokens[:, 0]  # best of n-best
         return tokenizer.decode_batch(tokens.tolist())
 
@@ -355,9 +381,14 @@ class CaptioningTask(Task):
                      rank_zero_only=False, sync_dist=False)
         rows = [{"id": row.key, "prediction": row.prediction, "references": row.references}
                 for row in metrics.rows]
+        for row, errors in zip(rows, metrics.errors):   # wer / cer: the word alignment counts
+            row.update({k: v for k, v in errors.to_row().items() if k != "id"})
         self.last_predictions = {split: rows}
         if self.global_rank == 0:
             self._log_samples(split, rows)
+            if metrics.errors:
+                write_errors_csv(Path(self.trainer.default_root_dir) / "errors" /
+                                 f"{split}_{self._epoch_step()}.csv", metrics.errors)
 
     def event_parser(self) -> Callable[[str], Any] | None:
         """The caption -> event sequence parser of the built-in set this run's data is (its
@@ -367,13 +398,21 @@ class CaptioningTask(Task):
         data = (self.run_config or {}).get("data") or {}
         return caption_parser((data.get("synthetic") or {}).get("kind"))
 
+    def _epoch_step(self) -> str:
+        return f"epoch{self.current_epoch:03d}_step{self.global_step:07d}"
+
     def _log_samples(self, split: str, rows: list[dict[str, Any]]) -> None:
-        lines = ["| id | prediction | reference |", "|---|---|---|"]
-        lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} |"
-                  for r in rows[:self.hparams.num_logged_samples]]
-        table = "\n".join(lines)
-        name = f"{split}_epoch{self.current_epoch:03d}_step{self.global_step:07d}.md"
         shown = rows[:self.hparams.num_logged_samples]
+        if rows and "substitutions" in rows[0]:     # transcripts: the alignment counts too
+            lines = ["| id | prediction | reference | S | D | I | WER |", "|---|---|---|---|---|---|---|"]
+            lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} | "
+                      f"{r['substitutions']} | {r['deletions']} | {r['insertions']} | "
+                      f"{r['wer']:.3f} |" for r in shown]
+        else:
+            lines = ["| id | prediction | reference |", "|---|---|---|"]
+            lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} |" for r in shown]
+        table = "\n".join(lines)
+        name = f"{split}_{self._epoch_step()}.md"
         for logger in self.loggers:
             if isinstance(logger, WandbLogger):          # a table per validation
                 logger.log_table(f"{split}/samples", columns=["id", "prediction", "reference"],

@@ -17,6 +17,7 @@ from mmtf.data.formats import write_coco_json
 from mmtf.synthetic import caption_parser, ensure_synthetic
 from mmtf.text import build_tokenizer
 from tests.unit.data.conftest import TINY_AUDIO, TINY_IMAGE, sine, write_audio
+from tests.unit.data.speech_sets import write_common_voice, write_librispeech
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 DATA = sorted(p.stem for p in (CONF / "data").glob("*.yaml"))
@@ -61,6 +62,17 @@ def real_roots(tmp_path_factory) -> dict[str, Path]:
                                      "caption": [f"tone {k}", f"a tone {k}"]}))
         (mf / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     roots["manifest"] = mf
+    # Speech: the real LibriSpeech / Common Voice layouts, and a manifest with text + language.
+    roots["librispeech"] = write_librispeech(base / "librispeech", {
+        "train-clean-100": 4, "dev-clean": 2, "test-clean": 2})
+    roots["common_voice"] = write_common_voice(base / "cv", {"train": 2, "dev": 2, "test": 2})
+    sm = base / "speech_manifest"
+    for split in ("train", "val", "test"):
+        write_audio(sm / f"{split}.flac", sine(1.0, 16000))
+        (sm / f"{split}.jsonl").write_text("\n".join(json.dumps(
+            {"audio": f"{split}.flac", "text": f"tone {k}", "language": "en", "id": f"{k}"})
+            for k in range(2)) + "\n")
+    roots["speech_manifest"] = sm
     shapes = ensure_synthetic(base / "shapes", "image_captions", **TINY_IMAGE)
     coco = base / "coco"
     for ours, name in (("train", "train2017"), ("val", "val2017")):

@@ -26,10 +26,13 @@ def test_every_experiment_is_covered():
     # my_*: templates for a user's manifest, trained in test_own_data.py
     # audio_captioning_clotho_whisper: test_whisper_experiment.py (a saved tiny Whisper)
     # image_captioning_coco_vit_gpt2: on tiny pretrained folders in test_vit_gpt2.py
+    # asr_*: a saved tiny Whisper on LibriSpeech / Common Voice layouts in test_asr.py
     assert set(EXPERIMENTS) == set(TINY) | set(REAL_DATA) | {"audio_captioning_audiocaps",
                                                              "my_audio_captions", "my_image_captions",
                                                              "audio_captioning_clotho_whisper",
-                                                             "image_captioning_coco_vit_gpt2"}
+                                                             "image_captioning_coco_vit_gpt2",
+                                                             "asr_librispeech", "asr_common_voice",
+                                                             "asr_manifest"}
 
 
 @pytest.mark.parametrize("experiment", sorted(TINY))

@@ -1,6 +1,7 @@
 """Dataset index readers (and the writers the synthetic generators use).
 
-Caption formats: ``clotho`` and ``audiocaps`` (audio), ``coco`` (images), ``manifest`` (either).
+Caption formats: ``clotho`` and ``audiocaps`` (audio), ``coco`` (images), ``manifest`` (either);
+speech (transcripts are the captions): ``librispeech``, ``common_voice``, ``manifest``.
 Label formats: ``esc50`` (audio), ``image_folder`` (images).
 """
 
@@ -8,8 +9,10 @@ from mmtf.data.formats.audiocaps import read_audiocaps
 from mmtf.data.formats.base import SPLITS, CaptionItem, LabelItem, LabelSet
 from mmtf.data.formats.clotho import read_clotho, write_clotho_csv
 from mmtf.data.formats.coco import read_coco, write_coco_json
+from mmtf.data.formats.common_voice import read_common_voice
 from mmtf.data.formats.esc50 import read_esc50, write_esc50_csv
 from mmtf.data.formats.image_folder import read_image_folder
+from mmtf.data.formats.librispeech import read_librispeech
 from mmtf.data.formats.manifest import read_manifest
 
 # format -> (reader, modality); manifest's modality comes from config.
@@ -18,6 +21,8 @@ CAPTION_FORMATS = {
     "audiocaps": (read_audiocaps, "audio"),
     "coco": (read_coco, "image"),
     "manifest": (read_manifest, None),
+    "librispeech": (read_librispeech, "audio"),
+    "common_voice": (read_common_voice, "audio"),
 }
 LABEL_FORMATS = {
     "esc50": (read_esc50, "audio"),
@@ -26,6 +31,6 @@ LABEL_FORMATS = {
 
 __all__ = [
     "CAPTION_FORMATS", "LABEL_FORMATS", "SPLITS", "CaptionItem", "LabelItem", "LabelSet",
-    "read_audiocaps", "read_clotho", "read_coco", "read_esc50", "read_image_folder",
-    "read_manifest", "write_clotho_csv", "write_coco_json", "write_esc50_csv",
+    "read_audiocaps", "read_clotho", "read_coco", "read_common_voice", "read_esc50",
+    "read_image_folder", "read_librispeech", "read_manifest", "write_clotho_csv", "write_coco_json", "write_esc50_csv",
 ]

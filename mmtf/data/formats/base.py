@@ -33,12 +33,17 @@ class CaptionItem:
         path: the media file.
         captions: every non-empty reference caption.
         where: the index entry it came from, e.g. ``"clotho_captions_development.csv line 5"``.
+        language: speech: the spoken language's code (``en``, ``de``: Whisper's codes), or None
+            for the run's default (``data.language``).
+        task: speech: ``transcribe`` or ``translate`` (to English), or None for the default.
     """
 
     id: str
     path: Path
     captions: tuple[str, ...]
     where: str
+    language: str | None = None
+    task: str | None = None
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,14 @@ Layout: ``root/train.jsonl``, ``root/val.jsonl``, ``root/test.jsonl``; one JSON 
 
 The media key is ``audio`` or ``image`` (``path`` is accepted too, for DESIGN.md's
 ``{"path": ..., "caption": ...}``); relative paths are relative to the manifest's folder.
-``caption`` (or ``captions``) is a string or a list of strings; ``id`` is optional (default: the
-path without extension). Blank lines are ignored.
+``caption`` (or ``captions``, or ``text`` for speech) is a string or a list of strings; ``id`` is
+optional (default: the path without extension). Blank lines are ignored. Speech items may name
+their ``language`` (a code such as ``en`` or ``de``) and ``task`` (``transcribe`` or
+``translate``), so one manifest can mix languages and tasks; a line without them takes
+``data.language`` / ``data.task``::
+
+    {"audio": "clips/c.flac", "text": "guten Morgen", "language": "de"}
+    {"audio": "clips/d.flac", "text": "good morning", "language": "de", "task": "translate"}
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from mmtf.data.formats.base import (
 )
 
 SPLIT_NAMES = {"train": "train", "val": "val", "test": "test"}
+TASKS = ("transcribe", "translate")     # Whisper's two speech tasks
 
 
 def read_manifest(root: Path, split: str, *, report: Report, modality: str = "audio",
@@ -71,10 +78,19 @@ def read_manifest(root: Path, split: str, *, report: Report, modality: str = "au
                 report(bad_row(index, line_no, f"needs a {modality!r} path",
                                f'add "{modality}": "relative/path"'))
                 continue
-            raw = obj.get("caption", obj.get("captions"))
+            raw = obj.get("caption", obj.get("captions", obj.get("text")))
             if raw is None:
-                report(bad_row(index, line_no, "needs a 'caption' (string or list)",
-                               'add "caption": "..."'))
+                report(bad_row(index, line_no, "needs a 'caption' or 'text' (string or list)",
+                               'add "caption": "..." (or "text": "..." for a transcript)'))
+                continue
+            language, task = obj.get("language"), obj.get("task")
+            if language is not None and (not isinstance(language, str) or not language.strip()):
+                report(bad_row(index, line_no, f"'language' ({language!r}) must be a language "
+                               f"code such as \"en\"", "fix it or remove the key"))
+                continue
+            if task is not None and task not in TASKS:
+                report(bad_row(index, line_no, f"'task' ({task!r}) must be one of {list(TASKS)}",
+                               "fix it or remove the key"))
                 continue
             raw = [raw] if isinstance(raw, str) else raw
             if not isinstance(raw, list):
@@ -86,5 +102,6 @@ def read_manifest(root: Path, split: str, *, report: Report, modality: str = "au
                 continue
             path = Path(rel) if Path(rel).is_absolute() else index.parent / rel
             item_id = str(obj.get("id") or Path(rel).with_suffix("").as_posix())
-            items.append(CaptionItem(id=item_id, path=path, captions=captions, where=where))
+            items.append(CaptionItem(id=item_id, path=path, captions=captions, where=where,
+                                     language=language.strip() if language else None, task=task))
     return items

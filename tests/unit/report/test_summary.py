@@ -101,3 +101,20 @@ def test_an_experiment_that_no_longer_composes_skips_the_diff_and_says_so(tmp_pa
         "config diff skipped: the experiment's defaults do not compose (In 'train': Could not "
         "find 'experiment/renamed_since'")
     assert summary.optimized.value == 0.70          # the rest of the report is still there
+
+
+def test_markdown_shows_the_newest_errors_table_of_each_split(tmp_path):
+    from mmtf.metrics.wer import error_rates, write_errors_csv
+
+    run = make_run(tmp_path / "run", config={**BASE, "optimized_mode": "max"}, rows=csv_rows())
+    old = error_rates(["a b"], ["a b"], ids=["u0"])
+    new = error_rates(["the cat sat", "a dog | barks"], ["the cat sat down", "a dog barks"],
+                      normalizer="none", ids=["u1", "u2"])
+    write_errors_csv(run / "errors" / "val_epoch000_step0000009.csv", old.utterances)
+    write_errors_csv(run / "errors" / "val_epoch001_step0000019.csv", new.utterances)
+    text = summarize(run).to_markdown()
+    assert "## Per-utterance errors, val (`errors/val_epoch001_step0000019.csv`)" in text
+    assert "2 utterances: 0 substitutions, 1 deletions, 1 insertions, 6 hits." in text
+    rows = [line for line in text.splitlines() if line.startswith("| u")]
+    assert rows[0].startswith("| u2 | 0.333 | 0 | 0 | 1 | a dog barks | a dog \\| barks |")
+    assert rows[1].startswith("| u1 | 0.250 | 0 | 1 | 0 |") and len(rows) == 2

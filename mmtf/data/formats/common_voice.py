@@ -1,0 +1,84 @@
+"""Mozilla Common Voice: read sentences in ~100 languages, as its per-language archives unpack.
+
+Layout::
+
+    root/train.tsv  root/dev.tsv  root/test.tsv    client_id path sentence ... [locale]
+    root/clips/<path>                               MP3, 48 kHz (resampled to data.sample_rate)
+
+The TSVs are tab-separated with a header; ``path`` names a file in ``clips/`` and ``sentence`` is
+its transcript. The language of a row is its ``locale`` column (Common Voice 8 and later), else
+``data.language`` (one archive is one language; for Whisper, codes as ``de``, ``zh-CN`` becomes
+``zh``: the part before the ``-``). Splits: train / val / test = train / dev / test.
+MP3 is decoded by soundfile (libsndfile >= 1.1); a libsndfile without MP3 is a clear error
+naming the codec (:func:`mmtf.data.audio.missing_codec`).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping
+from pathlib import Path
+
+from mmtf.data.formats.base import (
+    CaptionItem,
+    Report,
+    bad_row,
+    empty_caption,
+    require_index,
+    split_name,
+)
+from mmtf.errors import DataError
+
+SPLIT_NAMES = {"train": "train", "val": "dev", "test": "test"}
+COLUMNS = ("path", "sentence")
+
+
+def whisper_language(locale: str) -> str:
+    """Common Voice's locale as a Whisper language code: ``zh-CN`` -> ``zh``, ``sv-SE`` -> ``sv``."""
+    return locale.strip().split("-")[0].lower()
+
+
+def read_common_voice(root: Path, split: str, *, report: Report,
+                      splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
+    """Read one split of a Common Voice language folder (see the module docstring).
+
+    Args:
+        root: the language folder (holding ``clips/`` and the TSVs).
+        split: ``train`` | ``val`` | ``test``.
+        report: called with each problem (raises or counts, per ``data.on_error``).
+        splits: our split -> TSV stem (default train / dev / test).
+    """
+    name = split_name(split, splits or SPLIT_NAMES, "common_voice")
+    index = root / f"{name}.tsv"
+    require_index(index, split, "common_voice", f" (expected {name}.tsv and clips/)")
+    clips = root / "clips"
+    items = []
+    try:
+        with open(index, newline="", encoding="utf-8-sig") as f:
+            # Sentences hold quotes of their own: the TSVs are not quoted CSV.
+            reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+            absent = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+            if absent:
+                raise DataError.make("missing_columns", index, f"common_voice TSV is missing "
+                                     f"column(s) {absent} (header: {reader.fieldnames})",
+                                     f"the header must contain {list(COLUMNS)}", "line 1",
+                                     skippable=False)
+            for row in reader:
+                line = reader.line_num
+                where = f"{index.name} line {line}"
+                rel = (row.get("path") or "").strip()
+                if not rel:
+                    report(bad_row(index, line, "path is empty", "fill it in or delete the row"))
+                    continue
+                sentence = (row.get("sentence") or "").strip()
+                if not sentence:
+                    report(empty_caption(index, where, "sentence"))
+                    continue
+                locale = (row.get("locale") or "").strip()
+                items.append(CaptionItem(id=Path(rel).stem, path=clips / rel,
+                                         captions=(sentence,), where=where,
+                                         language=whisper_language(locale) if locale else None))
+    except UnicodeDecodeError as e:
+        raise DataError.make("bad_row", index, f"is not UTF-8 text ({e})", "re-save it as UTF-8",
+                             skippable=False) from None
+    return items
