@@ -25,7 +25,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Subset, TensorDataset  # noqa: E402
 
-from mmtf.nn.transformer import TransformerBlock  # noqa: E402
+from mmtf.nn import TransformerStack  # noqa: E402
 from mmtf.tasks.fsdp import shard_model  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -33,27 +33,26 @@ DIM = 16
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, activation_checkpointing: bool) -> None:
         super().__init__()
         self.inp = nn.Linear(4, DIM)
-        self.blocks = nn.ModuleList([TransformerBlock(dim=DIM, num_heads=2) for _ in range(2)])
+        # The parts' switch (model.encoder/decoder.activation_checkpointing) is the stack's.
+        self.stack = TransformerStack(depth=2, dim=DIM, num_heads=2,
+                                      activation_checkpointing=activation_checkpointing)
         self.out = nn.Linear(DIM, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:          # (b, n, 4) -> (b, n, 1)
-        h = self.inp(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.out(h)
+        return self.out(self.stack(self.inp(x)))
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:             # (b, n, 4) -> (b, c)
         return self.inp(x).mean(1)
 
 
 class Toy(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, activation_checkpointing: bool) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.net = Net()
+        self.net = Net(activation_checkpointing)
 
     def configure_model(self) -> None:
         shard_model(self)
@@ -78,14 +77,13 @@ def main(out: Path, max_steps: int, activation_checkpointing: bool, ckpt_path: s
         cfg = compose("train", overrides=[
             "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
             "trainer.precision=32-true", "trainer.strategy.process_group_backend=gloo",
-            f"trainer.strategy.activation_checkpointing={activation_checkpointing}",
             f"trainer.max_steps={max_steps}", "trainer.max_epochs=-1",
             f"paths.output_dir={out}"])
     checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=-1,
                                   every_n_train_steps=2, filename="{step}")
     trainer = instantiate(cfg.trainer, logger=False, callbacks=[checkpoints],
                           enable_progress_bar=False, enable_model_summary=False)
-    model = Toy()
+    model = Toy(activation_checkpointing)
     trainer.fit(model, ckpt_path=ckpt_path)
     trainer.save_checkpoint(out / "end.ckpt")
     if trainer.global_rank == 0:

@@ -45,8 +45,8 @@ def test_fsdp_shards_blocks_and_resumes_bit_exactly(tmp_path):
     expected = _weights(tmp_path / "unbroken" / "end.ckpt")
     got = _weights(tmp_path / "resumed" / "end.ckpt")
     # Full (unsharded) tensors under the plain parameter names, whatever the checkpointing.
-    assert set(got) == set(expected) and "net.blocks.0.self_attn.to_q.weight" in got
-    assert got["net.blocks.0.mlp.fc_in.weight"].shape == (64, 16)
+    assert set(got) == set(expected) and "net.stack.blocks.0.self_attn.to_q.weight" in got
+    assert got["net.stack.blocks.0.mlp.fc_in.weight"].shape == (64, 16)
     for name in expected:
         assert torch.equal(got[name], expected[name]), name
     started = _weights(tmp_path / "unbroken" / "checkpoints" / "step=4.ckpt")
