@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from mmtf.text import Tokenizer
 
 
-def load(ckpt_path: str | os.PathLike, *, device: str = "cpu",
+def load(ckpt_path: str | os.PathLike, *, device: str = "cpu", use_ema: bool = False,
          **generation: Any) -> tuple[Task, Tokenizer | None]:
     """Rebuild the task of an mmtf checkpoint for inference.
 
@@ -33,13 +33,15 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu",
         ckpt_path: a checkpoint written by ``mmtf.train`` (read with ``weights_only=True``; its
             config may name only allowlisted ``_target_``s).
         device: where the model runs (``"cpu"``, ``"cuda"``, ...).
+        use_ema: the exponential moving average of the weights (trained with
+            ``callbacks=ema``) instead of the trained weights.
         **generation: generation settings kept for every later call (``strategy="beam"`` ...).
 
     Returns:
         ``(model, tokenizer)``: the task in eval mode, and its tokenizer (None for
         classification).
     """
-    task, _ = build_task(load_checkpoint(ckpt_path), ckpt_path)
+    task, _ = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
     task = task.to(device).eval()
     task.update_generation(generation)
     return task, task.tokenizer

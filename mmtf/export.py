@@ -40,11 +40,13 @@ PARTS = ("encoder", "decoder")
 FORMATS = ("mmtf", "hf")
 
 
-def export_part(ckpt_path: str | Path, part: str, out: str | Path) -> Path:
-    """Export ``part`` of the checkpoint's model to the folder ``out``; return it."""
+def export_part(ckpt_path: str | Path, part: str, out: str | Path, *,
+                use_ema: bool = False) -> Path:
+    """Export ``part`` of the checkpoint's model to the folder ``out``; return it.
+    ``use_ema``: the EMA of the weights (``callbacks=ema``) instead of the trained ones."""
     if part not in PARTS:
         raise ConfigError(f"part ({part!r}) must be one of {PARTS}.")
-    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
+    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
     parts = task.export_parts()
     if part not in parts:
         raise ConfigError(f"part ({part!r}): the checkpoint {ckpt_path} holds a "
@@ -65,9 +67,10 @@ def export_part(ckpt_path: str | Path, part: str, out: str | Path) -> Path:
     return out
 
 
-def export_hf_model(ckpt_path: str | Path, out: str | Path) -> Path:
-    """Export the checkpoint's whole model in its family's Hugging Face layout; return ``out``."""
-    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
+def export_hf_model(ckpt_path: str | Path, out: str | Path, *, use_ema: bool = False) -> Path:
+    """Export the checkpoint's whole model in its family's Hugging Face layout; return ``out``
+    (``use_ema``: its EMA weights)."""
+    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
     return export_hf(task, stored["model"], out)
 
 
@@ -116,9 +119,10 @@ def _export(cfg: DictConfig) -> Path:
     if cfg.format not in FORMATS:
         raise ConfigError(f"format ({cfg.format!r}) must be one of {FORMATS}: mmtf (one part, "
                           f"safetensors + config.yaml) or hf (the whole model for transformers).")
+    use_ema = bool(cfg.get("use_ema", False))
     if cfg.format == "hf":
-        return export_hf_model(cfg.ckpt_path, cfg.out)
-    return export_part(cfg.ckpt_path, cfg.part, cfg.out)
+        return export_hf_model(cfg.ckpt_path, cfg.out, use_ema=use_ema)
+    return export_part(cfg.ckpt_path, cfg.part, cfg.out, use_ema=use_ema)
 
 
 def main() -> None:
