@@ -68,6 +68,7 @@ class EMA(WeightAveraging):
         self.validate_with_ema = validate_with_ema
         self._swapped: dict[str, Tensor] | None = None   # the tensors now holding the others
         self._loaded: dict[str, Tensor] | None = None    # a tested checkpoint's average
+        self._testing_checkpoint = False                 # validate/test of a checkpoint file
 
     # ------------------------------------------------------------------ when to update
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
@@ -84,7 +85,7 @@ class EMA(WeightAveraging):
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._loaded = None
+        self._loaded, self._testing_checkpoint = None, False
         if stage != "fit":
             return
         if isinstance(trainer.strategy, FSDP2Strategy):
@@ -143,7 +144,7 @@ class EMA(WeightAveraging):
                            checkpoint: dict[str, Any]) -> None:
         stored = checkpoint.get(EMA_STATE_KEY)
         if trainer.state.fn != "fit":          # a tested/validated checkpoint's own average
-            self._loaded = stored
+            self._loaded, self._testing_checkpoint = stored, True
             return
         if stored is not None and self._average_model is not None:
             with torch.no_grad():
@@ -159,15 +160,17 @@ class EMA(WeightAveraging):
     def _swap_in(self, pl_module: L.LightningModule) -> None:
         if not self.validate_with_ema or self._swapped is not None:
             return
-        if self._loaded is not None:
-            others = {k: v.to(pl_module.device) for k, v in self._loaded.items()}
+        if self._testing_checkpoint:           # never the end-of-fit average for another file
+            if self._loaded is None:
+                log.warning("callbacks.ema.validate_with_ema: %s holds no EMA weights (saved "
+                            "before callbacks.ema.start_step, or without callbacks=ema); "
+                            "scoring its trained weights.", pl_module.trainer.ckpt_path)
+                return
+            others = {name: self._loaded[name].to(pl_module.device)
+                      for name, _ in pl_module.named_parameters()}
         elif self.updates:
             others = self._average_parameters()
-        else:
-            if pl_module.trainer.state.fn == "test" and pl_module.trainer.ckpt_path:
-                log.warning("callbacks.ema.validate_with_ema: %s holds no EMA weights (saved "
-                            "before callbacks.ema.start_step); testing its trained weights.",
-                            pl_module.trainer.ckpt_path)
+        else:                                  # before the first update: no average yet
             return
         self._exchange(pl_module, others)
         self._swapped = others

@@ -5,6 +5,8 @@ and use_ema reads it (an error names the fix when there is none)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import pytest
 import torch
@@ -150,3 +152,28 @@ def test_callbacks_ema_keeps_the_default_callbacks():
     assert set(cfg) == {*default, "ema"}
     ema = instantiate(cfg.ema)
     assert isinstance(ema, EMA) and ema.decay == 0.99 and ema.validate_with_ema
+
+
+def test_a_tested_checkpoint_is_scored_on_its_own_average(tmp_path, caplog):
+    ema = EMA(decay=0.5)
+    model, _ = _fit(tmp_path, ema, steps=4)
+    saved = torch.load(tmp_path / "end.ckpt", weights_only=True)
+    without = {k: v for k, v in saved.items() if k != EMA_STATE_KEY}
+    torch.save(without, tmp_path / "plain.ckpt")
+    seen = {}
+
+    class Probe(Callback):
+        def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            seen[Path(trainer.ckpt_path).name] = pl_module.net[0].weight.detach().clone()
+
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[ema, Probe()], limit_test_batches=1)
+    model.test_dataloader = model.loader
+    model.test_step = lambda batch, batch_idx: None
+    for name in ("end.ckpt", "plain.ckpt"):
+        trainer.test(model, ckpt_path=tmp_path / name, weights_only=True)
+    assert torch.equal(seen["end.ckpt"], saved[EMA_STATE_KEY]["net.0.weight"])
+    # no average in the file: its trained weights, not the in-memory average of the fit
+    assert torch.equal(seen["plain.ckpt"], saved["state_dict"]["net.0.weight"])
+    assert "holds no EMA weights" in caplog.text
+    assert torch.equal(model.net[0].weight, saved["state_dict"]["net.0.weight"])  # swapped back
