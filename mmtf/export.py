@@ -3,7 +3,10 @@
 ``format=hf`` instead writes a model imported from a Hugging Face family (``model=whisper``)
 back in that layout (``config.json``, ``model.safetensors``, tokenizer files) for
 ``transformers``' ``from_pretrained``; each pair of families has its writer in
-:data:`mmtf.pretrained.PAIR_WRITERS`.
+:data:`mmtf.pretrained.PAIR_WRITERS`. A model trained with LoRA adapters is written merged
+(``merge_lora=true``: the adapters folded into the weights, the base architecture again), or
+``format=peft`` writes the adapters alone as a PEFT folder (``adapter_config.json`` +
+``adapter_model.safetensors``) for ``PeftModel.from_pretrained(base, folder)``.
 
 Writes ``out/weights.safetensors`` (the part's state dict) and ``out/config.yaml`` (the part's
 ``_target_`` and constructor arguments) through :func:`mmtf.hub.write_export`, the one writer of
@@ -31,22 +34,45 @@ from torch import nn
 from mmtf.checkpoint_io import check_targets, load_checkpoint
 from mmtf.errors import CheckpointError, ConfigError, require_file
 from mmtf.hub import EXPORT_CONFIG, open_export, write_export
-from mmtf.pretrained import export_hf
+from mmtf.nn.lora import has_lora, strip_lora
+from mmtf.pretrained import export_hf, export_peft
 from mmtf.tasks.rebuild import build_task
 from mmtf.utils.config import require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 
 PARTS = ("encoder", "decoder")
-FORMATS = ("mmtf", "hf")
+FORMATS = ("mmtf", "hf", "peft")
+
+
+def merged_task(ckpt_path: str | Path, merge_lora: bool, fmt: str, *,
+                use_ema: bool = False) -> tuple[Any, dict[str, Any]]:
+    """The checkpoint's task and stored config (``use_ema``: with the EMA of the weights,
+    ``callbacks=ema``); LoRA adapters merged into the base weights (the base architecture
+    again) when ``merge_lora``.
+
+    Raises:
+        ConfigError: the model has adapters and ``merge_lora`` is false (the base layout has
+            no place for them).
+    """
+    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
+    if has_lora(task):
+        if not merge_lora:
+            raise ConfigError(f"format={fmt}: the checkpoint's model has LoRA adapters, which "
+                              f"the {fmt} layout has no place for; add merge_lora=true (the "
+                              f"adapters folded into the weights) or use format=peft (the "
+                              f"adapters alone).")
+        for part in task.export_parts().values():
+            strip_lora(part)
+    return task, stored
 
 
 def export_part(ckpt_path: str | Path, part: str, out: str | Path, *,
-                use_ema: bool = False) -> Path:
+                merge_lora: bool = False, use_ema: bool = False) -> Path:
     """Export ``part`` of the checkpoint's model to the folder ``out``; return it.
     ``use_ema``: the EMA of the weights (``callbacks=ema``) instead of the trained ones."""
     if part not in PARTS:
         raise ConfigError(f"part ({part!r}) must be one of {PARTS}.")
-    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
+    task, stored = merged_task(ckpt_path, merge_lora, "mmtf", use_ema=use_ema)
     parts = task.export_parts()
     if part not in parts:
         raise ConfigError(f"part ({part!r}): the checkpoint {ckpt_path} holds a "
@@ -67,11 +93,19 @@ def export_part(ckpt_path: str | Path, part: str, out: str | Path, *,
     return out
 
 
-def export_hf_model(ckpt_path: str | Path, out: str | Path, *, use_ema: bool = False) -> Path:
+def export_hf_model(ckpt_path: str | Path, out: str | Path, *, merge_lora: bool = False,
+                    use_ema: bool = False) -> Path:
     """Export the checkpoint's whole model in its family's Hugging Face layout; return ``out``
     (``use_ema``: its EMA weights)."""
-    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
+    task, stored = merged_task(ckpt_path, merge_lora, "hf", use_ema=use_ema)
     return export_hf(task, stored["model"], out)
+
+
+def export_peft_adapter(ckpt_path: str | Path, out: str | Path, *, use_ema: bool = False) -> Path:
+    """Export the checkpoint's LoRA adapters as a PEFT adapter folder; return ``out``
+    (``use_ema``: the adapters' EMA)."""
+    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
+    return export_peft(task, stored["model"], out)
 
 
 def load_exported(path: str | Path, *, freeze: bool = False) -> nn.Module:
@@ -118,11 +152,14 @@ def _export(cfg: DictConfig) -> Path:
     require_values(cfg)
     if cfg.format not in FORMATS:
         raise ConfigError(f"format ({cfg.format!r}) must be one of {FORMATS}: mmtf (one part, "
-                          f"safetensors + config.yaml) or hf (the whole model for transformers).")
-    use_ema = bool(cfg.get("use_ema", False))
+                          f"safetensors + config.yaml), hf (the whole model for transformers) "
+                          f"or peft (LoRA adapters for PeftModel.from_pretrained).")
+    merge, use_ema = bool(cfg.get("merge_lora", False)), bool(cfg.get("use_ema", False))
     if cfg.format == "hf":
-        return export_hf_model(cfg.ckpt_path, cfg.out, use_ema=use_ema)
-    return export_part(cfg.ckpt_path, cfg.part, cfg.out, use_ema=use_ema)
+        return export_hf_model(cfg.ckpt_path, cfg.out, merge_lora=merge, use_ema=use_ema)
+    if cfg.format == "peft":
+        return export_peft_adapter(cfg.ckpt_path, cfg.out, use_ema=use_ema)
+    return export_part(cfg.ckpt_path, cfg.part, cfg.out, merge_lora=merge, use_ema=use_ema)
 
 
 def main() -> None:

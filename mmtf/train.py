@@ -93,6 +93,8 @@ def train(cfg: DictConfig) -> float | None:
     # a checkpoint rebuilds and preprocesses without those folders.
     for part, sizes in resolved_sizes(task.run_config["model"], task.export_parts()).items():
         task.run_config["model"][part].update(sizes)
+    if task.lora is not None:        # a PEFT folder's adapters rebuild without the folder
+        task.run_config["model"]["lora"] = task.resolved_lora()
     record_image_processors(task.run_config.get("data") or {})
     callbacks = instantiate_group(cfg.get("callbacks"))
     continue_tracker_runs(cfg.get("logger"), output_dir)   # a resume continues the same run

@@ -13,7 +13,10 @@ Every family is registered once, in :data:`FAMILIES`. Its module provides:
 * ``resolved_sizes(part, module) -> dict``: the sizes of a built part, recorded in the run's
   config (:func:`resolved_sizes`) so a checkpoint rebuilds its model without the folder;
 * the writer of the Hugging Face layout (``python -m mmtf.export ... format=hf``), for a pair
-  (:data:`PAIR_WRITERS`).
+  (:data:`PAIR_WRITERS`);
+* ``part_links(part, module, prefix) -> list[Link]``: the table of a built part (a UserError
+  when the part is not in the family's configuration), which names LoRA adapters in PEFT's
+  format (:mod:`mmtf.pretrained.peft`, :data:`PEFT_BASES`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,14 @@ PAIR_WRITERS: dict[tuple[str | None, str], str] = {
     ("vit", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
     ("clip", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
     (None, "gpt2"): "mmtf.pretrained.gpt2:export_hf",
+}
+
+# The Hugging Face base class a PEFT adapter folder of a pair is for, and the prefix of each
+# part's names in it (``python -m mmtf.export ... format=peft``). Pairs with GPT-2 are not here:
+# its cross-attention is new to the model, which an adapter on the base cannot carry.
+PEFT_BASES: dict[tuple[str, str], tuple[str, dict[str, str]]] = {
+    ("whisper", "whisper"): ("WhisperForConditionalGeneration",
+                             {"encoder": "model.", "decoder": "model."}),
 }
 
 
@@ -109,3 +120,46 @@ def export_hf(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
     out = Path(out)
     getattr(importlib.import_module(module), function)(task, out)
     return out
+
+
+def export_peft(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
+    """Write ``task``'s LoRA adapters as a PEFT adapter folder for its Hugging Face base.
+
+    Raises:
+        UserError: a pair without a PEFT base (:data:`PEFT_BASES`), no adapters, trainable
+            biases, or a part that trained outside its adapters (none of which a PEFT folder
+            on the base model carries).
+    """
+    from mmtf.pretrained.peft import write_peft_adapter
+
+    parts = task.export_parts()
+    families = tuple(family_of(model_cfg.get(p)) for p in ("encoder", "decoder"))
+    entry = PEFT_BASES.get(families)
+    if entry is None:
+        found = [f for f in families if f] or "mmtf modules only"
+        raise UserError(f"export format=peft: PEFT adapters are written for a base that "
+                        f"transformers holds whole ({sorted(c for _, c in PEFT_BASES.values())}"
+                        f"); this model is {found}; export the merged model with format=hf "
+                        f"merge_lora=true (or format=mmtf merge_lora=true).")
+    base_class, prefixes = entry
+    lora = model_cfg.get("lora") or {}
+    if lora.get("bias", "none") != "none":
+        raise UserError(f"export format=peft: model.lora.bias={lora['bias']} trained biases of "
+                        f"the base; format=peft writes bias=none adapters; use format=hf "
+                        f"merge_lora=true.")
+    lora_parts = list(lora.get("parts") or [])
+    for name in parts:
+        if name in lora_parts:
+            continue
+        frozen = (model_cfg.get(name, {}).get("freeze") if name == "encoder"
+                  else model_cfg.get(f"freeze_{name}"))
+        if not frozen or model_cfg.get(f"unfreeze_{name}_at_epoch") is not None:
+            raise UserError(f"export format=peft: the {name} has no adapters and trained in "
+                            f"full (model.lora.parts={lora_parts}), which an adapter folder on "
+                            f"{base_class} cannot carry; export with format=hf merge_lora=true.")
+    adapted = {name: parts[name] for name in lora_parts}
+    tables = {name: family_module(families[0] if name == "encoder" else families[1])
+              .part_links(name, module, prefixes[name]) for name, module in adapted.items()}
+    base = model_cfg.get("encoder", {}).get("pretrained") or model_cfg.get(
+        "decoder", {}).get("pretrained")
+    return write_peft_adapter(adapted, tables, lora, None if base is None else str(base), out)

@@ -163,6 +163,15 @@ def hf_config(encoder: VisionEncoder) -> dict[str, Any]:
     return config
 
 
+def part_links(part: str, module: VisionEncoder, prefix: str = "") -> list[Link]:
+    """The name table of a built encoder in CLIP's configuration (:mod:`mmtf.pretrained.peft`).
+
+    Raises:
+        UserError: the encoder is not in that configuration (:func:`hf_config`).
+    """
+    return links(hf_config(module), prefix)
+
+
 def hf_state_dict(encoder: VisionEncoder, prefix: str = "") -> dict[str, Tensor]:
     """``encoder``'s weights under ``CLIPVisionModel``'s names (``{prefix}vision_model.*``, the
     export direction of :func:`links`); see the module docstring."""

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from mmtf.decoders.text import TextDecoder
 from mmtf.errors import UserError
 from mmtf.hub import CONFIG_FILE, WEIGHTS_FILE, HFModel, is_hf_source, open_export, open_hf_model
+from mmtf.nn.lora import mark_new
 from mmtf.nn.transformer import MlpKind
 from mmtf.pretrained.names import (
     SAME,
@@ -157,6 +158,8 @@ def load_hf_gpt2(decoder: TextDecoder, model: HFModel, config: dict[str, Any]) -
                  source=model.source, keep_initialised=fresh)
     if fresh:
         init_cross_attention(decoder, std=config["initializer_range"])
+        # New to the model: under LoRA they train in full (docs/design/lora.md).
+        mark_new(decoder, [k for k, _ in decoder.named_parameters() if _is_cross(k)])
 
 
 def decoder_values(config: dict[str, Any], where: str = "") -> dict[str, tuple[Any, str]]:
@@ -239,6 +242,18 @@ def links(decoder: TextDecoder, prefix: str = "transformer.", *, cross: bool = T
                          conv),
                 ]
     return table
+
+
+def part_links(part: str, module: TextDecoder, prefix: str = "") -> list[Link]:
+    """The name table of a built GPT-2 decoder (:mod:`mmtf.pretrained.peft`).
+
+    Raises:
+        UserError: ``part`` is not the decoder or the decoder is not GPT-2-shaped.
+    """
+    if part != "decoder":
+        raise UserError(f"model.{part}: GPT-2 is a decoder.")
+    hf_config(module, bos_id=0, eos_id=0)
+    return links(module, prefix)
 
 
 def hf_state_dict(decoder: TextDecoder, prefix: str = "transformer.") -> dict[str, Tensor]:

@@ -151,6 +151,15 @@ def hf_config(encoder: VisionEncoder) -> dict[str, Any]:
     return config
 
 
+def part_links(part: str, module: VisionEncoder, prefix: str = "") -> list[Link]:
+    """The name table of a built encoder in ViT's configuration (:mod:`mmtf.pretrained.peft`).
+
+    Raises:
+        UserError: the encoder is not in that configuration (:func:`hf_config`).
+    """
+    return links(hf_config(module), prefix)
+
+
 def hf_state_dict(encoder: VisionEncoder, prefix: str = "") -> dict[str, Tensor]:
     """``encoder``'s weights under ``ViTModel``'s names (:func:`links`, the export direction)."""
     return export_tensors(encoder.state_dict(), links(hf_config(encoder), prefix))

@@ -257,6 +257,20 @@ def whisper_state(encoder: AudioEncoder, decoder: TextDecoder,
 
 
 # ---------------------------------------------------------------------------- name tables
+def part_links(part: str, module: AudioEncoder | TextDecoder, prefix: str = "") -> list[Link]:
+    """The name table of a built part in Whisper's configuration (the LoRA adapters' names,
+    :mod:`mmtf.pretrained.peft`); ``prefix`` ``model.`` is ``WhisperForConditionalGeneration``'s.
+
+    Raises:
+        UserError: the part is not in Whisper's configuration (its key projection has a bias).
+    """
+    if module.stack.blocks[0].self_attn.to_kv.bias is not None:
+        raise UserError(f"model.{part} is not in Whisper's configuration (a key bias).")
+    if part == "encoder":
+        return encoder_links(prefix, module.stack.depth)
+    return decoder_links(prefix, module.depth)
+
+
 def encoder_links(prefix: str, depth: int) -> list[Link]:
     """The encoder's name table (its fixed position table is checked and copied apart:
     :func:`_checked_positions`), for tensors under ``prefix`` (``model.`` or ``""``)."""

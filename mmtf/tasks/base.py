@@ -17,6 +17,10 @@ Fine-tuning controls are the task's too, per export part (``encoder``, ``decoder
 trainable, unfrozen at an epoch, a learning-rate scale, layer-wise decay
 (:meth:`Task.init_finetuning`). Why: see docs/design/finetuning-controls.md
 
+LoRA (``model.lora``) is the task's as well: adapters added to the chosen parts after they are
+built (and their pretrained weights loaded), only adapters and new layers trainable there
+(:meth:`Task.init_lora`). Why: see docs/design/lora.md
+
 Why one interface instead of ``hasattr`` probes: see docs/design/task-interface.md
 """
 
@@ -34,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mmtf.data.collate import Modality
 from mmtf.encoders import AudioEncoder, Encoder
 from mmtf.errors import ConfigError, UserError
+from mmtf.nn.lora import LoRAConfig, add_lora, lora_trainable, new_parameter_names
 from mmtf.tasks.fsdp import shard_model
 from mmtf.tasks.optim import PartOptim
 
@@ -55,6 +60,9 @@ class Task(L.LightningModule):
         self.lr_scale: dict[str, float] = {}
         self.layer_decay: float | None = None
         self._pinned_eval: set[str] = set()
+        # LoRA (init_lora): its config and the parts that carry adapters.
+        self.lora: LoRAConfig | None = None
+        self.lora_parts: tuple[str, ...] = ()
 
     @property
     def modality(self) -> Modality:
@@ -80,6 +88,81 @@ class Task(L.LightningModule):
         datamodule = self.attached_datamodule()
         if datamodule is not None:
             self.connect_data(datamodule)
+
+    # ------------------------------------------------------------------ LoRA
+    def init_lora(self, lora: Mapping[str, Any] | None) -> None:
+        """Add LoRA adapters to the parts ``lora["parts"]`` (``model.lora``; None = off) and
+        leave only the adapters, the biases ``lora["bias"]`` names and the parts' new layers
+        trainable there. Runs after the parts are built, so after pretrained weights loaded;
+        ``lora["pretrained"]`` loads a PEFT adapter folder instead of fresh adapters.
+
+        Raises:
+            ConfigError: a part the task does not have, a bad rank/target/bias, or a part
+                without transformer linear layers (the message lists the valid values).
+        """
+        if lora is None:
+            return
+        spec = dict(lora)
+        parts = self.export_parts()
+        names = spec.pop("parts", None)
+        names = list(parts) if names is None else list(names)
+        unknown = [n for n in names if n not in parts]
+        if unknown or not names:
+            raise ConfigError(f"model.lora.parts: {unknown or '[]'} is not a part of a "
+                              f"{type(self).__name__}, whose parts are {list(parts)}; set "
+                              f"model.lora.parts=[{','.join(parts)}].")
+        pretrained = spec.pop("pretrained", None)
+        allowed = {"r", "alpha", "dropout", "targets", "bias"}
+        extra = sorted(set(spec) - allowed)
+        if extra:
+            raise ConfigError(f"model.lora.{extra[0]} is not a LoRA setting; the keys are "
+                              f"{sorted(allowed | {'parts', 'pretrained'})}.")
+        if "targets" in spec:
+            spec["targets"] = tuple(spec["targets"])
+        config = LoRAConfig(**spec)
+        if pretrained is not None:
+            from mmtf.pretrained.peft import load_peft_adapter
+
+            config, names = load_peft_adapter(pretrained, {n: parts[n] for n in names}, config)
+        else:
+            for name in names:
+                add_lora(parts[name], config, owner=f"model.{name}")
+        self.lora, self.lora_parts = config, tuple(names)
+        for name in names:
+            part = parts[name]
+            if isinstance(part, Encoder) and part.frozen:   # built frozen: the adapters too,
+                part.freeze()                                # until it unfreezes
+            else:
+                self.set_lora_trainable(name)
+
+    def resolved_lora(self) -> dict[str, Any] | None:
+        """``model.lora`` as built, for the run's stored config: a PEFT folder's rank, scale
+        and targets written out, so a checkpoint rebuilds its adapters without the folder."""
+        if self.lora is None:
+            return None
+        c = self.lora
+        return {"r": c.r, "alpha": c.alpha, "dropout": c.dropout, "targets": list(c.targets),
+                "bias": c.bias, "parts": list(self.lora_parts), "pretrained": None}
+
+    def set_lora_trainable(self, name: str) -> None:
+        """In part ``name`` under LoRA, only adapters, the chosen biases and new layers train."""
+        part = self.export_parts()[name]
+        new = new_parameter_names(part)
+        part.requires_grad_(False)
+        for param in lora_trainable(part, self.lora.bias):
+            param.requires_grad_(True)
+        for pname, param in part.named_parameters():
+            if pname in new:
+                param.requires_grad_(True)
+
+    def lora_trainable_ids(self, name: str) -> frozenset[int] | None:
+        """ids of the parameters of part ``name`` that can ever train (None: all of them)."""
+        if name not in self.lora_parts:
+            return None
+        part = self.export_parts()[name]
+        new = new_parameter_names(part)
+        return frozenset({id(p) for p in lora_trainable(part, self.lora.bias)}
+                         | {id(p) for n, p in part.named_parameters() if n in new})
 
     # ------------------------------------------------------------------ fine-tuning controls
     def init_finetuning(self, *, freeze: Mapping[str, bool], unfreeze_at: Mapping[str, int | None],
@@ -150,8 +233,12 @@ class Task(L.LightningModule):
                 part.freeze()
             else:
                 part.unfreeze(train=self.training)
+                if name in self.lora_parts:           # unfrozen = its adapters train again
+                    self.set_lora_trainable(name)
             return
         part.requires_grad_(not frozen)
+        if not frozen and name in self.lora_parts:
+            self.set_lora_trainable(name)
         if frozen:
             self._pinned_eval.add(name)
         else:
@@ -169,7 +256,8 @@ class Task(L.LightningModule):
 
     def optim_parts(self) -> dict[str, PartOptim]:
         """The parts with their lr scale, frozen parameters kept when they unfreeze later."""
-        return {name: PartOptim(part, self.lr_scale.get(name, 1.0), name in self.unfreeze_at)
+        return {name: PartOptim(part, self.lr_scale.get(name, 1.0), name in self.unfreeze_at,
+                                self.lora_trainable_ids(name))
                 for name, part in self.export_parts().items()}
 
     def on_train_epoch_start(self) -> None:

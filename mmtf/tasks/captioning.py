@@ -58,6 +58,8 @@ class CaptioningTask(Task):
         encoder_lr_scale, decoder_lr_scale: multipliers of the optimizer's lr for each part.
         layer_decay: layer-wise lr decay inside each part (None = off); see
             :mod:`mmtf.tasks.optim`.
+        lora: LoRA adapters (``{r, alpha, dropout, parts, targets, bias, pretrained}``, None =
+            off): only adapters and new layers of those parts train (:meth:`Task.init_lora`).
     """
 
     def __init__(self, *, encoder: nn.Module, decoder: nn.Module, optimizer: Callable,
@@ -68,7 +70,8 @@ class CaptioningTask(Task):
                  test_metrics: list[str] | None = None, metrics_backend: str = "mmtf",
                  freeze_decoder: bool = False, unfreeze_encoder_at_epoch: int | None = None,
                  unfreeze_decoder_at_epoch: int | None = None, encoder_lr_scale: float = 1.0,
-                 decoder_lr_scale: float = 1.0, layer_decay: float | None = None) -> None:
+                 decoder_lr_scale: float = 1.0, layer_decay: float | None = None,
+                 lora: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["encoder", "decoder", "optimizer"])
         self.model = EncoderDecoder(encoder=encoder, decoder=decoder,
@@ -82,6 +85,7 @@ class CaptioningTask(Task):
                                   backend=metrics_backend)
             for split, names in (("val", val_metrics), ("test", test_metrics))
         }
+        self.init_lora(lora)
         self.init_finetuning(
             freeze={"decoder": freeze_decoder},
             unfreeze_at={"encoder": unfreeze_encoder_at_epoch,

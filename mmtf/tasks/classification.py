@@ -31,6 +31,8 @@ class ClassificationTask(Task):
         layer_decay: layer-wise lr decay inside the encoder (None = off); see
             :mod:`mmtf.tasks.optim`.
         weight_decay, warmup_steps, min_lr_ratio, label_smoothing: as in captioning.
+        lora: LoRA adapters on the encoder (``{r, alpha, dropout, parts, targets, ...}``, None
+            = off); the head trains in full (:meth:`Task.init_lora`).
     """
 
     def __init__(self, *, encoder: nn.Module, num_classes: int, optimizer: Callable,
@@ -39,7 +41,7 @@ class ClassificationTask(Task):
                  unfreeze_encoder_at_epoch: int | None = None, encoder_lr_scale: float = 1.0,
                  layer_decay: float | None = None, weight_decay: float = 0.05,
                  warmup_steps: int = 100, min_lr_ratio: float = 0.05,
-                 label_smoothing: float = 0.0) -> None:
+                 label_smoothing: float = 0.0, lora: dict[str, Any] | None = None) -> None:
         super().__init__()
         if num_classes < 2:
             raise ConfigError(f"ClassificationTask: num_classes ({num_classes}) must be >= 2.")
@@ -64,6 +66,7 @@ class ClassificationTask(Task):
                 "accuracy": MulticlassAccuracy(num_classes, average="micro"),
                 "macro_f1": MulticlassF1Score(num_classes, average="macro"),
             }) for split in ("train_", "val", "test")})   # "train" is a reserved ModuleDict key
+        self.init_lora(lora)
         self.init_finetuning(freeze={}, unfreeze_at={"encoder": unfreeze_encoder_at_epoch},
                              lr_scale={"encoder": encoder_lr_scale}, layer_decay=layer_decay)
 

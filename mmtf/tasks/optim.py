@@ -35,11 +35,14 @@ class PartOptim:
         include_frozen: put its frozen parameters in the optimizer too, because they unfreeze at
             a later epoch; until then they get no gradient, and AdamW neither updates them nor
             keeps state for them.
+        trainable: ids of the part's parameters that can ever train (LoRA: adapters and new
+            layers), None = all; a frozen LoRA base is never in the optimizer.
     """
 
     module: nn.Module
     lr_scale: float = 1.0
     include_frozen: bool = False
+    trainable: frozenset[int] | None = None
 
 
 def layer_ids(part: nn.Module, owner: str = "part") -> tuple[dict[int, int], int]:
@@ -113,7 +116,9 @@ def param_groups(modules: Iterable[nn.Module], weight_decay: float,
                 no_decay_ids.update(id(p) for p in sub.parameters(recurse=False))
         for param in module.parameters():
             label, part = where.get(id(param), (BASE_GROUP, None))
-            keep_frozen = part.include_frozen if part is not None else include_frozen
+            keep_frozen = (part.include_frozen and (part.trainable is None
+                                                    or id(param) in part.trainable)
+                           if part is not None else include_frozen)
             if id(param) in seen or not (param.requires_grad or keep_frozen):
                 continue
             seen.add(id(param))

@@ -38,6 +38,10 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
             # The checkpoint already holds the trained weights; do not re-read the export or
             # the pretrained model (its sizes are in the stored config).
             model_cfg[name] = {**part, "pretrained": None}
+    lora = model_cfg.get("lora")
+    if isinstance(lora, dict) and lora.get("pretrained"):
+        # Adapters are in the checkpoint too (train stores a PEFT folder's rank and targets).
+        model_cfg["lora"] = {**lora, "pretrained": None}
     task = instantiate(OmegaConf.create(model_cfg))
     tokenizer = stored_tokenizer(checkpoint)
     if tokenizer is not None:       # handed over here; on_load_checkpoint only checks it

@@ -1,4 +1,5 @@
-"""Two CPU ranks (gloo) fitting a tiny two-block model under ``trainer=fsdp``; Lightning re-launches
+"""Two CPU ranks (gloo) fitting a tiny two-block model under ``trainer=fsdp`` (LoRA on
+the second block, its base frozen); Lightning re-launches
 this file for rank 1. The trainer is conf/trainer/fsdp.yaml, moved to the CPU.
 
 Usage: ``python fsdp_script.py OUT_DIR MAX_STEPS ACTIVATION_CHECKPOINTING [CKPT_PATH]``; writes
@@ -26,6 +27,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Subset, TensorDataset  # noqa: E402
 
 from mmtf.nn import TransformerStack  # noqa: E402
+from mmtf.nn.lora import LoRAConfig, add_lora, lora_trainable  # noqa: E402
 from mmtf.tasks.fsdp import shard_model  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -48,11 +50,27 @@ class Net(nn.Module):
         return self.inp(x).mean(1)
 
 
+def lora_net(activation_checkpointing: bool = False) -> Net:
+    """The toy net with LoRA on its second block (q, v, mlp) and that block's base frozen: an
+    FSDP unit that mixes frozen and trainable parameters, as a LoRA fine-tune has."""
+    torch.manual_seed(0)
+    net = Net(activation_checkpointing)
+    block = net.stack.blocks[1]
+    add_lora(block, LoRAConfig(r=2, alpha=4, targets=("q", "v", "mlp")))
+    block.requires_grad_(False)
+    for param in lora_trainable(block):
+        param.requires_grad_(True)
+    with torch.no_grad():                    # B = 0 would leave block 1's output unchanged
+        for name, param in block.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0.0, 0.1)
+    return net
+
+
 class Toy(L.LightningModule):
     def __init__(self, activation_checkpointing: bool) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.net = Net(activation_checkpointing)
+        self.net = lora_net(activation_checkpointing)
 
     def configure_model(self) -> None:
         shard_model(self)
@@ -62,7 +80,7 @@ class Toy(L.LightningModule):
         return (self.net(x).squeeze(-1) - y).pow(2).mean() + 1e-3 * self.net.pool(x).pow(2).mean()
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-2)
 
     def train_dataloader(self):
         g = torch.Generator().manual_seed(1)

@@ -34,6 +34,8 @@ CASES = {
                          r"command line",
     "context_dim": r"EncoderDecoder: model\.encoder\.dim \(32\) != model\.decoder\.context_dim "
                    r"\(64\)",
+    "lora_target": r"model\.lora\.targets: \['qkv'\] names no projection of the attention "
+                   r"core; the valid targets are \['q', 'k', 'v', 'o', 'mlp'\]",
     "pretrained_shapes": r"load_pretrained: tensor '[\w.]+' has shape \([\d, ]*48[\d, ]*\) in "
                          r"\S+weights\.safetensors but \([\d, ]*32[\d, ]*\) in this model",
 }
@@ -50,6 +52,9 @@ def test_bad_config_is_one_readable_line_before_any_data(case, tmp_path):
     elif case == "context_dim":
         args = tiny_overrides("audio_captioning", data_dir, "model.decoder.context_dim=64",
                               run_dir)
+    elif case == "lora_target":
+        args = tiny_overrides("audio_captioning", data_dir, "model/lora=default",
+                              "model.lora.targets=[q,qkv]", run_dir)
     else:
         _wrong_width_export(tmp_path / "enc", tmp_path / "unused_data")
         args = tiny_overrides("audio_captioning", data_dir,

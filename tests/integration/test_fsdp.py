@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mmtf.reliability import resolve_resume
+from tests.integration.fsdp_script import lora_net
 
 pytestmark = pytest.mark.slow
 
@@ -51,3 +52,10 @@ def test_fsdp_shards_blocks_and_resumes_bit_exactly(tmp_path):
         assert torch.equal(got[name], expected[name]), name
     started = _weights(tmp_path / "unbroken" / "checkpoints" / "step=4.ckpt")
     assert not torch.equal(started["net.out.weight"], expected["net.out.weight"])
+    # LoRA on block 1 (base frozen inside a sharded unit): its base is the initial one bit for
+    # bit, its adapters trained
+    initial = {f"net.{k}": v for k, v in lora_net().state_dict().items()}
+    block = [k for k in expected if k.startswith("net.stack.blocks.1.")]
+    assert any(".lora_A." in k for k in block)
+    for name in block:
+        assert torch.equal(expected[name], initial[name]) == (".lora_" not in name), name

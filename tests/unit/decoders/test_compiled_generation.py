@@ -85,6 +85,7 @@ def compiled_results() -> dict[str, str]:
     return run_spawned({"missing_compiler": _missing_compiler_case,
                         "greedy_and_beam": _greedy_and_beam_case,
                         "weight_change": _weight_change_case,
+                        "lora": _lora_case,
                         "prompt": compiled_prompt_case})
 
 
@@ -149,6 +150,34 @@ def _weight_change_case() -> None:
 @needs_cxx
 def test_weight_change_compiles_again(compiled_results):
     _check(compiled_results, "weight_change")
+
+
+def _lora_case() -> None:
+    """LoRA adapters (unmerged: the k slice of the fused to_kv alone, q and the MLP) compile
+    into the decode step and give the eager tokens; merged, the eager tokens again."""
+    from mmtf.nn.lora import LoRAConfig, add_lora, lora_layers, merge_lora
+
+    model = make_model(6, depth=1)
+    add_lora(model.decoder, LoRAConfig(r=2, alpha=4, targets=("q", "k", "mlp")))
+    with torch.no_grad():
+        for layer in lora_layers(model.decoder).values():
+            for b in layer.lora_B.values():
+                b.normal_(0.0, 0.5)
+    x, lengths = torch.randn(2, 6, IN_DIM), torch.tensor([6, 4])
+    options = dict(max_new_tokens=8, min_new_tokens=8)
+    eager = model.generate(x, lengths, **options)
+    compiled = model.generate(x, lengths, compile=True, **options)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    torch.testing.assert_close(compiled.scores, eager.scores, atol=1e-5, rtol=1e-5)
+    merge_lora(model.decoder)
+    assert torch.equal(model.generate(x, lengths, **options).tokens, eager.tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@needs_cxx
+def test_compiled_generation_with_lora_equals_eager(compiled_results):
+    _check(compiled_results, "lora")
 
 
 def _missing_compiler_case() -> None:

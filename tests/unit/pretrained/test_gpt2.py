@@ -264,3 +264,29 @@ def test_export_hf_with_a_vision_encoder_is_a_vision_encoder_decoder_folder(tmp_
         expected = reloaded(pixel_values=images, decoder_input_ids=tokens).logits
         torch.testing.assert_close(decoder(tokens, encoder(images).memory), expected,
                                    atol=1e-4, rtol=0)
+
+
+def test_under_lora_the_new_cross_attention_trains_in_full(tmp_path):
+    """The fresh cross-attention is new to the model (no original): it trains with the adapters,
+    as PEFT's modules_to_save would; GPT-2's own layers keep their weights frozen."""
+    from functools import partial
+
+    from mmtf.encoders import AudioEncoder
+    from mmtf.nn.lora import new_parameter_names
+    from mmtf.tasks import CaptioningTask
+
+    save_gpt2(tmp_path / "gpt2", cross=False)
+    save_gpt2(tmp_path / "gpt2_cross", cross=True)
+    assert not new_parameter_names(gpt2_decoder(**DECODER, pretrained=tmp_path / "gpt2_cross"))
+    decoder = gpt2_decoder(**DECODER, pretrained=tmp_path / "gpt2")
+    task = CaptioningTask(encoder=AudioEncoder(dim=64, depth=1, num_heads=4, n_mels=16),
+                          decoder=decoder, optimizer=partial(torch.optim.AdamW, lr=1e-3),
+                          lora={"r": 2, "alpha": 4, "parts": ["decoder"], "targets": ["q"]})
+    trainable = {n.removeprefix("model.decoder.") for n, p in task.model.decoder.named_parameters(
+        prefix="model.decoder") if p.requires_grad}
+    cross = {n for n, _ in decoder.named_parameters()
+             if (".cross_attn." in n or ".norm_cross." in n) and ".lora_" not in n}
+    assert len(cross) == 2 * (3 * 2 + 2)                 # 2 blocks: 3 projections + norm
+    adapters = {f"stack.blocks.{i}.{a}.to_q.lora_{m}.q" for i in range(2)
+                for a in ("self_attn", "cross_attn") for m in "AB"}
+    assert trainable == cross | adapters

@@ -198,10 +198,11 @@ class StopAfter(Callback):
             trainer.should_stop = True
 
 
-def _fit(ckpt_path=None, callbacks=()) -> tuple[L.Trainer, L.LightningModule, Record]:
+def _fit(ckpt_path=None, callbacks=(), lora=None,
+         ) -> tuple[L.Trainer, L.LightningModule, Record]:
     L.seed_everything(0, verbose=False)
     task = classifier(encoder=vision_encoder(freeze=True, dropout=0.1),
-                      unfreeze_encoder_at_epoch=1, dropout=0.1, warmup_steps=2)
+                      unfreeze_encoder_at_epoch=1, dropout=0.1, warmup_steps=2, lora=lora)
     rec = Record("encoder")
     # ResumeState (as in conf/callbacks) restores the generators for the dropout after a resume
     trainer = _trainer(max_epochs=3, callbacks=[rec, ResumeState(), *callbacks])
@@ -212,15 +213,26 @@ def _fit(ckpt_path=None, callbacks=()) -> tuple[L.Trainer, L.LightningModule, Re
     return trainer, task, rec
 
 
-@pytest.mark.parametrize("stop_after", [0, 1], ids=["before", "past"])
-def test_resume_before_or_past_the_unfreeze_epoch_is_bit_exact(tmp_path, stop_after):
+LORA = {"r": 2, "alpha": 4, "dropout": 0.1, "parts": ["encoder"], "targets": ["q", "v", "mlp"]}
+
+
+@pytest.mark.parametrize("stop_after, lora", [(0, None), (1, None), (1, LORA)],
+                         ids=["before", "past", "past_lora"])
+def test_resume_before_or_past_the_unfreeze_epoch_is_bit_exact(tmp_path, stop_after, lora):
     """Unfreeze at epoch 1 of 3; a run stopped after epoch ``stop_after`` and resumed from its
-    checkpoint ends in the uninterrupted run's weights and optimizer state, bit for bit."""
-    ref_trainer, ref, ref_rec = _fit()
-    assert [s[1:] for s in ref_rec.states] == [(False, False)] * 2 + [(True, True)] * 4
+    checkpoint ends in the uninterrupted run's weights and optimizer state, bit for bit. With
+    LoRA (adapter dropout on) the unfrozen encoder trains its adapters only and its base stays
+    the initial one."""
+    ref_trainer, ref, ref_rec = _fit(lora=lora)
+    trained = lora is None               # without LoRA the whole encoder becomes trainable
+    assert [s[1:] for s in ref_rec.states] == [(False, False)] * 2 + [(trained, True)] * 4
+    if lora is not None:
+        first, last = ref_rec.weights[0], ref_rec.weights[2]
+        assert all(torch.equal(first[k], v) == (".lora_" not in k) for k, v in last.items()
+                   if ".lora_A" not in k)
     ckpt = tmp_path / "stop.ckpt"
-    _fit(callbacks=[StopAfter(stop_after, ckpt)])
-    trainer, task, rec = _fit(ckpt_path=str(ckpt))
+    _fit(callbacks=[StopAfter(stop_after, ckpt)], lora=lora)
+    trainer, task, rec = _fit(ckpt_path=str(ckpt), lora=lora)
     # the resumed run's own batches: frozen only in an epoch before 1, trainable after
     assert rec.states == ref_rec.states[2 * (stop_after + 1):]
     a, b = ref.state_dict(), task.state_dict()

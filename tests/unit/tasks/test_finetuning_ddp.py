@@ -54,13 +54,16 @@ class BucketParams(Callback):
         ddp.register_comm_hook(None, hook)
 
 
-def _fit_world_of_one(out: Path) -> None:
+LORA = {"r": 2, "alpha": 4, "parts": ["encoder"], "targets": ["q", "v"]}
+
+
+def _fit_world_of_one(out: Path, lora: dict | None = None) -> None:
     """Forked child: a DDP fit on one CPU rank; writes {epoch: [encoder params, all params]}
     found in the gradient buckets."""
     # Lightning's DDP raises the thread count unless OMP_NUM_THREADS is set, and OpenMP's pool
     # does not survive a fork: the child would hang in its first convolution.
     os.environ["OMP_NUM_THREADS"] = "1"
-    task = classifier(encoder=vision_encoder(freeze=True), unfreeze_encoder_at_epoch=1)
+    task = classifier(encoder=vision_encoder(freeze=True), unfreeze_encoder_at_epoch=1, lora=lora)
     buckets = BucketParams()
     g = torch.Generator().manual_seed(0)
     batches = [{"image": torch.rand(4, 3, 32, 32, generator=g), "label": torch.arange(4) % 3}
@@ -74,10 +77,13 @@ def _fit_world_of_one(out: Path) -> None:
                                for epoch, ids in buckets.seen.items()}))
 
 
-def test_the_rebuilt_ddp_wrapper_all_reduces_the_unfrozen_encoder(tmp_path):
+@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
+def test_the_rebuilt_ddp_wrapper_all_reduces_the_unfrozen_encoder(tmp_path, lora):
+    """With LoRA the unfrozen encoder's buckets hold its adapters (A and B of q and v in its
+    one block) and nothing of its frozen base."""
     out = tmp_path / "buckets.json"
-    assert run_forked(_fit_world_of_one, out) == 0
-    n_encoder = len(list(vision_encoder().parameters()))
+    assert run_forked(_fit_world_of_one, out, lora) == 0
+    n_encoder = 4 if lora else len(list(vision_encoder().parameters()))
     # epoch 0: the head's weight and bias only; epoch 1: the encoder's parameters too
     assert json.loads(out.read_text()) == {"0": [0, 2], "1": [n_encoder, n_encoder + 2]}
 

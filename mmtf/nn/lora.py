@@ -1,0 +1,307 @@
+"""LoRA (Hu et al. 2021, arXiv:2106.09685) in the one attention core: low-rank adapters on the
+linear projections of every :class:`~mmtf.nn.transformer.TransformerBlock`.
+
+An adapted projection computes ``y = W x + b + (B A dropout(x)) * alpha / r`` (A: (r, in),
+Kaiming-uniform as PEFT draws it; B: (out, r), zero, so an adapter starts as the identity).
+:class:`LoRALinear` *is* an ``nn.Linear`` (same ``weight`` and ``bias`` names), so name tables,
+state dicts of the base and every ``.weight`` reader keep working; the adapters are its extra
+parameters ``lora_A.<slice>`` and ``lora_B.<slice>``.
+
+A fused projection has one adapter per slice of its output: the attention's ``to_kv`` is the
+slices ``k`` and ``v`` (key rows first), each adapted or not on its own, so mmtf's fused GEMM
+holds exactly what PEFT holds on separate ``k_proj`` / ``v_proj`` modules.
+
+Targets are named after the core's projections (:data:`TARGETS`): ``q`` (``to_q``), ``k`` and
+``v`` (the two slices of ``to_kv``), ``o`` (``to_out``), and ``mlp`` (``mlp.fc_in`` and
+``mlp.fc_out``), in self- and cross-attention alike. Why: see docs/design/lora.md
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmtf.errors import ConfigError
+from mmtf.nn.transformer import TransformerBlock
+
+# Target name -> the projections (relative to a block) and the slices of each that it adapts.
+TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
+    "q": (("self_attn.to_q", "q"), ("cross_attn.to_q", "q")),
+    "k": (("self_attn.to_kv", "k"), ("cross_attn.to_kv", "k")),
+    "v": (("self_attn.to_kv", "v"), ("cross_attn.to_kv", "v")),
+    "o": (("self_attn.to_out", "o"), ("cross_attn.to_out", "o")),
+    "mlp": (("mlp.fc_in", "fc_in"), ("mlp.fc_out", "fc_out")),
+}
+# The output slices of each projection, in row order: a fused projection has several.
+SLICES = {"to_q": ("q",), "to_kv": ("k", "v"), "to_out": ("o",), "fc_in": ("fc_in",),
+          "fc_out": ("fc_out",)}
+BIAS_MODES = ("none", "all", "lora_only")
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """The adapters' hyperparameters (``model.lora``).
+
+    Attributes:
+        r: rank (> 0). alpha: the scale is ``alpha / r``. dropout: on the adapter's input.
+        targets: names from :data:`TARGETS`.
+        bias: PEFT's bias option: ``none`` (the bias-free variant: no bias trains, the base
+            stays exactly the pretrained model), ``all`` (every bias of the part trains),
+            ``lora_only`` (the biases of adapted projections train).
+    """
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("q", "k", "v", "o", "mlp")
+    bias: str = "none"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r <= 0:
+            raise ConfigError(f"model.lora.r ({self.r!r}) must be an integer rank > 0, e.g. 8.")
+        if not self.alpha > 0:
+            raise ConfigError(f"model.lora.alpha ({self.alpha}) must be > 0 (scale alpha / r).")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout ({self.dropout}) must be in [0, 1).")
+        unknown = [t for t in self.targets if t not in TARGETS]
+        if unknown or not self.targets:
+            raise ConfigError(f"model.lora.targets: {unknown or '[]'} names no projection of "
+                              f"the attention core; the valid targets are {list(TARGETS)} "
+                              f"(mlp = fc_in and fc_out).")
+        if self.bias not in BIAS_MODES:
+            raise ConfigError(f"model.lora.bias ({self.bias!r}) must be one of {BIAS_MODES}.")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.r
+
+
+class LoRALinear(nn.Linear):
+    """An ``nn.Linear`` with a low-rank adapter on some slices of its output rows.
+
+    Built by :meth:`wrap` around an existing layer: its ``weight`` and ``bias`` Parameters are
+    the layer's own (same objects, same names), the adapters are added beside them.
+
+    Args:
+        in_features, out_features, bias: as ``nn.Linear``.
+        slices: names of the output slices in row order (``("k", "v")`` for ``to_kv``); the rows
+            split evenly among them.
+        adapted: the slices that get an adapter.
+        r, alpha, dropout: as in :class:`LoRAConfig`.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 slices: Sequence[str], adapted: Iterable[str], r: int, alpha: float,
+                 dropout: float = 0.0, device: torch.device | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        if out_features % len(slices):
+            raise ValueError(f"LoRALinear: {out_features} rows do not split into {slices}.")
+        self.slices = tuple(slices)
+        self.width = out_features // len(slices)
+        self.r, self.alpha, self.scale = r, alpha, alpha / r
+        self.lora_dropout = nn.Dropout(dropout)
+        self.lora_A = nn.ParameterDict()
+        self.lora_B = nn.ParameterDict()
+        kw = {"device": self.weight.device, "dtype": self.weight.dtype}
+        for name in self.slices:
+            if name in set(adapted):
+                self.lora_A[name] = nn.Parameter(torch.empty(r, in_features, **kw))
+                self.lora_B[name] = nn.Parameter(torch.zeros(self.width, r, **kw))
+        self.merged = False
+        self.reset_lora()
+
+    @classmethod
+    def wrap(cls, layer: nn.Linear, *, slices: Sequence[str], adapted: Iterable[str], r: int,
+             alpha: float, dropout: float = 0.0) -> LoRALinear:
+        """A LoRALinear holding ``layer``'s own Parameters (not copies) plus the adapters."""
+        new = cls(layer.in_features, layer.out_features, layer.bias is not None, slices=slices,
+                  adapted=adapted, r=r, alpha=alpha, dropout=dropout,
+                  device=layer.weight.device, dtype=layer.weight.dtype)
+        new.weight = layer.weight
+        new.bias = layer.bias
+        new.train(layer.training)
+        return new
+
+    def reset_lora(self) -> None:
+        """PEFT's init: A Kaiming-uniform (a = sqrt(5), nn.Linear's), B zero."""
+        for name, a in self.lora_A.items():
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+            nn.init.zeros_(self.lora_B[name])
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, lora r={self.r}, alpha={self.alpha}, "
+                f"adapted={list(self.lora_A)} of {list(self.slices)}, merged={self.merged}")
+
+    def delta(self) -> Tensor:
+        """The adapters' weight ``B A * alpha / r`` as one (out, in) matrix (zero rows where a
+        slice has none)."""
+        rows = []
+        for name in self.slices:
+            if name in self.lora_A:
+                rows.append(self.lora_B[name] @ self.lora_A[name] * self.scale)
+            else:
+                rows.append(self.weight.new_zeros(self.width, self.in_features))
+        return torch.cat(rows, dim=0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if self.merged or not self.lora_A:
+            return y
+        outs = []
+        for name in self.slices:
+            if name in self.lora_A:
+                h = self.lora_dropout(x) if self.lora_dropout.p > 0 and self.training else x
+                outs.append(F.linear(F.linear(h, self.lora_A[name]), self.lora_B[name])
+                            * self.scale)
+            else:
+                outs.append(None)
+        if len(outs) == 1:
+            return y + outs[0]
+        zero = y.new_zeros(())
+        return y + torch.cat([o if o is not None else zero.expand(*y.shape[:-1], self.width)
+                              for o in outs], dim=-1)
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        """Fold the adapters into ``weight`` (inference: one GEMM, as the base)."""
+        if not self.merged:
+            self.weight.add_(self.delta().to(self.weight.dtype))
+            self.merged = True
+
+    @torch.no_grad()
+    def unmerge(self) -> None:
+        """Take the adapters back out of ``weight``."""
+        if self.merged:
+            self.weight.sub_(self.delta().to(self.weight.dtype))
+            self.merged = False
+
+    def to_linear(self) -> nn.Linear:
+        """A plain ``nn.Linear`` with the merged weight (the adapters dropped)."""
+        out = nn.Linear(self.in_features, self.out_features, self.bias is not None,
+                        device=self.weight.device, dtype=self.weight.dtype)
+        with torch.no_grad():
+            out.weight.copy_(self.weight if self.merged else self.weight + self.delta())
+            if self.bias is not None:
+                out.bias.copy_(self.bias)
+        out.train(self.training)
+        return out
+
+
+def lora_sites(module: nn.Module, targets: Iterable[str]) -> dict[str, set[str]]:
+    """``{projection path in module: slices to adapt}`` for ``targets`` in every block of
+    ``module`` (a block's missing cross-attention is skipped)."""
+    sites: dict[str, set[str]] = {}
+    names = dict(module.named_modules())
+    for block_name, block in names.items():
+        if not isinstance(block, TransformerBlock):
+            continue
+        for target in targets:
+            for rel, slice_name in TARGETS[target]:
+                path = f"{block_name}.{rel}" if block_name else rel
+                if isinstance(names.get(path), nn.Linear):
+                    sites.setdefault(path, set()).add(slice_name)
+    return sites
+
+
+def add_lora(module: nn.Module, config: LoRAConfig, *, owner: str = "module",
+             sites: Mapping[str, Iterable[str]] | None = None) -> list[str]:
+    """Replace the targeted projections of ``module`` by :class:`LoRALinear` (in place).
+
+    Args:
+        module: any module holding TransformerBlocks (an encoder, a decoder, a stack).
+        config: rank, scale, dropout and targets.
+        owner: the config key named in messages (``model.encoder``).
+        sites: exact ``{projection path: slices}`` to adapt instead of ``config.targets`` (a
+            PEFT folder's modules).
+
+    Returns:
+        The adapted projections' paths.
+
+    Raises:
+        ConfigError: ``module`` has no projection that the targets name (the valid targets
+            are listed).
+    """
+    sites = {k: set(v) for k, v in (sites if sites is not None
+                                    else lora_sites(module, config.targets)).items()}
+    if not sites:
+        raise ConfigError(f"model.lora: {owner} ({type(module).__name__}) has no transformer "
+                          f"linear layer for the targets {list(config.targets)}; LoRA adapts "
+                          f"the projections {list(TARGETS)} of transformer blocks: remove "
+                          f"{owner.rsplit('.', 1)[-1]} from model.lora.parts.")
+    for path, adapted in sites.items():
+        parent_name, _, child = path.rpartition(".")
+        parent = module.get_submodule(parent_name)
+        layer = getattr(parent, child)
+        if isinstance(layer, LoRALinear):
+            raise ConfigError(f"model.lora: {owner}.{path} already has an adapter.")
+        slices = SLICES.get(child, (child,))
+        setattr(parent, child, LoRALinear.wrap(layer, slices=slices, adapted=adapted,
+                                               r=config.r, alpha=config.alpha,
+                                               dropout=config.dropout))
+    return sorted(sites)
+
+
+def lora_layers(module: nn.Module) -> dict[str, LoRALinear]:
+    """Every adapted projection of ``module`` by its path."""
+    return {name: m for name, m in module.named_modules() if isinstance(m, LoRALinear)}
+
+
+def has_lora(module: nn.Module) -> bool:
+    return any(isinstance(m, LoRALinear) for m in module.modules())
+
+
+def lora_trainable(module: nn.Module, bias: str = "none") -> list[nn.Parameter]:
+    """The parameters LoRA trains in ``module``: every adapter, and the biases ``bias`` asks for
+    (:class:`LoRAConfig`)."""
+    params = []
+    for m in module.modules():
+        if isinstance(m, LoRALinear):
+            params += [*m.lora_A.values(), *m.lora_B.values()]
+            if bias == "lora_only" and m.bias is not None:
+                params.append(m.bias)
+    if bias == "all":
+        params += [p for name, p in module.named_parameters() if name.endswith("bias")]
+    return params
+
+
+def merge_lora(module: nn.Module) -> None:
+    """Fold every adapter of ``module`` into its weight (:meth:`LoRALinear.merge`)."""
+    for layer in lora_layers(module).values():
+        layer.merge()
+
+
+def unmerge_lora(module: nn.Module) -> None:
+    """Undo :func:`merge_lora`."""
+    for layer in lora_layers(module).values():
+        layer.unmerge()
+
+
+def strip_lora(module: nn.Module) -> None:
+    """Replace every LoRALinear by a plain ``nn.Linear`` with the merged weight, so the module
+    is the base architecture again (``format=hf merge_lora=true``)."""
+    for path, layer in lora_layers(module).items():
+        parent_name, _, child = path.rpartition(".")
+        setattr(module.get_submodule(parent_name), child, layer.to_linear())
+
+
+# The attribute a pretrained builder sets on a part: the names of the parameters it left at a
+# fresh initialisation (no original in the folder), which train alongside the adapters.
+NEW_PARAMETERS = "new_parameters"
+
+
+def mark_new(module: nn.Module, names: Iterable[str]) -> None:
+    """Record that ``module``'s parameters ``names`` are new (not imported): under LoRA they
+    train in full, as PEFT's ``modules_to_save``."""
+    setattr(module, NEW_PARAMETERS, frozenset(names) | new_parameter_names(module))
+
+
+def new_parameter_names(module: nn.Module) -> frozenset[str]:
+    """The names :func:`mark_new` recorded on ``module`` (empty when all were imported or the
+    module was built without a pretrained folder)."""
+    return getattr(module, NEW_PARAMETERS, frozenset())

@@ -1,0 +1,124 @@
+"""LoRA in the attention core against hand-written references: the adapted forward is
+``W x + b + B A x * alpha / r``, the fused ``to_kv`` adapts k and v separately, merge and unmerge
+keep the outputs, and the adapter count is the formula's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mmtf.errors import ConfigError
+from mmtf.nn import TransformerStack
+from mmtf.nn.lora import (
+    TARGETS,
+    LoRAConfig,
+    LoRALinear,
+    add_lora,
+    lora_layers,
+    lora_sites,
+    merge_lora,
+    strip_lora,
+    unmerge_lora,
+)
+
+
+def _randomize_b(module: nn.Module) -> None:
+    """B starts at zero (an adapter is the identity); a test needs it nonzero."""
+    with torch.no_grad():
+        for layer in lora_layers(module).values():
+            for b in layer.lora_B.values():
+                b.normal_(0.0, 0.5)
+
+
+def test_adapted_linear_is_w_x_plus_b_a_x_times_alpha_over_r():
+    base = nn.Linear(6, 5)
+    x = torch.randn(2, 3, 6)
+    layer = LoRALinear.wrap(base, slices=("q",), adapted={"q"}, r=2, alpha=6.0)
+    assert layer.weight is base.weight and layer.bias is base.bias     # the same Parameters
+    assert torch.equal(layer(x), base(x))                              # B = 0: the identity
+    _randomize_b(layer)
+    a, b = layer.lora_A["q"], layer.lora_B["q"]
+    expected = x @ base.weight.T + base.bias + (x @ a.T @ b.T) * (6.0 / 2)
+    torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-6)
+    # A is Kaiming-uniform as nn.Linear (PEFT's init): bound 1/sqrt(in_features)
+    assert a.abs().max() <= 6 ** -0.5 and a.std() > 0
+
+
+def test_fused_kv_adapts_k_and_v_separately():
+    base = nn.Linear(4, 8, bias=False)
+    x = torch.randn(3, 4)
+    only_k = LoRALinear.wrap(base, slices=("k", "v"), adapted={"k"}, r=2, alpha=2.0)
+    _randomize_b(only_k)
+    delta = x @ only_k.lora_A["k"].T @ only_k.lora_B["k"].T
+    torch.testing.assert_close(only_k(x), torch.cat([x @ base.weight[:4].T + delta,
+                                                     x @ base.weight[4:].T], -1), rtol=0,
+                               atol=1e-6)
+    both = LoRALinear.wrap(base, slices=("k", "v"), adapted={"k", "v"}, r=2, alpha=2.0)
+    _randomize_b(both)
+    k, v = (x @ both.lora_A[s].T @ both.lora_B[s].T for s in "kv")
+    torch.testing.assert_close(both(x), x @ base.weight.T + torch.cat([k, v], -1), rtol=0,
+                               atol=1e-6)
+
+
+def _stack(cross: bool = True) -> TransformerStack:
+    return TransformerStack(depth=2, dim=16, num_heads=4, num_kv_heads=2, causal=cross,
+                            cross_dim=12 if cross else None, bias="qvo", mlp_ratio=2.0)
+
+
+def test_merge_and_unmerge_keep_the_outputs_and_strip_gives_the_base_architecture():
+    stack = _stack().eval()
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 7, 12)
+    add_lora(stack, LoRAConfig(r=4, alpha=8))
+    _randomize_b(stack)
+    ref = stack(x, context=ctx)
+    before = {k: v.clone() for k, v in stack.state_dict().items()}
+    merge_lora(stack)
+    torch.testing.assert_close(stack(x, context=ctx), ref, rtol=0, atol=1e-5)
+    unmerge_lora(stack)
+    torch.testing.assert_close(stack(x, context=ctx), ref, rtol=0, atol=1e-5)
+    for k, v in stack.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=1e-6)
+    strip_lora(stack)
+    assert not lora_layers(stack)
+    assert set(stack.state_dict()) == set(_stack().state_dict())
+    torch.testing.assert_close(stack(x, context=ctx), ref, rtol=0, atol=1e-5)
+
+
+def test_adapter_count_is_the_formula():
+    """Per adapted slice r * (in + out): q (d+d), k and v (c+kv) each, o (d+d), fc_in (d+h),
+    fc_out (h+d); self-attention (c = d) and cross-attention (c = 12) of each block."""
+    r, d, kv, h, c, depth = 4, 16, 8, 32, 12, 2
+    stack = _stack()
+    add_lora(stack, LoRAConfig(r=r, targets=("q", "k", "v", "o", "mlp")))
+    count = sum(p.numel() for n, p in stack.named_parameters() if ".lora_" in n)
+    per_block = (r * (d + d) + 2 * r * (d + kv) + r * (d + d)          # self-attention
+                 + r * (d + d) + 2 * r * (c + kv) + r * (d + d)        # cross-attention
+                 + r * (d + h) + r * (h + d))                          # MLP
+    assert count == depth * per_block
+    only_v = _stack(cross=False)
+    add_lora(only_v, LoRAConfig(r=r, targets=("v",)))
+    assert sum(p.numel() for n, p in only_v.named_parameters() if ".lora_" in n) == \
+        depth * r * (d + kv)
+    assert set(lora_sites(_stack(), ["k", "v"])) == {
+        f"blocks.{i}.{a}.to_kv" for i in range(depth) for a in ("self_attn", "cross_attn")}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"r": 0}, r"model.lora.r \(0\) must be an integer rank > 0"),
+    ({"r": -2}, r"model.lora.r \(-2\) must be an integer rank > 0"),
+    ({"targets": ("q", "qkv")}, r"model.lora.targets: \['qkv'\] names no projection .* the "
+                                r"valid targets are \['q', 'k', 'v', 'o', 'mlp'\]"),
+    ({"bias": "some"}, r"model.lora.bias \('some'\) must be one of"),
+])
+def test_bad_lora_settings_name_the_key_and_the_valid_values(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        LoRAConfig(**kwargs)
+
+
+def test_a_module_without_transformer_linear_layers_is_refused():
+    with pytest.raises(ConfigError, match=r"model.encoder \(Sequential\) has no transformer "
+                                          r"linear layer .* remove encoder from "
+                                          r"model.lora.parts"):
+        add_lora(nn.Sequential(nn.Conv1d(2, 2, 3)), LoRAConfig(), owner="model.encoder")
+    assert list(TARGETS) == ["q", "k", "v", "o", "mlp"]
