@@ -51,7 +51,7 @@ SIZES = {   # WhisperConfig fields: whisper-tiny and whisper-base, and a smoke s
     "quick": dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
                   decoder_attention_heads=2, encoder_ffn_dim=256, decoder_ffn_dim=256),
 }
-LORA = "++model.lora={r:8,alpha:16,dropout:0.05,parts:[encoder,decoder],targets:[q,k,v,o]}"
+LORA = "++model.lora={r:8,alpha:16,dropout:0.05,parts:[encoder,decoder],targets:[q,k,v,o,mlp]}"
 AC = ["model.encoder.activation_checkpointing=true", "model.decoder.activation_checkpointing=true"]
 CONFIGS = {
     "full": [],
