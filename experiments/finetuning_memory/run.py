@@ -58,6 +58,8 @@ CONFIGS = {
     "full + AC": AC,
     "LoRA r=8": [LORA],
     "LoRA r=8 + AC": [LORA, *AC],
+    # without adapter dropout: no per-adapter copy of each adapted projection's input is kept
+    "LoRA r=8, dropout 0": [LORA, "model.lora.dropout=0.0"],
 }
 
 
@@ -154,6 +156,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="smoke run: --size quick, 2 steps")
+    parser.add_argument("--only", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS),
+                        help="configurations to measure (default: all)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -170,7 +174,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "whisper"
         write_whisper(folder, args.size)
-        for name in CONFIGS:
+        for name in args.only:
             log(f"measuring {name} ...")
             got = run_child(folder, name, args)
             if isinstance(got, str):
