@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmtf.checkpoint_io import load_checkpoint
+from mmtf.errors import UserError
 from mmtf.hub import is_hf_source
 from mmtf.tasks.rebuild import build_pretrained_task, build_task
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from mmtf.text import Tokenizer
 
 
-def load(ckpt_path: str | os.PathLike, *, device: str = "cpu",
+def load(ckpt_path: str | os.PathLike, *, device: str = "cpu", use_ema: bool = False,
          **generation: Any) -> tuple[Task, Tokenizer | None]:
     """Rebuild the task of an mmtf checkpoint (or a pretrained Whisper) for inference.
 
@@ -38,6 +39,8 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu",
             config may name only allowlisted ``_target_``s), or a Hugging Face Whisper folder
             or hub id, used zero-shot (:func:`mmtf.tasks.rebuild.build_pretrained_task`).
         device: where the model runs (``"cpu"``, ``"cuda"``, ...).
+        use_ema: the exponential moving average of the weights (trained with
+            ``callbacks=ema``) instead of the trained weights.
         **generation: generation settings kept for every later call (``strategy="beam"`` ...).
 
     Returns:
@@ -46,9 +49,12 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu",
     """
     # A missing "runs/last.ckpt" also looks like an org/name hub id: checkpoints keep their error.
     if is_hf_source(ckpt_path) and Path(ckpt_path).suffix != ".ckpt":
+        if use_ema:
+            raise UserError(f"use_ema=True: {ckpt_path} is a pretrained model, not an mmtf checkpoint "
+                            f"trained with callbacks=ema; drop use_ema.")
         task = build_pretrained_task(ckpt_path)
     else:
-        task, _ = build_task(load_checkpoint(ckpt_path), ckpt_path)
+        task, _ = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
     task = task.to(device).eval()
     task.update_generation(generation)
     return task, task.tokenizer

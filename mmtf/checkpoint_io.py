@@ -174,6 +174,28 @@ def stored_config(checkpoint: dict[str, Any], path: str | os.PathLike,
     return cfg
 
 
+# The EMA callback's averaged weights (mmtf.tasks.ema), beside the trained ``state_dict``.
+EMA_STATE_KEY = "ema_state_dict"
+
+
+def model_state(checkpoint: dict[str, Any], path: str | os.PathLike, *,
+                use_ema: bool = False) -> dict[str, torch.Tensor]:
+    """The task weights of a checkpoint: the trained ``state_dict``, or with ``use_ema`` the
+    exponential moving average that ``callbacks=ema`` saved beside it (same keys).
+
+    Raises:
+        CheckpointError: ``use_ema`` and the checkpoint holds no average.
+    """
+    if not use_ema:
+        return checkpoint["state_dict"]
+    average = checkpoint.get(EMA_STATE_KEY)
+    if average is None:
+        raise CheckpointError(f"checkpoint {path} holds no EMA weights ({EMA_STATE_KEY}): train "
+                              f"with callbacks=ema (the average is saved from "
+                              f"callbacks.ema.start_step on), or set use_ema=false.")
+    return average
+
+
 # ------------------------------------------------------------------ atomic writes
 _TMP_SUFFIX = ".tmp"
 

@@ -1,7 +1,7 @@
 """`python -m mmtf.evaluate ckpt_path=... [split=test] [generation.strategy=beam]`.
 
 Rebuilds the task from the config stored in the checkpoint (allowlisted ``_target_``s, weights
-loaded with ``weights_only=True``), scores it on a split with the checkpoint's data config, and
+loaded with ``weights_only=True``; ``use_ema=true``: the EMA of the weights, ``callbacks=ema``), scores it on a split with the checkpoint's data config, and
 writes ``metrics.json`` and ``predictions.jsonl`` (captioning; with WER, each row carries its
 word-alignment counts) and, when WER / CER are scored, ``errors.csv`` (per utterance:
 substitutions, deletions, insertions, hits, the normalised reference and hypothesis, worst
@@ -87,7 +87,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError(f"split ({cfg.split!r}) must be one of {SPLITS}; set split=test or "
                           f"split=val.")
     output_dir = Path(cfg.paths.output_dir)
-    task, stored = build_task(load_checkpoint(cfg.ckpt_path), cfg.ckpt_path)
+    task, stored = build_task(load_checkpoint(cfg.ckpt_path), cfg.ckpt_path,
+                              use_ema=bool(cfg.get("use_ema", False)))
     task.update_generation(generation_overrides(cfg.get("generation")))
     if cfg.get("metrics_backend") is not None:
         if not isinstance(task, CaptioningTask):

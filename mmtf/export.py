@@ -44,15 +44,17 @@ PARTS = ("encoder", "decoder")
 FORMATS = ("mmtf", "hf", "peft")
 
 
-def merged_task(ckpt_path: str | Path, merge_lora: bool, fmt: str) -> tuple[Any, dict[str, Any]]:
-    """The checkpoint's task and stored config; LoRA adapters merged into the base weights
-    (the base architecture again) when ``merge_lora``.
+def merged_task(ckpt_path: str | Path, merge_lora: bool, fmt: str, *,
+                use_ema: bool = False) -> tuple[Any, dict[str, Any]]:
+    """The checkpoint's task and stored config (``use_ema``: with the EMA of the weights,
+    ``callbacks=ema``); LoRA adapters merged into the base weights (the base architecture
+    again) when ``merge_lora``.
 
     Raises:
         ConfigError: the model has adapters and ``merge_lora`` is false (the base layout has
             no place for them).
     """
-    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
+    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
     if has_lora(task):
         if not merge_lora:
             raise ConfigError(f"format={fmt}: the checkpoint's model has LoRA adapters, which "
@@ -65,11 +67,12 @@ def merged_task(ckpt_path: str | Path, merge_lora: bool, fmt: str) -> tuple[Any,
 
 
 def export_part(ckpt_path: str | Path, part: str, out: str | Path, *,
-                merge_lora: bool = False) -> Path:
-    """Export ``part`` of the checkpoint's model to the folder ``out``; return it."""
+                merge_lora: bool = False, use_ema: bool = False) -> Path:
+    """Export ``part`` of the checkpoint's model to the folder ``out``; return it.
+    ``use_ema``: the EMA of the weights (``callbacks=ema``) instead of the trained ones."""
     if part not in PARTS:
         raise ConfigError(f"part ({part!r}) must be one of {PARTS}.")
-    task, stored = merged_task(ckpt_path, merge_lora, "mmtf")
+    task, stored = merged_task(ckpt_path, merge_lora, "mmtf", use_ema=use_ema)
     parts = task.export_parts()
     if part not in parts:
         raise ConfigError(f"part ({part!r}): the checkpoint {ckpt_path} holds a "
@@ -90,15 +93,18 @@ def export_part(ckpt_path: str | Path, part: str, out: str | Path, *,
     return out
 
 
-def export_hf_model(ckpt_path: str | Path, out: str | Path, *, merge_lora: bool = False) -> Path:
-    """Export the checkpoint's whole model in its family's Hugging Face layout; return ``out``."""
-    task, stored = merged_task(ckpt_path, merge_lora, "hf")
+def export_hf_model(ckpt_path: str | Path, out: str | Path, *, merge_lora: bool = False,
+                    use_ema: bool = False) -> Path:
+    """Export the checkpoint's whole model in its family's Hugging Face layout; return ``out``
+    (``use_ema``: its EMA weights)."""
+    task, stored = merged_task(ckpt_path, merge_lora, "hf", use_ema=use_ema)
     return export_hf(task, stored["model"], out)
 
 
-def export_peft_adapter(ckpt_path: str | Path, out: str | Path) -> Path:
-    """Export the checkpoint's LoRA adapters as a PEFT adapter folder; return ``out``."""
-    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path)
+def export_peft_adapter(ckpt_path: str | Path, out: str | Path, *, use_ema: bool = False) -> Path:
+    """Export the checkpoint's LoRA adapters as a PEFT adapter folder; return ``out``
+    (``use_ema``: the adapters' EMA)."""
+    task, stored = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
     return export_peft(task, stored["model"], out)
 
 
@@ -148,12 +154,12 @@ def _export(cfg: DictConfig) -> Path:
         raise ConfigError(f"format ({cfg.format!r}) must be one of {FORMATS}: mmtf (one part, "
                           f"safetensors + config.yaml), hf (the whole model for transformers) "
                           f"or peft (LoRA adapters for PeftModel.from_pretrained).")
-    merge = bool(cfg.get("merge_lora", False))
+    merge, use_ema = bool(cfg.get("merge_lora", False)), bool(cfg.get("use_ema", False))
     if cfg.format == "hf":
-        return export_hf_model(cfg.ckpt_path, cfg.out, merge_lora=merge)
+        return export_hf_model(cfg.ckpt_path, cfg.out, merge_lora=merge, use_ema=use_ema)
     if cfg.format == "peft":
-        return export_peft_adapter(cfg.ckpt_path, cfg.out)
-    return export_part(cfg.ckpt_path, cfg.part, cfg.out, merge_lora=merge)
+        return export_peft_adapter(cfg.ckpt_path, cfg.out, use_ema=use_ema)
+    return export_part(cfg.ckpt_path, cfg.part, cfg.out, merge_lora=merge, use_ema=use_ema)
 
 
 def main() -> None:

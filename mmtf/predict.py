@@ -52,16 +52,17 @@ def expand_inputs(inputs: Iterable[str], extensions: Sequence[str]) -> list[Path
 
 
 def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = None,
-            batch_size: int = 8, device: str = "cpu", long_audio: LongAudio = "crop",
-            ) -> list[dict[str, Any]]:
+            batch_size: int = 8, device: str = "cpu", long_audio: LongAudio = "crop", *,
+            use_ema: bool = False) -> list[dict[str, Any]]:
     """Caption (or classify) ``inputs`` with a checkpoint; one dict per input file (per window
     with ``long_audio="window"``): ``path`` plus the task's
-    :meth:`~mmtf.tasks.Task.predict_batch` keys (see :func:`mmtf.data.inputs.predict_inputs`)."""
+    :meth:`~mmtf.tasks.Task.predict_batch` keys (see :func:`mmtf.data.inputs.predict_inputs`).
+    ``use_ema``: the EMA of the weights (``callbacks=ema``)."""
     check_long_audio(long_audio)
     generation = dict(generation or {})
     if long_audio in WHOLE:
         generation["long_form"] = long_audio
-    task, _ = load(ckpt_path, device=device, **generation)
+    task, _ = load(ckpt_path, device=device, use_ema=use_ema, **generation)
     extensions = AUDIO_EXTENSIONS if task.modality == "audio" else IMAGE_EXTENSIONS
     files = expand_inputs(inputs, extensions)
     return predict_inputs(task, files, batch_size=batch_size, long_audio=long_audio)
@@ -104,7 +105,7 @@ def print_predictions(cfg: DictConfig) -> None:
     device = "cuda" if cfg.accelerator in ("auto", "gpu") and torch.cuda.is_available() else "cpu"
     generation = generation_overrides(cfg.get("generation"))
     rows = predict(cfg.ckpt_path, [str(i) for i in inputs], generation, cfg.batch_size, device,
-                   long_audio=cfg.get("long_audio", "crop"))
+                   long_audio=cfg.get("long_audio", "crop"), use_ema=bool(cfg.get("use_ema")))
     if fmt in SUBTITLE_FORMATS:
         write_subtitles(rows, fmt, cfg.get("output_dir"))
         return

@@ -105,6 +105,8 @@ class TextDecoder(nn.Module):
         rope_base: RoPE wavelength base.
         bias: attention projection biases (bool or letters of "qkvo", e.g. Whisper's "qvo").
         mlp_bias: MLP biases (default: True when any attention projection has one).
+        activation_checkpointing: recompute each block in backward instead of keeping its
+            activations (see :class:`mmtf.nn.TransformerStack`).
     """
 
     def __init__(self, *, vocab_size: int, dim: int, depth: int, num_heads: int,
@@ -113,7 +115,7 @@ class TextDecoder(nn.Module):
                  norm: NormKind = "layernorm", norm_eps: float = 1e-5, dropout: float = 0.0,
                  attn_dropout: float = 0.0, pad_id: int = 0, positions: PositionKind = "rope",
                  rope_base: float = 10000.0, bias: bool | str = False,
-                 mlp_bias: bool | None = None) -> None:
+                 mlp_bias: bool | None = None, activation_checkpointing: bool = False) -> None:
         super().__init__()
         # depth, num_heads and the width rules are the stack's and Attention's (in_config below).
         for name, value in (("vocab_size", vocab_size), ("dim", dim), ("context_dim", context_dim),
@@ -137,7 +139,8 @@ class TextDecoder(nn.Module):
                 depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=True,
                 cross_dim=context_dim, rope=positions == "rope", rope_base=rope_base,
                 max_len=max_len, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
-                dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias)
+                dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias,
+                activation_checkpointing=activation_checkpointing)
         self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
         # Unit-variance embeddings would make tied logits ~sqrt(dim) large; GPT-2's 0.02 keeps

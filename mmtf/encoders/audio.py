@@ -355,6 +355,8 @@ class AudioEncoder(Encoder):
         max_seconds: longest input accepted (the padded width of the batch); longer batches
             raise ValueError. Crop in the data pipeline. None = no limit.
         causal: causal self-attention (streaming research only; warns).
+        activation_checkpointing: recompute each block in backward instead of keeping its
+            activations (see :class:`mmtf.nn.TransformerStack`).
         pretrained: export folder to load weights from (:meth:`Encoder.load_pretrained`).
         freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
     """
@@ -373,6 +375,7 @@ class AudioEncoder(Encoder):
                  freq_mask_width: int = 8, time_masks: int = 2, time_mask_width: int = 20,
                  time_mask_mode: TimeMaskMode = "adaptive", time_mask_fraction: float = 0.05,
                  time_mask_multiplicity: float = 0.04, max_seconds: float | None = 30.0, causal: bool = False,
+                 activation_checkpointing: bool = False,
                  pretrained: str | Path | None = None, freeze: bool = False) -> None:
         super().__init__()
         self.config = record_config(locals())
@@ -414,7 +417,8 @@ class AudioEncoder(Encoder):
             self.stack = TransformerStack(
                 depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
                 rope=positions == "rope", max_len=max_tokens, mlp_ratio=mlp_ratio, mlp=mlp,
-                norm=norm, norm_eps=norm_eps, dropout=dropout, attn_dropout=attn_dropout, bias=bias)
+                norm=norm, norm_eps=norm_eps, dropout=dropout, attn_dropout=attn_dropout, bias=bias,
+                activation_checkpointing=activation_checkpointing)
         self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
 

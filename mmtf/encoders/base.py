@@ -29,11 +29,13 @@ from mmtf.hub import ExportFolder, open_export
 from mmtf.nn.positions import FixedPositions
 
 PoolMode = Literal["mean", "cls"]
-# Settings a downstream run may change on a pretrained encoder (regularisation, input limits);
+# Settings a downstream run may change on a pretrained encoder (regularisation, input limits,
+# memory);
 # every other constructor value must equal the exported one.
 TUNABLE_KEYS = frozenset({"dropout", "attn_dropout", "freq_masks", "freq_mask_width", "time_masks",
                           "time_mask_width", "time_mask_mode", "time_mask_fraction",
-                          "time_mask_multiplicity", "max_seconds"})
+                          "time_mask_multiplicity", "max_seconds",
+                          "activation_checkpointing"})
 # Norm layers whose buffers are learned running statistics: loaded from an export, not compared.
 RUNNING_STATS_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
                        nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)

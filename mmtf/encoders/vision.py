@@ -78,6 +78,8 @@ class VisionEncoder(Encoder):
         embed_norm: a norm over the embedded tokens before the first block (CLIP's
             ``pre_layrnorm``).
         causal: causal self-attention over the patch order (research only; warns).
+        activation_checkpointing: recompute each block in backward instead of keeping its
+            activations (see :class:`mmtf.nn.TransformerStack`).
         pretrained: an mmtf export folder (:meth:`Encoder.load_pretrained`); Hugging Face ViT
             and CLIP folders are read by their builders (``model/encoder=vit``,
             ``clip_vision``).
@@ -93,7 +95,7 @@ class VisionEncoder(Encoder):
                  pos_embed: Literal["learned", "sincos"] = "learned", patch_bias: bool = True,
                  embed_norm: bool = False, final_norm: bool = True, norm_eps: float = 1e-5,
                  bias: bool | str = False, mlp_bias: bool | None = None, causal: bool = False,
-                 pretrained: str | Path | None = None, freeze: bool = False) -> None:
+                 activation_checkpointing: bool = False, pretrained: str | Path | None = None, freeze: bool = False) -> None:
         super().__init__()
         self.config = record_config(locals())
         if patch_size < 1 or in_channels < 1:
@@ -142,7 +144,7 @@ class VisionEncoder(Encoder):
                 depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
                 rope=False, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
                 dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias,
-                final_norm=final_norm)
+                final_norm=final_norm, activation_checkpointing=activation_checkpointing)
         self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
 

@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from mmtf.errors import UserError
 from mmtf.nn.attention import Attention, projection_biases
@@ -177,6 +178,12 @@ class TransformerStack(nn.Module):
         final_norm: end with a norm (pre-norm stacks do). False for a model whose sequence
             output is read before its last norm, e.g. CLIP's vision tower, whose
             ``post_layernorm`` applies to the pooled token only.
+        activation_checkpointing: keep only each block's input for backward and recompute the
+            block there (``torch.utils.checkpoint``, non-reentrant: the recomputation replays
+            the forward's RNG state, so dropout masks and gradients are the plain path's).
+            Only where autograd records (training); a forward without grad, with KV caches or
+            returning attention maps runs plainly. The parameter names do not change, so
+            checkpoints do not depend on it. Why: docs/design/activation-checkpointing.md.
     """
 
     def __init__(self, *, depth: int, dim: int, num_heads: int, num_kv_heads: int | None = None,
@@ -184,13 +191,15 @@ class TransformerStack(nn.Module):
                  rope_base: float = 10000.0, max_len: int = 4096, mlp_ratio: float = 4.0,
                  mlp: MlpKind = "gelu", norm: NormKind = "layernorm", norm_eps: float = 1e-5,
                  dropout: float = 0.0, attn_dropout: float = 0.0, bias: bool | str = False,
-                 mlp_bias: bool | None = None, final_norm: bool = True) -> None:
+                 mlp_bias: bool | None = None, final_norm: bool = True,
+                 activation_checkpointing: bool = False) -> None:
         super().__init__()
         if depth < 1:
             raise UserError(f"TransformerStack: depth ({depth}) must be >= 1.")
         if not 0.0 <= dropout < 1.0:
             raise UserError(f"TransformerStack: dropout ({dropout}) must be in [0, 1).")
         self.dim, self.depth = dim, depth
+        self.activation_checkpointing = bool(activation_checkpointing)
         # Before head_dim is derived below: the width rule belongs to Attention.
         self.num_kv_heads = Attention.check_sizes(dim=dim, num_heads=num_heads,
                                                   num_kv_heads=num_kv_heads)
@@ -244,7 +253,14 @@ class TransformerStack(nn.Module):
                                  f"stack has depth={self.depth}; build it with make_cache().")
         wanted = self.attention_request(attention_layers)
         maps: AttentionMaps = {kind: {} for kind in (attention_layers or {})}
+        # A recomputation would write a cache twice and has no maps to return: plain there.
+        recompute = (self.activation_checkpointing and torch.is_grad_enabled() and cache is None
+                     and cross_cache is None and attention_layers is None)
         for i, block in enumerate(self.blocks):
+            if recompute:
+                x = checkpoint(block, x, use_reentrant=False, key_mask=key_mask,
+                               context=context, context_mask=context_mask)
+                continue
             out = block(x, key_mask=key_mask, context=context, context_mask=context_mask,
                         cache=None if cache is None else cache[i],
                         cross_cache=None if cross_cache is None else cross_cache[i],

@@ -59,6 +59,7 @@ def clip_vision_encoder(*, pretrained: str | Path | None = None, dim: int | None
                         norm_eps: float | None = 1e-5, patch_size: int | None = 32,
                         in_channels: int | None = 3, image_size: int | list[int] | None = 224,
                         dropout: float = 0.0, attn_dropout: float = 0.0,
+                        activation_checkpointing: bool = False,
                         freeze: bool = False) -> VisionEncoder:
     """A ``VisionEncoder`` in the configuration of CLIP's vision tower, filled from
     ``pretrained``.
@@ -73,6 +74,7 @@ def clip_vision_encoder(*, pretrained: str | Path | None = None, dim: int | None
             ``patch_size``, ``num_channels`` and ``image_size``: None reads them from
             ``config.json`` (``vision_config`` of a ``CLIPModel``), a value must equal it.
         dropout, attn_dropout: fine-tuning dropout.
+        activation_checkpointing: recompute each block in backward (:class:`VisionEncoder`).
         freeze: freeze after loading (:meth:`mmtf.encoders.Encoder.freeze`).
 
     Raises:
@@ -82,7 +84,8 @@ def clip_vision_encoder(*, pretrained: str | Path | None = None, dim: int | None
                  norm_eps=norm_eps, patch_size=patch_size, in_channels=in_channels,
                  image_size=image_size, bias=True)
     return build_vision_encoder("clip", pretrained=pretrained, sizes=sizes, dropout=dropout,
-                                attn_dropout=attn_dropout, freeze=freeze)
+                                attn_dropout=attn_dropout, freeze=freeze,
+                                activation_checkpointing=activation_checkpointing)
 
 
 def tower_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -71,7 +71,7 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
                  mlp_ratio: float | None = 4.0, mlp: MlpKind | None = "gelu_tanh",
                  norm_eps: float | None = 1e-5, dropout: float = 0.1, attn_dropout: float = 0.1,
                  pad_id: int | None = 50256, tie_embeddings: bool | None = True,
-                 freeze: bool = False) -> TextDecoder:
+                 activation_checkpointing: bool = False, freeze: bool = False) -> TextDecoder:
     """A GPT-2-shaped ``TextDecoder`` with cross-attention, filled from ``pretrained``.
 
     Args:
@@ -85,6 +85,7 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
             must equal it.
         context_dim: width of the encoder memory the cross-attention reads.
         dropout, attn_dropout: fine-tuning dropout (GPT-2 trained with 0.1 for both).
+        activation_checkpointing: recompute each block in backward (:class:`TextDecoder`).
         pad_id: padding id (GPT-2 pads with its ``<|endoftext|>``, 50256); None: the folder's
             ``pad_token_id``, else its ``eos_token_id``.
         freeze: no trainable parameters, eval mode (after loading), for
@@ -107,6 +108,7 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
     given = fill_sizes(OWNER, given, needed, pretrained=pretrained, source=str(source),
                        key_prefix="model.decoder", folder="Hugging Face GPT-2 folder")
     decoder = TextDecoder(context_dim=context_dim, dropout=dropout, attn_dropout=attn_dropout,
+                          activation_checkpointing=activation_checkpointing,
                           positions="learned", bias=True, mlp_bias=True, **given)
     if hf:
         load_hf_gpt2(decoder, model, config)

@@ -30,7 +30,8 @@ SIZE_KEYS = ("dim", "depth", "num_heads", "mlp_ratio", "mlp", "norm_eps", "patch
 
 
 def build_vision_encoder(family: str, *, pretrained: str | Path | None, sizes: dict[str, Any],
-                         dropout: float, attn_dropout: float, freeze: bool) -> VisionEncoder:
+                         dropout: float, attn_dropout: float, freeze: bool,
+                         activation_checkpointing: bool = False) -> VisionEncoder:
     """A ``VisionEncoder`` of ``family``'s architecture, filled from ``pretrained``.
 
     Args:
@@ -65,7 +66,7 @@ def build_vision_encoder(family: str, *, pretrained: str | Path | None, sizes: d
         sizes["image_size"] = size                        # as the YAML wrote it
     export = pretrained if hf is None else None
     encoder = VisionEncoder(**fixed, **sizes, dropout=dropout, attn_dropout=attn_dropout,
-                            pretrained=export)
+                            activation_checkpointing=activation_checkpointing, pretrained=export)
     if hf is not None:
         _copy(encoder, family, hf, config, owner)
     if freeze:

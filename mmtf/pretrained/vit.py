@@ -51,7 +51,8 @@ def vit_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
                 norm_eps: float | None = 1e-12, patch_size: int | None = 16,
                 in_channels: int | None = 3, image_size: int | list[int] | None = 224,
                 bias: bool | str | None = True, dropout: float = 0.0,
-                attn_dropout: float = 0.0, freeze: bool = False) -> VisionEncoder:
+                attn_dropout: float = 0.0, activation_checkpointing: bool = False,
+                freeze: bool = False) -> VisionEncoder:
     """A ``VisionEncoder`` in ViT's configuration, filled from ``pretrained``.
 
     Args:
@@ -65,6 +66,7 @@ def vit_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
             sizes interpolate as HF does) and ``qkv_bias`` (True, or "o" without it): None reads
             them from ``config.json``, a value must equal it.
         dropout, attn_dropout: fine-tuning dropout.
+        activation_checkpointing: recompute each block in backward (:class:`VisionEncoder`).
         freeze: freeze after loading (:meth:`mmtf.encoders.Encoder.freeze`).
 
     Raises:
@@ -74,7 +76,8 @@ def vit_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
                  norm_eps=norm_eps, patch_size=patch_size, in_channels=in_channels,
                  image_size=image_size, bias=bias)
     return build_vision_encoder("vit", pretrained=pretrained, sizes=sizes, dropout=dropout,
-                                attn_dropout=attn_dropout, freeze=freeze)
+                                attn_dropout=attn_dropout, freeze=freeze,
+                                activation_checkpointing=activation_checkpointing)
 
 
 def encoder_values(config: dict[str, Any]) -> dict[str, tuple[Any, str]]:

@@ -5,9 +5,10 @@
 through :func:`shard_model` (a no-op under every other strategy):
 
 * each :class:`~mmtf.nn.transformer.TransformerBlock` (encoder and decoder alike) is one unit:
-  its parameters are gathered just before it runs and freed after; with
-  ``activation_checkpointing=True`` it also recomputes its activations in backward instead of
-  keeping them (same parameter names, so checkpoints do not depend on the setting);
+  its parameters are gathered just before it runs and freed after. Activation checkpointing is
+  the parts' own switch (``model.encoder.activation_checkpointing``,
+  ``model.decoder.activation_checkpointing``: the stack recomputes each block in backward, the
+  same on every strategy); the recomputation calls the block, so FSDP gathers it again there;
 * each child of the task that holds parameters (``model``, ``encoder``, ``head`` ...) is a root
   unit for what is left (embeddings, norms, heads); methods other than ``forward`` that use its
   parameters (``generate``, ``pool``) are registered so they gather them too.
@@ -21,16 +22,15 @@ Why: see docs/design/fsdp.md.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
-from torch.utils.checkpoint import checkpoint
 
+from mmtf.errors import ConfigError
 from mmtf.nn.transformer import TransformerBlock
 
 __all__ = ["FSDP2Strategy", "shard_model"]
@@ -40,8 +40,9 @@ class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2 over all ranks with one shard unit per transformer block.
 
     Args:
-        activation_checkpointing: recompute each block's activations in backward (less memory,
-            about one more forward pass of compute).
+        activation_checkpointing: moved to the parts (``model.encoder.activation_checkpointing``,
+            ``model.decoder.activation_checkpointing``); any value but None is a ConfigError
+            that says so.
         reshard_after_forward: free gathered parameters after each unit's forward (ZeRO-3);
             False keeps them until backward (ZeRO-2: more memory, less communication).
         forward_methods: methods besides ``forward`` of the task's children that use their
@@ -49,11 +50,17 @@ class FSDP2Strategy(ModelParallelStrategy):
         **kwargs: ``ModelParallelStrategy`` arguments (``process_group_backend``, ``timeout``).
     """
 
-    def __init__(self, *, activation_checkpointing: bool = False,
+    def __init__(self, *, activation_checkpointing: bool | None = None,
                  reshard_after_forward: bool = True,
                  forward_methods: Sequence[str] = ("generate", "pool"), **kwargs: Any) -> None:
+        if activation_checkpointing is not None:
+            raise ConfigError(
+                f"trainer.strategy.activation_checkpointing ({activation_checkpointing}) is no "
+                f"longer an FSDP option: set model.encoder.activation_checkpointing="
+                f"{str(activation_checkpointing).lower()} and/or model.decoder."
+                f"activation_checkpointing={str(activation_checkpointing).lower()} (they work on "
+                f"every strategy) and drop the trainer.strategy key.")
         super().__init__(save_distributed_checkpoint=False, **kwargs)
-        self.activation_checkpointing = activation_checkpointing
         self.reshard_after_forward = reshard_after_forward
         self.forward_methods = tuple(forward_methods)
 
@@ -68,8 +75,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         shard = functools.partial(fully_shard, mesh=self.device_mesh,
                                   reshard_after_forward=self.reshard_after_forward)
         for block in [m for m in module.modules() if isinstance(m, TransformerBlock)]:
-            if self.activation_checkpointing:
-                block.forward = _recompute_in_backward(block.forward)
             shard(block)
         for child in module.children():
             if next(child.parameters(), None) is None:
@@ -86,14 +91,3 @@ def shard_model(task: L.LightningModule) -> None:
     if isinstance(strategy, FSDP2Strategy):
         strategy.shard(task)
 
-
-def _recompute_in_backward(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``forward`` that keeps only its inputs for backward and reruns itself there (with grad)."""
-
-    @functools.wraps(forward)
-    def run(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if not torch.is_grad_enabled():          # evaluation, generation: nothing to save
-            return forward(*args, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    return run

@@ -14,7 +14,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from mmtf.checkpoint_io import stored_config
+from mmtf.checkpoint_io import model_state, stored_config
 from mmtf.hub import open_hf_model
 from mmtf.pretrained.whisper import DEFAULT_PROMPT, MODEL_TYPES, whisper_decoder, whisper_encoder
 from mmtf.tasks.captioning import CaptioningTask
@@ -26,16 +26,20 @@ if TYPE_CHECKING:
 
 
 def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
-               safe_targets: Iterable[str] | None = None) -> tuple[Task, dict[str, Any]]:
+               safe_targets: Iterable[str] | None = None, *,
+               use_ema: bool = False) -> tuple[Task, dict[str, Any]]:
     """Re-instantiate the task module of a checkpoint and load its weights (strict).
 
     ``safe_targets``: extra module prefixes the stored config may name (None:
-    ``MMTF_SAFE_TARGETS``); see :func:`check_targets`.
+    ``MMTF_SAFE_TARGETS``); see :func:`check_targets`. ``use_ema``: load the EMA of the
+    weights (``callbacks=ema``) instead of the trained ones
+    (:func:`mmtf.checkpoint_io.model_state`; a CheckpointError when there is none).
 
     Returns:
         The task (with the checkpoint's tokenizer, if any) and the stored config.
     """
     cfg = stored_config(checkpoint, path, safe_targets)
+    weights = model_state(checkpoint, path, use_ema=use_ema)     # refused before building
     model_cfg = dict(cfg["model"])
     for name in ("encoder", "decoder"):
         part = model_cfg.get(name)
@@ -52,7 +56,7 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
     if tokenizer is not None:       # handed over here; on_load_checkpoint only checks it
         task.use_tokenizer(tokenizer)
     task.on_load_checkpoint(checkpoint)
-    task.load_state_dict(checkpoint["state_dict"], strict=True)
+    task.load_state_dict(weights, strict=True)
     task.run_config = cfg
     return task, cfg
 

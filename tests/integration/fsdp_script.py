@@ -26,8 +26,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Subset, TensorDataset  # noqa: E402
 
+from mmtf.nn import TransformerStack  # noqa: E402
 from mmtf.nn.lora import LoRAConfig, add_lora, lora_trainable  # noqa: E402
-from mmtf.nn.transformer import TransformerBlock  # noqa: E402
 from mmtf.tasks.fsdp import shard_model  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -35,42 +35,42 @@ DIM = 16
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, activation_checkpointing: bool) -> None:
         super().__init__()
         self.inp = nn.Linear(4, DIM)
-        self.blocks = nn.ModuleList([TransformerBlock(dim=DIM, num_heads=2) for _ in range(2)])
+        # The parts' switch (model.encoder/decoder.activation_checkpointing) is the stack's.
+        self.stack = TransformerStack(depth=2, dim=DIM, num_heads=2,
+                                      activation_checkpointing=activation_checkpointing)
         self.out = nn.Linear(DIM, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:          # (b, n, 4) -> (b, n, 1)
-        h = self.inp(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.out(h)
+        return self.out(self.stack(self.inp(x)))
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:             # (b, n, 4) -> (b, c)
         return self.inp(x).mean(1)
 
 
-def lora_net() -> Net:
+def lora_net(activation_checkpointing: bool = False) -> Net:
     """The toy net with LoRA on its second block (q, v, mlp) and that block's base frozen: an
     FSDP unit that mixes frozen and trainable parameters, as a LoRA fine-tune has."""
     torch.manual_seed(0)
-    net = Net()
-    add_lora(net.blocks[1], LoRAConfig(r=2, alpha=4, targets=("q", "v", "mlp")))
-    net.blocks[1].requires_grad_(False)
-    for param in lora_trainable(net.blocks[1]):
+    net = Net(activation_checkpointing)
+    block = net.stack.blocks[1]
+    add_lora(block, LoRAConfig(r=2, alpha=4, targets=("q", "v", "mlp")))
+    block.requires_grad_(False)
+    for param in lora_trainable(block):
         param.requires_grad_(True)
     with torch.no_grad():                    # B = 0 would leave block 1's output unchanged
-        for name, param in net.blocks[1].named_parameters():
+        for name, param in block.named_parameters():
             if ".lora_B." in name:
                 param.normal_(0.0, 0.1)
     return net
 
 
 class Toy(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, activation_checkpointing: bool) -> None:
         super().__init__()
-        self.net = lora_net()
+        self.net = lora_net(activation_checkpointing)
 
     def configure_model(self) -> None:
         shard_model(self)
@@ -95,14 +95,13 @@ def main(out: Path, max_steps: int, activation_checkpointing: bool, ckpt_path: s
         cfg = compose("train", overrides=[
             "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
             "trainer.precision=32-true", "trainer.strategy.process_group_backend=gloo",
-            f"trainer.strategy.activation_checkpointing={activation_checkpointing}",
             f"trainer.max_steps={max_steps}", "trainer.max_epochs=-1",
             f"paths.output_dir={out}"])
     checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=-1,
                                   every_n_train_steps=2, filename="{step}")
     trainer = instantiate(cfg.trainer, logger=False, callbacks=[checkpoints],
                           enable_progress_bar=False, enable_model_summary=False)
-    model = Toy()
+    model = Toy(activation_checkpointing)
     trainer.fit(model, ckpt_path=ckpt_path)
     trainer.save_checkpoint(out / "end.ckpt")
     if trainer.global_rank == 0:

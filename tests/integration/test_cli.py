@@ -213,9 +213,12 @@ def test_multirun_two_jobs_into_one_sweep_dir(data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_ddp_cpu_two_processes_one_run_dir(data_dir, tmp_path):
+    """Also: activation checkpointing of both parts and an EMA of the weights under DDP."""
     run_dir = tmp_path / "ddp"
     # As a user starts it (no OMP_NUM_THREADS): the two ranks split the cores between them.
-    out = run_cli("mmtf.train", [*_tiny(data_dir), "trainer=ddp_cpu", f"hydra.run.dir={run_dir}"],
+    out = run_cli("mmtf.train", [*_tiny(data_dir), "trainer=ddp_cpu", f"hydra.run.dir={run_dir}",
+                                 "model.encoder.activation_checkpointing=true",
+                                 "model.decoder.activation_checkpointing=true", "callbacks=ema"],
                   cwd=tmp_path, timeout=600, env={"OMP_NUM_THREADS": None})
     assert out.returncode == 0, out.stderr[-3000:]
     cores = len(os.sched_getaffinity(0))
@@ -229,7 +232,9 @@ def test_ddp_cpu_two_processes_one_run_dir(data_dir, tmp_path):
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1] == "last.ckpt"
     assert not (tmp_path / "outputs").exists()           # no duplicate run dirs from rank 1
     # 12 training clips over 2 ranks x batch 4: 2 steps per epoch on each rank.
-    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 2
+    last = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == 2 and last["callbacks"]["EMA"]["updates"] == 2
+    assert last["ema_state_dict"].keys() == last["state_dict"].keys()
 
 
 def test_config_errors_are_one_readable_line(data_dir, tmp_path):

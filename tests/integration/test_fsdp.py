@@ -46,8 +46,8 @@ def test_fsdp_shards_blocks_and_resumes_bit_exactly(tmp_path):
     expected = _weights(tmp_path / "unbroken" / "end.ckpt")
     got = _weights(tmp_path / "resumed" / "end.ckpt")
     # Full (unsharded) tensors under the plain parameter names, whatever the checkpointing.
-    assert set(got) == set(expected) and "net.blocks.0.self_attn.to_q.weight" in got
-    assert got["net.blocks.0.mlp.fc_in.weight"].shape == (64, 16)
+    assert set(got) == set(expected) and "net.stack.blocks.0.self_attn.to_q.weight" in got
+    assert got["net.stack.blocks.0.mlp.fc_in.weight"].shape == (64, 16)
     for name in expected:
         assert torch.equal(got[name], expected[name]), name
     started = _weights(tmp_path / "unbroken" / "checkpoints" / "step=4.ckpt")
@@ -55,7 +55,7 @@ def test_fsdp_shards_blocks_and_resumes_bit_exactly(tmp_path):
     # LoRA on block 1 (base frozen inside a sharded unit): its base is the initial one bit for
     # bit, its adapters trained
     initial = {f"net.{k}": v for k, v in lora_net().state_dict().items()}
-    block = [k for k in expected if k.startswith("net.blocks.1.")]
+    block = [k for k in expected if k.startswith("net.stack.blocks.1.")]
     assert any(".lora_A." in k for k in block)
     for name in block:
         assert torch.equal(expected[name], initial[name]) == (".lora_" not in name), name

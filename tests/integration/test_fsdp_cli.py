@@ -23,7 +23,8 @@ def test_fsdp_trains_the_captioner_and_resumes_from_last(data_dir, tmp_path):
     assert first.returncode == 0, first.stderr[-4000:]
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] == 1
     resumed = run_cli("mmtf.train", [*args, "trainer.max_epochs=2", "ckpt_path=last",
-                                     "trainer.strategy.activation_checkpointing=true"],
+                                     "model.encoder.activation_checkpointing=true",
+                                     "model.decoder.activation_checkpointing=true"],
                       cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "Restored all states" in resumed.stdout + resumed.stderr

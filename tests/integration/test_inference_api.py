@@ -1,4 +1,5 @@
-"""Long audio in predict/evaluate, and the notebook API (mmtf.load + caption) against predict."""
+"""Long audio in predict/evaluate, the notebook API (mmtf.load + caption) against predict, and
+use_ema of evaluate, load and export."""
 
 from __future__ import annotations
 
@@ -124,3 +125,43 @@ def _batch(files: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
     for i, w in enumerate(waves):
         x[i, : len(w)] = w
     return x, lengths
+
+
+def test_use_ema_changes_what_evaluate_load_and_export_see(ckpt, tmp_path):
+    """A copy of the checkpoint given an ``ema_state_dict`` (the trained weights plus noise, as
+    callbacks=ema writes it beside state_dict): use_ema=true reads it everywhere, use_ema=false
+    (the default) the trained weights; without one, use_ema=true is a one-line error."""
+    from mmtf.checkpoint_io import EMA_STATE_KEY, atomic_torch_save, load_checkpoint
+    from mmtf.export import export_part, load_exported
+
+    checkpoint = load_checkpoint(ckpt)
+    params = {k for k, _ in mmtf.load(ckpt)[0].named_parameters(remove_duplicate=False)}
+    g = torch.Generator().manual_seed(0)   # the parameters averaged, the buffers the model's
+    average = {k: v + 0.5 * torch.randn(v.shape, generator=g) if k in params else v
+               for k, v in checkpoint["state_dict"].items()}
+    with_ema = tmp_path / "ema.ckpt"
+    atomic_torch_save({**checkpoint, EMA_STATE_KEY: average}, with_ema)
+    name = "model.encoder.stack.blocks.0.mlp.fc_in.weight"
+
+    trained, _ = mmtf.load(with_ema)
+    averaged, _ = mmtf.load(with_ema, use_ema=True)
+    assert torch.equal(trained.state_dict()[name], checkpoint["state_dict"][name])
+    assert torch.equal(averaged.state_dict()[name], average[name])
+
+    export_part(with_ema, "encoder", tmp_path / "enc", use_ema=True)
+    exported = load_exported(tmp_path / "enc").state_dict()["stack.blocks.0.mlp.fc_in.weight"]
+    assert torch.equal(exported, average[name])
+
+    evaluate_in_process(with_ema, tmp_path / "plain")
+    evaluate_in_process(with_ema, tmp_path / "ema", "use_ema=true")
+    plain = (tmp_path / "plain" / "predictions.jsonl").read_text()
+    assert (tmp_path / "ema" / "predictions.jsonl").read_text() != plain
+
+    out = cli_in_process("mmtf.evaluate", [f"ckpt_path={ckpt}", "use_ema=true",
+                                           "accelerator=cpu", f"hydra.run.dir={tmp_path / 'x'}"],
+                         cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0"})     # the one-line form
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"mmtf: error: CheckpointError: checkpoint {ckpt} holds no EMA weights (ema_state_dict): "
+        f"train with callbacks=ema (the average is saved from callbacks.ema.start_step on), or "
+        f"set use_ema=false.")

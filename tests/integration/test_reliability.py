@@ -31,6 +31,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 
+from mmtf.checkpoint_io import EMA_STATE_KEY
 from mmtf.reliability import NonFiniteLossError
 from mmtf.train import train
 from tests.unit.reliability.toy import run_forked
@@ -142,6 +143,12 @@ def exact_overrides(data_dir: Path, *extra: str) -> list[str]:
                           "callbacks.periodic_checkpoint.every_n_train_steps=2", *extra)
 
 
+# An EMA of the weights (updates after steps 2, 4, 6, 8; validation on the average): its state
+# must resume bit for bit too.
+EMA_ON = ("callbacks=ema", "callbacks.ema.decay=0.7", "callbacks.ema.start_step=2",
+          "callbacks.ema.every_n_steps=2")
+
+
 def load(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -179,6 +186,10 @@ def assert_same_final_state(ref: Path, run: Path) -> None:
     assert_equal_tensors(a["optimizer_states"], b["optimizer_states"], "optimizer_states")
     assert a["lr_schedulers"] == b["lr_schedulers"]
     assert_equal_tensors(a["callbacks"]["ResumeState"], b["callbacks"]["ResumeState"], "rng")
+    assert (EMA_STATE_KEY in a) == (EMA_STATE_KEY in b)
+    if EMA_STATE_KEY in a:
+        assert_equal_tensors(a[EMA_STATE_KEY], b[EMA_STATE_KEY], EMA_STATE_KEY)
+        assert a["callbacks"]["EMA"] == b["callbacks"]["EMA"]
     assert a["mmtf"]["tokenizer"] == b["mmtf"]["tokenizer"]          # same JSON, byte for byte
 
 
@@ -239,13 +250,14 @@ AUGMENT = ["data.augment.mixup.p=0.5", "data.augment.speed.p=0.5", "data.augment
 def test_sigkill_mid_epoch_then_ckpt_path_last_resumes_exactly(data_dir, tmp_path):
     """CLI: reference run; the same run SIGKILLed after step 5 (last.ckpt of step 4 = epoch 1
     after 1 of 3 batches); `ckpt_path=last hydra.run.dir=<same>` finishes it. With waveform
-    augmentation and mixup on."""
+    augmentation, mixup and an EMA of the weights (callbacks=ema) on: the average resumes bit for
+    bit too."""
     ref, run, starts = tmp_path / "ref", tmp_path / "run", tmp_path / "starts.jsonl"
-    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT), f"hydra.run.dir={ref}"],
+    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT, *EMA_ON), f"hydra.run.dir={ref}"],
                   cwd=tmp_path, env=ENV)
     assert out.returncode == 0, out.stderr[-3000:]
 
-    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT),
+    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT, *EMA_ON),
                                  *cb("kill", KillAtStep, step=5), f"hydra.run.dir={run}"],
                   cwd=tmp_path, env=ENV)
     assert out.returncode == -signal.SIGKILL, (out.returncode, out.stderr[-3000:])
@@ -253,13 +265,17 @@ def test_sigkill_mid_epoch_then_ckpt_path_last_resumes_exactly(data_dir, tmp_pat
     position = killed["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     assert (killed["global_step"], killed["epoch"]) == (4, 1)
     assert position["_index_sampler_state"]["epoch"] == 1 and position["_num_yielded"] == 1
+    assert killed["callbacks"]["EMA"]["updates"] == 2                 # after steps 2 and 4
 
-    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT), "ckpt_path=last",
+    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT, *EMA_ON), "ckpt_path=last",
                                  *cb("rec", Recorder, path=str(starts)), f"hydra.run.dir={run}"],
                   cwd=tmp_path, env=ENV)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [json.loads(x)["start_step"] for x in starts.read_text().splitlines()] == [4]
     assert_same_final_state(ref, run)
+    final = load(run / "checkpoints" / "last.ckpt")
+    assert final["callbacks"]["EMA"]["updates"] == 4
+    assert max_abs_diff(final["state_dict"], final[EMA_STATE_KEY]) > 1e-4   # a real average
     assert not list((run / "checkpoints").glob("*.tmp"))
 
 
