@@ -62,8 +62,8 @@ class EMA(WeightAveraging):
         if start_step < 0 or every_n_steps < 1:
             raise ConfigError(f"callbacks.ema: start_step ({start_step}) must be >= 0 and "
                               f"every_n_steps ({every_n_steps}) >= 1.")
-        super().__init__(device=device, use_buffers=False,
-                         multi_avg_fn=get_ema_multi_avg_fn(decay))
+        self._ema_fn = get_ema_multi_avg_fn(decay)
+        super().__init__(device=device, use_buffers=False, multi_avg_fn=self._ema_fn)
         self.decay, self.start_step, self.every_n_steps = decay, start_step, every_n_steps
         self.validate_with_ema = validate_with_ema
         self._swapped: dict[str, Tensor] | None = None   # the tensors now holding the others
@@ -94,7 +94,7 @@ class EMA(WeightAveraging):
                               "remove callbacks.ema.")
         # The averaged copy of the task; buffers follow the model (use_buffers=False).
         self._average_model = AveragedModel(pl_module, device=self._device, use_buffers=False,
-                                            **self._kwargs)
+                                            multi_avg_fn=self._ema_fn)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # setup() ran before the strategy moved the model to its device.
