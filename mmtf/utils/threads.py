@@ -9,8 +9,8 @@ descheduled: a training step ran ~10x slower, not 2x (issue #24, experiments/cpu
 Two things are set here, each only where the user has not set it:
 
 * :func:`share_cpu` (called by ``import mmtf``, so before ``import torch`` for every mmtf CLI):
-  ``GOMP_SPINCOUNT`` = :data:`SPINCOUNT`, a short spin that keeps the wake-up saving of an idle
-  machine and sleeps soon enough to leave the cores to others. libgomp reads it once, when torch
+  ``OMP_WAIT_POLICY=PASSIVE``: idle threads sleep at once and leave the cores to whoever needs
+  them (about the fair share next to other work, ~10% slower alone). libgomp reads it once, when torch
   loads it, so it must be in the environment before ``import torch``; it is also inherited by
   every process mmtf starts (DDP ranks, loader workers, a sweep's jobs).
   ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` of the user win; ``MMTF_CPU_SHARING=0`` turns this off.
@@ -28,9 +28,9 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-# Spins before an idle OpenMP thread sleeps (libgomp: 300,000 by default, 0 for
-# OMP_WAIT_POLICY=PASSIVE). experiments/cpu_sharing measures the choice.
-SPINCOUNT = "10000"
+# How idle OpenMP threads wait: PASSIVE = sleep at once (libgomp's default spins 300,000 times
+# first). experiments/cpu_sharing measures the choice against spin counts.
+WAIT_POLICY = "PASSIVE"
 WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 OPT_OUT = "MMTF_CPU_SHARING"
 
@@ -39,7 +39,7 @@ _decision: dict[str, str] = {}
 
 
 def share_cpu(environ: MutableMapping[str, str] | None = None) -> str:
-    """Put :data:`SPINCOUNT` into ``GOMP_SPINCOUNT`` unless the user chose a wait policy.
+    """Put :data:`WAIT_POLICY` into ``OMP_WAIT_POLICY`` unless the user chose how threads wait.
 
     Returns how OpenMP threads wait in this process, in words (what the start log prints).
     Called before ``import torch`` it governs this process; afterwards only its children.
@@ -49,17 +49,18 @@ def share_cpu(environ: MutableMapping[str, str] | None = None) -> str:
     late = "torch" in sys.modules and environ is None
     if env.get(OPT_OUT, "").strip().lower() in ("0", "false", "off", "no"):
         how = f"libgomp's default spin ({OPT_OUT}={env[OPT_OUT]})"
-    elif chosen == {"GOMP_SPINCOUNT": SPINCOUNT}:         # inherited from an mmtf parent
-        how = f"GOMP_SPINCOUNT={SPINCOUNT} (mmtf's default)"
+    elif chosen == {"OMP_WAIT_POLICY": WAIT_POLICY}:      # inherited from an mmtf parent
+        how = f"OMP_WAIT_POLICY={WAIT_POLICY} (mmtf's default)"
     elif chosen:
         how = ", ".join(f"{k}={v}" for k, v in chosen.items()) + " (yours)"
     else:
-        env["GOMP_SPINCOUNT"] = SPINCOUNT
-        how = f"GOMP_SPINCOUNT={SPINCOUNT} (mmtf's default; set OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose)"
+        env["OMP_WAIT_POLICY"] = WAIT_POLICY
+        how = (f"OMP_WAIT_POLICY={WAIT_POLICY} (mmtf's default; set OMP_WAIT_POLICY or "
+               "GOMP_SPINCOUNT to choose)")
         if late:
             how = ("libgomp's default spin in this process: torch was imported before mmtf "
-                   f"(GOMP_SPINCOUNT={SPINCOUNT} reaches the processes it starts; import mmtf "
-                   "first, or export GOMP_SPINCOUNT, to share the CPU here too)")
+                   f"(OMP_WAIT_POLICY={WAIT_POLICY} reaches the processes it starts; import "
+                   "mmtf first, or export OMP_WAIT_POLICY, to share the CPU here too)")
     if environ is None:
         _decision["wait"] = how
     return how

@@ -10,13 +10,19 @@ import pytest
 import torch
 
 from mmtf.utils import threads
-from mmtf.utils.threads import SPINCOUNT, parallel_jobs, set_threads, share_cpu, threads_per_process
+from mmtf.utils.threads import (
+    WAIT_POLICY,
+    parallel_jobs,
+    set_threads,
+    share_cpu,
+    threads_per_process,
+)
 
 
 def test_share_cpu_sets_a_short_spin_where_the_user_chose_none():
     env: dict[str, str] = {}
     how = share_cpu(env)
-    assert env == {"GOMP_SPINCOUNT": SPINCOUNT} and "mmtf's default" in how
+    assert env == {"OMP_WAIT_POLICY": WAIT_POLICY} and "mmtf's default" in how
 
 
 @pytest.mark.parametrize("user", [{"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "300000"},
@@ -30,21 +36,21 @@ def test_share_cpu_keeps_the_users_wait_policy(user):
 @pytest.mark.parametrize("off", ["0", "off", "False"])
 def test_share_cpu_can_be_turned_off(off):
     env = {"MMTF_CPU_SHARING": off}
-    assert "libgomp's default" in share_cpu(env) and "GOMP_SPINCOUNT" not in env
+    assert "libgomp's default" in share_cpu(env) and "OMP_WAIT_POLICY" not in env
 
 
 def test_an_inherited_mmtf_default_is_not_called_the_users():
-    assert "mmtf's default" in share_cpu({"GOMP_SPINCOUNT": SPINCOUNT})
+    assert "mmtf's default" in share_cpu({"OMP_WAIT_POLICY": WAIT_POLICY})
 
 
 def test_import_mmtf_puts_the_setting_into_a_fresh_interpreter_before_torch():
     code = ("import os, sys; import mmtf; assert 'torch' not in sys.modules; "
-            "print(os.environ.get('GOMP_SPINCOUNT'))")
+            "print(os.environ.get('OMP_WAIT_POLICY'))")
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == SPINCOUNT
-    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    assert out.stdout.strip() == WAIT_POLICY
+    env["GOMP_SPINCOUNT"] = "300000"                  # the user's choice: left alone
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "None", out.stderr
 
