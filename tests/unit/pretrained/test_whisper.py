@@ -32,7 +32,7 @@ from mmtf.decoders import EncoderDecoder
 from mmtf.errors import UserError
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 from mmtf.text import PretrainedTokenizer
-from tests.unit.pretrained.tiny_hf import WHISPER_PROMPT, write_whisper
+from tests.unit.pretrained.tiny_hf import WHISPER_PROMPT, padded_batch, write_whisper
 
 transformers = pytest.importorskip("transformers")
 
@@ -49,14 +49,6 @@ def clips() -> list[np.ndarray]:
         scene = sample_scene(rng, min_seconds=seconds, max_seconds=seconds)
         out.append(render(scene, SR, rng)[: int(seconds * SR)].astype(np.float32))
     return out
-
-
-def batch(waves: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = torch.tensor([len(w) for w in waves])
-    out = torch.zeros(len(waves), int(lengths.max()))
-    for i, w in enumerate(waves):
-        out[i, : len(w)] = torch.from_numpy(w)
-    return out, lengths
 
 
 @pytest.fixture(scope="module", params=[80, 128], ids=["mel80", "mel128"])
@@ -87,7 +79,7 @@ def test_log_mel_features_equal_whisper_feature_extractor(whisper, pad_to_second
     expected = hf_features(extractor, waves)
     encoder = whisper_encoder(pretrained=folder, pad_to_seconds=pad_to_seconds,
                               max_seconds=30.0).eval()
-    wave, lengths = batch(waves)
+    wave, lengths = padded_batch(waves)
     feats, frames = encoder.frontend(wave, lengths)
     if pad_to_seconds is None:
         assert frames.tolist() == [n // 160 + 1 for n in lengths.tolist()]
@@ -107,7 +99,7 @@ def test_encoder_and_teacher_forced_logits_equal_transformers(whisper):
     folder, hf, extractor, tokenizer = whisper
     waves = clips()[:3]                                  # short clips, padded to 30 s
     model = mmtf_model(folder, tokenizer)
-    wave, lengths = batch(waves)
+    wave, lengths = padded_batch(waves)
     features = hf_features(extractor, waves)
     body = torch.randint(0, 290, (3, 6), generator=torch.Generator().manual_seed(1))
     tokens = torch.cat([torch.tensor([tokenizer.prompt_ids] * 3), body], dim=1)   # (3, 10)
@@ -146,7 +138,7 @@ def test_greedy_tokens_with_the_kv_cache_equal_transformers(whisper):
     folder, hf, extractor, tokenizer = whisper
     waves = clips()[:3]
     model = mmtf_model(folder, tokenizer)
-    wave, lengths = batch(waves)
+    wave, lengths = padded_batch(waves)
     out = model.generate(wave, lengths, strategy="greedy", max_new_tokens=12)
     expected = hf_greedy(hf, hf_features(extractor, waves), tokenizer.prompt_ids,
                          tokenizer.prompt_ids, 12)
@@ -175,7 +167,7 @@ def test_beam_tokens_with_the_kv_cache_equal_transformers(whisper):
     folder, hf, extractor, tokenizer = whisper
     waves = clips()[:2]
     model = mmtf_model(folder, tokenizer)
-    wave, lengths = batch(waves)
+    wave, lengths = padded_batch(waves)
     out = model.generate(wave, lengths, strategy="beam", num_beams=3, max_new_tokens=8,
                          length_penalty=1.0, early_stopping=True)
     prompt = tokenizer.prompt_ids
@@ -239,7 +231,7 @@ def test_export_to_the_hugging_face_layout_loads_in_transformers_with_equal_outp
     out = export_hf(task, cfg, tmp_path / "hf")
     hf = transformers.WhisperForConditionalGeneration.from_pretrained(out).eval()
     waves = clips()[:2]
-    wave, lengths = batch(waves)
+    wave, lengths = padded_batch(waves)
     features = hf_features(extractor, waves)
     tokens = torch.tensor([[*tokenizer.prompt_ids, 5, 17, 42, 99]] * 2)
     with torch.no_grad():

@@ -29,7 +29,7 @@ from mmtf.decoders.speech import (
 )
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 from mmtf.text import PretrainedTokenizer
-from tests.unit.pretrained.tiny_hf import write_whisper
+from tests.unit.pretrained.tiny_hf import padded_batch, write_whisper
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,14 +69,6 @@ def varied_inputs() -> list[np.ndarray]:
             (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), scene(7.1, 2)]
 
 
-def batch(waves: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = torch.tensor([len(w) for w in waves])
-    out = torch.zeros(len(waves), int(lengths.max()))
-    for i, w in enumerate(waves):
-        out[i, : len(w)] = torch.from_numpy(w)
-    return out, lengths
-
-
 def hf_features(waves, **options) -> dict:
     extractor = transformers.WhisperFeatureExtractor(feature_size=80)
     return extractor(waves, sampling_rate=SR, return_tensors="pt", **options)
@@ -100,7 +92,7 @@ def test_detected_language_equals_transformers_detect_language(speech):
     hf, model, tokenizer = speech
     waves = varied_inputs()
     expected = hf.detect_language(hf_features(waves).input_features)
-    memory, mask = model.encode(*batch(waves))
+    memory, mask = model.encode(*padded_batch(waves))
     found = detect_language(model.decoder, memory, mask,
                             start_id=tokenizer.start_of_transcript_id,
                             language_ids=list(tokenizer.languages.values()))
@@ -143,7 +135,7 @@ def test_short_clips_with_timestamps_equal_transformers_generate(speech):
                       return_segments=True, language="en", task="transcribe",
                       max_new_tokens=MAX_NEW, suppress_tokens=sorted(set(prompt)),
                       begin_suppress_tokens=None)
-    x, lengths = batch(waves)
+    x, lengths = padded_batch(waves)
     features, _ = model.encoder.frontend(x, lengths)                           # (b, f, 3000)
     rules = TimestampRules(timestamp_begin=tokenizer.timestamp_begin,
                            no_timestamps_id=tokenizer.no_timestamps_id, eos_id=tokenizer.eos_id)
@@ -173,7 +165,7 @@ def test_english_only_model_prompts_with_start_of_transcript_alone_as_transforme
     out = hf.generate(hf_features(waves).input_features, return_timestamps=True,
                       return_segments=True, max_new_tokens=MAX_NEW, suppress_tokens=prompt,
                       begin_suppress_tokens=None)
-    features, _ = model.encoder.frontend(*batch(waves))
+    features, _ = model.encoder.frontend(*padded_batch(waves))
     rules = TimestampRules(timestamp_begin=tokenizer.timestamp_begin,
                            no_timestamps_id=tokenizer.no_timestamps_id, eos_id=tokenizer.eos_id)
     mine = ours(transcribe_long(model, features[0], prompt=prompt,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 CORPUS = ["a dog barks at the cat", "rain falls on a tin roof", "birds sing in tall trees",
@@ -122,3 +124,12 @@ def write_whisper(folder: Path, *, n_mels: int = 80, d_model: int = 64, layers: 
         generation._from_model_config = False      # from_pretrained keeps the file's fields
     model.save_pretrained(folder)
     return model
+
+
+def padded_batch(waves: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Waveforms of any lengths as one zero-padded (b, t) batch and their (b,) lengths."""
+    lengths = torch.tensor([len(w) for w in waves])
+    out = torch.zeros(len(waves), int(lengths.max()))
+    for i, w in enumerate(waves):
+        out[i, : len(w)] = torch.from_numpy(w)
+    return out, lengths
