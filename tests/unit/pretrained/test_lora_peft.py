@@ -19,8 +19,8 @@ from mmtf.pretrained import resolved_sizes
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 from mmtf.tasks import CaptioningTask
 from mmtf.text import PretrainedTokenizer
-from tests.unit.pretrained.test_whisper import batch, clips, hf_features
-from tests.unit.pretrained.tiny_hf import WHISPER_PROMPT, write_whisper
+from tests.unit.pretrained.test_whisper import clips, hf_features
+from tests.unit.pretrained.tiny_hf import WHISPER_PROMPT, padded_batch, write_whisper
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -39,7 +39,7 @@ def whisper(tmp_path_factory):
     waves = clips()[:2]
     extractor = transformers.WhisperFeatureExtractor(feature_size=80)
     tokens = torch.tensor([[*tokenizer.prompt_ids, 5, 17, 42, 99]] * 2)
-    return folder, tokenizer, hf_features(extractor, waves), *batch(waves), tokens
+    return folder, tokenizer, hf_features(extractor, waves), *padded_batch(waves), tokens
 
 
 def _task(folder, tokenizer, lora) -> CaptioningTask:
