@@ -135,7 +135,8 @@ class BucketBatchSampler:
             return int(self.num_captions.sum())
         return len(self.lengths)
 
-    def _shard_size(self) -> int:
+    def _rank_size(self) -> int:
+        """Examples this rank walks per epoch (equal on every rank: DDP needs equal batches)."""
         n = self.num_examples()
         return n // self.num_replicas if self.drop_last else math.ceil(n / self.num_replicas)
 
@@ -148,7 +149,7 @@ class BucketBatchSampler:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __len__(self) -> int:
-        return sum(self._batches_in(p) for p in self._pool_sizes(self._shard_size()))
+        return sum(self._batches_in(p) for p in self._pool_sizes(self._rank_size()))
 
     # ------------------------------------------------------------------ order
     def _examples(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,22 +167,27 @@ class BucketBatchSampler:
             items, caps = np.arange(n), np.zeros(n, dtype=np.int64)
         return items, caps
 
-    def batches(self, epoch: int | None = None) -> list[list[Key]]:
-        """This rank's batches of one epoch (default: the current one), from its start."""
-        epoch = self.state.epoch if epoch is None else int(epoch)
+    def rank_examples(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(item, caption) arrays of this rank's examples of ``epoch``, in walking order,
+        ``_rank_size()`` long. Subclasses that order examples otherwise (shard streams,
+        mixtures) override this and ``_rank_size``; bucketing and batching stay shared."""
         items, caps = self._examples(epoch)
         order = np.arange(len(items))
         if self.shuffle:
             order = np.random.default_rng([self.seed, epoch, 2]).permutation(len(items))
-        shard_size = self._shard_size()
-        total = shard_size * self.num_replicas
+        rank_size = self._rank_size()
+        total = rank_size * self.num_replicas
         if total > len(order):  # repeat from the start so every rank gets as many examples
             order = np.concatenate([order, np.resize(order, total - len(order))])
-        shard = order[:total][self.rank::self.num_replicas]
+        mine = order[:total][self.rank::self.num_replicas]
+        return items[mine], caps[mine]
+
+    def _cut(self, items: np.ndarray, caps: np.ndarray, epoch: int) -> list[list[Key]]:
+        """This rank's examples -> batches: length-sorted pools, cut by ``batch_size``."""
         out: list[list[Key]] = []
         start = 0
-        for size in self._pool_sizes(shard_size):
-            pool = shard[start:start + size]
+        for size in self._pool_sizes(len(items)):
+            pool = np.arange(start, start + size)
             start += size
             if self.bucketing:
                 pool = pool[np.argsort(self.lengths[items[pool]], kind="stable")]
@@ -190,10 +196,20 @@ class BucketBatchSampler:
                 if len(chunk) < self.batch_size and self.drop_last:
                     continue
                 out.append([(int(items[k]), int(caps[k]), epoch) for k in chunk])
-        if self.shuffle:
-            perm = np.random.default_rng([self.seed, epoch, 3, self.rank]).permutation(len(out))
-            out = [out[k] for k in perm]
         return out
+
+    def _order_batches(self, batches: list[list[Key]], epoch: int) -> list[list[Key]]:
+        """The order batches are handed out in (training: shuffled by (seed, epoch, rank))."""
+        if not self.shuffle:
+            return batches
+        perm = np.random.default_rng([self.seed, epoch, 3, self.rank]).permutation(len(batches))
+        return [batches[k] for k in perm]
+
+    def batches(self, epoch: int | None = None) -> list[list[Key]]:
+        """This rank's batches of one epoch (default: the current one), from its start."""
+        epoch = self.state.epoch if epoch is None else int(epoch)
+        items, caps = self.rank_examples(epoch)
+        return self._order_batches(self._cut(items, caps, epoch), epoch)
 
     # ------------------------------------------------------------------ walking the order
     def set_epoch(self, epoch: int) -> None:
