@@ -4,7 +4,8 @@
 #   experiments/short_utterances_specaugment/run.sh <name> [hydra overrides ...]
 # e.g. run.sh fixed model.encoder.time_mask_mode=fixed
 #      run.sh none model.encoder.time_masks=0
-# ROOT: the data (make_data.py); OUT: where runs go; PYTHON: the interpreter.
+# ROOT: the data (make_data.py); OUT: where runs go; PYTHON: the interpreter;
+# EPOCHS (6) and VAL_EVERY (3): the training budget and how often it validates.
 set -euo pipefail
 name=$1; shift
 ROOT=${ROOT:-/tmp/short_utts}
@@ -17,7 +18,7 @@ $PYTHON -m mmtf.train experiment=audio_captioning_clotho data.root="$ROOT" \
     data.num_workers=0 data.persistent_workers=false \
     model.optimizer.lr=2e-3 model.warmup_steps=100 \
     model.generation.strategy=greedy '~model.generation.num_beams' \
-    trainer.max_epochs=6 trainer.check_val_every_n_epoch=3 \
+    trainer.max_epochs=${EPOCHS:-6} trainer.check_val_every_n_epoch=${VAL_EVERY:-3} \
     "model.test_metrics=[bleu,rouge_l,cider_d]" test=false \
     seed=12345 paths.log_dir="$OUT/$name" "$@"
 run=$(ls -d "$OUT/$name"/*/runs/* | tail -1)
