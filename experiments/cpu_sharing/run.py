@@ -5,16 +5,19 @@ audio captioner ran ~10x slower, not the fair ~2x. Which setting of how OpenMP t
 (libgomp's default spin, ``OMP_WAIT_POLICY=PASSIVE``, ``GOMP_SPINCOUNT=N``, mmtf's default) gives
 about the fair share next to other work and loses little alone?
 
-Per setting one measuring process (the setting fixed in its environment before torch loads, as
-``import mmtf`` does for every CLI) builds the default experiment's model and AdamW exactly as
-``experiments/training_throughput`` does, then times ``--steps`` training steps on batches of the
-experiment's batch size (4 s clips) in each condition, which the parent sets up in between:
-idle; beside one and two competing 2-thread torch processes (a matmul loop with libgomp's default
-spin: other people's work, not mmtf's); beside a competing mmtf process (the same step in a loop,
-under the same setting: two mmtf runs on one machine). Conditions run in the same order for every
-setting, and the idle condition is measured first and again last (its spread is the noise).
+Per setting and condition a fresh measuring process (the setting in its environment before
+torch loads, as for every CLI; under ``mmtf`` it is ``import mmtf``'s own choice, made from the
+load it sees at start) builds the default experiment's model and AdamW exactly as
+``experiments/training_throughput`` does and times ``--steps`` training steps on batches of the
+experiment's batch size (4 s clips). Conditions: idle; started beside one and two competing
+2-thread torch processes (a matmul loop with libgomp's default spin: other people's work, not
+mmtf's); started beside a competing mmtf process (the same step in a loop under the same
+setting, started first on the idle machine: a second experiment on one workstation); and one
+torch process that starts *after* the measuring process (work that arrives during a run: a
+choice made at start cannot see it). Conditions run in the same order for every setting, and
+the idle condition is measured first and again last (its spread is the noise).
 
-    python experiments/cpu_sharing/run.py                  # every setting (~6 min on 2 cores)
+    python experiments/cpu_sharing/run.py                  # every setting (~10 min on 2 cores)
     python experiments/cpu_sharing/run.py --steps 10 --settings off mmtf
 
 Prints the cores, CPU flags and load average, a table of seconds and ratios to the same
@@ -34,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MMTF_CPU_SHARING", "OMP_NUM_THREADS")
-CONDITIONS = ("idle", "1 torch", "2 torch", "1 mmtf", "idle again")
+CONDITIONS = ("idle", "1 torch", "2 torch", "1 mmtf", "1 torch later", "idle again")
 
 
 def setting_env(name: str) -> dict[str, str]:
@@ -47,8 +50,9 @@ def setting_env(name: str) -> dict[str, str]:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     elif name.startswith("spin"):
         env["GOMP_SPINCOUNT"] = name.removeprefix("spin")
-    elif name != "mmtf":                              # mmtf: what `import mmtf` sets
+    elif name != "mmtf":                              # mmtf: what `import mmtf` chooses
         raise SystemExit(f"unknown setting {name!r}: off, mmtf, passive or spin<N>")
+    env.pop("MMTF_OMP_WAIT", None)
     return env
 
 
@@ -106,14 +110,27 @@ def start(args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
                             **kw)
 
 
-def measure(setting: str, steps: int) -> dict[str, float]:
-    env = setting_env(setting)
+def _worker(env: dict[str, str], steps: int) -> tuple[subprocess.Popen, str]:
     proc = start(["--worker", "--steps", str(steps)], env, stdin=subprocess.PIPE,
                  stdout=subprocess.PIPE)
-    ready = json.loads(proc.stdout.readline())
-    print(f"[{setting}] {ready['ready']}", file=sys.stderr, flush=True)
+    return proc, json.loads(proc.stdout.readline())["ready"]
+
+
+def _go(proc: subprocess.Popen) -> float:
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    seconds = json.loads(proc.stdout.readline())["seconds"]
+    proc.stdin.close()
+    proc.wait()
+    return seconds
+
+
+def measure(setting: str, steps: int) -> tuple[dict[str, float], dict[str, str]]:
+    """Seconds per condition, and how the measuring process's threads waited in each."""
+    env = setting_env(setting)
+    plain = {k: v for k, v in os.environ.items() if k not in WAIT_KEYS and k != "MMTF_OMP_WAIT"}
     out: dict[str, float] = {}
-    plain = {k: v for k, v in os.environ.items() if k not in WAIT_KEYS}
+    waits: dict[str, str] = {}
     for condition in CONDITIONS:
         others: list[subprocess.Popen] = []
         if condition in ("1 torch", "2 torch"):
@@ -123,23 +140,25 @@ def measure(setting: str, steps: int) -> dict[str, float]:
             others = [start(["--worker", "--loop"], env, stdout=subprocess.DEVNULL)]
         if others:
             time.sleep(20 if condition == "1 mmtf" else 3)   # past their start-up
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        out[condition] = json.loads(proc.stdout.readline())["seconds"]
+        proc, ready = _worker(env, steps)
+        if condition == "1 torch later":
+            others = [start(["--compete"], plain, stdout=subprocess.DEVNULL)]
+            time.sleep(3)
+        out[condition] = _go(proc)
+        waits[condition] = ready.split("OpenMP waits: ", 1)[-1]
         for other in others:
             other.kill()
             other.wait()
-        print(f"[{setting}] {condition}: {out[condition]:.2f} s", file=sys.stderr, flush=True)
-    proc.stdin.close()
-    proc.wait()
-    return out
+        print(f"[{setting}] {condition}: {out[condition]:.2f} s; {waits[condition]}",
+              file=sys.stderr, flush=True)
+    return out, waits
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--settings", nargs="+",
-                        default=["off", "mmtf", "spin10000", "spin1000"])
+                        default=["off", "mmtf", "passive", "spin10000"])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--loop", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--compete", action="store_true", help=argparse.SUPPRESS)
@@ -151,12 +170,13 @@ def main() -> None:
 
     sys.path.insert(0, str(REPO))
     from mmtf.perf.device import describe_cpu
-    from mmtf.utils.threads import WAIT_POLICY, available_cores
+    from mmtf.utils.threads import available_cores
 
     load = os.getloadavg()
     print(f"cores {available_cores()}; {describe_cpu()}; load average {load[0]:.2f} "
-          f"(before); mmtf's default OMP_WAIT_POLICY={WAIT_POLICY}; {args.steps} steps per cell")
-    results = {s: measure(s, args.steps) for s in args.settings}
+          f"(before); {args.steps} steps per cell")
+    measured = {s: measure(s, args.steps) for s in args.settings}
+    results = {s: m[0] for s, m in measured.items()}
 
     width = max(len(s) for s in results)
     print(f"\n{'setting':<{width}}  " + "  ".join(f"{c:>16}" for c in CONDITIONS))
@@ -164,15 +184,21 @@ def main() -> None:
         idle = row["idle"]
         cells = [f"{row[c]:6.2f} s ({row[c] / idle:4.2f}x)" for c in CONDITIONS]
         print(f"{setting:<{width}}  " + "  ".join(f"{c:>16}" for c in cells))
+    if "mmtf" in measured:
+        print("\nmmtf's choice at the start of each cell:")
+        for condition, wait in measured["mmtf"][1].items():
+            print(f"  {condition:<14} {wait}")
     summary: dict[str, object] = {"cores": available_cores(), "cpu": describe_cpu(),
                                   "load_before": round(load[0], 2), "steps": args.steps,
-                                  "seconds": results}
+                                  "seconds": results,
+                                  "mmtf_chose": measured["mmtf"][1] if "mmtf" in measured else None}
     if "off" in results and "mmtf" in results:
         off, ours = results["off"], results["mmtf"]
         summary["mmtf_idle_vs_libgomp_idle"] = round(
             min(ours["idle"], ours["idle again"]) / min(off["idle"], off["idle again"]), 3)
         summary["mmtf_beside_1_torch_vs_idle"] = round(ours["1 torch"] / ours["idle"], 3)
         summary["libgomp_beside_1_torch_vs_idle"] = round(off["1 torch"] / off["idle"], 3)
+        summary["mmtf_beside_1_torch_later_vs_idle"] = round(ours["1 torch later"] / ours["idle"], 3)
     print(json.dumps(summary))
 
 

@@ -5,7 +5,7 @@
 # e.g. run.sh fixed model.encoder.time_mask_mode=fixed
 #      run.sh none model.encoder.time_masks=0
 # ROOT: the data (make_data.py); OUT: where runs go; PYTHON: the interpreter;
-# EPOCHS (6) and VAL_EVERY (3): the training budget and how often it validates.
+# EPOCHS (6) and VAL_EVERY (3): the training budget and how often it validates; SEED (12345).
 set -euo pipefail
 name=$1; shift
 ROOT=${ROOT:-/tmp/short_utts}
@@ -20,7 +20,7 @@ $PYTHON -m mmtf.train experiment=audio_captioning_clotho data.root="$ROOT" \
     model.generation.strategy=greedy '~model.generation.num_beams' \
     trainer.max_epochs=${EPOCHS:-6} trainer.check_val_every_n_epoch=${VAL_EVERY:-3} \
     "model.test_metrics=[bleu,rouge_l,cider_d]" test=false \
-    seed=12345 paths.log_dir="$OUT/$name" "$@"
+    seed=${SEED:-12345} paths.log_dir="$OUT/$name" "$@"
 run=$(ls -d "$OUT/$name"/*/runs/* | tail -1)
 best=$(ls "$run"/checkpoints/epoch_*.ckpt | tail -1)
 $PYTHON -m mmtf.evaluate ckpt_path="$best" paths.log_dir="$OUT/$name/eval"

@@ -8,12 +8,17 @@ descheduled: a training step ran ~10x slower, not 2x (issue #24, experiments/cpu
 
 Two things are set here, each only where the user has not set it:
 
-* :func:`share_cpu` (called by ``import mmtf``, so before ``import torch`` for every mmtf CLI):
-  ``OMP_WAIT_POLICY=PASSIVE``: idle threads sleep at once and leave the cores to whoever needs
-  them (about the fair share next to other work, ~10% slower alone). libgomp reads it once, when torch
-  loads it, so it must be in the environment before ``import torch``; it is also inherited by
-  every process mmtf starts (DDP ranks, loader workers, a sweep's jobs).
-  ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` of the user win; ``MMTF_CPU_SHARING=0`` turns this off.
+* :func:`share_cpu` (called by ``import mmtf``, so before ``import torch`` for every mmtf CLI)
+  chooses how idle threads wait from what the other processes on this process's cores do at
+  that moment (:func:`other_cpu_load`, ~50 ms of ``/proc/stat``): next to work that uses at
+  least :data:`BUSY_CORES` cores, ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at once and
+  leave the cores to whoever needs them: about the fair share); on idle cores
+  ``GOMP_SPINCOUNT=10000`` (a short spin: as fast as libgomp's default alone, and ~2.6x, not
+  ~10x, if work arrives later). Only speed depends on it, never a number the run computes.
+  libgomp reads both once, when torch loads it, so they must be in the environment before
+  ``import torch``; every process mmtf starts inherits the choice (DDP ranks, loader workers,
+  a sweep's jobs). ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` of the user win;
+  ``MMTF_CPU_SHARING=0`` turns this off, ``MMTF_CPU_SHARING=passive`` / ``spin`` fix it.
 * :func:`threads_per_process`: the processes that compute on one machine (DDP ranks on CPU, the
   parallel jobs of a sweep launcher, busy loader workers) share its cores instead of each taking
   all of them. ``OMP_NUM_THREADS`` of the user wins.
@@ -28,18 +33,73 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-# How idle OpenMP threads wait: PASSIVE = sleep at once (libgomp's default spins 300,000 times
-# first). experiments/cpu_sharing measures the choice against spin counts.
+# How idle OpenMP threads wait: next to other work PASSIVE (sleep at once; libgomp's default
+# spins 300,000 times first), alone a short spin. experiments/cpu_sharing measures the choice.
 WAIT_POLICY = "PASSIVE"
+SHORT_SPIN = "10000"
+# Cores' worth of other processes' work at start from which threads sleep instead of spinning.
+BUSY_CORES = 0.5
 WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 OPT_OUT = "MMTF_CPU_SHARING"
+# Marks the wait setting as mmtf's own choice, so a child process keeps it and says so.
+CHOSEN = "MMTF_OMP_WAIT"
 
 # What share_cpu() decided in this process, for describe_threads().
 _decision: dict[str, str] = {}
 
 
-def share_cpu(environ: MutableMapping[str, str] | None = None) -> str:
-    """Put :data:`WAIT_POLICY` into ``OMP_WAIT_POLICY`` unless the user chose how threads wait.
+def _cpu_ticks(cores: set[int]) -> tuple[int, int]:
+    """(busy, total) clock ticks of ``cores`` since boot, from /proc/stat."""
+    busy = total = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if not name.startswith("cpu") or name == "cpu":
+                continue
+            if int(name[3:]) not in cores:
+                continue
+            # user nice system idle iowait irq softirq steal (guest is inside user)
+            ticks = [int(x) for x in fields[:8]]
+            total += sum(ticks)
+            busy += sum(ticks) - ticks[3] - ticks[4]
+    return busy, total
+
+
+def _own_ticks() -> int:
+    """utime + stime of this process (all its threads), in clock ticks."""
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def other_cpu_load(window: float = 0.05) -> float | None:
+    """Cores' worth of work other processes do on this process's cores, measured over
+    ``window`` seconds; None where /proc is not there (not Linux)."""
+    import time
+
+    try:
+        cores = os.sched_getaffinity(0)
+        busy0, total0 = _cpu_ticks(cores)
+        own0 = _own_ticks()
+        time.sleep(window)
+        busy1, total1 = _cpu_ticks(cores)
+        own1 = _own_ticks()
+    except (OSError, AttributeError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return 0.0
+    other = max(0, (busy1 - busy0) - (own1 - own0))
+    return len(cores) * other / (total1 - total0)
+
+
+def share_cpu(environ: MutableMapping[str, str] | None = None,
+              other_load: float | None = None) -> str:
+    """Choose how OpenMP threads wait (see the module doc) unless the user did.
+
+    Args:
+        environ: where to read and write the variables (default ``os.environ``).
+        other_load: cores' worth of other processes' work (default: measured now by
+            :func:`other_cpu_load`).
 
     Returns how OpenMP threads wait in this process, in words (what the start log prints).
     Called before ``import torch`` it governs this process; afterwards only its children.
@@ -47,20 +107,31 @@ def share_cpu(environ: MutableMapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     chosen = {k: env[k] for k in WAIT_ENV if k in env}
     late = "torch" in sys.modules and environ is None
-    if env.get(OPT_OUT, "").strip().lower() in ("0", "false", "off", "no"):
+    opt = env.get(OPT_OUT, "").strip().lower()
+    if opt in ("0", "false", "off", "no"):
         how = f"libgomp's default spin ({OPT_OUT}={env[OPT_OUT]})"
-    elif chosen == {"OMP_WAIT_POLICY": WAIT_POLICY}:      # inherited from an mmtf parent
-        how = f"OMP_WAIT_POLICY={WAIT_POLICY} (mmtf's default)"
+    elif chosen and env.get(CHOSEN) == ",".join(f"{k}={v}" for k, v in chosen.items()):
+        how = f"{env[CHOSEN]} (mmtf's choice, inherited)"
     elif chosen:
         how = ", ".join(f"{k}={v}" for k, v in chosen.items()) + " (yours)"
     else:
-        env["OMP_WAIT_POLICY"] = WAIT_POLICY
-        how = (f"OMP_WAIT_POLICY={WAIT_POLICY} (mmtf's default; set OMP_WAIT_POLICY or "
-               "GOMP_SPINCOUNT to choose)")
+        if opt in ("passive", "spin"):
+            busy, why = opt == "passive", f"{OPT_OUT}={env[OPT_OUT]}"
+        else:
+            load = other_cpu_load() if other_load is None else other_load
+            busy = load is not None and load >= BUSY_CORES
+            why = ("no /proc/stat to measure the load" if load is None else
+                   f"other processes used {load:.1f} of {len(os.sched_getaffinity(0))} cores "
+                   "at start")
+        key, value = ("OMP_WAIT_POLICY", WAIT_POLICY) if busy else ("GOMP_SPINCOUNT", SHORT_SPIN)
+        env[key] = value
+        env[CHOSEN] = f"{key}={value}"
+        how = (f"{key}={value} (mmtf's choice: {why}; set OMP_WAIT_POLICY or GOMP_SPINCOUNT "
+               "to choose)")
         if late:
-            how = ("libgomp's default spin in this process: torch was imported before mmtf "
-                   f"(OMP_WAIT_POLICY={WAIT_POLICY} reaches the processes it starts; import "
-                   "mmtf first, or export OMP_WAIT_POLICY, to share the CPU here too)")
+            how = (f"libgomp's default spin in this process: torch was imported before mmtf "
+                   f"({key}={value} reaches the processes it starts; import mmtf first, or "
+                   "export OMP_WAIT_POLICY, to share the CPU here too)")
     if environ is None:
         _decision["wait"] = how
     return how

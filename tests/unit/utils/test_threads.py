@@ -11,7 +11,10 @@ import torch
 
 from mmtf.utils import threads
 from mmtf.utils.threads import (
+    CHOSEN,
+    SHORT_SPIN,
     WAIT_POLICY,
+    other_cpu_load,
     parallel_jobs,
     set_threads,
     share_cpu,
@@ -19,17 +22,34 @@ from mmtf.utils.threads import (
 )
 
 
-def test_share_cpu_sets_a_short_spin_where_the_user_chose_none():
+@pytest.mark.parametrize(("load", "expected"), [
+    (2.0, {"OMP_WAIT_POLICY": WAIT_POLICY}), (0.6, {"OMP_WAIT_POLICY": WAIT_POLICY}),
+    (0.1, {"GOMP_SPINCOUNT": SHORT_SPIN}), (None, {"GOMP_SPINCOUNT": SHORT_SPIN})])
+def test_share_cpu_sleeps_next_to_other_work_and_spins_briefly_alone(load, expected,
+                                                                     monkeypatch):
+    monkeypatch.setattr(threads, "other_cpu_load", lambda: load)   # None: no /proc to read
     env: dict[str, str] = {}
     how = share_cpu(env)
-    assert env == {"OMP_WAIT_POLICY": WAIT_POLICY} and "mmtf's default" in how
+    key, value = next(iter(expected.items()))
+    assert env == {**expected, CHOSEN: f"{key}={value}"} and "mmtf's choice" in how
+    assert ("no /proc/stat" in how) if load is None else f"used {load:.1f} of" in how
+
+
+@pytest.mark.parametrize(("opt", "load", "expected"), [
+    ("passive", 0.0, {"OMP_WAIT_POLICY": WAIT_POLICY}),   # against what the load would choose
+    ("spin", 2.0, {"GOMP_SPINCOUNT": SHORT_SPIN})])
+def test_mmtf_cpu_sharing_can_fix_the_choice(opt, load, expected):
+    env = {"MMTF_CPU_SHARING": opt}
+    how = share_cpu(env, other_load=load)
+    assert {k: v for k, v in env.items() if k in expected} == expected
+    assert f"MMTF_CPU_SHARING={opt}" in how
 
 
 @pytest.mark.parametrize("user", [{"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "300000"},
                                   {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "5"}])
 def test_share_cpu_keeps_the_users_wait_policy(user):
     env = dict(user)
-    how = share_cpu(env)
+    how = share_cpu(env, other_load=2.0)
     assert env == user and how.endswith("(yours)") and all(f"{k}={v}" in how for k, v in user.items())
 
 
@@ -39,20 +59,41 @@ def test_share_cpu_can_be_turned_off(off):
     assert "libgomp's default" in share_cpu(env) and "OMP_WAIT_POLICY" not in env
 
 
-def test_an_inherited_mmtf_default_is_not_called_the_users():
-    assert "mmtf's default" in share_cpu({"OMP_WAIT_POLICY": WAIT_POLICY})
+def test_an_inherited_mmtf_choice_is_kept_and_not_called_the_users():
+    parent: dict[str, str] = {}
+    share_cpu(parent, other_load=0.0)
+    child = dict(parent)
+    how = share_cpu(child, other_load=2.0)        # the child does not re-decide
+    assert child == parent and "inherited" in how
+    child["GOMP_SPINCOUNT"] = "5"                 # changed by the user since: theirs
+    assert share_cpu(child, other_load=0.0).endswith("(yours)")
+
+
+def test_other_cpu_load_sees_a_busy_process():
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.3)                           # past its start-up
+        load = other_cpu_load(0.3)
+    finally:
+        busy.kill()
+        busy.wait()
+    # At least most of the spinning core (more if the rest of the machine computes too).
+    assert load is not None and load >= 0.5, load
 
 
 def test_import_mmtf_puts_the_setting_into_a_fresh_interpreter_before_torch():
     code = ("import os, sys; import mmtf; assert 'torch' not in sys.modules; "
-            "print(os.environ.get('OMP_WAIT_POLICY'))")
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+            "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", CHOSEN)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == WAIT_POLICY
+    assert out.stdout.split() in ([WAIT_POLICY, "None"], ["None", SHORT_SPIN]), out.stdout
     env["GOMP_SPINCOUNT"] = "300000"                  # the user's choice: left alone
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "None", out.stderr
+    assert out.stdout.split() == ["None", "300000"], out.stderr
 
 
 @pytest.mark.parametrize(("cores", "processes", "workers", "expected"), [
