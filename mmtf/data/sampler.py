@@ -179,9 +179,10 @@ class BucketBatchSampler:
         mean = float(self.lengths.mean())
         return max(1, int(self.budget // mean)) if mean > 0 else len(self.lengths)
 
-    def _pool_sizes(self, shard: int, scale: int = 1) -> list[int]:
+    def _pool_sizes(self, shard: int, scale: int = 1, sort: bool | None = None) -> list[int]:
+        sort = self.bucketing if sort is None else sort
         pool = (self._per_batch() * self.bucket_size * scale
-                if (self.bucketing and self.shuffle) else shard)
+                if (sort and self.shuffle) else shard)
         pool = max(pool, 1)
         return [pool] * (shard // pool) + ([shard % pool] if shard % pool else [])
 
@@ -236,16 +237,17 @@ class BucketBatchSampler:
         mine = order[:total][rank::self.num_replicas]
         return items[mine], caps[mine]
 
-    def _cut(self, items: np.ndarray, caps: np.ndarray, epoch: int,
-             scale: int = 1) -> list[list[Key]]:
-        """A rank's examples -> batches: length-sorted pools (``scale`` times the usual size),
-        cut by ``batch_size`` or by the budget."""
+    def _cut(self, items: np.ndarray, caps: np.ndarray, epoch: int, scale: int = 1,
+             sort: bool | None = None) -> list[list[Key]]:
+        """A rank's examples -> batches: length-sorted pools (``scale`` times the usual size;
+        ``sort`` default: ``bucketing``), cut by ``batch_size`` or by the budget."""
+        sort = self.bucketing if sort is None else sort
         out: list[list[Key]] = []
         start = 0
-        for size in self._pool_sizes(len(items), scale):
+        for size in self._pool_sizes(len(items), scale, sort):
             pool = np.arange(start, start + size)
             start += size
-            if self.bucketing:
+            if sort:
                 pool = pool[np.argsort(self.lengths[items[pool]], kind="stable")]
             if self.budget is not None:
                 bounds = _pack(self.lengths[items[pool]], self.budget)
@@ -263,13 +265,22 @@ class BucketBatchSampler:
                    epoch: int) -> list[list[Key]]:
         """Budget batching: make this epoch's cut exactly :meth:`budget_count` batches long."""
         count = self.budget_count()
-        scale = 1
-        while len(batches) > count and self._pool_sizes(len(items), scale)[:1] < [len(items)]:
-            scale *= 2                     # bigger pools: fewer, fuller batches
-            batches = self._cut(items, caps, epoch, scale)
+        # Fewer batches: bigger sorting pools (then sorted ones, without bucketing), up to the
+        # whole rank sorted, the fewest the budget allows.
+        for sort in dict.fromkeys((self.bucketing, True)):
+            scale = 1
+            if sort != self.bucketing:
+                batches = self._cut(items, caps, epoch, scale, sort)
+            while len(batches) > count and \
+                    self._pool_sizes(len(items), scale, sort)[:1] < [len(items)]:
+                scale *= 2
+                batches = self._cut(items, caps, epoch, scale, sort)
+            if len(batches) <= count:
+                break
         if len(batches) > count:           # only when epochs differ in their lengths (mixtures)
             batches = _merge(batches, count, self.lengths)
-            over = max(len(b) * self.lengths[[k[0] for k in b]].max() for b in batches)
+            over = max((len(b) * self.lengths[[k[0] for k in b]].max() for b in batches
+                        if len(b) > 1), default=0.0)
             log.warning("[data] epoch %d rank %d: its examples need more than the %d batches "
                         "per epoch set by epoch 0 within the budget %g; merged the smallest, "
                         "the biggest batch is %g. Raise the budget or give epochs the same "
