@@ -251,7 +251,7 @@ class MediaDataModule(L.LightningDataModule):
                                  skippable=False)
         batch_size, budget = self._batching(split)
         if budget is not None:
-            lengths = self._budget_lengths(split, lengths)
+            lengths = self._budget_lengths(split, lengths, warn=bucketing is None)
         return BucketBatchSampler(
             batch_size=batch_size, budget=budget,
             drop_last=self.drop_last and train, lengths=lengths,
@@ -269,15 +269,15 @@ class MediaDataModule(L.LightningDataModule):
                 return self.eval_batch_size or self.batch_size, None
         return (None, self.budget) if self.budget is not None else (self.batch_size, None)
 
-    def _budget_lengths(self, split: str, lengths: list[float]) -> list[float]:
+    def _budget_lengths(self, split: str, lengths: list[float], warn: bool) -> list[float]:
         """What a budget counts per item: seconds after the crop (audio), or pixels as the
-        split's transforms output them (images); warns about items over the budget alone."""
+        split's transforms output them (images); ``warn``: about items over the budget."""
         if self.modality == "image":
             lengths = transformed_pixels([item.path for item in self.items(split)],
                                          self._transform(split))
         budget = self._batching(split)[1]
         over = sum(length > budget for length in lengths)
-        if over:
+        if over and warn:
             unit = "seconds" if self.modality == "audio" else "pixels"
             log.warning("[data] %s: %d item(s) are longer than the budget of %g %s per batch "
                         "(the longest: %g); each is a batch of its own", split, over, budget,
