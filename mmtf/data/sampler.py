@@ -386,11 +386,14 @@ def _merge(batches: list[list[Key]], count: int, lengths: np.ndarray) -> list[li
     """Merge the neighbouring pair with the smallest merged padded size until ``count`` are
     left (over the budget: the last resort of :meth:`BucketBatchSampler._fit_count`)."""
     batches = [list(b) for b in batches]
+    sizes = np.array([len(b) for b in batches], dtype=np.float64)
+    longest = np.array([lengths[[k[0] for k in b]].max() for b in batches])
     while len(batches) > count:
-        cost = [(len(a) + len(b)) * lengths[[k[0] for k in a + b]].max()
-                for a, b in zip(batches, batches[1:])]
-        i = int(np.argmin(cost))
+        i = int(np.argmin((sizes[:-1] + sizes[1:]) * np.maximum(longest[:-1], longest[1:])))
         batches[i:i + 2] = [batches[i] + batches[i + 1]]
+        sizes = np.concatenate([sizes[:i], [sizes[i] + sizes[i + 1]], sizes[i + 2:]])
+        longest = np.concatenate([longest[:i], [max(longest[i], longest[i + 1])],
+                                  longest[i + 2:]])
     return batches
 
 
