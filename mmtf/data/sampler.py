@@ -16,8 +16,10 @@ instead of a ``batch_size``: each sorted pool is cut greedily so that a batch's 
 is a batch of its own). The number of batches is then fixed for the run, the same on every
 rank and in every epoch (``__len__``, what the LR schedule is built on): the largest count of
 any rank in epoch 0. An epoch that cuts fewer splits its biggest batches in two; one that cuts
-more is cut again from pools twice as big (fewer, fuller batches) until it fits. Why and the
-corner cases: docs/design/duration-batching.md.
+more is cut again from pools twice as big (fewer, fuller batches) until it fits; only an
+epoch whose examples are longer than epoch 0's (mixture draws) can still need more, and then
+its smallest neighbours are merged over the budget, with a warning. Why and the corner cases:
+docs/design/duration-batching.md.
 
 It yields lists of ``(item, caption, epoch)`` keys: the dataset picks the caption by index and
 draws per-item randomness (crops) from :func:`sample_rng` ``(seed, epoch, item)``, so results
