@@ -30,7 +30,7 @@ from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
 from mmtf.data.errors import ErrorCounter, ErrorPolicy
 from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS, CaptionItem
 from mmtf.data.formats.manifest import TASKS
-from mmtf.data.image import build_transform
+from mmtf.data.image import build_transform, transformed_pixels
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.errors import ConfigError, DataError, UserError
@@ -71,9 +71,18 @@ class MediaDataModule(L.LightningDataModule):
         channels: required audio channel count; None accepts any and mixes to mono.
         train_transforms: image transforms (``transforms.v2`` list) for training.
         eval_transforms: image transforms for val/test.
-        batch_size: training batch size.
+        batch_size: training batch size; None with ``max_seconds_per_batch`` /
+            ``max_pixels_per_batch`` (exactly one of them rules).
         eval_batch_size: val/test batch size (None: ``batch_size``, read when the loader is
             built, so setting ``datamodule.batch_size`` later changes both).
+        max_seconds_per_batch: audio: cut training batches by padded duration instead
+            (examples x the longest clip, after the crop, <= this many seconds), in length
+            buckets; see docs/design/duration-batching.md.
+        max_pixels_per_batch: images: the same in pixels (examples x the largest image as the
+            transforms output it).
+        eval_max_seconds_per_batch, eval_max_pixels_per_batch: the val/test counterparts.
+            Val/test use the first that is set of: these, ``eval_batch_size``, ``batch_size``,
+            the training budget.
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in page-locked memory; None = when the trainer's device is
             CUDA (Lightning then copies them with ``non_blocking=True``).
@@ -98,8 +107,11 @@ class MediaDataModule(L.LightningDataModule):
                  eval_crop: Literal["full", "center", "start"] = "full",
                  train_crop: Literal["random", "start"] = "random",
                  channels: int | None = None, train_transforms: Sequence[Any] | None = None,
-                 eval_transforms: Sequence[Any] | None = None, batch_size: int = 32,
-                 eval_batch_size: int | None = None, num_workers: int = 0,
+                 eval_transforms: Sequence[Any] | None = None, batch_size: int | None = 32,
+                 eval_batch_size: int | None = None, max_seconds_per_batch: float | None = None,
+                 max_pixels_per_batch: float | None = None,
+                 eval_max_seconds_per_batch: float | None = None,
+                 eval_max_pixels_per_batch: float | None = None, num_workers: int = 0,
                  pin_memory: bool | None = None, persistent_workers: bool = False,
                  bucketing: bool = True, bucket_size: int = 50, drop_last: bool = False,
                  seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
@@ -128,6 +140,10 @@ class MediaDataModule(L.LightningDataModule):
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise UserError(f"{name} ({value!r}) must be a positive int.")
+        self.budget, self.eval_budget = _budgets(
+            modality, batch_size, eval_batch_size, seconds=max_seconds_per_batch,
+            pixels=max_pixels_per_batch, eval_seconds=eval_max_seconds_per_batch,
+            eval_pixels=eval_max_pixels_per_batch)
         if num_workers < 0:
             raise UserError(f"num_workers ({num_workers}) must be >= 0.")
         if image_cache_mb < 0 or (image_cache_mb and modality != "image"):
@@ -233,13 +249,40 @@ class MediaDataModule(L.LightningDataModule):
                                  f"({self.error_counts.summary()})", "check data.root and the "
                                  "index files, or run python -m mmtf.data.check",
                                  skippable=False)
+        batch_size, budget = self._batching(split)
+        if budget is not None:
+            lengths = self._budget_lengths(split, lengths, warn=bucketing is None)
         return BucketBatchSampler(
-            batch_size=self.batch_size if train else (self.eval_batch_size or self.batch_size),
+            batch_size=batch_size, budget=budget,
             drop_last=self.drop_last and train, lengths=lengths,
             num_captions=self._num_captions(split), caption_policy=self._policy(split),
             shuffle=train, bucket_size=self.bucket_size, seed=self.seed,
             bucketing=(self.bucketing and self.modality == "audio") if bucketing is None
             else bucketing)
+
+    def _batching(self, split: str) -> tuple[int | None, float | None]:
+        """``(batch_size, budget)`` of a split's sampler: one of them is None."""
+        if split != "train":
+            if self.eval_budget is not None:
+                return None, self.eval_budget
+            if self.eval_batch_size or self.batch_size:
+                return self.eval_batch_size or self.batch_size, None
+        return (None, self.budget) if self.budget is not None else (self.batch_size, None)
+
+    def _budget_lengths(self, split: str, lengths: list[float], warn: bool) -> list[float]:
+        """What a budget counts per item: seconds after the crop (audio), or pixels as the
+        split's transforms output them (images); ``warn``: about items over the budget."""
+        if self.modality == "image":
+            lengths = transformed_pixels([item.path for item in self.items(split)],
+                                         self._transform(split))
+        budget = self._batching(split)[1]
+        over = sum(length > budget for length in lengths)
+        if over and warn:
+            unit = "seconds" if self.modality == "audio" else "pixels"
+            log.warning("[data] %s: %d item(s) are longer than the budget of %g %s per batch "
+                        "(the longest: %g); each is a batch of its own", split, over, budget,
+                        unit, max(lengths))
+        return lengths
 
     def _loader(self, split: str) -> DataLoader | StatefulDataLoader:
         train = split == "train"
@@ -504,6 +547,38 @@ class ClassificationDataModule(MediaDataModule):
     def _dataset(self, split: str, crop: str) -> LabelDataset:
         return LabelDataset(self.items(split), **self._media_kwargs(split, crop))
 
+
+
+def _budgets(modality: str, batch_size: int | None, eval_batch_size: int | None, *,
+             seconds: float | None, pixels: float | None, eval_seconds: float | None,
+             eval_pixels: float | None) -> tuple[float | None, float | None]:
+    """The training and val/test budgets (per modality), after the checks of the keys."""
+    mine, other = ("seconds", "pixels") if modality == "audio" else ("pixels", "seconds")
+    keys = {"seconds": (seconds, eval_seconds), "pixels": (pixels, eval_pixels)}
+    for key, value in zip((f"max_{other}_per_batch", f"eval_max_{other}_per_batch"),
+                          keys[other]):
+        if value is not None:
+            raise ConfigError(f"data.{key} ({value!r}) is for "
+                              f"{'images' if other == 'pixels' else 'audio'}; this data is "
+                              f"{modality}: use data.max_{mine}_per_batch or remove data.{key}.")
+    budget, eval_budget = keys[mine]
+    for key, value in ((f"max_{mine}_per_batch", budget), (f"eval_max_{mine}_per_batch",
+                                                           eval_budget)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not 0 < value < float("inf")):
+            raise ConfigError(f"data.{key} ({value!r}) must be a positive number of {mine}, "
+                              f"or null.")
+    if (budget is None) == (batch_size is None):
+        raise ConfigError(
+            f"data.batch_size ({batch_size!r}) and data.max_{mine}_per_batch ({budget!r}): "
+            f"exactly one sets the training batches; "
+            + (f"set data.batch_size=null to batch by {mine}." if budget is not None
+               else f"set data.batch_size or data.max_{mine}_per_batch."))
+    if eval_budget is not None and eval_batch_size is not None:
+        raise ConfigError(f"data.eval_batch_size ({eval_batch_size!r}) and "
+                          f"data.eval_max_{mine}_per_batch ({eval_budget!r}) are both set; set "
+                          f"one of them to null.")
+    return budget, eval_budget
 
 
 def speech_prompt(tokenizer: Tokenizer, *, language: str | None, task: str | None,

@@ -111,6 +111,37 @@ def build_transform(transforms: Sequence[Any] | None) -> Callable[[Tensor], Tens
     return v2.Compose(steps)
 
 
+def transformed_pixels(paths: Sequence[str | os.PathLike],
+                       transform: Callable[[Tensor], Tensor] | None) -> list[int]:
+    """Pixels (h x w) of each image as ``transform`` outputs it, without decoding any: the
+    header's size is run through the transform on a blank image once per distinct size (what
+    ``data.max_pixels_per_batch`` budgets; random transforms are seeded, and a pipeline that
+    crops to a fixed size gives every image the same count).
+
+    Raises:
+        DataError: a file PIL cannot read a header from.
+    """
+    sizes: list[tuple[int, int]] = []
+    for path in paths:
+        try:
+            with Image.open(path) as img:
+                sizes.append(img.size)                                   # (w, h)
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+            raise DataError.make("unreadable_image", path, f"has no readable image header ({e})",
+                                 "re-encode it (e.g. as PNG/JPEG) or remove it from the index",
+                                 skippable=False) from None
+    pixels: dict[tuple[int, int], int] = {}
+    for w, h in set(sizes):
+        if transform is None:
+            pixels[w, h] = w * h
+            continue
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(0)
+            out = transform(torch.zeros((3, h, w), dtype=torch.uint8))
+        pixels[w, h] = int(out.shape[-2] * out.shape[-1])
+    return [pixels[s] for s in sizes]
+
+
 def build_eval_image_transform(data_cfg: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
     """The val/test image pipeline of a stored data config (``cfg.data`` as a dict).
 

@@ -10,6 +10,17 @@ it into batches; (5) shuffles the batch order. Every rank therefore yields the s
 batches, and a batch's items have similar lengths, which cuts padding (measured by
 :func:`padding_fraction`). Evaluation (``shuffle=False``) sorts the whole shard by length.
 
+Batches cut by a ``budget`` (``data.max_seconds_per_batch`` / ``data.max_pixels_per_batch``)
+instead of a ``batch_size``: each sorted pool is cut greedily so that a batch's padded size
+(examples x its longest length) stays within the budget (an item longer than the budget alone
+is a batch of its own). The number of batches is then fixed for the run, the same on every
+rank and in every epoch (``__len__``, what the LR schedule is built on): the largest count of
+any rank in epoch 0. An epoch that cuts fewer splits its biggest batches in two; one that cuts
+more is cut again from pools twice as big (fewer, fuller batches) until it fits; only an
+epoch whose examples are longer than epoch 0's (mixture draws) can still need more, and then
+its smallest neighbours are merged over the budget, with a warning. Why and the corner cases:
+docs/design/duration-batching.md.
+
 It yields lists of ``(item, caption, epoch)`` keys: the dataset picks the caption by index and
 draws per-item randomness (crops) from :func:`sample_rng` ``(seed, epoch, item)``, so results
 depend on neither the number of DataLoader workers nor a resume.
@@ -28,6 +39,8 @@ Shapes: none (keys only).
 
 from __future__ import annotations
 
+import heapq
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,13 +51,15 @@ import numpy as np
 from mmtf.errors import UserError
 from mmtf.utils.distributed import world
 
+log = logging.getLogger("mmtf.data")
+
 __all__ = ["BucketBatchSampler", "SamplerState", "padding_fraction", "sample_rng"]
 
 CaptionPolicy = Literal["random", "all", "first"]
 Key = tuple[int, int, int]
 # The settings that fix the order: a position saved under others means other examples.
-_ORDER_SETTINGS = ("seed", "num_samples", "batch_size", "num_replicas", "shuffle", "drop_last",
-                   "caption_policy", "bucketing", "bucket_size", "num_examples")
+_ORDER_SETTINGS = ("seed", "num_samples", "batch_size", "budget", "num_replicas", "shuffle",
+                   "drop_last", "caption_policy", "bucketing", "bucket_size", "num_examples")
 
 
 @dataclass
@@ -67,9 +82,13 @@ class BucketBatchSampler:
     """Batches of ``(item, caption, epoch)`` keys with similar lengths (see the module doc).
 
     Args:
-        lengths: length of every item (seconds or samples; only the order matters).
-        batch_size: examples per batch.
-        drop_last: drop incomplete batches (and the uneven tail of the DDP split).
+        lengths: length of every item (seconds, samples or pixels; with ``budget`` in its unit).
+        batch_size: examples per batch; None with ``budget``.
+        budget: cut batches by padded size instead: examples x the longest length in the batch
+            stays <= ``budget`` (seconds of audio, pixels of images); ``batch_size`` must then
+            be None. An item longer than the budget is a batch alone.
+        drop_last: drop incomplete batches (and the uneven tail of the DDP split); with a
+            ``budget`` only the tail of the DDP split (no batch is "incomplete").
         num_captions: captions per item (needed by the ``random`` and ``all`` policies).
         caption_policy: ``random`` (one caption per item per epoch), ``all`` (every pair) or
             ``first`` (caption 0: evaluation and classification).
@@ -84,12 +103,22 @@ class BucketBatchSampler:
         state: the :class:`SamplerState`.
     """
 
-    def __init__(self, *, lengths: Sequence[float], batch_size: int = 32, drop_last: bool = False,
+    def __init__(self, *, lengths: Sequence[float], batch_size: int | None = 32,
+                 budget: float | None = None, drop_last: bool = False,
                  num_captions: Sequence[int] | None = None, caption_policy: CaptionPolicy = "first",
                  shuffle: bool = True, bucketing: bool = True, bucket_size: int = 50,
                  seed: int = 0, num_replicas: int | None = None, rank: int | None = None) -> None:
         name = type(self).__name__
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if budget is not None:
+            if batch_size is not None:
+                raise UserError(f"{name}: batch_size ({batch_size!r}) and budget ({budget!r}) "
+                                f"are both set; one rules: set data.batch_size=null to cut "
+                                f"batches by data.max_seconds_per_batch / max_pixels_per_batch.")
+            if isinstance(budget, bool) or not isinstance(budget, int | float) or \
+                    not 0 < budget < math.inf:
+                raise UserError(f"{name}: budget ({budget!r}) must be a positive number; set "
+                                f"data.max_seconds_per_batch / data.max_pixels_per_batch.")
+        elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"{name}: batch_size ({batch_size!r}) must be a positive int; set "
                             f"data.batch_size.")
         if caption_policy not in ("random", "all", "first"):
@@ -113,7 +142,11 @@ class BucketBatchSampler:
         self.num_captions = None if num_captions is None else np.asarray(num_captions, np.int64)
         if self.num_captions is not None and (self.num_captions < 1).any():
             raise UserError(f"{name}: num_captions: every item needs at least one caption.")
+        if (self.lengths < 0).any() or not np.isfinite(self.lengths).all():
+            raise UserError(f"{name}: lengths must be finite and >= 0.")
         self.batch_size, self.drop_last, self.seed = batch_size, drop_last, seed
+        self.budget = None if budget is None else float(budget)
+        self._count: int | None = None      # batches per epoch with a budget (computed once)
         self.caption_policy, self.shuffle = caption_policy, shuffle
         self.bucketing, self.bucket_size = bucketing, bucket_size
         self.num_replicas, self.rank = num_replicas, rank
@@ -140,8 +173,18 @@ class BucketBatchSampler:
         n = self.num_examples()
         return n // self.num_replicas if self.drop_last else math.ceil(n / self.num_replicas)
 
-    def _pool_sizes(self, shard: int) -> list[int]:
-        pool = self.batch_size * self.bucket_size if (self.bucketing and self.shuffle) else shard
+    def _per_batch(self) -> int:
+        """Examples per batch: ``batch_size``, or with a budget how many of the mean length fit
+        (it sizes the sorting pools only; the cut follows the real lengths)."""
+        if self.budget is None:
+            return self.batch_size
+        mean = float(self.lengths.mean())
+        return max(1, int(self.budget // mean)) if mean > 0 else len(self.lengths)
+
+    def _pool_sizes(self, shard: int, scale: int = 1, sort: bool | None = None) -> list[int]:
+        sort = self.bucketing if sort is None else sort
+        pool = (self._per_batch() * self.bucket_size * scale
+                if (sort and self.shuffle) else shard)
         pool = max(pool, 1)
         return [pool] * (shard // pool) + ([shard % pool] if shard % pool else [])
 
@@ -149,7 +192,18 @@ class BucketBatchSampler:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __len__(self) -> int:
+        if self.budget is not None:
+            return self.budget_count()
         return sum(self._batches_in(p) for p in self._pool_sizes(self._rank_size()))
+
+    def budget_count(self) -> int:
+        """Batches per epoch under a budget, on every rank and in every epoch: the most any
+        rank cuts in epoch 0 (each rank computes every rank's cut: the order is a pure
+        function of seed, epoch and rank)."""
+        if self._count is None:
+            self._count = max(len(self._cut(*self.rank_examples(0, rank=r), 0))
+                              for r in range(self.num_replicas))
+        return self._count
 
     # ------------------------------------------------------------------ order
     def _examples(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -167,10 +221,13 @@ class BucketBatchSampler:
             items, caps = np.arange(n), np.zeros(n, dtype=np.int64)
         return items, caps
 
-    def rank_examples(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(item, caption) arrays of this rank's examples of ``epoch``, in walking order,
-        ``_rank_size()`` long. Subclasses that order examples otherwise (shard streams,
-        mixtures) override this and ``_rank_size``; bucketing and batching stay shared."""
+    def rank_examples(self, epoch: int, rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(item, caption) arrays of the examples of ``epoch`` of ``rank`` (default: this
+        sampler's), in walking order, ``_rank_size()`` long. Subclasses that order examples
+        otherwise (shard streams, mixtures) override this and ``_rank_size``; bucketing and
+        batching stay shared. Any rank's examples must be computable on every rank: batching by
+        a budget counts every rank's batches to give them all the same number."""
+        rank = self.rank if rank is None else rank
         items, caps = self._examples(epoch)
         order = np.arange(len(items))
         if self.shuffle:
@@ -179,24 +236,58 @@ class BucketBatchSampler:
         total = rank_size * self.num_replicas
         if total > len(order):  # repeat from the start so every rank gets as many examples
             order = np.concatenate([order, np.resize(order, total - len(order))])
-        mine = order[:total][self.rank::self.num_replicas]
+        mine = order[:total][rank::self.num_replicas]
         return items[mine], caps[mine]
 
-    def _cut(self, items: np.ndarray, caps: np.ndarray, epoch: int) -> list[list[Key]]:
-        """This rank's examples -> batches: length-sorted pools, cut by ``batch_size``."""
+    def _cut(self, items: np.ndarray, caps: np.ndarray, epoch: int, scale: int = 1,
+             sort: bool | None = None) -> list[list[Key]]:
+        """A rank's examples -> batches: length-sorted pools (``scale`` times the usual size;
+        ``sort`` default: ``bucketing``), cut by ``batch_size`` or by the budget."""
+        sort = self.bucketing if sort is None else sort
         out: list[list[Key]] = []
         start = 0
-        for size in self._pool_sizes(len(items)):
+        for size in self._pool_sizes(len(items), scale, sort):
             pool = np.arange(start, start + size)
             start += size
-            if self.bucketing:
+            if sort:
                 pool = pool[np.argsort(self.lengths[items[pool]], kind="stable")]
-            for b in range(0, size, self.batch_size):
-                chunk = pool[b:b + self.batch_size]
-                if len(chunk) < self.batch_size and self.drop_last:
+            if self.budget is not None:
+                bounds = _pack(self.lengths[items[pool]], self.budget)
+            else:
+                bounds = [(b, min(b + self.batch_size, size))
+                          for b in range(0, size, self.batch_size)]
+            for lo, hi in bounds:
+                chunk = pool[lo:hi]
+                if self.budget is None and len(chunk) < self.batch_size and self.drop_last:
                     continue
                 out.append([(int(items[k]), int(caps[k]), epoch) for k in chunk])
         return out
+
+    def _fit_count(self, batches: list[list[Key]], items: np.ndarray, caps: np.ndarray,
+                   epoch: int) -> list[list[Key]]:
+        """Budget batching: make this epoch's cut exactly :meth:`budget_count` batches long."""
+        count = self.budget_count()
+        # Fewer batches: bigger sorting pools (then sorted ones, without bucketing), up to the
+        # whole rank sorted, the fewest the budget allows.
+        for sort in dict.fromkeys((self.bucketing, True)):
+            scale = 1
+            if sort != self.bucketing:
+                batches = self._cut(items, caps, epoch, scale, sort)
+            while len(batches) > count and \
+                    self._pool_sizes(len(items), scale, sort)[:1] < [len(items)]:
+                scale *= 2
+                batches = self._cut(items, caps, epoch, scale, sort)
+            if len(batches) <= count:
+                break
+        if len(batches) > count:           # only when epochs differ in their lengths (mixtures)
+            batches = _merge(batches, count, self.lengths)
+            over = max((len(b) * self.lengths[[k[0] for k in b]].max() for b in batches
+                        if len(b) > 1), default=0.0)
+            log.warning("[data] epoch %d rank %d: its examples need more than the %d batches "
+                        "per epoch set by epoch 0 within the budget %g; merged the smallest, "
+                        "the biggest batch is %g. Raise the budget or give epochs the same "
+                        "lengths.", epoch, self.rank, count, self.budget, over)
+        return _split(batches, count)
 
     def _order_batches(self, batches: list[list[Key]], epoch: int) -> list[list[Key]]:
         """The order batches are handed out in (training: shuffled by (seed, epoch, rank))."""
@@ -209,7 +300,10 @@ class BucketBatchSampler:
         """This rank's batches of one epoch (default: the current one), from its start."""
         epoch = self.state.epoch if epoch is None else int(epoch)
         items, caps = self.rank_examples(epoch)
-        return self._order_batches(self._cut(items, caps, epoch), epoch)
+        batches = self._cut(items, caps, epoch)
+        if self.budget is not None:
+            batches = self._fit_count(batches, items, caps, epoch)
+        return self._order_batches(batches, epoch)
 
     # ------------------------------------------------------------------ walking the order
     def set_epoch(self, epoch: int) -> None:
@@ -235,6 +329,7 @@ class BucketBatchSampler:
         """Epoch and position plus the settings that fix the order (plain data)."""
         return {"epoch": self.state.epoch, "position": self.state.position, "seed": self.seed,
                 "num_samples": len(self.lengths), "batch_size": self.batch_size,
+                "budget": self.budget,
                 "num_replicas": self.num_replicas, "shuffle": self.shuffle,
                 "drop_last": self.drop_last, "caption_policy": self.caption_policy,
                 "bucketing": self.bucketing, "bucket_size": self.bucket_size,
@@ -253,11 +348,55 @@ class BucketBatchSampler:
             raise UserError(
                 f"{type(self).__name__}: the checkpoint's data position was saved with "
                 f"{', '.join(differ)}; resume with the same data settings (data.batch_size, "
-                f"data.caption_policy, data.bucketing, data.bucket_size, the same dataset) and "
+                f"data.max_seconds_per_batch / max_pixels_per_batch, data.caption_policy, data.bucketing, data.bucket_size, the same dataset) and "
                 f"number of devices, or start a fresh run from the weights.")
         position = state["position"] if "position" in state else state["offset"]   # pre-2026-12
         self.state.epoch, self.state.position = int(state["epoch"]), int(position)
         self.state.restored = True
+
+
+def _pack(lengths: np.ndarray, budget: float) -> list[tuple[int, int]]:
+    """Greedy cut of a sequence into runs whose count x longest stays within ``budget``
+    (a single item over it is a run alone); returns ``[(start, stop), ...]``."""
+    bounds, start, longest = [], 0, 0.0
+    for i, length in enumerate(lengths.tolist()):
+        longest = max(longest, length)
+        if i > start and (i - start + 1) * longest > budget:
+            bounds.append((start, i))
+            start, longest = i, length
+    if len(lengths):
+        bounds.append((start, len(lengths)))
+    return bounds
+
+
+def _split(batches: list[list[Key]], count: int) -> list[list[Key]]:
+    """Split the biggest batches in two (halves side by side) until there are ``count``.
+    A part of a batch never has a bigger padded size, so a budget still holds."""
+    heap = [(-len(b), (i,), b) for i, b in enumerate(batches)]
+    heapq.heapify(heap)
+    while len(heap) < count:
+        size, key, batch = heapq.heappop(heap)
+        if -size < 2:
+            raise AssertionError(f"cannot make {count} batches of {len(heap) + 1} examples")
+        half = len(batch) // 2
+        heapq.heappush(heap, (-half, (*key, 0), batch[:half]))
+        heapq.heappush(heap, (half - len(batch), (*key, 1), batch[half:]))
+    return [b for _, _, b in sorted(heap, key=lambda e: e[1])]
+
+
+def _merge(batches: list[list[Key]], count: int, lengths: np.ndarray) -> list[list[Key]]:
+    """Merge the neighbouring pair with the smallest merged padded size until ``count`` are
+    left (over the budget: the last resort of :meth:`BucketBatchSampler._fit_count`)."""
+    batches = [list(b) for b in batches]
+    sizes = np.array([len(b) for b in batches], dtype=np.float64)
+    longest = np.array([lengths[[k[0] for k in b]].max() for b in batches])
+    while len(batches) > count:
+        i = int(np.argmin((sizes[:-1] + sizes[1:]) * np.maximum(longest[:-1], longest[1:])))
+        batches[i:i + 2] = [batches[i] + batches[i + 1]]
+        sizes = np.concatenate([sizes[:i], [sizes[i] + sizes[i + 1]], sizes[i + 2:]])
+        longest = np.concatenate([longest[:i], [max(longest[i], longest[i + 1])],
+                                  longest[i + 2:]])
+    return batches
 
 
 def sample_rng(seed: int, epoch: int, index: int, stream: int = 0) -> np.random.Generator:

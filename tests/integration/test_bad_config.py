@@ -34,6 +34,9 @@ CASES = {
                          r"command line",
     "context_dim": r"EncoderDecoder: model\.encoder\.dim \(32\) != model\.decoder\.context_dim "
                    r"\(64\)",
+    "duration_and_batch_size": r"data\.batch_size \(4\) and data\.max_seconds_per_batch "
+                               r"\(600\.0\): exactly one sets the training batches; set "
+                               r"data\.batch_size=null to batch by seconds",
     "lora_target": r"model\.lora\.targets: \['qkv'\] names no projection of the attention "
                    r"core; the valid targets are \['q', 'k', 'v', 'o', 'mlp'\]",
     "pretrained_shapes": r"load_pretrained: tensor '[\w.]+' has shape \([\d, ]*48[\d, ]*\) in "
@@ -51,6 +54,9 @@ def test_bad_config_is_one_readable_line_before_any_data(case, tmp_path):
         args = ["experiment=audio_captioning_clotho", f"paths.data_dir={data_dir}", run_dir]
     elif case == "context_dim":
         args = tiny_overrides("audio_captioning", data_dir, "model.decoder.context_dim=64",
+                              run_dir)
+    elif case == "duration_and_batch_size":
+        args = tiny_overrides("audio_captioning", data_dir, "data.max_seconds_per_batch=600.0",
                               run_dir)
     elif case == "lora_target":
         args = tiny_overrides("audio_captioning", data_dir, "model/lora=default",

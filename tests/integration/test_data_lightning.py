@@ -70,30 +70,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, queue) -> None:
+def _rank(rank: int, world: int, port: int, queue, kw: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         lengths = np.random.default_rng(0).uniform(2, 6, size=50)
-        s = BucketBatchSampler(batch_size=4, lengths=lengths, seed=0)  # world from dist
+        s = BucketBatchSampler(lengths=lengths, seed=0, **kw)  # world from dist
         s.set_epoch(1)
-        queue.put((rank, s.world(), [k[0] for b in s for k in b], len(s)))
+        batches = list(s)
+        queue.put((rank, s.world(), [k[0] for b in batches for k in b], len(s), len(batches)))
     finally:
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("kw", [{"batch_size": 4}, {"batch_size": None, "budget": 14.0}],
+                         ids=["batch_size", "budget"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_sampler_shards_by_itself_under_torch_distributed(world):
+def test_sampler_shards_by_itself_under_torch_distributed(world, kw):
+    """Also batched by a budget (seconds): every rank the same number of batches."""
     ctx = mp.get_context("fork")
     queue, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, queue, kw)) for r in range(world)]
     for p in procs:
         p.start()
     results = sorted(queue.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(30)
     assert [r[1] for r in results] == [(world, r) for r in range(world)]
-    assert len({r[3] for r in results}) == 1                       # same number of batches
+    assert len({r[3] for r in results} | {r[4] for r in results}) == 1   # same number of batches
     items = [set(r[2]) for r in results]
     assert set().union(*items) == set(range(50))
     assert sum(len(r[2]) for r in results) - 50 == (-50) % world   # only the tail repeats
