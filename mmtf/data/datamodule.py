@@ -178,8 +178,7 @@ class MediaDataModule(L.LightningDataModule):
             self.prepare_data()  # a built-in set: generated unless already there
             before = self.error_counts.total
             raw = self._read(split)
-            kept, durations = probe(raw, modality=self.modality, policy=self.policy,
-                                    channels=self.channels)
+            kept, durations = self._probe(raw)
             self._items[split], self._durations[split] = kept, durations
             problems = self.error_counts.total - before
             log.info("[data] %s %s: %d items from %s%s", self.format, split, len(kept),
@@ -187,6 +186,10 @@ class MediaDataModule(L.LightningDataModule):
             if problems:
                 log.warning("[data] %s %s: %s", self.format, split, self.error_counts.summary())
         return self._items[split]
+
+    def _probe(self, raw: list) -> tuple[list, list[float]]:
+        """The good items of ``raw`` and their durations (:func:`probe`: header checks)."""
+        return probe(raw, modality=self.modality, policy=self.policy, channels=self.channels)
 
     def durations(self, split: str) -> list[float]:
         """Seconds of each usable item of a split (audio; 1.0 for images), read as by :meth:`items`."""
@@ -233,13 +236,19 @@ class MediaDataModule(L.LightningDataModule):
                                  f"({self.error_counts.summary()})", "check data.root and the "
                                  "index files, or run python -m mmtf.data.check",
                                  skippable=False)
-        return BucketBatchSampler(
+        return self._sampler(
+            split,
             batch_size=self.batch_size if train else (self.eval_batch_size or self.batch_size),
             drop_last=self.drop_last and train, lengths=lengths,
             num_captions=self._num_captions(split), caption_policy=self._policy(split),
             shuffle=train, bucket_size=self.bucket_size, seed=self.seed,
             bucketing=(self.bucketing and self.modality == "audio") if bucketing is None
             else bucketing)
+
+    def _sampler(self, split: str, **kwargs: Any) -> BucketBatchSampler:
+        """The sampler of a split from :meth:`batch_sampler`'s settings (subclasses that order
+        examples otherwise, e.g. shard streams, build their own subclass from the same)."""
+        return BucketBatchSampler(**kwargs)
 
     def _loader(self, split: str) -> DataLoader | StatefulDataLoader:
         train = split == "train"

@@ -19,6 +19,7 @@ Shapes: (3, h, w) per image; uint8 after decoding, float32 after the pipeline.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -58,12 +59,15 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def load_image(path: str | os.PathLike, *, where: str | None = None) -> Tensor:
+def load_image(path: str | os.PathLike, *, where: str | None = None,
+               data: bytes | None = None) -> Tensor:
     """Decode one image file to an RGB uint8 tensor.
 
     Args:
-        path: any format PIL reads (JPEG, PNG, BMP, TIFF, WebP, ...).
+        path: any format PIL reads (JPEG, PNG, BMP, TIFF, WebP, ...); with ``data``: only its
+            name in messages.
         where: the index entry that points to the file, for error messages.
+        data: the file's bytes when it is not a file of its own (a tar shard member).
 
     Returns:
         The image, (3, h, w) uint8.
@@ -71,10 +75,14 @@ def load_image(path: str | os.PathLike, *, where: str | None = None) -> Tensor:
     Raises:
         DataError: the file is missing, empty or cannot be decoded (also truncated files).
     """
-    path = Path(path)
-    check_media_file(path, where)
+    if data is None:
+        path = Path(path)
+        check_media_file(path, where)
+    elif not data:
+        raise DataError.make("empty_file", path, "member is empty (0 bytes)",
+                             "rewrite the shard or remove the sample", where)
     try:
-        with Image.open(path) as img:
+        with Image.open(path if data is None else io.BytesIO(data)) as img:
             img.load()  # decode now: a truncated file fails here, not in the transform
             rgb = to_rgb(img)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
