@@ -273,6 +273,7 @@ class ShardDataModule(CaptionDataModule):
                  epoch_samples: int | None = None, index_cache: str | None = None,
                  **kwargs: Any) -> None:
         kwargs.setdefault("format", "shards")
+        kwargs.setdefault("modality", "audio")
         if kwargs["format"] != "shards":
             raise ConfigError(f"ShardDataModule reads format 'shards', not "
                               f"{kwargs['format']!r}; remove data.format.")

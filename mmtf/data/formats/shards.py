@@ -388,6 +388,8 @@ def read_shards(root: Path, split: str, *, report: Report, modality: str = "audi
         try:
             index, got = load_index(url, cache_dir=index_cache)
         except DataError as e:
+            if e.reason != "missing_file":     # a broken shard: never skipped silently
+                raise
             report(e)
             continue
         how[got] = how.get(got, 0) + 1
