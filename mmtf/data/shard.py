@@ -37,7 +37,7 @@ def shard_dataset(cfg: DictConfig) -> dict[str, list[Path]]:
     """
     dm: Any = instantiate(cfg.data)
     if dm.task != "caption":
-        raise ConfigError(f"python -m mmtf.data.shard writes caption sets; data={dm.format} is "
+        raise ConfigError(f"python -m mmtf.data.shard writes caption sets; format {dm.format} is "
                           f"a {dm.task} set.")
     out = Path(str(cfg.out)).expanduser().resolve()
     written: dict[str, list[Path]] = {}
@@ -50,7 +50,7 @@ def shard_dataset(cfg: DictConfig) -> dict[str, list[Path]]:
         written[split] = paths
         size = sum(p.stat().st_size for p in paths)
         print(f"  {split}: {len(items)} items -> {len(paths)} shard(s), {size / 2**20:.1f} MiB: "
-              f"data.shards.{split}={split}/{split}-{{000000..{len(paths) - 1:06d}}}.tar")
+              f"data.shards.{split}='{split}/{split}-{{000000..{len(paths) - 1:06d}}}.tar'")
     if dm.error_counts:
         print(f"  skipped: {dm.error_counts.summary()}")
     print(f"read them with: data={'shards' if dm.modality == 'audio' else 'shards_image'} "
