@@ -15,7 +15,7 @@ import pytest
 from mmtf.train import train
 from tests.unit.reliability.toy import run_forked
 
-from .conftest import cli_in_process, compose_train, tiny_overrides
+from .conftest import cli_in_process, compose_train, run_cli, tiny_overrides
 from .test_reliability import (  # noqa: F401  (the fixture is used by every test here)
     KillAtStep,
     Recorder,
@@ -45,6 +45,24 @@ def shard_overrides(data_dir: Path, root: Path, *extra: str) -> list[str]:
     base = [o for o in tiny_overrides("audio_captioning", data_dir)
             if not o.startswith("data.synthetic.")]
     return [*base, "data=shards", f"data.root={root}", "data.shuffle_buffer=3", *extra]
+
+
+@pytest.mark.slow
+def test_the_writer_console_path_shards_the_image_set_and_data_check_passes(data_dir, tmp_path):
+    """``python -m mmtf.data.shard`` in a real interpreter (the entry point's one run_cli
+    test), on the built-in image set; ``mmtf.data.check data=shards_image`` finds it clean."""
+    image = [o for o in tiny_overrides("image_captioning", Path("."))
+             if o.startswith("data.synthetic.")]
+    out = tmp_path / "img_shards"
+    res = run_cli("mmtf.data.shard", ["data=synth_image_captions", f"paths.data_dir={data_dir}",
+                                      *image, f"out={out}", "shard_size=5"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "train: 12 items -> 3 shard(s)" in res.stdout
+    assert "data=shards_image data.root=" in res.stdout
+    res = cli_in_process("mmtf.data.check", ["data=shards_image", f"data.root={out}"],
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "Shards read: train 3, val 1, test 1" in res.stdout and "OK: no problems" in res.stdout
 
 
 def test_the_writer_cli_refuses_a_classification_set(data_dir, tmp_path):
