@@ -115,6 +115,7 @@ class ShardStreamSampler(BucketBatchSampler):
                             f"{self.num_replicas} rank(s) x {streams} stream(s); use fewer "
                             f"data.num_workers (streams) or more data.")
         self._passes: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._batches: tuple[int, list[list[Key]]] | None = None
 
     # ------------------------------------------------------------------ sizes
     def num_pass_examples(self) -> int:
@@ -139,7 +140,9 @@ class ShardStreamSampler(BucketBatchSampler):
         return _split_sizes(self._rank_size(), self.streams)
 
     def __len__(self) -> int:
-        return sum(self._batches_in(p) for n in self._stream_sizes() for p in self._pool_sizes(n))
+        # Counted on the epoch's batches, not by formula: exact whatever _cut does (fixed
+        # batch sizes or a duration budget), and the batches are kept for the walk anyway.
+        return len(self.batches())
 
     # ------------------------------------------------------------------ order
     def _pass(self, p: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -215,6 +218,14 @@ class ShardStreamSampler(BucketBatchSampler):
         for k in range(max(len(b) for b in per_stream)):
             out += [b[k] for b in per_stream if k < len(b)]
         return out
+
+    def batches(self, epoch: int | None = None) -> list[list[Key]]:
+        """This rank's batches of one epoch (default: the current one); the last epoch's are
+        kept (``__len__``, the padding report and the walk ask for the same epoch)."""
+        epoch = self.state.epoch if epoch is None else int(epoch)
+        if self._batches is None or self._batches[0] != epoch:
+            self._batches = (epoch, super().batches(epoch))
+        return self._batches[1]
 
     def _order_batches(self, batches: list[list[Key]], epoch: int) -> list[list[Key]]:
         """Kept as dealt: stream ``w``'s batches reach loader worker ``w``."""
