@@ -46,6 +46,7 @@ import tarfile
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -359,8 +360,8 @@ def load_index(url: str, *, cache_dir: str | os.PathLike | None = None) -> tuple
 
 # ---------------------------------------------------------------------------- reading
 def read_shards(root: Path, split: str, *, report: Report, modality: str = "audio",
-                shards: Mapping[str, Any] | None = None,
-                index_cache: str | None = None) -> list[ShardItem]:
+                shards: Mapping[str, Any] | None = None, index_cache: str | None = None,
+                threads: int = 8) -> list[ShardItem]:
     """Read one split of a sharded set: its shards' indexes -> one item per usable sample,
     shard by shard, in member order (see the module docstring).
 
@@ -371,6 +372,7 @@ def read_shards(root: Path, split: str, *, report: Report, modality: str = "audi
         modality: ``audio`` | ``image``: which media member a sample is read by.
         shards: ``{split: pattern or list}`` (``data.shards``).
         index_cache: the folder for indexes that cannot sit beside their shard.
+        threads: shards whose indexes are read (or scanned) at the same time.
     """
     if not shards:
         raise ConfigError("format 'shards' needs data.shards ({train: pattern, val: ..., test: "
@@ -382,16 +384,28 @@ def read_shards(root: Path, split: str, *, report: Report, modality: str = "audi
                              f"{split!r}", f"set data.shards.{split}=<pattern or list>",
                              skippable=False)
     urls = shard_urls(spec, root, split=split, report=report)
+
+    def load(url: str) -> tuple[dict, str] | DataError:
+        try:
+            return load_index(url, cache_dir=index_cache)
+        except DataError as e:
+            return e
+
+    # I/O bound (an index read, or a scan, per shard; remote ones have latency): threads.
+    if len(urls) > 1 and threads > 1:
+        with ThreadPoolExecutor(min(threads, len(urls))) as ex:
+            loaded = list(ex.map(load, urls))
+    else:
+        loaded = [load(url) for url in urls]
     items: list[ShardItem] = []
     how: dict[str, int] = {}
-    for url in urls:
-        try:
-            index, got = load_index(url, cache_dir=index_cache)
-        except DataError as e:
-            if e.reason != "missing_file":     # a broken shard: never skipped silently
-                raise
-            report(e)
+    for url, result in zip(urls, loaded):
+        if isinstance(result, DataError):
+            if result.reason != "missing_file":     # a broken shard: never skipped silently
+                raise result
+            report(result)
             continue
+        index, got = result
         how[got] = how.get(got, 0) + 1
         name = url.rsplit("/", 1)[-1]
         for sample in index["samples"]:
