@@ -97,8 +97,8 @@ _BRACE = re.compile(r"\{([^{}]*)\}")
 
 
 def expand_braces(pattern: str) -> list[str]:
-    """``a/{000..002}.tar`` -> ``a/000.tar a/001.tar a/002.tar``; ``{x,y}`` -> both; nested
-    and several braces multiply. A range keeps the zero padding of its first bound."""
+    """``a/{000..002}.tar`` -> ``a/000.tar a/001.tar a/002.tar``; ``{x,y}`` -> both; several
+    braces multiply. A range keeps the zero padding of its first bound; other braces stay."""
     for m in _BRACE.finditer(pattern):
         body = m.group(1)
         r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
@@ -126,14 +126,14 @@ def _fs(url: str) -> tuple[Any, str]:
     return fsspec.core.url_to_fs(url)
 
 
-def shard_urls(spec: str | Sequence[str], root: Path, *, split: str,
-               report: Report) -> list[str]:
+def shard_urls(spec: str | Sequence[str], root: Path, *, split: str) -> list[str]:
     """The shards of one split, in order: braces expanded, globs matched (sorted), relative
-    paths resolved against ``root``, duplicates dropped.
+    paths resolved against ``root``, duplicates dropped. Listed shards are not checked here
+    (a missing one is :func:`load_index`'s ``missing_file``).
 
     Raises:
         DataError: ``missing_split`` (never skippable) when a glob or the whole list matches
-            nothing; a missing listed shard goes to ``report`` (``missing_file``).
+            nothing.
     """
     entries = [spec] if isinstance(spec, str) else list(spec)
     out: list[str] = []
@@ -383,7 +383,7 @@ def read_shards(root: Path, split: str, *, report: Report, modality: str = "audi
         raise DataError.make("missing_split", root, f"data.shards has no shards for split "
                              f"{split!r}", f"set data.shards.{split}=<pattern or list>",
                              skippable=False)
-    urls = shard_urls(spec, root, split=split, report=report)
+    urls = shard_urls(spec, root, split=split)
 
     def load(url: str) -> tuple[dict, str] | DataError:
         try:
