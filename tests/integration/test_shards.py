@@ -6,17 +6,20 @@ exit 2 (the tiny config of tests/integration/conftest.py: 12 clips, batch 4, 3 s
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 from pathlib import Path
 
 import pytest
+from lightning.pytorch.callbacks import Callback
 
 from mmtf.train import train
 from tests.unit.reliability.toy import run_forked
 
 from .conftest import cli_in_process, compose_train, run_cli, tiny_overrides
 from .test_reliability import (  # noqa: F401  (the fixture is used by every test here)
+    ENV,
     KillAtStep,
     Recorder,
     _isolate_global_torch_state,
@@ -24,6 +27,18 @@ from .test_reliability import (  # noqa: F401  (the fixture is used by every tes
     cb,
     load,
 )
+
+
+class RecordIds(Callback):
+    """Append ``{"rank", "ids"}`` of every training batch to ``path`` (JSON lines)."""
+
+    def __init__(self, *, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"rank": trainer.global_rank, "ids": list(batch["ids"])}) + "\n")
+
 
 SYNTH = [o for o in tiny_overrides("audio_captioning", Path("."))
          if o.startswith("data.synthetic.")]
@@ -121,3 +136,26 @@ def test_sigkill_mid_epoch_on_shards_then_ckpt_path_last_resumes_exactly(data_di
     train(compose_train(overrides("ckpt_path=last", *cb("rec", Recorder)), run))
     assert [r["start_step"] for r in Recorder.records] == [4]
     assert_same_final_state(ref, run)
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_by_two_workers_read_disjoint_items_covering_the_epoch(data_dir,
+                                                                            shards_root,
+                                                                            tmp_path):
+    """trainer=ddp_cpu (2 processes), data.num_workers=2: each rank's batches hold 6 of the
+    12 clips (3 per stream, batch 2: 4 batches a rank), the ranks' clips are disjoint and
+    together the whole training split."""
+    ids = tmp_path / "ids.jsonl"
+    out = run_cli("mmtf.train", [*shard_overrides(data_dir, shards_root, "test=false",
+                                                  "trainer=ddp_cpu", "data.num_workers=2",
+                                                  "data.batch_size=2"),
+                                 f"+callbacks.ids._target_={__name__}.RecordIds",
+                                 f"+callbacks.ids.path={ids}", f"hydra.run.dir={tmp_path / 'run'}"],
+                  cwd=tmp_path, env=ENV, timeout=280)
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = [json.loads(x) for x in ids.read_text().splitlines()]
+    per_rank = {r: [i for rec in records if rec["rank"] == r for i in rec["ids"]] for r in (0, 1)}
+    assert [sum(rec["rank"] == r for rec in records) for r in (0, 1)] == [4, 4]
+    assert len(per_rank[0]) == len(per_rank[1]) == 6
+    assert not set(per_rank[0]) & set(per_rank[1])
+    assert set(per_rank[0]) | set(per_rank[1]) == {f"synth_development_{k:05d}" for k in range(12)}
