@@ -509,3 +509,18 @@ def test_data_check_scans_shards(tiny_audio_captions, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Shards read: train 3, val 3, test 2" in out
     assert problems >= 1 and "val-000009.tar" in out and "key " in out
+
+
+def test_epoch_samples_and_channels_through_the_data_module(tiny_audio_captions, tmp_path):
+    """data.epoch_samples sets the training loader's length (the LR schedule's); the index's
+    channel count is checked against data.channels without reading the members."""
+    src = CaptionDataModule(format="clotho", root=str(tiny_audio_captions))
+    _shard_all(src, tmp_path)
+    dm = _shard_dm(tmp_path, batch_size=2, epoch_samples=10)
+    dm.connect(CharTokenizer.train(dm.train_captions()))
+    assert len(dm.train_dataloader()) == 5
+    policy_dm = _shard_dm(tmp_path, channels=2, on_error="skip")
+    assert policy_dm.items("train") == [] and policy_dm.error_counts["channels"] == 6
+    with pytest.raises(DataError, match=r"key synth_development_\d+\): sample has 1 channel\(s\) "
+                                        r"but data\.channels=2"):
+        _shard_dm(tmp_path, channels=2).items("train")
