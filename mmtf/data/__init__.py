@@ -3,6 +3,7 @@
 Public API::
 
     CaptionDataModule, ClassificationDataModule      LightningDataModules (Hydra `_target_`)
+    ShardDataModule, ShardStreamSampler              tar shards read as streams (data=shards)
     load_audio(path, sample_rate=, max_seconds=)      -> (s,) float32 mono waveform
     load_image(path)                                  -> (3, h, w) uint8 RGB
     build_eval_image_transform(data_cfg)              the eval image pipeline of a data config
@@ -21,11 +22,13 @@ from mmtf.data.errors import ErrorCounter
 from mmtf.data.image import build_eval_image_transform, build_transform, load_image
 from mmtf.data.loader import make_loader
 from mmtf.data.sampler import BucketBatchSampler, SamplerState, padding_fraction, sample_rng
+from mmtf.data.shards import ShardDataModule, ShardStreamSampler
 from mmtf.errors import DataError
 
 __all__ = [
     "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",
-    "DataError", "ErrorCounter", "SamplerState", "audio_info", "build_eval_image_transform",
+    "DataError", "ErrorCounter", "SamplerState", "ShardDataModule", "ShardStreamSampler",
+    "audio_info", "build_eval_image_transform",
     "build_transform",
     "load_audio", "load_image", "make_loader",
     "padding_fraction", "resample", "sample_rng",

@@ -17,6 +17,7 @@ Shapes: s samples at the model rate; f frames at the file's rate; c channels.
 from __future__ import annotations
 
 import functools
+import io
 import math
 import os
 import re
@@ -76,13 +77,14 @@ def _check_header(path: Path, info: AudioInfo, log: str, channels: int | None,
 
 
 def audio_info(path: str | os.PathLike, *, channels: int | None = None,
-               where: str | None = None) -> AudioInfo:
+               where: str | None = None, data: bytes | None = None) -> AudioInfo:
     """Read and validate the header of one audio file (no samples are decoded).
 
     Args:
-        path: the audio file.
+        path: the audio file (with ``data``: only its name in messages).
         channels: required channel count, or None to accept any.
         where: the index entry that points to the file, for the error message.
+        data: the file's bytes when it is not a file of its own (a tar shard member).
 
     Returns:
         Frames, sample rate and channel count.
@@ -90,10 +92,9 @@ def audio_info(path: str | os.PathLike, *, channels: int | None = None,
     Raises:
         DataError: missing, empty, undecodable, truncated (WAV), zero-length or wrong channels.
     """
-    path = Path(path)
-    check_media_file(path, where)
+    path = _source_name(path, data, where)
     try:
-        raw = sf.info(str(path))
+        raw = sf.info(str(path) if data is None else io.BytesIO(data))
     except (sf.LibsndfileError, RuntimeError, TypeError) as e:
         codec = missing_codec(path)
         if codec is not None:   # every file of this kind fails alike: not a skippable row
@@ -107,6 +108,19 @@ def audio_info(path: str | os.PathLike, *, channels: int | None = None,
                      channels=int(raw.channels))
     _check_header(path, info, raw.extra_info, channels, where)
     return info
+
+
+def _source_name(path: str | os.PathLike, data: bytes | None, where: str | None) -> Path | str:
+    """The file checked for existence (``data`` is None), or the name of in-memory bytes (a
+    shard member, named ``<shard url>:<member>``: kept a str so a URL's ``//`` survives)."""
+    if data is None:
+        path = Path(path)
+        check_media_file(path, where)
+        return path
+    if not data:
+        raise DataError.make("empty_file", path, "member is empty (0 bytes)",
+                             "rewrite the shard or remove the sample", where)
+    return str(path)
 
 
 # File extension -> the libsndfile major format that decodes it.
@@ -174,11 +188,12 @@ def crop_window(frames: int, want: int | None, crop: Crop,
 def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
                max_seconds: float | None = None, crop: Crop = "center",
                channels: int | None = None, rng: np.random.Generator | None = None,
-               where: str | None = None, check_header: bool = True) -> Tensor:
+               where: str | None = None, check_header: bool = True,
+               data: bytes | None = None) -> Tensor:
     """Decode one audio file to a mono float32 waveform at ``sample_rate``.
 
     Args:
-        path: WAV, FLAC, OGG or MP3 file.
+        path: WAV, FLAC, OGG or MP3 file (with ``data``: only its name in messages).
         sample_rate: the model's rate; other rates are resampled (None: keep the file's).
         max_seconds: keep at most this much audio (None = all); see ``crop``.
         crop: which part to keep when the file is longer: ``random`` | ``center`` | ``start``,
@@ -187,6 +202,7 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
         rng: generator for ``crop="random"``.
         where: the index entry that points to the file, for error messages.
         check_header: also run the header checks of :func:`audio_info` (e.g. truncated WAV).
+        data: the file's bytes when it is not a file of its own (a tar shard member).
 
     Returns:
         The waveform, (s,) float32.
@@ -195,12 +211,11 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
         DataError: the file is missing, empty, truncated, undecodable, has no samples, has
             NaN/inf samples or the wrong channel count.
     """
-    path = Path(path)
-    check_media_file(path, where)
+    path = _source_name(path, data, where)
     if max_seconds is not None and max_seconds <= 0:
         raise UserError(f"max_seconds ({max_seconds}) must be > 0 or None (no limit).")
     try:
-        with sf.SoundFile(str(path)) as f:
+        with sf.SoundFile(str(path) if data is None else io.BytesIO(data)) as f:
             info = AudioInfo(frames=int(f.frames), sample_rate=int(f.samplerate),
                              channels=int(f.channels))
             if check_header:

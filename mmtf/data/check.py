@@ -5,6 +5,7 @@ Usage::
     python -m mmtf.data.check                                  # the built-in audio set
     python -m mmtf.data.check data=clotho data.root=/data/clotho
     python -m mmtf.data.check data=coco_captions data.root=/data/coco splits=[val]
+    python -m mmtf.data.check data=shards data.root=/data/clotho_shards   # tar shards
 
 The dataset is built from the same ``conf/data/<name>.yaml`` that training uses, then every split
 is read with the same readers, every file's header is checked and (``decode=true``) every file is
@@ -28,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmtf.data.audio import load_audio
 from mmtf.data.errors import ErrorCounter
+from mmtf.data.formats.shards import ShardItem, read_member
 from mmtf.data.image import load_image
 from mmtf.errors import DataError
 from mmtf.text import build_tokenizer
@@ -69,11 +71,12 @@ def _scan_split(dm: Any, split: str, collector: _Collector, decode: bool) -> dic
     good = 0
     for item in items if decode else []:
         try:
+            data = read_member(item) if isinstance(item, ShardItem) else None
             if dm.modality == "audio":
                 load_audio(item.path, sample_rate=None, crop="full", channels=dm.channels,
-                           where=item.where, check_header=False)
+                           where=item.where, check_header=False, data=data)
             else:
-                img = load_image(item.path, where=item.where)
+                img = load_image(item.path, where=item.where, data=data)
                 sizes[f"{img.shape[2]}x{img.shape[1]}"] += 1
             good += 1
         except DataError as e:
@@ -112,6 +115,10 @@ def run_check(cfg: DictConfig) -> int:
         else:
             stats = f"{r['decoded'] if r['decoded'] is not None else '-':>9}"
         print(f"{split:<6} {len(items):>7} {extra:>9} {stats}")
+    shards = {split: len({it.shard for it in r["items"]}) for split, r in results.items()
+              if r["items"] and isinstance(r["items"][0], ShardItem)}
+    if shards:        # problems below name the shard and the sample's key
+        print("\nShards read: " + ", ".join(f"{split} {n}" for split, n in shards.items()))
     if dm.modality == "audio" and all_durations:
         print("\nDuration histogram (all splits):")
         print("\n".join(_histogram(all_durations, "s")))

@@ -30,7 +30,7 @@ from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
 from mmtf.data.errors import ErrorCounter, ErrorPolicy
 from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS, CaptionItem
 from mmtf.data.formats.manifest import TASKS
-from mmtf.data.image import build_transform, transformed_pixels
+from mmtf.data.image import build_transform, header_sizes, transformed_pixels
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.errors import ConfigError, DataError, UserError
@@ -194,8 +194,7 @@ class MediaDataModule(L.LightningDataModule):
             self.prepare_data()  # a built-in set: generated unless already there
             before = self.error_counts.total
             raw = self._read(split)
-            kept, durations = probe(raw, modality=self.modality, policy=self.policy,
-                                    channels=self.channels)
+            kept, durations = self._probe(raw)
             self._items[split], self._durations[split] = kept, durations
             problems = self.error_counts.total - before
             log.info("[data] %s %s: %d items from %s%s", self.format, split, len(kept),
@@ -203,6 +202,10 @@ class MediaDataModule(L.LightningDataModule):
             if problems:
                 log.warning("[data] %s %s: %s", self.format, split, self.error_counts.summary())
         return self._items[split]
+
+    def _probe(self, raw: list) -> tuple[list, list[float]]:
+        """The good items of ``raw`` and their durations (:func:`probe`: header checks)."""
+        return probe(raw, modality=self.modality, policy=self.policy, channels=self.channels)
 
     def durations(self, split: str) -> list[float]:
         """Seconds of each usable item of a split (audio; 1.0 for images), read as by :meth:`items`."""
@@ -252,8 +255,8 @@ class MediaDataModule(L.LightningDataModule):
         batch_size, budget = self._batching(split)
         if budget is not None:
             lengths = self._budget_lengths(split, lengths, warn=bucketing is None)
-        return BucketBatchSampler(
-            batch_size=batch_size, budget=budget,
+        return self._sampler(
+            split, batch_size=batch_size, budget=budget,
             drop_last=self.drop_last and train, lengths=lengths,
             num_captions=self._num_captions(split), caption_policy=self._policy(split),
             shuffle=train, bucket_size=self.bucket_size, seed=self.seed,
@@ -273,8 +276,7 @@ class MediaDataModule(L.LightningDataModule):
         """What a budget counts per item: seconds after the crop (audio), or pixels as the
         split's transforms output them (images); ``warn``: about items over the budget."""
         if self.modality == "image":
-            lengths = transformed_pixels([item.path for item in self.items(split)],
-                                         self._transform(split))
+            lengths = transformed_pixels(self._image_sizes(split), self._transform(split))
         budget = self._batching(split)[1]
         over = sum(length > budget for length in lengths)
         if over and warn:
@@ -283,6 +285,15 @@ class MediaDataModule(L.LightningDataModule):
                         "(the longest: %g); each is a batch of its own", split, over, budget,
                         unit, max(lengths))
         return lengths
+
+    def _image_sizes(self, split: str) -> list[tuple[int, int]]:
+        """``(width, height)`` of every image of a split, from the files' headers."""
+        return header_sizes([item.path for item in self.items(split)])
+
+    def _sampler(self, split: str, **kwargs: Any) -> BucketBatchSampler:
+        """The sampler of a split from :meth:`batch_sampler`'s settings (subclasses that order
+        examples otherwise, e.g. shard streams, build their own subclass from the same)."""
+        return BucketBatchSampler(**kwargs)
 
     def _loader(self, split: str) -> DataLoader | StatefulDataLoader:
         train = split == "train"

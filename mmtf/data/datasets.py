@@ -125,6 +125,12 @@ class MediaDataset(Dataset):
     def __len__(self) -> int:
         return len(self.items)
 
+    def read_bytes(self, index: int) -> bytes | None:
+        """The bytes of item ``index``'s media when it is not a file of its own (a shard
+        member: :class:`mmtf.data.shards.ShardCaptionDataset`); None: the decoder opens
+        ``item.path``."""
+        return None
+
     def load(self, index: int, epoch: int = 0) -> Tensor:
         """The decoded media of item ``index``: audio (s,) or image (3, h, w)."""
         item = self.items[index]
@@ -135,13 +141,15 @@ class MediaDataset(Dataset):
             wave = load_audio(item.path, sample_rate=self.sample_rate,
                               max_seconds=self.max_seconds, crop=self.crop,
                               channels=self.channels, rng=rng, where=item.where,
-                              check_header=False)  # headers were checked by probe()
+                              check_header=False,  # headers were checked by probe()
+                              data=self.read_bytes(index))
             if self.augment is not None:
                 wave = self.augment(wave, augment_stream(self.seed, epoch, index))
             return wave
         image = self._image_cache.get(index)
         if image is None:
-            image = load_image(item.path, where=item.where)                # (3, h, w) uint8
+            image = load_image(item.path, where=item.where,
+                               data=self.read_bytes(index))                  # (3, h, w) uint8
             if image.nbytes <= self._image_cache_left:
                 self._image_cache[index] = image
                 self._image_cache_left -= image.nbytes

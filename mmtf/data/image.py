@@ -19,6 +19,7 @@ Shapes: (3, h, w) per image; uint8 after decoding, float32 after the pipeline.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -58,12 +59,15 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def load_image(path: str | os.PathLike, *, where: str | None = None) -> Tensor:
+def load_image(path: str | os.PathLike, *, where: str | None = None,
+               data: bytes | None = None) -> Tensor:
     """Decode one image file to an RGB uint8 tensor.
 
     Args:
-        path: any format PIL reads (JPEG, PNG, BMP, TIFF, WebP, ...).
+        path: any format PIL reads (JPEG, PNG, BMP, TIFF, WebP, ...); with ``data``: only its
+            name in messages.
         where: the index entry that points to the file, for error messages.
+        data: the file's bytes when it is not a file of its own (a tar shard member).
 
     Returns:
         The image, (3, h, w) uint8.
@@ -71,10 +75,14 @@ def load_image(path: str | os.PathLike, *, where: str | None = None) -> Tensor:
     Raises:
         DataError: the file is missing, empty or cannot be decoded (also truncated files).
     """
-    path = Path(path)
-    check_media_file(path, where)
+    if data is None:
+        path = Path(path)
+        check_media_file(path, where)
+    elif not data:
+        raise DataError.make("empty_file", path, "member is empty (0 bytes)",
+                             "rewrite the shard or remove the sample", where)
     try:
-        with Image.open(path) as img:
+        with Image.open(path if data is None else io.BytesIO(data)) as img:
             img.load()  # decode now: a truncated file fails here, not in the transform
             rgb = to_rgb(img)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
@@ -111,12 +119,8 @@ def build_transform(transforms: Sequence[Any] | None) -> Callable[[Tensor], Tens
     return v2.Compose(steps)
 
 
-def transformed_pixels(paths: Sequence[str | os.PathLike],
-                       transform: Callable[[Tensor], Tensor] | None) -> list[int]:
-    """Pixels (h x w) of each image as ``transform`` outputs it, without decoding any: the
-    header's size is run through the transform on a blank image once per distinct size (what
-    ``data.max_pixels_per_batch`` budgets; random transforms are seeded, and a pipeline that
-    crops to a fixed size gives every image the same count).
+def header_sizes(paths: Sequence[str | os.PathLike]) -> list[tuple[int, int]]:
+    """``(width, height)`` of each image from its header, without decoding it.
 
     Raises:
         DataError: a file PIL cannot read a header from.
@@ -130,6 +134,15 @@ def transformed_pixels(paths: Sequence[str | os.PathLike],
             raise DataError.make("unreadable_image", path, f"has no readable image header ({e})",
                                  "re-encode it (e.g. as PNG/JPEG) or remove it from the index",
                                  skippable=False) from None
+    return sizes
+
+
+def transformed_pixels(sizes: Sequence[tuple[int, int]],
+                       transform: Callable[[Tensor], Tensor] | None) -> list[int]:
+    """Pixels (h x w) of each image of ``(width, height)`` as ``transform`` outputs it, without
+    decoding any: each distinct size is run through the transform on a blank image once (what
+    ``data.max_pixels_per_batch`` budgets; random transforms are seeded, and a pipeline that
+    crops to a fixed size gives every image the same count)."""
     pixels: dict[tuple[int, int], int] = {}
     for w, h in set(sizes):
         if transform is None:

@@ -13,7 +13,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from mmtf.data import CaptionDataModule
 from mmtf.data.formats import write_coco_json
+from mmtf.data.formats.shards import write_shards
 from mmtf.synthetic import caption_parser, ensure_synthetic
 from mmtf.text import build_tokenizer
 from tests.unit.data.conftest import TINY_AUDIO, TINY_IMAGE, sine, write_audio
@@ -88,6 +90,14 @@ def real_roots(tmp_path_factory) -> dict[str, Path]:
             entries.append((img["id"], img["file_name"], caps[img["id"]], 32, 32))
         write_coco_json(coco, name, entries)
     roots["coco_captions"] = coco
+    # Tar shards (data=shards, data=shards_image) written from the Clotho and shapes sets.
+    for name, src in (("shards", CaptionDataModule(format="clotho", root=str(roots["clotho"]))),
+                      ("shards_image", CaptionDataModule(
+                          format="coco", root=str(shapes),
+                          splits={"train": "train", "val": "val", "test": "test"}))):
+        for split in ("train", "val", "test"):
+            write_shards(src.items(split), base / name / split, prefix=split, shard_size=4)
+        roots[name] = base / name
     return roots
 
 

@@ -1,6 +1,7 @@
 """Dataset index readers (and the writers the synthetic generators use).
 
-Caption formats: ``clotho`` and ``audiocaps`` (audio), ``coco`` (images), ``manifest`` (either);
+Caption formats: ``clotho`` and ``audiocaps`` (audio), ``coco`` (images), ``manifest`` and
+``shards`` (WebDataset tar shards) (either);
 speech (transcripts are the captions): ``librispeech``, ``common_voice``, ``manifest``.
 Label formats: ``esc50`` (audio), ``image_folder`` (images).
 """
@@ -14,6 +15,7 @@ from mmtf.data.formats.esc50 import read_esc50, write_esc50_csv
 from mmtf.data.formats.image_folder import read_image_folder
 from mmtf.data.formats.librispeech import read_librispeech
 from mmtf.data.formats.manifest import read_manifest
+from mmtf.data.formats.shards import ShardItem, read_shards
 
 # format -> (reader, modality); manifest's modality comes from config.
 CAPTION_FORMATS = {
@@ -23,6 +25,7 @@ CAPTION_FORMATS = {
     "manifest": (read_manifest, None),
     "librispeech": (read_librispeech, "audio"),
     "common_voice": (read_common_voice, "audio"),
+    "shards": (read_shards, None),      # mmtf.data.shards.ShardDataModule (data=shards)
 }
 LABEL_FORMATS = {
     "esc50": (read_esc50, "audio"),
@@ -31,6 +34,7 @@ LABEL_FORMATS = {
 
 __all__ = [
     "CAPTION_FORMATS", "LABEL_FORMATS", "SPLITS", "CaptionItem", "LabelItem", "LabelSet",
+    "ShardItem", "read_shards",
     "read_audiocaps", "read_clotho", "read_coco", "read_common_voice", "read_esc50",
     "read_image_folder", "read_librispeech", "read_manifest", "write_clotho_csv", "write_coco_json", "write_esc50_csv",
 ]

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from mmtf.data import BucketBatchSampler, CaptionDataModule, ClassificationDataModule
-from mmtf.data.image import build_transform, transformed_pixels
+from mmtf.data.image import build_transform, header_sizes, transformed_pixels
 from mmtf.errors import ConfigError, UserError
 from mmtf.text import BPETokenizer
 
@@ -286,12 +286,12 @@ def test_pixels_are_counted_after_the_transforms_from_the_header(tmp_path):
     for i, (w, h) in enumerate([(40, 30), (64, 64), (40, 30), (20, 90)]):
         paths.append(tmp_path / f"{i}.png")
         Image.new("RGB", (w, h)).save(paths[-1])
-    assert transformed_pixels(paths, None) == [1200, 4096, 1200, 1800]
+    assert transformed_pixels(header_sizes(paths), None) == [1200, 4096, 1200, 1800]
     resize = build_transform([{"_target_": "torchvision.transforms.v2.Resize", "size": 16}])
-    assert transformed_pixels(paths, resize) == [21 * 16, 16 * 16, 21 * 16, 16 * 72]
+    assert transformed_pixels(header_sizes(paths), resize) == [21 * 16, 16 * 16, 21 * 16, 16 * 72]
     crop = build_transform([{"_target_": "torchvision.transforms.v2.RandomResizedCrop",
                              "size": [8, 12]}])
-    assert transformed_pixels(paths, crop) == [96] * 4
+    assert transformed_pixels(header_sizes(paths), crop) == [96] * 4
 
 
 def test_images_batch_by_pixels(tiny_image_captions, tiny_image_labels):

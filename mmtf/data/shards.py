@@ -1,0 +1,360 @@
+"""Sharded streaming sets (``data=shards``): tar shards read as streams, resumable mid-epoch.
+
+The shards and their indexes are :mod:`mmtf.data.formats.shards`' (``format: shards``); here
+is what turns them into a training stream that keeps mmtf's promises (equal batch counts on
+every DDP rank, per-item randomness from ``(seed, epoch, item)``, bit-exact mid-epoch resume):
+
+* :class:`ShardStreamSampler`: a :class:`~mmtf.data.sampler.BucketBatchSampler` whose examples
+  come in stream order. Per pass over the data: the shards permuted by ``(seed, pass)``, their
+  samples concatenated, cut into one contiguous run per rank and that into one per *stream*
+  (``streams`` = the loader's workers, at least 1), each stream's run shuffled through an
+  in-memory buffer of ``shuffle_buffer`` samples (``(seed, pass, rank, stream)``). Every stream
+  is then cut into (length-bucketed) batches by the shared code and the streams' batches are
+  dealt in turn, so that loader worker ``w`` (a map-style loader hands batch ``i`` to worker
+  ``i % num_workers``) reads the shards of stream ``w`` only: sequential reads. The batch order
+  is not shuffled further (that would undo the dealing). ``epoch_samples`` makes an epoch that
+  many examples of the endless sequence of passes (each stream continues where the last epoch
+  stopped); null = one pass.
+* :class:`ShardCaptionDataset`: reads a sample's bytes by ``(shard, offset, size)``.
+* :class:`ShardDataModule`: :class:`~mmtf.data.CaptionDataModule` over shards; val/test keep
+  the map-style sampler (sorted by length; any order reads correctly).
+
+Why indexed shards and not an ``IterableDataset``: docs/design/shards.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mmtf.data.datamodule import CaptionDataModule, to_plain
+from mmtf.data.datasets import CaptionDataset
+from mmtf.data.formats.shards import ShardItem, read_member
+from mmtf.data.sampler import BucketBatchSampler, Key
+from mmtf.errors import ConfigError, DataError, UserError
+
+__all__ = ["ShardCaptionDataset", "ShardDataModule", "ShardStreamSampler"]
+
+log = logging.getLogger("mmtf.data")
+
+# The stream's own settings that fix the order, checked on resume with the base sampler's.
+_STREAM_SETTINGS = ("streams", "shuffle_buffer", "epoch_samples", "num_shards")
+
+
+def _split_sizes(n: int, parts: int) -> list[int]:
+    """``n`` cut into ``parts`` contiguous runs whose sizes differ by at most 1."""
+    return [n // parts + (1 if k < n % parts else 0) for k in range(parts)]
+
+
+def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """WebDataset's shuffle: fill a buffer of ``size``, then emit a random element of it and
+    put the next one in its place; at the end emit what is left in random order.
+
+    Args:
+        stream: positions in stream order (n,).
+        size: the buffer size; <= 1 keeps the order.
+        rng: the draws.
+
+    Returns:
+        The positions in emitted order (n,): a permutation of ``stream``.
+    """
+    n = len(stream)
+    if size <= 1 or n <= 1:
+        return stream.copy()
+    if n <= size:
+        return stream[rng.permutation(n)]
+    buf = stream[:size].copy()
+    out = np.empty(n, dtype=stream.dtype)
+    picks = rng.integers(0, size, n - size)
+    for k, (j, incoming) in enumerate(zip(picks.tolist(), stream[size:].tolist())):
+        out[k] = buf[j]
+        buf[j] = incoming
+    out[n - size:] = buf[rng.permutation(size)]
+    return out
+
+
+class ShardStreamSampler(BucketBatchSampler):
+    """Batches of ``(item, caption, epoch)`` keys in shard-stream order (see the module doc).
+
+    Args:
+        shard_of: the shard number of every item; items come shard by shard (non-decreasing).
+        streams: streams per rank (the loader's ``num_workers``, at least 1).
+        shuffle_buffer: samples in each stream's shuffle buffer (0 or 1: stream order).
+        epoch_samples: examples per epoch over all ranks; None = one pass over the data.
+        **kwargs: see :class:`~mmtf.data.sampler.BucketBatchSampler`.
+    """
+
+    def __init__(self, *, shard_of: Sequence[int], streams: int = 1, shuffle_buffer: int = 1000,
+                 epoch_samples: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        name = type(self).__name__
+        shard_of = np.asarray(shard_of, dtype=np.int64)
+        if len(shard_of) != len(self.lengths) or (np.diff(shard_of) < 0).any():
+            raise ValueError(f"{name}: shard_of must give a non-decreasing shard number for "
+                             f"each of the {len(self.lengths)} items.")
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+            raise UserError(f"{name}: streams ({streams!r}) must be a positive int.")
+        if shuffle_buffer < 0:
+            raise UserError(f"{name}: shuffle_buffer ({shuffle_buffer}) must be >= 0; set "
+                            f"data.shuffle_buffer.")
+        if epoch_samples is not None and (isinstance(epoch_samples, bool) or epoch_samples < 1):
+            raise UserError(f"{name}: epoch_samples ({epoch_samples!r}) must be >= 1, or null "
+                            f"for one pass over the shards; set data.epoch_samples.")
+        starts = np.flatnonzero(np.r_[True, np.diff(shard_of) != 0])
+        self.shard_starts = starts
+        self.shard_counts = np.diff(np.r_[starts, len(shard_of)])
+        self.streams, self.shuffle_buffer = streams, int(shuffle_buffer)
+        self.epoch_samples = None if epoch_samples is None else int(epoch_samples)
+        per_stream = self._pass_rank_size() // streams
+        if per_stream < 1:
+            raise UserError(f"{name}: {self.num_pass_examples()} examples cannot fill "
+                            f"{self.num_replicas} rank(s) x {streams} stream(s); use fewer "
+                            f"data.num_workers (streams) or more data.")
+        self._passes: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._batches: tuple[int, list[list[Key]]] | None = None
+
+    # ------------------------------------------------------------------ sizes
+    def num_pass_examples(self) -> int:
+        """Examples in one pass over the data (all ranks)."""
+        return super().num_examples()
+
+    def num_examples(self) -> int:
+        """Examples per epoch over all ranks (``epoch_samples``, else one pass)."""
+        return self.epoch_samples or self.num_pass_examples()
+
+    def _per_rank(self, n: int) -> int:
+        return n // self.num_replicas if self.drop_last else math.ceil(n / self.num_replicas)
+
+    def _pass_rank_size(self) -> int:
+        return self._per_rank(self.num_pass_examples())
+
+    def _rank_size(self) -> int:
+        return self._per_rank(self.num_examples())
+
+    def _stream_sizes(self) -> list[int]:
+        """Examples of each stream of this rank per epoch."""
+        return _split_sizes(self._rank_size(), self.streams)
+
+    def __len__(self) -> int:
+        # Counted on the epoch's batches, not by formula: exact whatever _cut does (fixed
+        # batch sizes or a duration budget), and the batches are kept for the walk anyway.
+        return len(self.batches())
+
+    # ------------------------------------------------------------------ order
+    def _pass(self, p: int, rank: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``rank``'s streams of pass ``p``: (items, caps) per stream, buffer-shuffled."""
+        if (p, rank) in self._passes:
+            return self._passes[(p, rank)]
+        n = len(self.lengths)
+        perm = (np.random.default_rng([self.seed, p, 4]).permutation(len(self.shard_starts))
+                if self.shuffle else np.arange(len(self.shard_starts)))
+        items = np.concatenate([np.arange(self.shard_starts[s],
+                                          self.shard_starts[s] + self.shard_counts[s])
+                                for s in perm])
+        if self.caption_policy == "all":
+            counts = self.num_captions[items]
+            starts = np.cumsum(counts) - counts
+            caps = np.arange(int(counts.sum())) - np.repeat(starts, counts)
+            items = np.repeat(items, counts)
+        elif self.caption_policy == "random":      # drawn per item: the same whatever its place
+            draw = np.random.default_rng([self.seed, p, 1]).random(n)
+            caps = (draw[items] * self.num_captions[items]).astype(np.int64)
+        else:
+            caps = np.zeros(len(items), dtype=np.int64)
+        size = self._pass_rank_size()
+        order = np.arange(len(items))
+        if size * self.num_replicas > len(order):  # the short ranks repeat the pass's start
+            order = np.resize(order, size * self.num_replicas)
+        mine = order[rank * size:(rank + 1) * size]
+        out, start = [], 0
+        for s, k in enumerate(_split_sizes(size, self.streams)):
+            run = mine[start:start + k]
+            start += k
+            if self.shuffle:
+                rng = np.random.default_rng([self.seed, p, 5, rank, s])
+                run = shuffle_buffer(run, self.shuffle_buffer, rng)
+            out.append((items[run], caps[run]))
+        if len(self._passes) >= 3 * self.num_replicas:
+            self._passes.pop(min(self._passes))
+        self._passes[(p, rank)] = out
+        return out
+
+    def _stream_epoch(self, s: int, want: int, epoch: int,
+                      rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stream ``s``'s examples of ``epoch``: positions ``[epoch * want, (epoch + 1) *
+        want)`` of the endless sequence of its passes."""
+        length = _split_sizes(self._pass_rank_size(), self.streams)[s]
+        begin = epoch * want
+        parts_i, parts_c = [], []
+        while want > 0:
+            p, at = divmod(begin, length)
+            items, caps = self._pass(p, rank)[s]
+            take = min(want, length - at)
+            parts_i.append(items[at:at + take])
+            parts_c.append(caps[at:at + take])
+            begin, want = begin + take, want - take
+        if not parts_i:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(parts_i), np.concatenate(parts_c)
+
+    def rank_examples(self, epoch: int, rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``rank``'s (default: this sampler's) examples of ``epoch``: its streams' runs, one
+        after the other."""
+        rank = self.rank if rank is None else rank
+        runs = [self._stream_epoch(s, want, epoch, rank)
+                for s, want in enumerate(self._stream_sizes())]
+        return np.concatenate([r[0] for r in runs]), np.concatenate([r[1] for r in runs])
+
+    def _cut(self, items: np.ndarray, caps: np.ndarray, epoch: int, scale: int = 1,
+             sort: bool | None = None) -> list[list[Key]]:
+        """Each stream cut by the shared code, then the streams' batches dealt in turn."""
+        sizes = self._stream_sizes()
+        if len(items) != sum(sizes):
+            return super()._cut(items, caps, epoch, scale, sort)
+        per_stream, start = [], 0
+        for n in sizes:
+            per_stream.append(super()._cut(items[start:start + n], caps[start:start + n], epoch,
+                                           scale, sort))
+            start += n
+        out: list[list[Key]] = []
+        for k in range(max(len(b) for b in per_stream)):
+            out += [b[k] for b in per_stream if k < len(b)]
+        return out
+
+    def batches(self, epoch: int | None = None) -> list[list[Key]]:
+        """This rank's batches of one epoch (default: the current one); the last epoch's are
+        kept (``__len__``, the padding report and the walk ask for the same epoch)."""
+        epoch = self.state.epoch if epoch is None else int(epoch)
+        if self._batches is None or self._batches[0] != epoch:
+            self._batches = (epoch, super().batches(epoch))
+        return self._batches[1]
+
+    def _order_batches(self, batches: list[list[Key]], epoch: int) -> list[list[Key]]:
+        """Kept as dealt: stream ``w``'s batches reach loader worker ``w``."""
+        return batches
+
+    def stream_of_batch(self, position: int) -> int:
+        """Which stream batch ``position`` of an epoch comes from (the dealing of :meth:`_cut`;
+        exact while every stream still has batches)."""
+        return position % self.streams
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "streams": self.streams,
+                "shuffle_buffer": self.shuffle_buffer, "epoch_samples": self.epoch_samples,
+                "num_shards": len(self.shard_starts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = self.state_dict()
+        differ = [f"{k}={state[k]!r} (now {mine[k]!r})" for k in _STREAM_SETTINGS
+                  if k in state and state[k] != mine[k]]
+        if differ:
+            raise UserError(
+                f"{type(self).__name__}: the checkpoint's stream position was saved with "
+                f"{', '.join(differ)}; resume with the same shards, data.num_workers (= streams "
+                f"per rank), data.shuffle_buffer and data.epoch_samples, or start a fresh run "
+                f"from the weights.")
+        super().load_state_dict(state)
+
+
+class ShardCaptionDataset(CaptionDataset):
+    """:class:`~mmtf.data.datasets.CaptionDataset` over shard samples: media bytes are read by
+    ``(shard, offset, size)`` (:func:`~mmtf.data.formats.shards.read_member`)."""
+
+    def read_bytes(self, index: int) -> bytes:
+        return read_member(self.items[index])
+
+
+class ShardDataModule(CaptionDataModule):
+    """Captioning data from WebDataset-convention tar shards (``data=shards``).
+
+    Besides :class:`~mmtf.data.CaptionDataModule`'s arguments (``format`` is ``shards``;
+    ``root`` is what relative shard paths resolve against):
+
+    Args:
+        shards: ``{train: ..., val: ..., test: ...}``, each a brace pattern
+            (``/data/wavcaps/{000000..000127}.tar``), a glob (``train/*.tar``), a list of either,
+            or fsspec URLs (``s3://``, ``memory://``, ...).
+        shuffle_buffer: training samples per stream in the shuffle buffer (memory: keys only).
+        epoch_samples: training examples per epoch (all ranks); null = one pass over the shards.
+        index_cache: where indexes of shards without a writable folder are cached (null:
+            ``$MMTF_CACHE_DIR`` or ``~/.cache/mmtf``, ``shard-index/``).
+        **kwargs: see :class:`~mmtf.data.CaptionDataModule`.
+    """
+
+    def __init__(self, *, shards: Mapping[str, Any], shuffle_buffer: int = 1000,
+                 epoch_samples: int | None = None, index_cache: str | None = None,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("format", "shards")
+        kwargs.setdefault("modality", "audio")
+        if kwargs["format"] != "shards":
+            raise ConfigError(f"ShardDataModule reads format 'shards', not "
+                              f"{kwargs['format']!r}; remove data.format.")
+        super().__init__(**kwargs)
+        shards = to_plain(shards)
+        if not isinstance(shards, Mapping) or not shards:
+            raise ConfigError(f"data.shards ({shards!r}) must map splits to shard patterns, "
+                              f"e.g. {{train: 'train/*.tar', val: 'val/*.tar'}}.")
+        unknown = sorted(set(shards) - {"train", "val", "test"})
+        if unknown:
+            raise ConfigError(f"data.shards has unknown split(s) {unknown}; use train, val, test.")
+        if shuffle_buffer < 0:
+            raise ConfigError(f"data.shuffle_buffer ({shuffle_buffer}) must be >= 0.")
+        if epoch_samples is not None and epoch_samples < 1:
+            raise ConfigError(f"data.epoch_samples ({epoch_samples}) must be >= 1 or null.")
+        self.shards = dict(shards)
+        self.shuffle_buffer, self.epoch_samples = shuffle_buffer, epoch_samples
+        self.index_cache = index_cache
+
+    def _reader_kwargs(self) -> dict[str, Any]:
+        return {"shards": self.shards, "modality": self.modality,
+                "index_cache": self.index_cache}
+
+    def _probe(self, raw: list) -> tuple[list, list[float]]:
+        """Durations and channel counts come from the index: nothing is read here."""
+        kept, durations = [], []
+        for item in raw:
+            if self.channels is not None and item.channels not in (None, self.channels):
+                self.policy(DataError.make(
+                    "channels", item.shard, f"sample has {item.channels} channel(s) but "
+                    f"data.channels={self.channels}", "set data.channels=null to mix any "
+                    "channel count down to mono", item.where))
+                continue
+            kept.append(item)
+            durations.append(item.duration)
+        return kept, durations
+
+    def _image_sizes(self, split: str) -> list[tuple[int, int]]:
+        """From the index: no member is read."""
+        return [item.image_size for item in self.items(split)]
+
+    def _sampler(self, split: str, **kwargs: Any) -> BucketBatchSampler:
+        if split != "train":
+            return super()._sampler(split, **kwargs)
+        items: list[ShardItem] = self.items("train")
+        shard_of = np.cumsum([i > 0 and item.shard != items[i - 1].shard
+                              for i, item in enumerate(items)]).tolist()
+        return ShardStreamSampler(shard_of=shard_of, streams=max(1, self.num_workers),
+                                  shuffle_buffer=self.shuffle_buffer,
+                                  epoch_samples=self.epoch_samples, **kwargs)
+
+    def _loader(self, split: str) -> Any:
+        loader = super()._loader(split)
+        if split == "train":
+            s = loader.batch_sampler
+            log.info("[data] shards train: %d shards over %d rank(s) x %d stream(s), shuffle "
+                     "buffer %d, epoch = %d examples (%s), %d batches per rank",
+                     len(s.shard_starts), s.num_replicas, s.streams, s.shuffle_buffer,
+                     s.num_examples(), "epoch_samples" if s.epoch_samples else "one pass",
+                     len(s))
+        return loader
+
+    def _dataset(self, split: str, crop: str) -> ShardCaptionDataset:
+        return ShardCaptionDataset(self.items(split), tokens=self.tokens(split),
+                                   captions_per_item=self.captions_per_item
+                                   if split == "train" else 1,
+                                   **self._media_kwargs(split, crop))
