@@ -105,7 +105,7 @@ class MediaDataModule(L.LightningDataModule):
                  seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
                  image_cache_mb: float = 0, augment: Mapping[str, Any] | None = None) -> None:
         super().__init__()
-        formats = CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS
+        formats = self._formats()
         if format not in formats:
             raise UserError(f"{type(self).__name__}: format ({format!r}) must be one of "
                              f"{sorted(formats)}; set data.format.")
@@ -159,6 +159,10 @@ class MediaDataModule(L.LightningDataModule):
         self._loaders: dict[str, DataLoader] = {}
 
     # ------------------------------------------------------------------ reading
+    def _formats(self) -> Mapping[str, tuple[Any, str | None]]:
+        """The formats this module reads: name -> (reader, the modality it fixes or None)."""
+        return CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS
+
     def prepare_data(self) -> None:
         """Nothing to prepare for data on disk; the built-in sets generate themselves here
         (:mod:`mmtf.synthetic`). Lightning calls it on one process, :meth:`items` before reading."""
@@ -167,7 +171,7 @@ class MediaDataModule(L.LightningDataModule):
         return {"splits": self.splits} if self.splits else {}
 
     def _read(self, split: str) -> list:
-        reader = (CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS)[self.format][0]
+        reader = self._formats()[self.format][0]
         return reader(self.root, split, report=self.policy, **self._reader_kwargs())
 
     def items(self, split: str) -> list:
@@ -233,13 +237,18 @@ class MediaDataModule(L.LightningDataModule):
                                  f"({self.error_counts.summary()})", "check data.root and the "
                                  "index files, or run python -m mmtf.data.check",
                                  skippable=False)
-        return BucketBatchSampler(
-            batch_size=self.batch_size if train else (self.eval_batch_size or self.batch_size),
+        return self._make_sampler(
+            split, batch_size=self.batch_size if train else (self.eval_batch_size or self.batch_size),
             drop_last=self.drop_last and train, lengths=lengths,
             num_captions=self._num_captions(split), caption_policy=self._policy(split),
             shuffle=train, bucket_size=self.bucket_size, seed=self.seed,
             bucketing=(self.bucketing and self.modality == "audio") if bucketing is None
             else bucketing)
+
+    def _make_sampler(self, split: str, **kwargs: Any) -> BucketBatchSampler:
+        """The sampler class of a split, built from :meth:`batch_sampler`'s arguments (a
+        mixture draws its training examples from its sources' samplers)."""
+        return BucketBatchSampler(**kwargs)
 
     def _loader(self, split: str) -> DataLoader | StatefulDataLoader:
         train = split == "train"
@@ -328,6 +337,9 @@ class CaptionDataModule(MediaDataModule):
     """
 
     task = "caption"
+    # A mixture's sources that are validated and tested, each metric logged under its name
+    # (mmtf.data.mixture); none here.
+    source_names: tuple[str, ...] = ()
 
     def __init__(self, *, max_caption_tokens: int = 64,
                  caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
@@ -363,6 +375,11 @@ class CaptionDataModule(MediaDataModule):
         """Every reference caption of every training item: what a fresh run's tokenizer is
         trained on (:func:`mmtf.tasks.resolve_tokenizer`)."""
         return [c for item in self.items("train") for c in item.captions]
+
+    def tokenizer_spec(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``tokenizer`` config node a fresh run trains with, given the configured one (a
+        mixture adds its sources' prompt tokens); unchanged here."""
+        return dict(spec)
 
     def connect(self, tokenizer: Tokenizer) -> None:
         """Build token ids with ``tokenizer`` from now on (the task holds the same object).
