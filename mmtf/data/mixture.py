@@ -459,11 +459,11 @@ class MixtureDataModule(CaptionDataModule):
         if not ids:
             return
         special = tokenizer.special_ids
-        missing = [f"{s.name}: {s.prompt_token!r}" for s in self.sources
+        missing = [f"{s.prompt_token} ({s.name})" for s in self.sources
                    if ids[s.name] is None or ids[s.name] not in special]
         if missing:
             raise ConfigError(
-                f"data.sources: the prompt tokens {missing} are not special tokens of the "
+                f"data.sources: the prompt tokens {', '.join(missing)} are not special tokens of the "
                 f"tokenizer ({type(tokenizer).__name__}, {tokenizer.vocab_size} tokens). mmtf "
                 f"adds them when it trains the tokenizer (tokenizer=bpe); a pretrained, saved or "
                 f"char tokenizer is not grown: use one that holds them, or set prompt_token: "
