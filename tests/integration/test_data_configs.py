@@ -27,6 +27,10 @@ SYNTHETIC_SIZES = {
     "synth_audio_labels": {"num_clips": 20, "min_seconds": 1.0, "max_seconds": 1.5},
     "synth_image_labels": {"num_train": 8, "num_val": 4, "num_test": 4, "image_size": 32},
 }
+# data=mixture: two built-in audio sets (its sources keep their own seeds).
+MIXTURE = [f"data.sources.{source}.synthetic.{k}={v}" for source in ("synth_a", "synth_b")
+           for k, v in TINY_AUDIO.items() if k != "seed"]
+BUILT_IN = {*SYNTHETIC_SIZES, "mixture"}
 
 
 def _compose(overrides: list[str]):
@@ -97,6 +101,8 @@ def test_every_data_config_loads(name, tmp_path, real_roots):
                  "data.batch_size=2"]
     if name in SYNTHETIC_SIZES:
         overrides += [f"data.synthetic.{k}={v}" for k, v in SYNTHETIC_SIZES[name].items()]
+    elif name == "mixture":
+        overrides += MIXTURE
     else:
         overrides.append(f"data.root={real_roots[name]}")
     cfg = _compose(overrides)
@@ -104,7 +110,8 @@ def test_every_data_config_loads(name, tmp_path, real_roots):
     dm.prepare_data()
     dm.setup("fit")
     if "tokenizer" in cfg:                  # the caption configs select one (conf/tokenizer/)
-        dm.connect(build_tokenizer(OmegaConf.to_container(cfg.tokenizer), dm.train_captions))
+        spec = dm.tokenizer_spec(OmegaConf.to_container(cfg.tokenizer))   # as mmtf.train
+        dm.connect(build_tokenizer(spec, dm.train_captions))
     for loader in (dm.train_dataloader(), dm.val_dataloader()):
         batch = next(iter(loader))
         key = "audio" if dm.modality == "audio" else "image"
@@ -115,7 +122,7 @@ def test_every_data_config_loads(name, tmp_path, real_roots):
         assert parser is not None and all(parser(r) for r in batch["references"][0])
 
 
-@pytest.mark.parametrize("name", [n for n in DATA if n not in SYNTHETIC_SIZES])
+@pytest.mark.parametrize("name", [n for n in DATA if n not in BUILT_IN])
 def test_real_configs_require_a_root(name):
     cfg = _compose([f"data={name}"])
     with pytest.raises(MissingMandatoryValue, match="root"):
