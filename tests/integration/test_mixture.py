@@ -10,21 +10,36 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
 
+from mmtf.errors import ConfigError
 from mmtf.train import train
 from tests.unit.reliability.toy import run_forked
 
-from .conftest import AUDIO, CAPTION, COMMON, cli_in_process, compose_train
+from .conftest import AUDIO, CAPTION, COMMON, cli_in_process, compose_train, tiny_overrides
 from .test_reliability import (  # noqa: F401  (_isolate_global_torch_state: autouse here too)
     KillAtStep,
     Recorder,
     _isolate_global_torch_state,
+    assert_equal_tensors,
     assert_same_final_state,
     cb,
     load,
 )
 
 SOURCES = {"synth_a": 12, "synth_b": 8}
+HERE = "tests.integration.test_mixture"
+
+
+class WeightsAtStart(Callback):
+    """Save the task's weights when training starts (what a fine-tune starts from)."""
+
+    def __init__(self, *, path: str) -> None:
+        self.path = path
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        torch.save(pl_module.state_dict(), self.path)
 
 
 def mixture_overrides(data_dir: Path, *extra: str) -> list[str]:
@@ -35,13 +50,14 @@ def mixture_overrides(data_dir: Path, *extra: str) -> list[str]:
                for key, value in (("num_train", num_train), ("num_val", 4), ("num_test", 4),
                                   ("min_seconds", 1.0), ("max_seconds", 1.5),
                                   ("num_workers", 0))]
-    return ["experiment=audio_captioning", "data=mixture", f"paths.data_dir={data_dir}",
+    return ["experiment=audio_captioning", "data=synth_audio_captions_mix", f"paths.data_dir={data_dir}",
             *COMMON, *[a for a in AUDIO if not a.startswith("data.")], *CAPTION,
             "trainer.check_val_every_n_epoch=1", "data.epoch_samples=12", *sources, *extra]
 
 
 @pytest.mark.slow
-def test_a_two_source_mixture_trains_and_logs_every_metric_per_source(data_dir, tmp_path):
+def test_a_two_source_mixture_trains_logs_every_metric_per_source_and_fine_tunes(data_dir,
+                                                                                 tmp_path):
     out = tmp_path / "run"
     train(compose_train(mixture_overrides(data_dir, "trainer.max_epochs=2"), out))
     metrics = json.loads((out / "metrics.json").read_text())
@@ -58,6 +74,22 @@ def test_a_two_source_mixture_trains_and_logs_every_metric_per_source(data_dir, 
     # generation started from each item's own prompt: synth_b's rows were scored too
     samples = sorted((out / "samples").glob("test_*.md"))
     assert "synth_b/" in samples[-1].read_text() and "synth_a/" in samples[-1].read_text()
+
+    # Stage 2: fine-tune on one built-in set from the mixture's weights and tokenizer.
+    fine, start = tmp_path / "fine", tmp_path / "start.pt"
+    train(compose_train(tiny_overrides(
+        "audio_captioning", data_dir, f"init_from={out / 'checkpoints' / 'last.ckpt'}",
+        f"+callbacks.w._target_={HERE}.WeightsAtStart", f"+callbacks.w.path={start}"), fine))
+    started = torch.load(start, weights_only=True)
+    assert_equal_tensors(started, ckpt["state_dict"], "weights at the fine-tune's start")
+    tuned = load(fine / "checkpoints" / "last.ckpt")
+    assert tuned["mmtf"]["tokenizer"] == ckpt["mmtf"]["tokenizer"]
+    assert tuned["global_step"] == 3                  # a fresh run: its own loops and schedule
+    with pytest.raises(ConfigError, match=r"init_from=.*last.ckpt: the checkpoint's weights do "
+                                          r"not fit this model \(size mismatch for"):
+        train(compose_train(tiny_overrides(
+            "audio_captioning", data_dir, f"init_from={out / 'checkpoints' / 'last.ckpt'}",
+            "model.decoder.dim=48"), tmp_path / "bad"))
 
 
 @pytest.mark.slow
@@ -96,7 +128,7 @@ def test_a_weight_of_zero_is_a_one_line_error_with_exit_status_2(data_dir, tmp_p
 
 def test_data_check_reports_each_source(data_dir, tmp_path):
     sources = [a for a in mixture_overrides(data_dir) if a.startswith("data.sources.")]
-    out = cli_in_process("mmtf.data.check", ["data=mixture", f"paths.data_dir={data_dir}",
+    out = cli_in_process("mmtf.data.check", ["data=synth_audio_captions_mix", f"paths.data_dir={data_dir}",
                                              "tokenizer.vocab_size=128", *sources],
                          cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
