@@ -14,7 +14,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from mmtf.errors import ConfigError
+from mmtf.synthetic import ensure_synthetic
 from mmtf.train import train
+from tests.unit.data.conftest import TINY_AUDIO, sine, write_audio
 from tests.unit.reliability.toy import run_forked
 
 from .conftest import AUDIO, CAPTION, COMMON, cli_in_process, compose_train, tiny_overrides
@@ -139,3 +141,44 @@ def test_data_check_reports_each_source(data_dir, tmp_path):
     assert text.count("mmtf data check: clotho (audio, captions)") == 2
     assert text.count("OK: no problems found") == 2
     assert "OK: 0 problem(s) over the sources" in text
+
+
+def write_audiocaps(root: Path) -> Path:
+    """The AudioCaps layout: {split}.csv (audiocap_id,youtube_id,start_time,caption) + audio/."""
+    for split in ("train", "val", "test"):
+        rows = ["audiocap_id,youtube_id,start_time,caption"]
+        for k in range(4):
+            write_audio(root / "audio" / split / f"{split}{k}.wav", sine(1.0 + k / 8, 16000))
+            rows += [f"{split}{k}{j},{split}{k},30,a tone number {k} take {j}" for j in range(2)]
+        (root / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def write_wavcaps(root: Path) -> Path:
+    """WavCaps as a manifest: train.jsonl only (the experiment does not evaluate on it)."""
+    lines = []
+    for k in range(6):
+        write_audio(root / "clips" / f"{k}.flac", sine(1.0 + k / 10, 32000, hz=300 + 50 * k),
+                    32000)
+        lines.append(json.dumps({"audio": f"clips/{k}.flac", "caption": f"a hum at step {k}"}))
+    (root / "train.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.mark.slow
+def test_the_pretrain_mix_experiment_runs_on_audiocaps_wavcaps_and_clotho_layouts(data_dir,
+                                                                                  tmp_path):
+    clotho = ensure_synthetic(tmp_path / "clotho", "audio_captions", **TINY_AUDIO)
+    roots = {"audiocaps": write_audiocaps(tmp_path / "audiocaps"),
+             "wavcaps": write_wavcaps(tmp_path / "wavcaps"), "clotho": clotho}
+    overrides = ["experiment=audio_captioning_pretrain_mix", f"paths.data_dir={data_dir}",
+                 *COMMON, *[a for a in AUDIO if not a.startswith("data.")], *CAPTION,
+                 "trainer.fast_dev_run=true", "data.eval_batch_size=16",
+                 *(f"data.sources.{name}.root={root}" for name, root in roots.items())]
+    out = tmp_path / "run"
+    train(compose_train(overrides, out))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"test/clotho/cider_d", "test/audiocaps/cider_d", "test/cider_d"} <= metrics.keys()
+    assert not any(k.startswith("test/wavcaps/") for k in metrics)       # evaluate: false
+    tokenizer = json.loads(load(out / "checkpoints" / "last.ckpt")["mmtf"]["tokenizer"])
+    assert tokenizer["prompt"] == ["<bos>", "<|clotho|>"]                 # data.default_source
