@@ -5,6 +5,7 @@ per-source prompt token and every bad input with its message."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -163,7 +164,8 @@ def connected(dm: MixtureDataModule) -> MixtureDataModule:
     return dm
 
 
-def test_items_are_the_sources_concatenated_and_batches_carry_the_source(two_sources):
+def test_items_are_the_sources_concatenated_and_batches_carry_the_source(two_sources, caplog):
+    caplog.set_level(logging.INFO, logger="mmtf.data")
     dm = connected(MixtureDataModule(sources=two_sources, batch_size=4, epoch_samples=10))
     assert len(dm.items("train")) == 12 and dm.source_names == ("clotho", "wavcaps")
     assert [it.captions[-1] for it in dm.items("train")[6:]] == ["a manifest clip"] * 6
@@ -176,6 +178,14 @@ def test_items_are_the_sources_concatenated_and_batches_carry_the_source(two_sou
             assert row[:2].tolist() == [1, dm.tokenizer.token_to_id(f"<|{source}|>")]
     val = list(dm.val_dataloader())
     assert sorted(s for b in val for s in b["sources"]) == ["clotho"] * 3 + ["wavcaps"] * 3
+    # the [data] lines: items per source at setup, draws per source each epoch
+    counts = dm._loaders["train"].batch_sampler.source_counts(0)
+    drawn = [s for b in batches for s in b["sources"]]
+    assert counts == {"clotho": drawn.count("clotho"), "wavcaps": drawn.count("wavcaps")}
+    assert (f"[data] mixture train epoch 0 (rank 0): clotho {counts['clotho']} "
+            f"({10 * counts['clotho']:.1f}%), wavcaps {counts['wavcaps']}") in caplog.text
+    assert "[data] mixture train: 12 items: clotho 6 (clotho at" in caplog.text
+    assert "weight 0.750)" in caplog.text
 
 
 def test_a_source_keeps_its_own_crop_and_its_epoch_reaches_its_dataset(two_sources):
