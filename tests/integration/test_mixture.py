@@ -19,7 +19,15 @@ from mmtf.train import train
 from tests.unit.data.conftest import TINY_AUDIO, sine, write_audio
 from tests.unit.reliability.toy import run_forked
 
-from .conftest import AUDIO, CAPTION, COMMON, cli_in_process, compose_train, tiny_overrides
+from .conftest import (
+    AUDIO,
+    CAPTION,
+    COMMON,
+    cli_in_process,
+    compose_train,
+    evaluate_in_process,
+    tiny_overrides,
+)
 from .test_reliability import (  # noqa: F401  (_isolate_global_torch_state: autouse here too)
     KillAtStep,
     Recorder,
@@ -76,6 +84,10 @@ def test_a_two_source_mixture_trains_logs_every_metric_per_source_and_fine_tunes
     # generation started from each item's own prompt: synth_b's rows were scored too
     samples = sorted((out / "samples").glob("test_*.md"))
     assert "synth_b/" in samples[-1].read_text() and "synth_a/" in samples[-1].read_text()
+
+    # mmtf.evaluate rebuilds the mixture from the checkpoint's config: per-source keys too
+    scores = evaluate_in_process(out / "checkpoints" / "last.ckpt", tmp_path / "eval")
+    assert {"test/synth_a/cider_d", "test/synth_b/cider_d", "test/cider_d"} <= scores.keys()
 
     # Stage 2: fine-tune on one built-in set from the mixture's weights and tokenizer.
     fine, start = tmp_path / "fine", tmp_path / "start.pt"
