@@ -114,7 +114,7 @@ class MixtureSampler(BucketBatchSampler):
         self.weights = weights / weights.sum()
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.epoch_samples = epoch_samples
-        self._consumed_at: dict[int, np.ndarray] = {0: np.zeros(len(sources), np.int64)}
+        self._consumed_at: dict[int, dict[int, np.ndarray]] = {}     # rank -> epoch -> counts
 
     def num_examples(self) -> int:
         if self.epoch_samples is not None:
@@ -122,9 +122,11 @@ class MixtureSampler(BucketBatchSampler):
         return sum(src.num_examples() for src in self.sources)
 
     # ------------------------------------------------------------------ order
-    def choices(self, epoch: int) -> np.ndarray:
-        """The source of each of this rank's examples of ``epoch`` (``_rank_size()`` long)."""
-        rng = np.random.default_rng([self.seed, epoch, 4, self.rank])
+    def choices(self, epoch: int, rank: int | None = None) -> np.ndarray:
+        """The source of each of ``rank``'s (default: this rank's) examples of ``epoch``
+        (``_rank_size()`` long)."""
+        rank = self.rank if rank is None else rank
+        rng = np.random.default_rng([self.seed, epoch, 4, rank])
         return rng.choice(len(self.sources), size=self._rank_size(), p=self.weights)
 
     def source_counts(self, epoch: int) -> dict[str, int]:
@@ -132,20 +134,22 @@ class MixtureSampler(BucketBatchSampler):
         counts = np.bincount(self.choices(epoch), minlength=len(self.sources))
         return dict(zip(self.names, (int(c) for c in counts)))
 
-    def _consumed(self, epoch: int) -> np.ndarray:
-        """Examples each source gave this rank in the epochs before ``epoch``."""
-        start = max(e for e in self._consumed_at if e <= epoch)
-        used = self._consumed_at[start].copy()
+    def _consumed(self, epoch: int, rank: int) -> np.ndarray:
+        """Examples each source gave ``rank`` in the epochs before ``epoch``."""
+        memo = self._consumed_at.setdefault(rank, {0: np.zeros(len(self.sources), np.int64)})
+        start = max(e for e in memo if e <= epoch)
+        used = memo[start].copy()
         for e in range(start, epoch):
-            used += np.bincount(self.choices(e), minlength=len(self.sources))
-            self._consumed_at[e + 1] = used.copy()
+            used += np.bincount(self.choices(e, rank), minlength=len(self.sources))
+            memo[e + 1] = used.copy()
         return used
 
-    def rank_examples(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's examples of ``epoch``: global items, and captions with the source's
-        epoch folded in (``caption + num_captions[item] * source_epoch``)."""
-        choice = self.choices(epoch)
-        start = self._consumed(epoch)
+    def rank_examples(self, epoch: int, rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``rank``'s (default: this rank's) examples of ``epoch``: global items, and captions
+        with the source's epoch folded in (``caption + num_captions[item] * source_epoch``)."""
+        rank = self.rank if rank is None else rank
+        choice = self.choices(epoch, rank)
+        start = self._consumed(epoch, rank)
         items = np.empty(len(choice), dtype=np.int64)
         caps = np.empty(len(choice), dtype=np.int64)
         for k, src in enumerate(self.sources):
@@ -157,7 +161,9 @@ class MixtureSampler(BucketBatchSampler):
             src_epoch, index = pos // per_epoch, pos % per_epoch
             for e in np.unique(src_epoch):
                 sel = src_epoch == e
-                local, cap = src.rank_examples(int(e))
+                # Another rank's examples too: a batch count over every rank asks for them.
+                local, cap = (src.rank_examples(int(e)) if rank == self.rank
+                              else src.rank_examples(int(e), rank=rank))
                 glob = local[index[sel]] + self.offsets[k]
                 items[where[sel]] = glob
                 caps[where[sel]] = cap[index[sel]] + self.num_captions[glob] * int(e)
