@@ -6,10 +6,14 @@ mixture's own keys::
 
     data:
       _target_: mmtf.data.mixture.MixtureDataModule
+      _recursive_: false            # the mixture builds its sources
       epoch_samples: 20000          # examples per epoch over all ranks; null = the sources' sum
-      sources:
-        clotho:    {<conf/data/clotho.yaml>, weight: 0.3, prompt_token: "<|clotho|>"}
-        audiocaps: {<conf/data/audiocaps.yaml>, weight: 0.7, prompt_token: "<|audiocaps|>"}
+      sources:                      # name -> a data config written out + the mixture's keys
+        clotho: {_target_: mmtf.data.CaptionDataModule, format: clotho, root: /data/clotho,
+                 max_seconds: 30.0, weight: 0.3, prompt_token: "<|clotho|>"}
+        audiocaps: {_target_: mmtf.data.CaptionDataModule, format: audiocaps,
+                    root: /data/audiocaps, max_seconds: 10.0, weight: 0.7,
+                    prompt_token: "<|audiocaps|>"}
 
 The mixture's items are its sources' items concatenated (global index = the source's offset +
 its local index); :class:`MixtureDataset` hands each key to the source's own dataset.
@@ -63,8 +67,11 @@ log = logging.getLogger("mmtf.data")
 
 __all__ = ["MixtureDataModule", "MixtureDataset", "MixtureSampler", "Source"]
 
-# The keys of a source entry that belong to the mixture, not to the source's data config.
-SOURCE_KEYS = ("name", "weight", "prompt_token", "evaluate")
+# Reading and example settings: each source's own, never the mixture's.
+PER_SOURCE = ("format", "root", "modality", "splits", "sample_rate", "max_seconds", "eval_crop",
+              "train_crop", "channels", "train_transforms", "eval_transforms", "image_cache_mb",
+              "augment", "max_caption_tokens", "caption_policy", "captions_per_item",
+              "language", "task", "on_error")
 
 
 class MixtureSampler(BucketBatchSampler):
@@ -337,16 +344,23 @@ class MixtureDataModule(CaptionDataModule):
         **kwargs: the loader settings of :class:`MediaDataModule` (``batch_size``,
             ``num_workers``, ``bucketing``, ``seed``, ...); the sources' own loader settings are
             not used. Reading, crops, transforms, augmentation, caption policy and
-            ``max_caption_tokens`` are each source's.
+            ``max_caption_tokens`` are each source's (:data:`PER_SOURCE`: an error here).
 
     Raises:
-        ConfigError: bad sources (:func:`build_sources`), audio mixed with images, sample rates
+        ConfigError: bad sources (:func:`build_sources`), a source's setting given to the
+            mixture, audio mixed with images, sample rates
             or ``captions_per_item`` that differ, mixup on a source, prompt tokens on some
             sources only, or an unknown ``default_source``.
     """
 
     def __init__(self, *, sources: Any, epoch_samples: int | None = None,
                  default_source: str | None = None, **kwargs: Any) -> None:
+        own = sorted(k for k in kwargs if k in PER_SOURCE)
+        if own:
+            raise ConfigError(f"data.{own[0]} is set on the mixture, but it is each source's "
+                              f"setting; set data.sources.<name>.{own[0]} on the sources "
+                              f"instead (mixture keys: sources, epoch_samples, default_source "
+                              f"and the loader settings).")
         self.sources = build_sources(sources)
         mods = [s.module for s in self.sources]
         _same(self.sources, "modality", "a mixture is of one modality (audio or images); put "
@@ -376,10 +390,10 @@ class MixtureDataModule(CaptionDataModule):
         self.default_source = default_source or next(
             (s.name for s in self.sources if s.prompt_token), names[0])
         seconds = [m.max_seconds for m in mods]
-        # The largest crop of any source (what the task checks against the encoder's limit).
-        kwargs.setdefault("max_seconds", None if None in seconds else max(seconds))
+        # The largest crop of any source: what the task checks against the encoder's limit.
         super().__init__(format="mixture", root=".", modality=mods[0].modality,
                          sample_rate=mods[0].sample_rate,
+                         max_seconds=None if None in seconds else max(seconds),
                          max_caption_tokens=max(m.max_caption_tokens for m in mods),
                          captions_per_item=mods[0].captions_per_item, **kwargs)
         self.root = None              # no folder of its own: each source has its root

@@ -276,6 +276,9 @@ def test_bad_sources_are_one_line_errors_naming_the_source(two_sources, tmp_path
         make({**two_sources, "x": {"weight": 1.0, "root": "/data", "prompt_token": "<|x|>"}})
     with pytest.raises(ConfigError, match=r"data.default_source \('y'\) must be one of"):
         make(two_sources, default_source="y")
+    with pytest.raises(ConfigError, match=r"data.augment is set on the mixture, but it is each "
+                                          r"source's setting; set data.sources.<name>.augment"):
+        make(two_sources, augment={"gain": {"p": 0.5}})
 
 
 def test_modules_can_be_given_directly(tiny_audio_captions):
