@@ -34,7 +34,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from mmtf.checkpoint_io import validate_safe_targets
+from mmtf.checkpoint_io import load_checkpoint, validate_safe_targets
 from mmtf.data.image import record_image_processors
 from mmtf.errors import ConfigError
 from mmtf.loggers import continue_tracker_runs, log_config, log_final_metric, record_tracker_runs
@@ -110,8 +110,12 @@ def train(cfg: DictConfig) -> float | None:
         log_config(loggers, cfg)
 
     # After every config is built (a bad one fails before data is generated or a tokenizer
-    # trained) and before fit, which launches the other DDP ranks.
-    connect_tokenizer(cfg, task, datamodule, ckpt_path)
+    # trained) and before fit, which launches the other DDP ranks. A fine-tune (init_from) takes
+    # the checkpoint's tokenizer with its weights; a resume's own checkpoint wins over both.
+    init_from = cfg.get("init_from") if ckpt_path is None else None
+    connect_tokenizer(cfg, task, datamodule, ckpt_path or init_from)
+    if init_from:
+        init_weights(task, init_from)
     if cfg.get("train", True):
         trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     train_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -191,10 +195,36 @@ def connect_tokenizer(cfg: DictConfig, task: Task, datamodule: L.LightningDataMo
                               f"{type(task).__name__} emits no text; remove it (~tokenizer).")
         return
     spec = None if spec is None else OmegaConf.to_container(spec, resolve=True)
+    if spec is not None:            # a mixture's prompt tokens join a tokenizer mmtf trains
+        spec = datamodule.tokenizer_spec(spec)
     tokenizer = resolve_tokenizer(spec, train_captions=datamodule.train_captions,
                                   ckpt_path=ckpt_path)
     task.use_tokenizer(tokenizer)
     datamodule.connect(tokenizer)
+
+
+def init_weights(task: Task, path: str | os.PathLike) -> None:
+    """Load the weights of the checkpoint ``path`` into ``task`` (``init_from``: a fresh run that
+    fine-tunes them; optimizer, schedule, loops and EMA start anew).
+
+    Raises:
+        CheckpointError: the file is not a weights-only checkpoint.
+        ConfigError: its weights do not fit the model (names or shapes).
+    """
+    state = load_checkpoint(path).get("state_dict") or {}
+    try:
+        missing, unexpected = task.load_state_dict(state, strict=False)
+    except RuntimeError as err:                 # a shape mismatch: its first line names it
+        detail = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()),
+                      str(err))
+        raise ConfigError(f"init_from={path}: the checkpoint's weights do not fit this model "
+                          f"({detail}); build the model with the model.* settings of the run "
+                          f"that wrote it.") from None
+    if missing or unexpected:
+        raise ConfigError(f"init_from={path}: the checkpoint's weights do not fit this model "
+                          f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}); "
+                          f"build the model with the model.* settings of the run that wrote it.")
+    log.info("Initialised the weights from %s (a fresh run: new optimizer and schedule)", path)
 
 
 def report(metrics: dict[str, float], task: Task, output_dir: Path) -> None:

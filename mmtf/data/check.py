@@ -31,6 +31,7 @@ from mmtf.data.audio import load_audio
 from mmtf.data.errors import ErrorCounter
 from mmtf.data.formats.shards import ShardItem, read_member
 from mmtf.data.image import load_image
+from mmtf.data.mixture import MixtureDataModule
 from mmtf.errors import DataError
 from mmtf.text import build_tokenizer
 from mmtf.utils.config_dir import CONF_DIR
@@ -86,8 +87,36 @@ def _scan_split(dm: Any, split: str, collector: _Collector, decode: bool) -> dic
 
 
 def run_check(cfg: DictConfig) -> int:
-    """Scan ``cfg.data``; print the report; return the number of problems found."""
+    """Scan ``cfg.data``; print the report; return the number of problems found. A mixture
+    (``data=mixture``) is reported source by source, then its weights and expected draws."""
     dm = instantiate(cfg.data)
+    if not isinstance(dm, MixtureDataModule):
+        return _check_module(cfg, dm, cfg.splits)
+    print(f"mmtf data check: mixture of {len(dm.sources)} sources ({dm.modality}, captions)")
+    problems = 0
+    for s in dm.sources:
+        print(f"\n=== source {s.name} ===")
+        problems += _check_module(cfg, s.module, [split for split in cfg.splits
+                                                  if split == "train" or s.evaluate])
+    total = sum(s.weight for s in dm.sources)
+    per_epoch = dm.epoch_samples
+    if per_epoch is None:
+        per_epoch = sum(len(s.module.items("train")) for s in dm.sources)
+    print(f"\nMixture: {per_epoch} training examples per epoch "
+          f"({'data.epoch_samples' if dm.epoch_samples else 'the sources sum'}), drawn by weight:")
+    for s in dm.sources:
+        n = len(s.module.items("train"))
+        share = s.weight / total
+        print(f"  source {s.name}: weight {share:.3f} ({n} train items), ~{share * per_epoch:.0f} "
+              f"draws per epoch (~{share * per_epoch / max(n, 1):.2f} per item)"
+              + (f", prompt token {s.prompt_token}" if s.prompt_token else "")
+              + ("" if s.evaluate else ", not evaluated"))
+    print(f"\n{'FAILED' if problems else 'OK'}: {problems} problem(s) over the sources")
+    return problems
+
+
+def _check_module(cfg: DictConfig, dm: Any, splits: list[str]) -> int:
+    """The report of one data module (a mixture's source: one of them)."""
     collector = _Collector()
     kind = "captions" if dm.task == "caption" else "labels"
     print(f"mmtf data check: {dm.format} ({dm.modality}, {kind}) at {dm.root}")
@@ -96,7 +125,7 @@ def run_check(cfg: DictConfig) -> int:
     except DataError as e:
         collector(e)
     results: dict[str, dict[str, Any]] = {}
-    for split in cfg.splits:
+    for split in splits:
         try:
             results[split] = _scan_split(dm, split, collector, cfg.decode)
         except DataError as e:  # a whole-file problem: missing split, missing columns, ...

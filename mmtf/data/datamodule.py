@@ -117,7 +117,7 @@ class MediaDataModule(L.LightningDataModule):
                  seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
                  image_cache_mb: float = 0, augment: Mapping[str, Any] | None = None) -> None:
         super().__init__()
-        formats = CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS
+        formats = self._formats()
         if format not in formats:
             raise UserError(f"{type(self).__name__}: format ({format!r}) must be one of "
                              f"{sorted(formats)}; set data.format.")
@@ -175,6 +175,10 @@ class MediaDataModule(L.LightningDataModule):
         self._loaders: dict[str, DataLoader] = {}
 
     # ------------------------------------------------------------------ reading
+    def _formats(self) -> Mapping[str, tuple[Any, str | None]]:
+        """The formats this module reads: name -> (reader, the modality it fixes or None)."""
+        return CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS
+
     def prepare_data(self) -> None:
         """Nothing to prepare for data on disk; the built-in sets generate themselves here
         (:mod:`mmtf.synthetic`). Lightning calls it on one process, :meth:`items` before reading."""
@@ -183,7 +187,7 @@ class MediaDataModule(L.LightningDataModule):
         return {"splits": self.splits} if self.splits else {}
 
     def _read(self, split: str) -> list:
-        reader = (CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS)[self.format][0]
+        reader = self._formats()[self.format][0]
         return reader(self.root, split, report=self.policy, **self._reader_kwargs())
 
     def items(self, split: str) -> list:
@@ -276,7 +280,7 @@ class MediaDataModule(L.LightningDataModule):
         """What a budget counts per item: seconds after the crop (audio), or pixels as the
         split's transforms output them (images); ``warn``: about items over the budget."""
         if self.modality == "image":
-            lengths = transformed_pixels(self._image_sizes(split), self._transform(split))
+            lengths = self._pixels(split)
         budget = self._batching(split)[1]
         over = sum(length > budget for length in lengths)
         if over and warn:
@@ -286,13 +290,18 @@ class MediaDataModule(L.LightningDataModule):
                         unit, max(lengths))
         return lengths
 
+    def _pixels(self, split: str) -> list[int]:
+        """Pixels of every image of a split as the split's transforms output them."""
+        return transformed_pixels(self._image_sizes(split), self._transform(split))
+
     def _image_sizes(self, split: str) -> list[tuple[int, int]]:
         """``(width, height)`` of every image of a split, from the files' headers."""
         return header_sizes([item.path for item in self.items(split)])
 
     def _sampler(self, split: str, **kwargs: Any) -> BucketBatchSampler:
         """The sampler of a split from :meth:`batch_sampler`'s settings (subclasses that order
-        examples otherwise, e.g. shard streams, build their own subclass from the same)."""
+        examples otherwise: shard streams, a mixture drawing from its sources' samplers,
+        build their own subclass from the same)."""
         return BucketBatchSampler(**kwargs)
 
     def _loader(self, split: str) -> DataLoader | StatefulDataLoader:
@@ -382,6 +391,9 @@ class CaptionDataModule(MediaDataModule):
     """
 
     task = "caption"
+    # A mixture's sources that are validated and tested, each metric logged under its name
+    # (mmtf.data.mixture); none here.
+    source_names: tuple[str, ...] = ()
 
     def __init__(self, *, max_caption_tokens: int = 64,
                  caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
@@ -417,6 +429,11 @@ class CaptionDataModule(MediaDataModule):
         """Every reference caption of every training item: what a fresh run's tokenizer is
         trained on (:func:`mmtf.tasks.resolve_tokenizer`)."""
         return [c for item in self.items("train") for c in item.captions]
+
+    def tokenizer_spec(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``tokenizer`` config node a fresh run trains with, given the configured one (a
+        mixture adds its sources' prompt tokens); unchanged here."""
+        return dict(spec)
 
     def connect(self, tokenizer: Tokenizer) -> None:
         """Build token ids with ``tokenizer`` from now on (the task holds the same object).

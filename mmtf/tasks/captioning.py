@@ -96,6 +96,8 @@ class CaptioningTask(Task):
                                   backend=metrics_backend, normalizer=wer_normalizer)
             for split, names in (("val", val_metrics), ("test", test_metrics))
         }
+        # A mixture's sources (datamodule.source_names): the same metrics per source.
+        self.source_metrics: dict[str, dict[str, CaptionMetrics]] = {"val": {}, "test": {}}
         self.init_lora(lora)
         self.init_finetuning(
             freeze={"decoder": freeze_decoder},
@@ -104,16 +106,31 @@ class CaptioningTask(Task):
             lr_scale={"encoder": encoder_lr_scale, "decoder": decoder_lr_scale},
             layer_decay=layer_decay)
 
+    def _all_metrics(self) -> list[CaptionMetrics]:
+        return [*self.caption_metrics.values(),
+                *(m for per in self.source_metrics.values() for m in per.values())]
+
     def set_metrics_backend(self, backend: str) -> None:
         """Score with ``backend`` ("mmtf" | "aac") from now on (``evaluate metrics_backend=``)."""
-        for metrics in self.caption_metrics.values():
+        for metrics in self._all_metrics():
             metrics.backend = check_backend(backend)
 
     def set_wer_normalizer(self, name: str) -> None:
         """Normalise WER / CER text with ``name`` from now on (``evaluate wer_normalizer=``)."""
         get_normalizer(name)
-        for metrics in self.caption_metrics.values():
+        for metrics in self._all_metrics():
             metrics.normalizer = name
+
+    def use_sources(self, names: Sequence[str]) -> None:
+        """Score val/test per source too (a mixture's ``source_names``): every metric also
+        under ``<split>/<source>/<metric>``, from the batches' ``sources``."""
+        hp = self.hparams
+        self.source_metrics = {
+            split: {name: CaptionMetrics(metrics=None if which is None else list(which),
+                                         backend=self.caption_metrics[split].backend,
+                                         normalizer=self.caption_metrics[split].normalizer)
+                    for name in names}
+            for split, which in (("val", hp.val_metrics), ("test", hp.test_metrics))}
 
     @property
     def encoder(self) -> nn.Module:
@@ -186,6 +203,7 @@ class CaptioningTask(Task):
         if datamodule.tokenizer != self.tokenizer:
             raise UserError("the data module builds its ids with another tokenizer than the "
                             "task's; hand both the same one: datamodule.connect(task.tokenizer).")
+        self.use_sources(getattr(datamodule, "source_names", ()))
 
     def require_tokenizer(self) -> Tokenizer:
         """The task's tokenizer; a clear error naming the call to make when none was handed over."""
@@ -268,6 +286,12 @@ class CaptioningTask(Task):
         predictions = self.generate_captions(inputs, lengths,
                                              prompt_ids=None if same else prompts)
         self.caption_metrics[split].update(predictions, batch["references"], keys=batch["ids"])
+        for name, metrics in self.source_metrics[split].items():     # a mixture: per source
+            rows = [i for i, source in enumerate(batch.get("sources", ())) if source == name]
+            if rows:
+                metrics.update([predictions[i] for i in rows],
+                               [batch["references"][i] for i in rows],
+                               keys=[batch["ids"][i] for i in rows])
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -369,7 +393,10 @@ class CaptioningTask(Task):
         metrics = self.caption_metrics[split]
         if self.trainer.sanity_checking or (split == "val" and not self.hparams.val_generate):
             metrics.reset()
+            for per_source in self.source_metrics[split].values():
+                per_source.reset()
             return
+        self._score_sources(split)
         # collective: gathered, scored once, broadcast
         scores = metrics.compute(event_parser=self.event_parser())
         metrics.reset()
@@ -389,6 +416,21 @@ class CaptioningTask(Task):
             if metrics.errors:
                 write_errors_csv(Path(self.trainer.default_root_dir) / "errors" /
                                  f"{split}_{self._epoch_step()}.csv", metrics.errors)
+
+    def _score_sources(self, split: str) -> None:
+        """Each source's metrics under ``<split>/<source>/<metric>`` (collective, like the
+        all-sources scores; every rank walks the same sources in the same order)."""
+        for name, metrics in self.source_metrics[split].items():
+            try:
+                scores = metrics.compute(event_parser=self.event_parser())
+            except ValueError:
+                if metrics.rows:
+                    raise
+                scores = {}                 # no batch of it this epoch (limit_val_batches)
+            metrics.reset()
+            for metric, value in scores.items():
+                self.log(f"{split}/{name}/{metric}", float(value), rank_zero_only=False,
+                         sync_dist=False)
 
     def event_parser(self) -> Callable[[str], Any] | None:
         """The caption -> event sequence parser of the built-in set this run's data is (its

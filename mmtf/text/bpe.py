@@ -6,7 +6,10 @@ word, so decoding restores spaces exactly) followed by a Punctuation pre-tokeniz
 punctuation mark is its own piece, so merges never glue "dog" and "." together), a BPE model
 trained by ``BpeTrainer``, and the Metaspace decoder.
 
-Specials ``<pad> <bos> <eos> <unk>`` are ids 0..3. A character never seen in training encodes to
+Specials ``<pad> <bos> <eos> <unk>`` are ids 0..3; extra special tokens (``special_tokens``:
+a mixture's per-source prompt tokens such as ``<|clotho|>``) follow at ids 4.., never split,
+never produced from caption text, dropped by decode. The decoder prompt is ``[<bos>]`` unless
+``prompt`` names other tokens (``[<bos>, <|clotho|>]``). A character never seen in training encodes to
 ``<unk>`` (id 3), one per character; decode drops it. The vocabulary holds at most
 ``vocab_size`` entries: the trainer keeps at most ``vocab_size - 4`` distinct characters (rarest
 dropped, they become ``<unk>``) and stops merging when it reaches ``vocab_size`` or when no pair
@@ -18,13 +21,16 @@ Shapes: ids are python ``list[int]``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from mmtf.errors import UserError
 from mmtf.text.base import BOS, EOS, SPECIAL_TOKENS, UNK, BackedTokenizer, build_normalizer
+
+BOS_ID = SPECIAL_TOKENS.index(BOS)
 
 
 class BPETokenizer(BackedTokenizer):
@@ -34,12 +40,16 @@ class BPETokenizer(BackedTokenizer):
         tokenizer: a trained `tokenizers.Tokenizer` whose ids 0..3 are the mmtf specials.
         lowercase: whether its normaliser lower-cases (recorded for the JSON and repr).
         strip_punctuation: whether its normaliser removes punctuation (recorded likewise).
+        prompt: the decoder prompt as token strings (special tokens of the vocabulary); None =
+            ``[<bos>]``.
     """
 
     kind = "bpe"
-    _payload_keys = ("lowercase", "strip_punctuation")
+    _payload_keys = ("lowercase", "strip_punctuation", "prompt")
+    _payload_defaults = {"prompt": None}   # tokenizers written before prompts could be set
 
-    def __init__(self, *, tokenizer: HFTokenizer, lowercase: bool, strip_punctuation: bool) -> None:
+    def __init__(self, *, tokenizer: HFTokenizer, lowercase: bool, strip_punctuation: bool,
+                 prompt: Sequence[str] | None = None) -> None:
         found = [tokenizer.id_to_token(i) for i in range(len(SPECIAL_TOKENS))]
         if tuple(found) != SPECIAL_TOKENS:
             raise UserError(
@@ -49,6 +59,38 @@ class BPETokenizer(BackedTokenizer):
         super().__init__(tokenizer)
         self.lowercase = bool(lowercase)
         self.strip_punctuation = bool(strip_punctuation)
+        # Special ids: the four, plus the extra special tokens training added (ids 4..).
+        self._special = frozenset(range(len(SPECIAL_TOKENS))) | frozenset(
+            i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
+        self.prompt = None if prompt is None else [str(t) for t in prompt]
+        self._prompt = [BOS_ID]
+        if self.prompt is not None:
+            ids = [tokenizer.token_to_id(t) for t in self.prompt]
+            bad = [t for t, i in zip(self.prompt, ids) if i is None or i not in self._special]
+            if not self.prompt or bad:
+                raise UserError(f"BPETokenizer: prompt {self.prompt} must be a non-empty list of "
+                                f"the vocabulary's special tokens ({self.special_token_names}); "
+                                f"{bad} are not; add them with tokenizer.special_tokens.")
+            self._prompt = ids
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(self._prompt)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self._special
+
+    @property
+    def special_token_names(self) -> list[str]:
+        """Every special token of the vocabulary, by id (the four, then the extra ones)."""
+        return [self.id_to_token(i) for i in sorted(self._special)]
+
+    def _to_dict(self) -> dict[str, Any]:
+        payload = super()._to_dict()
+        if payload["prompt"] is None:   # the JSON of a [<bos>] tokenizer stays what it was
+            del payload["prompt"]
+        return payload
 
     @classmethod
     def train(
@@ -59,6 +101,8 @@ class BPETokenizer(BackedTokenizer):
         lowercase: bool = True,
         strip_punctuation: bool = False,
         min_frequency: int = 2,
+        special_tokens: Sequence[str] = (),
+        prompt: Sequence[str] | None = None,
     ) -> BPETokenizer:
         """Learn a BPE vocabulary from a corpus.
 
@@ -69,6 +113,10 @@ class BPETokenizer(BackedTokenizer):
             lowercase: lower-case text before splitting (at training and at encoding).
             strip_punctuation: remove punctuation; otherwise each mark is its own token.
             min_frequency: a pair is merged only if it occurs at least this often.
+            special_tokens: extra special tokens (ids 4.. in this order), e.g. a mixture's
+                per-source prompt tokens; they count towards ``vocab_size``.
+            prompt: the decoder prompt as token strings, e.g. ``[<bos>, <|clotho|>]``;
+                None = ``[<bos>]``.
 
         Returns:
             The trained tokenizer.
@@ -86,6 +134,14 @@ class BPETokenizer(BackedTokenizer):
             raise UserError(
                 f"BPETokenizer.train: min_frequency ({min_frequency!r}) must be an int >= 1."
             )
+        extra = [str(t) for t in special_tokens]
+        clash = sorted({t for t in extra if extra.count(t) > 1 or t in SPECIAL_TOKENS or not t})
+        if clash:
+            raise UserError(f"BPETokenizer.train: special_tokens {extra} must be distinct, "
+                            f"non-empty and none of {list(SPECIAL_TOKENS)}; {clash} are not.")
+        if vocab_size <= n_special + len(extra):
+            raise UserError(f"BPETokenizer.train: vocab_size ({vocab_size}) must exceed the "
+                            f"{n_special + len(extra)} special tokens; raise vocab_size.")
         tok = HFTokenizer(models.BPE(unk_token=UNK))
         tok.normalizer = build_normalizer(lowercase=lowercase, strip_punctuation=strip_punctuation)
         # Metaspace marks word starts with "▁"; Punctuation then isolates marks ("dog." ->
@@ -97,8 +153,8 @@ class BPETokenizer(BackedTokenizer):
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
-            special_tokens=list(SPECIAL_TOKENS),  # listed first, so they get ids 0..3
-            limit_alphabet=vocab_size - n_special,  # never exceed vocab_size with characters
+            special_tokens=[*SPECIAL_TOKENS, *extra],  # listed first: ids 0..3, then 4..
+            limit_alphabet=vocab_size - n_special - len(extra),  # never exceed vocab_size
             show_progress=False,
         )
         tok.train_from_iterator(_checked_texts(texts), trainer=trainer)
@@ -111,7 +167,8 @@ class BPETokenizer(BackedTokenizer):
         tok.post_processor = processors.TemplateProcessing(
             single=f"{BOS} $A {EOS}", special_tokens=[(BOS, 1), (EOS, 2)]
         )
-        return cls(tokenizer=tok, lowercase=lowercase, strip_punctuation=strip_punctuation)
+        return cls(tokenizer=tok, lowercase=lowercase, strip_punctuation=strip_punctuation,
+                   prompt=prompt)
 
     def __repr__(self) -> str:
         return (f"BPETokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "

@@ -24,7 +24,8 @@ TOKENIZER_KINDS = (*TRAINED, "pretrained", "saved")
 # The keys each kind that is not trained takes; training options of TRAINED kinds are ignored
 # there (an experiment may set tokenizer.vocab_size for its decoder size).
 _READ_KEYS = {"pretrained": ("path", "prompt"), "saved": ("path",)}
-_TRAINING_KEYS = ("vocab_size", "lowercase", "strip_punctuation", "min_frequency")
+_TRAINING_KEYS = ("vocab_size", "lowercase", "strip_punctuation", "min_frequency",
+                  "special_tokens")
 
 
 def trains(spec: Mapping[str, Any]) -> bool:

@@ -29,6 +29,10 @@ SYNTHETIC_SIZES = {
     "synth_audio_labels": {"num_clips": 20, "min_seconds": 1.0, "max_seconds": 1.5},
     "synth_image_labels": {"num_train": 8, "num_val": 4, "num_test": 4, "image_size": 32},
 }
+# The built-in mixture: two built-in audio sets (its sources keep their own seeds).
+MIXTURE = [f"data.sources.{source}.synthetic.{k}={v}" for source in ("synth_a", "synth_b")
+           for k, v in TINY_AUDIO.items() if k != "seed"]
+BUILT_IN = {*SYNTHETIC_SIZES, "synth_audio_captions_mix"}
 
 
 def _compose(overrides: list[str]):
@@ -101,12 +105,14 @@ def real_roots(tmp_path_factory) -> dict[str, Path]:
     return roots
 
 
-@pytest.mark.parametrize("name", DATA)
+@pytest.mark.parametrize("name", [n for n in DATA if n != "mixture"])
 def test_every_data_config_loads(name, tmp_path, real_roots):
     overrides = [f"data={name}", f"paths.data_dir={tmp_path}", "data.num_workers=0",
                  "data.batch_size=2"]
     if name in SYNTHETIC_SIZES:
         overrides += [f"data.synthetic.{k}={v}" for k, v in SYNTHETIC_SIZES[name].items()]
+    elif name == "synth_audio_captions_mix":
+        overrides += MIXTURE
     else:
         overrides.append(f"data.root={real_roots[name]}")
     cfg = _compose(overrides)
@@ -114,21 +120,22 @@ def test_every_data_config_loads(name, tmp_path, real_roots):
     dm.prepare_data()
     dm.setup("fit")
     if "tokenizer" in cfg:                  # the caption configs select one (conf/tokenizer/)
-        dm.connect(build_tokenizer(OmegaConf.to_container(cfg.tokenizer), dm.train_captions))
+        spec = dm.tokenizer_spec(OmegaConf.to_container(cfg.tokenizer))   # as mmtf.train
+        dm.connect(build_tokenizer(spec, dm.train_captions))
     for loader in (dm.train_dataloader(), dm.val_dataloader()):
         batch = next(iter(loader))
         key = "audio" if dm.modality == "audio" else "image"
         assert batch[key].dtype == torch.float32 and len(batch["ids"]) == 2
         assert ("tokens" in batch) == ("tokenizer" in cfg)
-    if name.startswith("synth_") and "captions" in name:
+    if name in SYNTHETIC_SIZES and "captions" in name:
         parser = caption_parser(cfg.data.synthetic.kind)   # as the task's event accuracy finds it
         assert parser is not None and all(parser(r) for r in batch["references"][0])
 
 
-@pytest.mark.parametrize("name", [n for n in DATA if n not in SYNTHETIC_SIZES])
+@pytest.mark.parametrize("name", [n for n in DATA if n not in BUILT_IN])
 def test_real_configs_require_a_root(name):
     cfg = _compose([f"data={name}"])
-    with pytest.raises(MissingMandatoryValue, match="root"):
+    with pytest.raises(MissingMandatoryValue, match="sources" if name == "mixture" else "root"):
         instantiate(cfg.data)
 
 

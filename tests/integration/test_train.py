@@ -27,12 +27,14 @@ def test_every_experiment_is_covered():
     # audio_captioning_clotho_whisper: test_whisper_experiment.py (a saved tiny Whisper)
     # image_captioning_coco_vit_gpt2: on tiny pretrained folders in test_vit_gpt2.py
     # asr_*: a saved tiny Whisper on LibriSpeech / Common Voice layouts in test_asr.py
+    # audio_captioning_pretrain_mix: AudioCaps + WavCaps + Clotho layouts in test_mixture.py
     assert set(EXPERIMENTS) == set(TINY) | set(REAL_DATA) | {"audio_captioning_audiocaps",
                                                              "my_audio_captions", "my_image_captions",
                                                              "audio_captioning_clotho_whisper",
                                                              "image_captioning_coco_vit_gpt2",
                                                              "asr_librispeech", "asr_common_voice",
-                                                             "asr_manifest"}
+                                                             "asr_manifest",
+                                                             "audio_captioning_pretrain_mix"}
 
 
 @pytest.mark.parametrize("experiment", sorted(TINY))

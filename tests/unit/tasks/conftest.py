@@ -37,8 +37,10 @@ def classifier(encoder=None, **kw: Any) -> ClassificationTask:
 
 
 def fake_datamodule(**kw: Any) -> SimpleNamespace:
-    """The attributes a task reads from a data module in ``connect_data``."""
+    """The attributes a task reads from a data module in ``connect_data`` (and the entry point
+    in ``connect_tokenizer``)."""
     return SimpleNamespace(**{"modality": "audio", "max_seconds": 10.0, "max_caption_tokens": 32,
                               "num_classes": 3,
                               "class_names": ["a", "b", "c"],
-                              "tokenizer": None, **kw})
+                              "tokenizer": None, "source_names": (),
+                              "tokenizer_spec": dict, **kw})

@@ -354,3 +354,37 @@ def test_load_missing_file(tmp_path):
     with pytest.raises(UserError, match=r"tokenizer file .*nope\.json does not exist; pass the "
                                         r"tokenizer\.json"):
         load_tokenizer(tmp_path / "nope.json")
+
+
+# ---------------------------------------------------------------- extra specials and prompt
+def test_bpe_extra_special_tokens_follow_the_four_and_can_end_the_prompt():
+    tok = BPETokenizer.train(CORPUS, vocab_size=120, special_tokens=["<|clotho|>", "<|ac|>"],
+                             prompt=["<bos>", "<|ac|>"])
+    assert [tok.token_to_id(t) for t in ("<|clotho|>", "<|ac|>")] == [4, 5]
+    assert tok.prompt_ids == [1, 5] and tok.special_ids == frozenset(range(6))
+    ids = tok.encode("a dog barks")
+    assert ids[:2] == [1, 5] and tok.decode(ids) == "a dog barks"
+    assert 4 not in tok.encode("a <|clotho|> dog")         # caption text never becomes one
+    assert tok.decode([1, 4, *ids[2:]]) == "a dog barks"     # another source's prompt: dropped
+    again = Tokenizer.from_json_str(tok.to_json_str())
+    assert again == tok and again.prompt_ids == [1, 5] and again.special_ids == tok.special_ids
+
+
+def test_bpe_without_extra_specials_keeps_its_json():
+    tok = BPETokenizer.train(CORPUS, vocab_size=120)
+    payload = json.loads(tok.to_json_str())
+    assert "prompt" not in payload and tok.prompt_ids == [1]   # old checkpoints compare equal
+    assert Tokenizer.from_json_str(tok.to_json_str()) == tok
+
+
+def test_bpe_bad_special_tokens_or_prompt_name_the_fix():
+    with pytest.raises(UserError, match=r"special_tokens \['<\|a\|>', '<\|a\|>'\] must be "
+                                        r"distinct.*\['<\|a\|>'\] are not"):
+        BPETokenizer.train(CORPUS, vocab_size=120, special_tokens=["<|a|>", "<|a|>"])
+    with pytest.raises(UserError, match=r"\['<eos>'\] are not"):
+        BPETokenizer.train(CORPUS, vocab_size=120, special_tokens=["<eos>"])
+    with pytest.raises(UserError, match=r"prompt \['<bos>', 'dog'\] must be a non-empty list "
+                                        r"of the vocabulary's special tokens.*\['dog'\] are not"):
+        BPETokenizer.train(CORPUS, vocab_size=120, prompt=["<bos>", "dog"])
+    with pytest.raises(UserError, match=r"vocab_size \(6\) must exceed the 6 special tokens"):
+        BPETokenizer.train(CORPUS, vocab_size=6, special_tokens=["<|a|>", "<|b|>"])
