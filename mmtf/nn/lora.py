@@ -102,7 +102,7 @@ class _DroppedLowRank(torch.autograd.Function):
         u = F.linear(x * keep * (1.0 / (1.0 - p)), a)
         ctx.save_for_backward(x, keep, u, a, b)
         ctx.scale, ctx.p = scale, p
-        return F.linear(u, b) * scale
+        return F.linear(u, b).mul_(scale)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -207,9 +207,11 @@ class LoRALinear(nn.Linear):
         if self.merged or not self.lora_A:
             return y
         a, b = self.low_rank()
+        # In place: the base GEMM keeps nothing of its output for backward, and an
+        # out-of-place sum would hold three output-sized tensors at once.
         if self.training and self.dropout > 0:
-            return y + _DroppedLowRank.apply(x, a, b, self.scale, self.dropout)
-        return y + F.linear(F.linear(x, a), b) * self.scale
+            return y.add_(_DroppedLowRank.apply(x, a, b, self.scale, self.dropout))
+        return y.add_(F.linear(F.linear(x, a), b), alpha=self.scale)
 
     @torch.no_grad()
     def merge(self) -> None:

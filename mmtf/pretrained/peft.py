@@ -7,8 +7,10 @@ A PEFT adapter folder is ``adapter_config.json`` (``peft_type: LORA``, ``r``, ``
 (:class:`mmtf.nn.lora.LoRALinear`); which Hugging Face module each slice of a projection is,
 is read from the same :class:`~mmtf.pretrained.names.Link` rows that import and export the base
 weights: a row ``to_kv.weight <- (k_proj.weight, v_proj.weight)`` says that slice ``k`` of
-``to_kv`` is ``k_proj`` and slice ``v`` is ``v_proj``. No second mapping; ``peft`` itself is
-never imported (a test extra only).
+``to_kv`` is ``k_proj`` and slice ``v`` is ``v_proj``; the row ``(to_q.weight, to_kv.weight)
+<- c_attn.weight`` says GPT-2's ``c_attn`` holds the slices q, k and v, which are one PEFT
+adapter of rank 3r with block-diagonal B. No second mapping; ``peft`` itself is never imported
+(a test extra only).
 
 :func:`write_peft_adapter` writes a folder (``python -m mmtf.export ... format=peft``);
 :func:`load_peft_adapter` reads one into a task's parts (``model.lora.pretrained=<folder>``).
