@@ -181,7 +181,7 @@ def export_peft(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Pat
 
     parts = task.export_parts()
     lora = model_cfg.get("lora") or {}
-    lora_parts = list(lora.get("parts") or [])
+    lora_parts = list(lora.get("parts") or (parts if lora else []))   # null parts: all
     if not lora_parts:
         raise UserError("export format=peft: the checkpoint's model has no LoRA adapters; "
                         "train with model/lora=default, or export with format=hf.")
