@@ -180,23 +180,26 @@ def test_vision_format_peft_loads_in_peft_and_peft_made_adapters_load_into_mmtf(
         assert (fresh(images).memory - theirs).abs().max().item() <= 1e-4
 
 
-def test_vit_gpt2_vision_encoder_decoder_adapters_in_peft(tmp_path):
+@pytest.mark.parametrize("family", ["vit", "clip"])
+def test_vision_gpt2_vision_encoder_decoder_adapters_in_peft(tmp_path, family):
     """Both parts imported from one VisionEncoderDecoderModel folder: one adapter folder on
     that class, the encoder's modules under encoder., the decoder's under decoder."""
+    tower = (transformers.ViTModel(transformers.ViTConfig(**TINY_VISION), add_pooling_layer=False)
+             if family == "vit" else
+             transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**TINY_VISION)))
     captioner = transformers.VisionEncoderDecoderModel(
-        encoder=transformers.ViTModel(transformers.ViTConfig(**TINY_VISION),
-                                      add_pooling_layer=False),
-        decoder=transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        encoder=tower, decoder=transformers.GPT2LMHeadModel(transformers.GPT2Config(
             **TINY, add_cross_attention=True)))
     captioner.save_pretrained(tmp_path / "ved")
     folder = str(tmp_path / "ved")
-    parts = {"encoder": vit_encoder(**VIT_ENCODER, pretrained=folder).eval(),
+    target, build, settings = BUILDERS[family][:3]
+    parts = {"encoder": build(**settings, pretrained=folder).eval(),
              "decoder": gpt2_decoder(**DECODER, pretrained=folder).eval()}
     _adapt(parts, ALL)
     images, tokens = torch.randn(2, 3, 32, 32), torch.randint(0, 100, (2, 6))
     with torch.no_grad():
         ours = parts["decoder"](tokens, parts["encoder"](images).memory)
-    out = _export(parts, {"encoder": {"_target_": BUILDERS["vit"][0], "pretrained": folder},
+    out = _export(parts, {"encoder": {"_target_": target, "pretrained": folder},
                           "decoder": {"_target_": GPT2, "pretrained": folder}},
                   ALL, tmp_path / "adapter")
     base = transformers.VisionEncoderDecoderModel.from_pretrained(folder).eval()
@@ -206,8 +209,8 @@ def test_vit_gpt2_vision_encoder_decoder_adapters_in_peft(tmp_path):
     assert (ours - theirs).abs().max().item() <= 1e-4
     # the two parts from two folders are two bases: one folder cannot hold both
     with pytest.raises(UserError, match=r"format=peft: no Hugging Face base holds the adapted "
-                                        r"encoder and decoder \(encoder vit from /a, decoder "
-                                        r"gpt2 from /b\)"):
-        _export(parts, {"encoder": {"_target_": BUILDERS["vit"][0], "pretrained": "/a"},
+                                        rf"encoder and decoder \(encoder {family} from /a, "
+                                        r"decoder gpt2 from /b\)"):
+        _export(parts, {"encoder": {"_target_": target, "pretrained": "/a"},
                         "decoder": {"_target_": GPT2, "pretrained": "/b"}},
                 ALL, tmp_path / "refused")
