@@ -133,6 +133,16 @@ def test_a_gpt2_adapter_for_another_base_names_it_and_the_shapes(gpt2_folder, tm
                                         rf"\(4, 32\), but mmtf's model.decoder.stack.blocks.0."
                                         rf"self_attn.to_q\+to_kv \(q, k, v\) needs \(4, 64\)"):
         load_peft_adapter(tmp_path / "peft", {"decoder": decoder}, LoRAConfig())
+    # peft's per-module ranks that do not come out as one rank after the c_attn split
+    torch.manual_seed(3)
+    mixed = peft.get_peft_model(_gpt2_base(gpt2_folder), peft.LoraConfig(
+        r=4, lora_alpha=8, init_lora_weights=False, rank_pattern={"c_fc": 2},
+        target_modules=["c_attn", "q_attn", "c_proj", "c_fc"]))
+    mixed.save_pretrained(tmp_path / "mixed")
+    with pytest.raises(UserError, match=r"has adapters of several ranks or scales \(.*r=4, "
+                                        r"alpha/r=2.*r=2, alpha/r=4.*\); mmtf's adapters have "
+                                        r"one rank and one alpha"):
+        load_peft_adapter(tmp_path / "mixed", {"decoder": decoder}, LoRAConfig())
     # a decoder whose cross-attention is new (no original) is no adapter on GPT-2
     save_gpt2(tmp_path / "plain", cross=False)
     fresh = gpt2_decoder(**DECODER, pretrained=tmp_path / "plain")
