@@ -19,7 +19,9 @@ built, so the peak is the training steps' own: weights + gradients + optimizer s
 activations, whatever allocates them. ``tracemalloc`` would not see torch's allocations (they
 are C++ ``malloc``s), and torch's CPU allocator keeps no statistics of its own. RSS counts what
 the allocator holds, so it is an upper bound of what the tensors need; every configuration is
-measured the same way. ``train_peak`` = peak - RSS before the first step.
+measured the same way. ``train_peak`` = peak - RSS before the first step. By default the
+children run with ``MALLOC_MMAP_THRESHOLD_=65536`` (``--malloc mmap``), so the peak is that of
+the live tensors rather than of glibc's fragmented heap (``--malloc glibc``).
 
     OMP_NUM_THREADS=1 python experiments/finetuning_memory/run.py            # 4 configurations
     OMP_NUM_THREADS=1 python experiments/finetuning_memory/run.py --quick    # smoke, tiny sizes
@@ -51,6 +53,12 @@ SIZES = {   # WhisperConfig fields: whisper-tiny and whisper-base, and a smoke s
     "quick": dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
                   decoder_attention_heads=2, encoder_ffn_dim=256, decoder_ffn_dim=256),
 }
+# glibc serves allocations below its (dynamic, up to 32 MiB) mmap threshold from a heap whose
+# freed holes stay resident, so how far its RSS peak exceeds the live tensors depends on the
+# order of allocations (LoRA's many rank-sized tensors between the activations fragment it).
+# A fixed threshold of 64 KiB maps every tensor of that size on its own and unmaps it when
+# freed: the high-water mark is then the tensors' own peak, as max_memory_allocated on CUDA.
+MMAP_THRESHOLD = 64 * 1024
 LORA = "++model.lora={r:8,alpha:16,dropout:0.05,parts:[encoder,decoder],targets:[q,k,v,o,mlp]}"
 AC = ["model.encoder.activation_checkpointing=true", "model.decoder.activation_checkpointing=true"]
 CONFIGS = {
@@ -140,8 +148,10 @@ def run_child(folder: Path, name: str, args: argparse.Namespace) -> dict[str, An
     """``measure`` in a fresh interpreter (its own peak); its JSON, or why it failed."""
     cmd = [sys.executable, __file__, "--child", name, "--folder", str(folder),
            "--batch", str(args.batch), "--steps", str(args.steps), "--device", args.device]
-    done = subprocess.run(cmd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(CONF.parent)})
+    env = {**os.environ, "PYTHONPATH": str(CONF.parent)}
+    if args.malloc == "mmap":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
         errors = [line for line in lines if "Error" in line]
@@ -158,6 +168,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: --size quick, 2 steps")
     parser.add_argument("--only", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS),
                         help="configurations to measure (default: all)")
+    parser.add_argument("--malloc", choices=["mmap", "glibc"], default="mmap",
+                        help="mmap (default): every allocation of 64 KiB or more is its own "
+                             "mapping, so the RSS peak is the tensors' peak; glibc: the "
+                             "allocator's defaults, whose heap also holds freed holes")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -186,7 +200,7 @@ def main() -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     print(f"Whisper-{args.size} architecture, random weights; batch {args.batch} x 30 s, 32 "
           f"tokens; {args.steps} steps (median of steps 2..); {args.device}, OMP_NUM_THREADS="
-          f"{threads}\n{describe_cpu()}\n")
+          f"{threads}, malloc={args.malloc}\n{describe_cpu()}\n")
     print("| configuration | parameters | trainable | RSS before (MiB) | peak (MiB) | "
           "peak - before (MiB) | vs full | step (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -198,7 +212,8 @@ def main() -> None:
     for name, why in failed.items():
         print(f"| {name} | not measured: {why} | | | | | | |")
     print(json.dumps({"size": args.size, "batch": args.batch, "steps": args.steps,
-                      "device": args.device, "omp_num_threads": threads, "rows": rows,
+                      "device": args.device, "omp_num_threads": threads,
+                      "malloc": args.malloc, "rows": rows,
                       "not_measured": failed, "cpu_flags": cpu_flags()}))
 
 

@@ -9,7 +9,9 @@ parameters ``lora_A.<slice>`` and ``lora_B.<slice>``.
 
 A fused projection has one adapter per slice of its output: the attention's ``to_kv`` is the
 slices ``k`` and ``v`` (key rows first), each adapted or not on its own, so mmtf's fused GEMM
-holds exactly what PEFT holds on separate ``k_proj`` / ``v_proj`` modules.
+holds exactly what PEFT holds on separate ``k_proj`` / ``v_proj`` modules. The slices of one
+projection read one dropout mask of its input (PEFT's forward in eval, where dropout is off),
+and the dropped copy is never kept for backward (:class:`_DroppedLowRank`).
 
 Targets are named after the core's projections (:data:`TARGETS`): ``q`` (``to_q``), ``k`` and
 ``v`` (the two slices of ``to_kv``), ``o`` (``to_out``), and ``mlp`` (``mlp.fc_in`` and
@@ -21,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +84,43 @@ class LoRAConfig:
         return self.alpha / self.r
 
 
+class _DroppedLowRank(torch.autograd.Function):
+    """``B A dropout(x) * scale``, keeping for backward only ``x``, a 1-byte mask and the
+    rank-sized ``A dropout(x)``.
+
+    Plain autograd would keep the dropped copy ``dropout(x)`` (for A's gradient) and the
+    dropout's float noise, two input-sized tensors per adapted projection on top of ``x``,
+    which the producer of ``x`` or the next projection reading it often keeps anyway (one
+    storage, counted once); backward rebuilds ``dropout(x)`` from ``x`` and the mask. Under
+    autocast the GEMMs run in the dtype forward's ran in (that of the rank-sized result), as
+    the plain path's autocast casts would. Why: docs/design/lora.md, "Memory".
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, a: Tensor, b: Tensor, scale: float, p: float) -> Tensor:
+        keep = torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p)
+        u = F.linear(x * keep * (1.0 / (1.0 - p)), a)
+        ctx.save_for_backward(x, keep, u, a, b)
+        ctx.scale, ctx.p = scale, p
+        return F.linear(u, b).mul_(scale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, keep, u, a, b = ctx.saved_tensors
+        dtype, keep_scale = u.dtype, 1.0 / (1.0 - ctx.p)
+        g = grad.to(dtype) * ctx.scale
+        grad_u = F.linear(g, b.to(dtype).t())
+        grad_x = grad_a = grad_b = None
+        if ctx.needs_input_grad[2]:
+            grad_b = (g.flatten(0, -2).t() @ u.flatten(0, -2)).to(b.dtype)
+        if ctx.needs_input_grad[1]:
+            h = x.to(dtype) * keep * keep_scale
+            grad_a = (grad_u.flatten(0, -2).t() @ h.flatten(0, -2)).to(a.dtype)
+        if ctx.needs_input_grad[0]:
+            grad_x = (F.linear(grad_u, a.to(dtype).t()) * keep * keep_scale).to(x.dtype)
+        return grad_x, grad_a, grad_b, None, None
+
+
 class LoRALinear(nn.Linear):
     """An ``nn.Linear`` with a low-rank adapter on some slices of its output rows.
 
@@ -105,7 +145,7 @@ class LoRALinear(nn.Linear):
         self.slices = tuple(slices)
         self.width = out_features // len(slices)
         self.r, self.alpha, self.scale = r, alpha, alpha / r
-        self.lora_dropout = nn.Dropout(dropout)
+        self.dropout = float(dropout)
         self.lora_A = nn.ParameterDict()
         self.lora_B = nn.ParameterDict()
         kw = {"device": self.weight.device, "dtype": self.weight.dtype}
@@ -139,34 +179,39 @@ class LoRALinear(nn.Linear):
         return (f"{super().extra_repr()}, lora r={self.r}, alpha={self.alpha}, "
                 f"adapted={list(self.lora_A)} of {list(self.slices)}, merged={self.merged}")
 
+    def low_rank(self) -> tuple[Tensor, Tensor]:
+        """Every adapter of the projection as one low-rank pair ``(A, B)``: A (n r, in) stacks
+        the n adapted slices' A, B (out, n r) is block-diagonal (slice i's rows hold its B in
+        columns i r .. (i + 1) r, a slice without an adapter zeros), so ``B A`` is every
+        slice's ``B_i A_i`` in its rows and one pair of GEMMs computes them all."""
+        names = [s for s in self.slices if s in self.lora_A]
+        if len(self.slices) == 1:
+            return self.lora_A[names[0]], self.lora_B[names[0]]
+        a = torch.cat([self.lora_A[s] for s in names]) if len(names) > 1 else \
+            self.lora_A[names[0]]
+        n, r = len(names), self.r
+        rows = [F.pad(self.lora_B[s], (names.index(s) * r, (n - 1 - names.index(s)) * r))
+                if s in self.lora_B else a.new_zeros(self.width, n * r) for s in self.slices]
+        return a, torch.cat(rows)
+
     def delta(self) -> Tensor:
         """The adapters' weight ``B A * alpha / r`` as one (out, in) matrix (zero rows where a
         slice has none)."""
-        rows = []
-        for name in self.slices:
-            if name in self.lora_A:
-                rows.append(self.lora_B[name] @ self.lora_A[name] * self.scale)
-            else:
-                rows.append(self.weight.new_zeros(self.width, self.in_features))
-        return torch.cat(rows, dim=0)
+        if not self.lora_A:
+            return self.weight.new_zeros(self.out_features, self.in_features)
+        a, b = self.low_rank()
+        return b @ a * self.scale
 
     def forward(self, x: Tensor) -> Tensor:
         y = F.linear(x, self.weight, self.bias)
         if self.merged or not self.lora_A:
             return y
-        outs = []
-        for name in self.slices:
-            if name in self.lora_A:
-                h = self.lora_dropout(x) if self.lora_dropout.p > 0 and self.training else x
-                outs.append(F.linear(F.linear(h, self.lora_A[name]), self.lora_B[name])
-                            * self.scale)
-            else:
-                outs.append(None)
-        if len(outs) == 1:
-            return y + outs[0]
-        zero = y.new_zeros(())
-        return y + torch.cat([o if o is not None else zero.expand(*y.shape[:-1], self.width)
-                              for o in outs], dim=-1)
+        a, b = self.low_rank()
+        # In place: the base GEMM keeps nothing of its output for backward, and an
+        # out-of-place sum would hold three output-sized tensors at once.
+        if self.training and self.dropout > 0:
+            return y.add_(_DroppedLowRank.apply(x, a, b, self.scale, self.dropout))
+        return y.add_(F.linear(F.linear(x, a), b), alpha=self.scale)
 
     @torch.no_grad()
     def merge(self) -> None:

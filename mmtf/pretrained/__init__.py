@@ -62,13 +62,24 @@ PAIR_WRITERS: dict[tuple[str | None, str], str] = {
     (None, "gpt2"): "mmtf.pretrained.gpt2:export_hf",
 }
 
-# The Hugging Face base class a PEFT adapter folder of a pair is for, and the prefix of each
-# part's names in it (``python -m mmtf.export ... format=peft``). Pairs with GPT-2 are not here:
-# its cross-attention is new to the model, which an adapter on the base cannot carry.
-PEFT_BASES: dict[tuple[str, str], tuple[str, dict[str, str]]] = {
+# The Hugging Face base class a PEFT adapter folder is for and the prefix of each part's module
+# names in it (``python -m mmtf.export ... format=peft``), by the families of (encoder,
+# decoder): a pair's class when one folder holds both parts (Whisper;
+# ``VisionEncoderDecoderModel`` when both parts were imported from one such folder), else the
+# class of the one adapted part (None: the other part is not in the base).
+PEFT_BASES: dict[tuple[str | None, str | None], tuple[str, dict[str, str]]] = {
     ("whisper", "whisper"): ("WhisperForConditionalGeneration",
                              {"encoder": "model.", "decoder": "model."}),
+    ("vit", "gpt2"): ("VisionEncoderDecoderModel",
+                      {"encoder": "encoder.", "decoder": "decoder.transformer."}),
+    ("clip", "gpt2"): ("VisionEncoderDecoderModel",
+                       {"encoder": "encoder.", "decoder": "decoder.transformer."}),
+    ("vit", None): ("ViTModel", {"encoder": ""}),
+    ("clip", None): ("CLIPVisionModel", {"encoder": ""}),
+    (None, "gpt2"): ("GPT2LMHeadModel", {"decoder": "transformer."}),
 }
+# Bases whose linear layers are GPT-2's Conv1D (PEFT's fan_in_fan_out).
+CONV1D_BASES = frozenset({"GPT2LMHeadModel"})
 
 
 def family_of(part_cfg: Any) -> str | None:
@@ -122,33 +133,64 @@ def export_hf(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
     return out
 
 
-def export_peft(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
-    """Write ``task``'s LoRA adapters as a PEFT adapter folder for its Hugging Face base.
+def peft_base(model_cfg: Mapping[str, Any], lora_parts: list[str],
+              ) -> tuple[str, dict[str, str], str | None]:
+    """The Hugging Face base of a PEFT folder for a model whose ``lora_parts`` are adapted:
+    its class, the prefix of each part it holds and its folder (:data:`PEFT_BASES`).
 
     Raises:
-        UserError: a pair without a PEFT base (:data:`PEFT_BASES`), no adapters, trainable
-            biases, or a part that trained outside its adapters (none of which a PEFT folder
-            on the base model carries).
+        UserError: no base holds the adapted parts (the families and folders named).
     """
-    from mmtf.pretrained.peft import write_peft_adapter
+    families = {p: family_of(model_cfg.get(p)) for p in ("encoder", "decoder")}
+    folders = {p: (model_cfg.get(p) or {}).get("pretrained") for p in ("encoder", "decoder")}
+    pair = PEFT_BASES.get((families["encoder"], families["decoder"]))
+    single = [PEFT_BASES.get((families["encoder"], None)), PEFT_BASES.get(
+        (None, families["decoder"]))]
+    one_folder = folders["encoder"] is not None and folders["encoder"] == folders["decoder"]
+    if pair is not None and (one_folder or not any(single)):
+        return pair[0], pair[1], folders["encoder"] or folders["decoder"]
+    if len(lora_parts) == 1:
+        (part,) = lora_parts
+        entry = PEFT_BASES.get((families[part], None) if part == "encoder" else
+                               (None, families[part]))
+        if entry is not None:
+            return entry[0], entry[1], folders[part]
+    found = {p: families[p] or "mmtf's own" for p in families}
+    bases = sorted({c for c, _ in PEFT_BASES.values()})
+    raise UserError(f"export format=peft: no Hugging Face base holds the adapted "
+                    f"{' and '.join(lora_parts)} (encoder {found['encoder']} from "
+                    f"{folders['encoder']}, decoder {found['decoder']} from "
+                    f"{folders['decoder']}); PEFT folders are written for {bases}, one folder "
+                    f"per base (adapt one part, or import both from one folder); export the "
+                    f"merged model with format=hf merge_lora=true (or format=mmtf "
+                    f"merge_lora=true).")
+
+
+def export_peft(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
+    """Write ``task``'s LoRA adapters as a PEFT adapter folder for its Hugging Face base
+    (:func:`peft_base`).
+
+    Raises:
+        UserError: no base holds the adapted parts, no adapters, trainable biases, a part of
+            the base that trained outside its adapters, or layers new to the model (GPT-2's
+            cross-attention when its folder had none), none of which a PEFT folder on the base
+            model carries.
+    """
+    from mmtf.nn.lora import new_parameter_names
+    from mmtf.pretrained.peft import module_renames, write_peft_adapter
 
     parts = task.export_parts()
-    families = tuple(family_of(model_cfg.get(p)) for p in ("encoder", "decoder"))
-    entry = PEFT_BASES.get(families)
-    if entry is None:
-        found = [f for f in families if f] or "mmtf modules only"
-        raise UserError(f"export format=peft: PEFT adapters are written for a base that "
-                        f"transformers holds whole ({sorted(c for _, c in PEFT_BASES.values())}"
-                        f"); this model is {found}; export the merged model with format=hf "
-                        f"merge_lora=true (or format=mmtf merge_lora=true).")
-    base_class, prefixes = entry
     lora = model_cfg.get("lora") or {}
+    lora_parts = list(lora.get("parts") or (parts if lora else []))   # null parts: all
+    if not lora_parts:
+        raise UserError("export format=peft: the checkpoint's model has no LoRA adapters; "
+                        "train with model/lora=default, or export with format=hf.")
+    base_class, prefixes, base = peft_base(model_cfg, lora_parts)
     if lora.get("bias", "none") != "none":
         raise UserError(f"export format=peft: model.lora.bias={lora['bias']} trained biases of "
                         f"the base; format=peft writes bias=none adapters; use format=hf "
                         f"merge_lora=true.")
-    lora_parts = list(lora.get("parts") or [])
-    for name in parts:
+    for name in prefixes:
         if name in lora_parts:
             continue
         frozen = (model_cfg.get(name, {}).get("freeze") if name == "encoder"
@@ -157,9 +199,21 @@ def export_peft(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Pat
             raise UserError(f"export format=peft: the {name} has no adapters and trained in "
                             f"full (model.lora.parts={lora_parts}), which an adapter folder on "
                             f"{base_class} cannot carry; export with format=hf merge_lora=true.")
+    for name in lora_parts:
+        new = sorted(new_parameter_names(parts[name]))
+        if new:
+            raise UserError(f"export format=peft: the {name}'s {new[0]} (and {len(new) - 1} "
+                            f"more) are new to the model (its folder {base} has none) and "
+                            f"trained in full, which an adapter folder on {base_class} cannot "
+                            f"carry; export with format=hf merge_lora=true.")
     adapted = {name: parts[name] for name in lora_parts}
-    tables = {name: family_module(families[0] if name == "encoder" else families[1])
-              .part_links(name, module, prefixes[name]) for name, module in adapted.items()}
-    base = model_cfg.get("encoder", {}).get("pretrained") or model_cfg.get(
-        "decoder", {}).get("pretrained")
-    return write_peft_adapter(adapted, tables, lora, None if base is None else str(base), out)
+    families = {name: family_of(model_cfg.get(name)) for name in adapted}
+    tables = {name: family_module(families[name]).part_links(name, module, prefixes[name])
+              for name, module in adapted.items()}
+    renames = {name: module_renames(families[name]) for name in adapted}
+    outside = [p for p in parts if p not in prefixes]
+    if outside:
+        print(f"export format=peft: the {' and '.join(outside)} is not part of {base_class}; "
+              f"the folder holds the {' and '.join(adapted)}'s adapters only.")
+    return write_peft_adapter(adapted, tables, lora, None if base is None else str(base), out,
+                              renames=renames, fan_in_fan_out=base_class in CONV1D_BASES)

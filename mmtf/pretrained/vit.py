@@ -19,6 +19,7 @@ Shapes: c = hidden_size, p = patches, s = p + 1.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,12 @@ BLOCK = {"norm_self": "layernorm_before", "q": "attention.attention.query",
          "k": "attention.attention.key", "v": "attention.attention.value",
          "out": "attention.output.dense", "norm_mlp": "layernorm_after",
          "fc_in": "intermediate.dense", "fc_out": "output.dense"}
+# The same modules as transformers >= 5 names them at load time (its ViT renames the
+# checkpoint's modules): the names a PEFT adapter made there uses (peft_module_name).
+LIVE_BLOCK = {"q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.v_proj",
+              "out": "attention.o_proj", "fc_in": "mlp.fc1", "fc_out": "mlp.fc2"}
+_LIVE = {BLOCK[role]: live for role, live in LIVE_BLOCK.items()}
+_LAYER = re.compile(r"(?:^|(?<=\.))encoder\.layer\.(\d+)\.(.+)$")
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "quick_gelu": "quick_gelu"}
 
@@ -158,6 +165,17 @@ def part_links(part: str, module: VisionEncoder, prefix: str = "") -> list[Link]
         UserError: the encoder is not in that configuration (:func:`hf_config`).
     """
     return links(hf_config(module), prefix)
+
+
+def peft_module_name(name: str) -> str:
+    """A block module's checkpoint name (``encoder.layer.3.attention.attention.query``) as the
+    installed transformers names the module (``layers.3.attention.q_proj``), which is what a
+    PEFT folder made there holds and what ``PeftModel.from_pretrained`` looks for (peft does
+    not rename ViT adapters); other names are unchanged."""
+    match = _LAYER.search(name)
+    if match is None or match.group(2) not in _LIVE:
+        return name
+    return f"{name[:match.start()]}layers.{match.group(1)}.{_LIVE[match.group(2)]}"
 
 
 def hf_state_dict(encoder: VisionEncoder, prefix: str = "") -> dict[str, Tensor]:

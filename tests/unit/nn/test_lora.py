@@ -122,3 +122,67 @@ def test_a_module_without_transformer_linear_layers_is_refused():
                                           r"model.lora.parts"):
         add_lora(nn.Sequential(nn.Conv1d(2, 2, 3)), LoRAConfig(), owner="model.encoder")
     assert list(TARGETS) == ["q", "k", "v", "o", "mlp"]
+
+
+def _dropped_reference(x, a, b, scale, p, seed):
+    """B A dropout(x) * scale with the mask drawn as the adapter draws it (same seed)."""
+    torch.manual_seed(seed)
+    keep = torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p)
+    return (x * keep / (1.0 - p)) @ a.T @ b.T * scale
+
+
+def test_adapter_dropout_is_one_mask_per_input_and_its_gradients_are_autograds():
+    """Training with dropout: k and v read one dropped input; forward and every gradient equal
+    plain autograd on the hand-written formula with that mask."""
+    base = nn.Linear(6, 8).requires_grad_(False)
+    layer = LoRALinear.wrap(base, slices=("k", "v"), adapted={"k", "v"}, r=2, alpha=4.0,
+                            dropout=0.4).train()
+    _randomize_b(layer)
+    x = torch.randn(3, 5, 6, requires_grad=True)
+    torch.manual_seed(7)
+    out = layer(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, layer.lora_A["k"], layer.lora_A["v"],
+                                                     layer.lora_B["k"], layer.lora_B["v"]])
+    a = torch.cat([layer.lora_A["k"], layer.lora_A["v"]])
+    bk, bv = layer.lora_B["k"], layer.lora_B["v"]
+    b = torch.block_diag(bk, bv)
+    ref = base(x) + _dropped_reference(x, a, b, 2.0, 0.4, seed=7)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
+    expected = torch.autograd.grad(ref.square().sum(), [x, layer.lora_A["k"],
+                                                        layer.lora_A["v"], bk, bv])
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # the two slices' adapters saw the same dropped input: with equal A and B, equal outputs
+    with torch.no_grad():
+        layer.lora_A["v"].copy_(layer.lora_A["k"])
+        layer.lora_B["v"].copy_(layer.lora_B["k"])
+        base.weight.zero_()
+        base.bias.zero_()
+    torch.manual_seed(8)
+    k, v = layer(x).detach().chunk(2, dim=-1)
+    assert torch.equal(k, v) and not torch.equal(k, layer.eval()(x).detach().chunk(2, -1)[0])
+
+
+def test_adapter_dropout_keeps_a_one_byte_mask_not_a_dropped_copy_for_backward():
+    """What autograd keeps for an adapted frozen projection in training: the input (whoever
+    made it), a bool mask, the rank-sized A x and the adapters stacked (A (2r, in), B (out,
+    2r)); not dropout(x) nor a float noise tensor."""
+    base = nn.Linear(64, 128).requires_grad_(False)
+    layer = LoRALinear.wrap(base, slices=("k", "v"), adapted={"k", "v"}, r=4, alpha=8.0,
+                            dropout=0.1).train()
+    _randomize_b(layer)
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    x = torch.randn(10, 64, requires_grad=True)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x).sum().backward()
+    stacked = (8 * 64 + 128 * 8) * 4
+    assert sum(saved.values()) == x.numel() * 4 + x.numel() + 10 * 8 * 4 + stacked
+    assert layer.lora_A["k"].grad.abs().sum() > 0
