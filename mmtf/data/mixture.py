@@ -59,7 +59,7 @@ from mmtf.data.collate import Collate
 from mmtf.data.datamodule import CaptionDataModule, to_plain
 from mmtf.data.errors import ErrorCounter
 from mmtf.data.formats import SPLITS
-from mmtf.data.sampler import BucketBatchSampler, Key
+from mmtf.data.sampler import BucketBatchSampler, Key, refuse_other_settings
 from mmtf.errors import ConfigError, UserError
 from mmtf.text import Tokenizer
 
@@ -201,14 +201,8 @@ class MixtureSampler(BucketBatchSampler):
         Raises:
             UserError: the position was saved with other sources, weights or source sizes.
         """
-        mine = self.state_dict()
-        differ = [f"{k}={state[k]!r} (now {mine[k]!r})"
-                  for k in ("sources", "weights", "source_items", "epoch_samples")
-                  if k in state and state[k] != mine[k]]
-        if differ:
-            raise UserError(f"MixtureSampler: the checkpoint's data position was saved with "
-                            f"{', '.join(differ)}; resume with the same data.sources and "
-                            f"data.epoch_samples, or start a fresh run from the weights.")
+        refuse_other_settings(self, state, ("sources", "weights", "source_items", "epoch_samples"),
+                              "the same data.sources and data.epoch_samples")
         super().load_state_dict(state)
 
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -341,18 +341,30 @@ class BucketBatchSampler:
         Raises:
             UserError: the position was saved with other data, batching or device settings.
         """
-        mine = self.state_dict()
-        differ = [f"{k}={state[k]!r} (now {mine[k]!r})" for k in _ORDER_SETTINGS
-                  if k in state and state[k] != mine[k]]
-        if differ:
-            raise UserError(
-                f"{type(self).__name__}: the checkpoint's data position was saved with "
-                f"{', '.join(differ)}; resume with the same data settings (data.batch_size, "
-                f"data.max_seconds_per_batch / max_pixels_per_batch, data.caption_policy, data.bucketing, data.bucket_size, the same dataset) and "
-                f"number of devices, or start a fresh run from the weights.")
+        refuse_other_settings(
+            self, state, _ORDER_SETTINGS,
+            "the same data settings (data.batch_size, data.max_seconds_per_batch / "
+            "max_pixels_per_batch, data.caption_policy, data.bucketing, data.bucket_size, the "
+            "same dataset) and number of devices")
         position = state["position"] if "position" in state else state["offset"]   # pre-2026-12
         self.state.epoch, self.state.position = int(state["epoch"]), int(position)
         self.state.restored = True
+
+
+def refuse_other_settings(sampler: Any, state: Mapping[str, Any], keys: Sequence[str],
+                          same: str) -> None:
+    """Raise when a saved sampler state was made under other order settings than ``sampler``'s.
+
+    Raises:
+        UserError: naming each differing key (saved and now) and what to resume with (``same``).
+    """
+    mine = sampler.state_dict()
+    differ = [f"{k}={state[k]!r} (now {mine[k]!r})" for k in keys
+              if k in state and state[k] != mine[k]]
+    if differ:
+        raise UserError(f"{type(sampler).__name__}: the checkpoint's data position was saved "
+                        f"with {', '.join(differ)}; resume with {same}, or start a fresh run "
+                        f"from the weights.")
 
 
 def _pack(lengths: np.ndarray, budget: float) -> list[tuple[int, int]]:

@@ -34,7 +34,7 @@ import numpy as np
 from mmtf.data.datamodule import CaptionDataModule, to_plain
 from mmtf.data.datasets import CaptionDataset
 from mmtf.data.formats.shards import ShardItem, read_member
-from mmtf.data.sampler import BucketBatchSampler, Key
+from mmtf.data.sampler import BucketBatchSampler, Key, refuse_other_settings
 from mmtf.errors import ConfigError, DataError, UserError
 
 __all__ = ["ShardCaptionDataset", "ShardDataModule", "ShardStreamSampler"]
@@ -249,15 +249,9 @@ class ShardStreamSampler(BucketBatchSampler):
                 "num_shards": len(self.shard_starts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mine = self.state_dict()
-        differ = [f"{k}={state[k]!r} (now {mine[k]!r})" for k in _STREAM_SETTINGS
-                  if k in state and state[k] != mine[k]]
-        if differ:
-            raise UserError(
-                f"{type(self).__name__}: the checkpoint's stream position was saved with "
-                f"{', '.join(differ)}; resume with the same shards, data.num_workers (= streams "
-                f"per rank), data.shuffle_buffer and data.epoch_samples, or start a fresh run "
-                f"from the weights.")
+        refuse_other_settings(self, state, _STREAM_SETTINGS,
+                              "the same shards, data.num_workers (= streams per rank), "
+                              "data.shuffle_buffer and data.epoch_samples")
         super().load_state_dict(state)
 
 
