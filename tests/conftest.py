@@ -12,11 +12,8 @@ from pathlib import Path
 from typing import Any
 
 # Before torch: mmtf's OpenMP wait setting (mmtf/utils/threads.py) must reach libgomp here and in
-# the workers and interpreters the suite starts (it is inherited through the environment). The
-# suite always shares the CPU (two xdist workers and their children), so threads sleep when idle
-# whatever the load at the moment this process starts.
-os.environ.setdefault("MMTF_CPU_SHARING", "passive")
-import mmtf  # noqa: E402, F401
+# the workers and interpreters the suite starts (it is inherited through the environment).
+import mmtf  # noqa: F401
 
 # isort: split
 import numpy as np

@@ -8,17 +8,18 @@ descheduled: a training step ran ~10x slower, not 2x (issue #24, experiments/cpu
 
 Two things are set here, each only where the user has not set it:
 
-* :func:`share_cpu` (called by ``import mmtf``, so before ``import torch`` for every mmtf CLI)
-  chooses how idle threads wait from what the other processes on this process's cores do at
-  that moment (:func:`other_cpu_load`, ~50 ms of ``/proc/stat``): next to work that uses at
-  least :data:`BUSY_CORES` cores, ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at once and
-  leave the cores to whoever needs them: about the fair share); on idle cores
-  ``GOMP_SPINCOUNT=10000`` (a short spin: as fast as libgomp's default alone, and ~2.6x, not
-  ~10x, if work arrives later). Only speed depends on it, never a number the run computes.
-  libgomp reads both once, when torch loads it, so they must be in the environment before
-  ``import torch``; every process mmtf starts inherits the choice (DDP ranks, loader workers,
-  a sweep's jobs). ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` of the user win;
-  ``MMTF_CPU_SHARING=0`` turns this off, ``MMTF_CPU_SHARING=passive`` / ``spin`` fix it.
+* :func:`share_cpu` (called by ``import mmtf``, so before ``import torch`` for every mmtf CLI):
+  ``OMP_WAIT_POLICY=PASSIVE``: idle threads sleep at once and leave the cores to whoever needs
+  them (about the fair share next to other work, whenever it starts; a few to ~15 % slower
+  alone). ``MMTF_CPU_SHARING=auto`` chooses from the other processes' load at that moment
+  instead (:func:`other_cpu_load`, ~50 ms of ``/proc/stat``): PASSIVE next to work that uses
+  at least :data:`BUSY_CORES` cores, a short spin (``GOMP_SPINCOUNT=10000``) on idle cores,
+  which is as fast alone but ~3.7x slower, not ~2x, when work arrives later (why it is not the
+  default). Only speed depends on the choice, never a number the run computes. libgomp reads
+  these once, when torch loads it, so they must be in the environment before ``import torch``;
+  every process mmtf starts inherits them (DDP ranks, loader workers, a sweep's jobs).
+  ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` of the user win; ``MMTF_CPU_SHARING=0`` turns this
+  off, ``=spin`` fixes the short spin.
 * :func:`threads_per_process`: the processes that compute on one machine (DDP ranks on CPU, the
   parallel jobs of a sweep launcher, busy loader workers) share its cores instead of each taking
   all of them. ``OMP_NUM_THREADS`` of the user wins.
@@ -33,8 +34,9 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-# How idle OpenMP threads wait: next to other work PASSIVE (sleep at once; libgomp's default
-# spins 300,000 times first), alone a short spin. experiments/cpu_sharing measures the choice.
+# How idle OpenMP threads wait: PASSIVE (sleep at once; libgomp's default spins 300,000 times
+# first); under MMTF_CPU_SHARING=auto a short spin when the cores are idle at start.
+# experiments/cpu_sharing measures the choices.
 WAIT_POLICY = "PASSIVE"
 SHORT_SPIN = "10000"
 # Cores' worth of other processes' work at start from which threads sleep instead of spinning.
@@ -98,8 +100,8 @@ def share_cpu(environ: MutableMapping[str, str] | None = None,
 
     Args:
         environ: where to read and write the variables (default ``os.environ``).
-        other_load: cores' worth of other processes' work (default: measured now by
-            :func:`other_cpu_load`).
+        other_load: under ``MMTF_CPU_SHARING=auto``, cores' worth of other processes' work
+            (default: measured now by :func:`other_cpu_load`).
 
     Returns how OpenMP threads wait in this process, in words (what the start log prints).
     Called before ``import torch`` it governs this process; afterwards only its children.
@@ -115,8 +117,9 @@ def share_cpu(environ: MutableMapping[str, str] | None = None,
     elif chosen:
         how = ", ".join(f"{k}={v}" for k, v in chosen.items()) + " (yours)"
     else:
-        if opt in ("passive", "spin"):
-            busy, why = opt == "passive", f"{OPT_OUT}={env[OPT_OUT]}"
+        if opt != "auto":
+            busy = opt != "spin"
+            why = f"{OPT_OUT}={env[OPT_OUT]}" if opt else "mmtf's default"
         else:
             load = other_cpu_load() if other_load is None else other_load
             busy = load is not None and load >= BUSY_CORES
@@ -126,8 +129,8 @@ def share_cpu(environ: MutableMapping[str, str] | None = None,
         key, value = ("OMP_WAIT_POLICY", WAIT_POLICY) if busy else ("GOMP_SPINCOUNT", SHORT_SPIN)
         env[key] = value
         env[CHOSEN] = f"{key}={value}"
-        how = (f"{key}={value} (mmtf's choice: {why}; set OMP_WAIT_POLICY or GOMP_SPINCOUNT "
-               "to choose)")
+        how = (f"{key}={value} (mmtf's choice: {why}; set OMP_WAIT_POLICY, GOMP_SPINCOUNT or "
+               f"{OPT_OUT}=auto to choose)")
         if late:
             how = (f"libgomp's default spin in this process: torch was imported before mmtf "
                    f"({key}={value} reaches the processes it starts; import mmtf first, or "
