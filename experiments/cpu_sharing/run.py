@@ -19,6 +19,8 @@ the idle condition is measured first and again last (its spread is the noise).
 
     python experiments/cpu_sharing/run.py                  # every setting (~10 min on 2 cores)
     python experiments/cpu_sharing/run.py --steps 10 --settings off mmtf
+    python experiments/cpu_sharing/run.py --settings off mmtf --repeats 3 \
+        --conditions idle "1 torch" "1 torch later" "idle again"
 
 Prints the cores, CPU flags and load average, a table of seconds and ratios to the same
 setting's idle time, and, last, one JSON line. Needs an otherwise idle machine.
@@ -33,6 +35,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -127,13 +131,14 @@ def _go(proc: subprocess.Popen) -> float:
     return seconds
 
 
-def measure(setting: str, steps: int) -> tuple[dict[str, float], dict[str, str]]:
+def measure(setting: str, steps: int, conditions: tuple[str, ...] = CONDITIONS,
+            ) -> tuple[dict[str, float], dict[str, str]]:
     """Seconds per condition, and how the measuring process's threads waited in each."""
     env = setting_env(setting)
     plain = {k: v for k, v in os.environ.items() if k not in WAIT_KEYS and k != "MMTF_OMP_WAIT"}
     out: dict[str, float] = {}
     waits: dict[str, str] = {}
-    for condition in CONDITIONS:
+    for condition in conditions:
         others: list[subprocess.Popen] = []
         if condition in ("1 torch", "2 torch"):
             others = [start(["--compete"], plain, stdout=subprocess.DEVNULL)
@@ -161,6 +166,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--settings", nargs="+",
                         default=["off", "mmtf", "auto", "spin10000"])
+    parser.add_argument("--conditions", nargs="+", default=list(CONDITIONS),
+                        choices=CONDITIONS)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds over every setting and condition; cells report the median "
+                             "(and the range)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--loop", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--compete", action="store_true", help=argparse.SUPPRESS)
@@ -177,31 +187,46 @@ def main() -> None:
     load = os.getloadavg()
     print(f"cores {available_cores()}; {describe_cpu()}; load average {load[0]:.2f} "
           f"(before); {args.steps} steps per cell")
-    measured = {s: measure(s, args.steps) for s in args.settings}
-    results = {s: m[0] for s, m in measured.items()}
+    conditions = tuple(c for c in CONDITIONS if c in args.conditions)
+    # Rounds interleave the settings, so a drift of the machine reaches every setting alike.
+    rounds = [{s: measure(s, args.steps, conditions) for s in args.settings}
+              for _ in range(args.repeats)]
+    measured = rounds[-1]
+    runs = {s: {c: [r[s][0][c] for r in rounds] for c in conditions} for s in args.settings}
+    results = {s: {c: float(np.median(v)) for c, v in row.items()} for s, row in runs.items()}
 
     width = max(len(s) for s in results)
-    print(f"\n{'setting':<{width}}  " + "  ".join(f"{c:>16}" for c in CONDITIONS))
+    base = "idle" if "idle" in conditions else conditions[0]
+    print(f"\n{'setting':<{width}}  " + "  ".join(f"{c:>16}" for c in conditions)
+          + (f"  (medians of {args.repeats} rounds)" if args.repeats > 1 else ""))
     for setting, row in results.items():
-        idle = row["idle"]
-        cells = [f"{row[c]:6.2f} s ({row[c] / idle:4.2f}x)" for c in CONDITIONS]
+        idle = row[base]
+        cells = [f"{row[c]:6.2f} s ({row[c] / idle:4.2f}x)" for c in conditions]
         print(f"{setting:<{width}}  " + "  ".join(f"{c:>16}" for c in cells))
+    if args.repeats > 1:
+        print("\nrange per cell (min-max seconds):")
+        for setting, row in runs.items():
+            print(f"{setting:<{width}}  " + "  ".join(
+                f"{min(v):6.2f}-{max(v):<6.2f}".rjust(16) for v in row.values()))
     if "auto" in measured:
         print("\nauto's choice at the start of each cell:")
         for condition, wait in measured["auto"][1].items():
             print(f"  {condition:<14} {wait}")
     summary: dict[str, object] = {"cores": available_cores(), "cpu": describe_cpu(),
                                   "load_before": round(load[0], 2), "steps": args.steps,
-                                  "seconds": results,
+                                  "seconds": results, "repeats": args.repeats,
+                                  "all_seconds": runs if args.repeats > 1 else None,
                                   "auto_chose": measured["auto"][1] if "auto" in measured else None}
-    if "off" in results and "mmtf" in results:
+    if "off" in results and "mmtf" in results and {"idle", "1 torch"} <= set(conditions):
         off, ours = results["off"], results["mmtf"]
+        idle = [c for c in ("idle", "idle again") if c in conditions]
         summary["mmtf_idle_vs_libgomp_idle"] = round(
-            min(ours["idle"], ours["idle again"]) / min(off["idle"], off["idle again"]), 3)
+            min(ours[c] for c in idle) / min(off[c] for c in idle), 3)
         summary["mmtf_beside_1_torch_vs_idle"] = round(ours["1 torch"] / ours["idle"], 3)
         summary["libgomp_beside_1_torch_vs_idle"] = round(off["1 torch"] / off["idle"], 3)
-        summary["mmtf_beside_1_torch_later_vs_idle"] = round(ours["1 torch later"] / ours["idle"],
-                                                             3)
+        if "1 torch later" in conditions:
+            summary["mmtf_beside_1_torch_later_vs_idle"] = round(
+                ours["1 torch later"] / ours["idle"], 3)
     print(json.dumps(summary))
 
 

@@ -119,17 +119,18 @@ def share_cpu(environ: MutableMapping[str, str] | None = None,
     else:
         if opt != "auto":
             busy = opt != "spin"
-            why = f"{OPT_OUT}={env[OPT_OUT]}" if opt else "mmtf's default"
+            why = f"mmtf's choice: {OPT_OUT}={env[OPT_OUT]}" if opt else "mmtf's default"
         else:
             load = other_cpu_load() if other_load is None else other_load
             busy = load is not None and load >= BUSY_CORES
-            why = ("no /proc/stat to measure the load" if load is None else
-                   f"other processes used {load:.1f} of {len(os.sched_getaffinity(0))} cores "
-                   "at start")
+            why = "mmtf's choice: " + (
+                "no /proc/stat to measure the load" if load is None else
+                f"other processes used {load:.1f} of {len(os.sched_getaffinity(0))} cores at "
+                "start")
         key, value = ("OMP_WAIT_POLICY", WAIT_POLICY) if busy else ("GOMP_SPINCOUNT", SHORT_SPIN)
         env[key] = value
         env[CHOSEN] = f"{key}={value}"
-        how = (f"{key}={value} (mmtf's choice: {why}; set OMP_WAIT_POLICY, GOMP_SPINCOUNT or "
+        how = (f"{key}={value} ({why}; set OMP_WAIT_POLICY, GOMP_SPINCOUNT or "
                f"{OPT_OUT}=auto to choose)")
         if late:
             how = (f"libgomp's default spin in this process: torch was imported before mmtf "
