@@ -114,10 +114,6 @@ class LogMelFrontEnd(nn.Module):
                 hop_length=hop_length, f_min=f_min, f_max=f_max, n_mels=n_mels, power=2.0,
                 norm="slaney" if whisper else None, mel_scale="slaney" if whisper else "htk",
                 center=False)   # centring is done in forward, see the module doc
-        # The power spectrum as re^2 + im^2 (power_spectrum) instead of torchaudio's
-        # |z|.pow(2): the complex abs costs a square root per bin, 2-3x the whole step's STFT
-        # post-processing on an AVX2 CPU. The module (and its state-dict keys) stays torchaudio's.
-        mel.spectrogram.power = None
         self.mel = mel.to(torch.get_default_device())
         stats = {"feature_mean": _floats(feature_mean), "feature_std": _floats(feature_std)}
         for key, values in stats.items():   # checked as Python floats: works on meta too
@@ -157,7 +153,7 @@ class LogMelFrontEnd(nn.Module):
                 return self._whisper_features(wave), frames
             half = self.n_fft // 2
             wave = F.pad(wave, (half, half))                     # (b, n + 2 * half)
-            feats = torch.log(self.mel_power(wave) + LOG_EPS)    # (b, f, t)
+            feats = torch.log(self.mel(wave) + LOG_EPS)          # (b, f, t)
             valid = _lengths_mask(frames, feats.shape[-1])[:, None, :]   # (b, 1, t)
             if self.feature_norm == "utterance":
                 weight = valid.float()
@@ -170,11 +166,6 @@ class LogMelFrontEnd(nn.Module):
             feats = feats.masked_fill(~valid, 0.0)
         return feats, frames
 
-    def mel_power(self, wave: Tensor) -> Tensor:
-        """Mel-band power of float32 waveforms (b, n) -> (b, f, t), t = (n - n_fft) // hop + 1."""
-        spec = self.mel.spectrogram(wave)                        # (b, n_fft // 2 + 1, t) complex
-        return self.mel.mel_scale(spec.real.square() + spec.imag.square())
-
     def _whisper_features(self, wave: Tensor) -> Tensor:
         """Whisper's log-mel of zero-padded float32 waveforms (b, n) -> (b, f, t)."""
         half = self.n_fft // 2
@@ -183,7 +174,7 @@ class LogMelFrontEnd(nn.Module):
         right = (wave[:, -half - 1:-1].flip(-1) if self.pad_to_samples is not None
                  else wave.new_zeros(wave.shape[0], half))
         wave = torch.cat([wave[:, 1:half + 1].flip(-1), wave, right], dim=1)   # (b, n + n_fft)
-        feats = self.mel_power(wave)                             # (b, f, n // hop + 1)
+        feats = self.mel(wave)                                   # (b, f, n // hop + 1)
         if self.pad_to_samples is not None:
             feats = feats[..., :-1]                              # Whisper drops the last frame
         feats = feats.clamp_min(WHISPER_FLOOR).log10()

@@ -22,7 +22,7 @@ from mmtf.metrics.caption import check_backend
 from mmtf.metrics.wer import write_errors_csv
 from mmtf.synthetic import caption_parser
 from mmtf.tasks.base import Task, batch_inputs
-from mmtf.tasks.optim import configure_adamw_cosine, is_mixed
+from mmtf.tasks.optim import configure_adamw_cosine
 from mmtf.tasks.resolve import check_same_tokenizer_on_every_rank, stored_tokenizer
 from mmtf.tasks.speech import SpeechOptions, check_speech, decode_speech, split_generation
 from mmtf.text import Tokenizer
@@ -234,8 +234,7 @@ class CaptioningTask(Task):
         return configure_adamw_cosine(self.optimizer, [self.model], weight_decay=hp.weight_decay,
                                       warmup_steps=hp.warmup_steps, min_lr_ratio=hp.min_lr_ratio,
                                       total_steps=int(self.trainer.estimated_stepping_batches),
-                                      parts=self.optim_parts(), layer_decay=self.layer_decay,
-                                      mixed_precision=is_mixed(self.trainer))
+                                      parts=self.optim_parts(), layer_decay=self.layer_decay)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Only checks: the tokenizer was handed over before (resolve_tokenizer takes a resumed

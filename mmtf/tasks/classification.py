@@ -12,7 +12,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from mmtf.errors import ConfigError
 from mmtf.tasks.base import Task, batch_inputs
-from mmtf.tasks.optim import configure_adamw_cosine, is_mixed
+from mmtf.tasks.optim import configure_adamw_cosine
 
 
 class ClassificationTask(Task):
@@ -96,8 +96,7 @@ class ClassificationTask(Task):
                                       weight_decay=hp.weight_decay, warmup_steps=hp.warmup_steps,
                                       min_lr_ratio=hp.min_lr_ratio,
                                       total_steps=int(self.trainer.estimated_stepping_batches),
-                                      parts=self.optim_parts(), layer_decay=self.layer_decay,
-                                      mixed_precision=is_mixed(self.trainer))
+                                      parts=self.optim_parts(), layer_decay=self.layer_decay)
 
     def _step(self, batch: dict[str, Any], split: str) -> torch.Tensor:
         inputs, lengths = batch_inputs(batch)

@@ -11,7 +11,6 @@ LearningRateMonitor logs) and its ``lr_scale``. Why: see docs/design/finetuning-
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -154,17 +153,11 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
 def build_optimizer(optimizer: Callable[..., torch.optim.Optimizer], modules: Iterable[nn.Module],
                     weight_decay: float, include_frozen: bool = False, *,
                     parts: Mapping[str, PartOptim] | None = None,
-                    layer_decay: float | None = None,
-                    mixed_precision: bool = False) -> torch.optim.Optimizer:
+                    layer_decay: float | None = None) -> torch.optim.Optimizer:
     """Call a partial optimizer (from Hydra, ``_partial_: true``) on :func:`param_groups` and
-    set each group's ``lr`` to the optimizer's lr times the group's ``lr_scale``; torch's Adam
-    and AdamW get ``fused=True`` where :func:`fuses_on_cpu` says so. ``mixed_precision``: the
-    trainer runs under autocast (``*-mixed`` precision)."""
-    groups = param_groups(modules, weight_decay, include_frozen, parts=parts,
-                          layer_decay=layer_decay)
-    if fuses_on_cpu(optimizer, [p for g in groups for p in g["params"]], mixed_precision):
-        optimizer = functools.partial(optimizer, fused=True)
-    opt = optimizer(groups)
+    set each group's ``lr`` to the optimizer's lr times the group's ``lr_scale``."""
+    opt = optimizer(param_groups(modules, weight_decay, include_frozen, parts=parts,
+                                 layer_decay=layer_decay))
     for group in opt.param_groups:
         # Before any scheduler exists: LambdaLR records each group's lr as its base lr, so the
         # warmup and cosine multiply every group's own scaled lr.
@@ -172,47 +165,16 @@ def build_optimizer(optimizer: Callable[..., torch.optim.Optimizer], modules: It
     return opt
 
 
-def fuses_on_cpu(optimizer: Callable[..., torch.optim.Optimizer], params: list[nn.Parameter],
-                 mixed_precision: bool) -> bool:
-    """Whether to give torch's Adam / AdamW ``fused=True``: the config chooses neither
-    ``fused`` nor ``foreach``, every parameter is a plain (not sharded) CPU tensor and there is
-    no autocast.
-
-    On a CPU torch's default is the per-tensor loop, about ten kernels per parameter tensor; the
-    fused kernel is one vectorised pass (experiments/training_throughput: the large model's step
-    18 % faster on an AVX2 CPU). On a GPU torch already picks its multi-tensor path. Not under
-    ``*-mixed`` precision: Lightning refuses gradient clipping with an optimizer that unscales
-    gradients itself, which a fused one does. An explicit ``model.optimizer.fused=false`` keeps
-    the loop.
-    """
-    func, chosen = optimizer, {}
-    while isinstance(func, functools.partial):
-        chosen = {**func.keywords, **chosen}
-        func = func.func
-    return (func in (torch.optim.Adam, torch.optim.AdamW) and not mixed_precision
-            and chosen.get("fused") is None and chosen.get("foreach") is None
-            and bool(params)
-            and all(p.device.type == "cpu" and type(p.data) is torch.Tensor
-                    and p.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-                    for p in params))
-
-
 def configure_adamw_cosine(optimizer: Callable[..., torch.optim.Optimizer],
                            modules: list[nn.Module], *, weight_decay: float, warmup_steps: int,
                            min_lr_ratio: float, total_steps: int,
                            include_frozen: bool = False,
                            parts: Mapping[str, PartOptim] | None = None,
-                           layer_decay: float | None = None,
-                           mixed_precision: bool = False) -> dict[str, Any]:
+                           layer_decay: float | None = None) -> dict[str, Any]:
     """Lightning's ``configure_optimizers`` result: the optimizer over :func:`param_groups` and
     the warmup + cosine schedule over ``total_steps``, stepped every optimizer step."""
     opt = build_optimizer(optimizer, modules, weight_decay, include_frozen, parts=parts,
-                          layer_decay=layer_decay, mixed_precision=mixed_precision)
+                          layer_decay=layer_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, warmup_cosine(warmup_steps, max(1, total_steps), min_lr_ratio))
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-
-def is_mixed(trainer: Any) -> bool:
-    """Whether a Lightning trainer runs under autocast (``16-mixed``, ``bf16-mixed``)."""
-    return str(getattr(trainer, "precision", "")).endswith("-mixed")

@@ -43,7 +43,7 @@ def test_frame_j_is_centred_on_sample_j_times_hop():
     encoder = tiny_audio(160)
     wave = torch.zeros(1, 16000)
     wave[0, 1600] = 1.0
-    feats = encoder.frontend.mel_power(torch.nn.functional.pad(wave, (200, 200)))[0]   # (f, t)
+    feats = encoder.frontend.mel(torch.nn.functional.pad(wave, (200, 200)))[0]   # (f, t)
     energy = feats.sum(0)
     lit = (energy > 1e-9).nonzero().flatten().tolist()
     assert lit == [9, 10, 11]

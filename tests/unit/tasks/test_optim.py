@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
@@ -52,71 +51,3 @@ def test_warmup_cosine_rejects_bad_arguments():
         warmup_cosine(1, 10, 1.5)
     with pytest.raises(ValueError, match=r"total_steps \(0\)"):
         warmup_cosine(1, 0)
-
-
-def _tiny() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Embedding(11, 8), nn.Linear(8, 8), nn.LayerNorm(8))
-
-
-def _adamw(**kw):
-    return functools.partial(torch.optim.AdamW, lr=1e-2, betas=(0.9, 0.98), **kw)
-
-
-def test_adamw_on_cpu_is_fused_unless_the_config_or_autocast_says_otherwise():
-    model = _tiny()
-    assert build_optimizer(_adamw(), [model], 0.05).defaults["fused"] is True
-    assert not build_optimizer(_adamw(fused=False), [model], 0.05).defaults["fused"]
-    assert build_optimizer(_adamw(foreach=True), [model], 0.05).defaults["foreach"] is True
-    assert not build_optimizer(_adamw(foreach=True), [model], 0.05).defaults["fused"]
-    # Lightning refuses gradient clipping with an optimizer that unscales itself (fused).
-    assert not build_optimizer(_adamw(), [model], 0.05, mixed_precision=True).defaults["fused"]
-    sgd = functools.partial(torch.optim.SGD, lr=0.1)
-    assert "fused" not in build_optimizer(sgd, [model], 0.05).defaults or \
-        not build_optimizer(sgd, [model], 0.05).defaults["fused"]
-
-
-def test_fused_adamw_steps_as_the_per_tensor_loop_does():
-    """The reference is torch's own loop (fused=False), same groups, same gradients."""
-    fused_model, loop_model = _tiny(), _tiny()
-    fused = build_optimizer(_adamw(), [fused_model], 0.05)
-    loop = build_optimizer(_adamw(fused=False), [loop_model], 0.05)
-    tokens = torch.randint(0, 11, (4, 5))
-    for _ in range(5):
-        for model, opt in ((fused_model, fused), (loop_model, loop)):
-            model(tokens).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-    for a, b in zip(fused_model.parameters(), loop_model.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert [g["weight_decay"] for g in fused.param_groups] == \
-        [g["weight_decay"] for g in loop.param_groups]
-
-
-def test_fused_adamw_with_gradient_clipping_trains_under_lightning_and_bf16_autocast_does_not_fuse():
-    import lightning.pytorch as pl
-
-    from mmtf.tasks.optim import is_mixed
-
-    class Toy(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = _tiny()
-
-        def training_step(self, batch, _):
-            return self.net(batch[0]).float().square().mean()
-
-        def configure_optimizers(self):
-            return build_optimizer(_adamw(), [self.net], 0.05,
-                                   mixed_precision=is_mixed(self.trainer))
-
-    data = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.randint(0, 11, (8, 5))), batch_size=4)
-    for precision, fused in (("32-true", True), ("bf16-mixed", False)):
-        toy = Toy()
-        trainer = pl.Trainer(accelerator="cpu", max_steps=2, gradient_clip_val=1.0,
-                             precision=precision, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False)
-        trainer.fit(toy, data)
-        assert bool(trainer.optimizers[0].defaults["fused"]) is fused
-        assert trainer.global_step == 2
