@@ -97,9 +97,12 @@ def test_evaluate_cli_compiled_decoding_gives_the_eager_predictions(tiny_run, tm
     predictions = {}
     for compiled in ("false", "true"):
         out_dir = tmp_path / f"eval_{compiled}"
-        out = run_cli("mmtf.evaluate", [f"ckpt_path={tiny_run / 'checkpoints' / 'last.ckpt'}",
-                                        f"hydra.run.dir={out_dir}", "generation.strategy=greedy",
-                                        f"generation.compile={compiled}"], cwd=tmp_path)
+        # Eager in the worker (no interpreter start); compiled in its own interpreter: inductor
+        # must not run in the worker (tests/unit/decoders/test_compiled_generation.py says why).
+        run = run_cli if compiled == "true" else cli_in_process
+        out = run("mmtf.evaluate", [f"ckpt_path={tiny_run / 'checkpoints' / 'last.ckpt'}",
+                                    f"hydra.run.dir={out_dir}", "generation.strategy=greedy",
+                                    f"generation.compile={compiled}"], cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
         rows = (out_dir / "predictions.jsonl").read_text().splitlines()
         predictions[compiled] = [json.loads(line)["prediction"] for line in rows]
