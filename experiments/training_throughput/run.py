@@ -262,7 +262,7 @@ def main() -> None:
                         help="also time the default model under torch.compile (default: on, "
                              "off with --quick: compiling the step takes minutes on 2 cores)")
     parser.add_argument("--fused", action="store_true",
-                        help="mmtf's AdamW with fused=True (model.optimizer.fused=true); the "
+                        help="mmtf's AdamW with fused=True (+model.optimizer.fused=true); the "
                              "peer keeps torch's default")
     parser.add_argument("--loss-steps", type=int, default=60,
                         help="steps of the fp32 vs bf16 short run")
