@@ -17,8 +17,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -34,9 +32,10 @@ from lightning.pytorch.strategies import DDPStrategy
 from mmtf.checkpoint_io import EMA_STATE_KEY
 from mmtf.reliability import NonFiniteLossError
 from mmtf.train import train
+from tests.forked import run_main
 from tests.unit.reliability.toy import run_forked
 
-from .conftest import REPO, cli_in_process, compose_train, run_cli, tiny_overrides
+from .conftest import REPO, cli_in_process, compose_train, tiny_overrides
 
 HERE = "tests.integration.test_reliability"
 # One thread: runs that are compared bit for bit use the same kernels in every process.
@@ -194,36 +193,27 @@ def assert_same_final_state(ref: Path, run: Path) -> None:
 
 
 def stream(args: list[str], cwd: Path, *, on_line: Any, timeout: float) -> tuple[int, str, bool]:
-    """``python -m mmtf.train args`` with output read line by line; ``on_line(line, proc)``
-    returns True once it acted. Fails if the run has not ended by itself within ``timeout``
-    seconds (generous: the point is that it ends, not how fast).
+    """``python -m mmtf.train args`` in a forked child (tests/forked.py: a real process, no
+    interpreter start), output read line by line; ``on_line(line, process)`` returns True once
+    it acted. Fails if the run has not ended by itself within ``timeout`` seconds (generous:
+    the point is that it ends, not how fast).
 
     Returns:
         (exit code, output, whether ``on_line`` acted).
     """
-    proc = subprocess.Popen([sys.executable, "-m", "mmtf.train", *args], cwd=cwd,
-                            env={**os.environ, **ENV, "PYTHONUNBUFFERED": "1",
-                                 "HYDRA_FULL_ERROR": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
     acted = threading.Event()
 
-    def read() -> None:
-        for line in proc.stdout:       # ends when every process has closed the pipe
-            lines.append(line)
-            if not acted.is_set() and on_line(line, proc):
-                acted.set()
+    def watch(line: str, process: Any) -> bool:
+        if not acted.is_set() and on_line(line, process):
+            acted.set()
+        return acted.is_set()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
     try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"the run did not end within {timeout} s:\n{''.join(lines)[-3000:]}")
-    reader.join(timeout)
-    return code, "".join(lines), acted.is_set()
+        out = run_main("mmtf.train", args, cwd=cwd, env={**ENV, "HYDRA_FULL_ERROR": "1"},
+                       merge_stderr=True, on_line=watch, timeout=timeout)
+    except TimeoutError as error:
+        pytest.fail(f"the run did not end: {error}")
+    return out.returncode, out.stdout, acted.is_set()
 
 
 def procs_with(token: str) -> list[int]:
@@ -248,18 +238,19 @@ AUGMENT = ["data.augment.mixup.p=0.5", "data.augment.speed.p=0.5", "data.augment
 
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_ckpt_path_last_resumes_exactly(data_dir, tmp_path):
-    """CLI: reference run; the same run SIGKILLed after step 5 (last.ckpt of step 4 = epoch 1
-    after 1 of 3 batches); `ckpt_path=last hydra.run.dir=<same>` finishes it. With waveform
+    """CLI (`python -m mmtf.train`, forked: tests/forked.py): reference run; the same run
+    SIGKILLed after step 5 (last.ckpt of step 4 = epoch 1 after 1 of 3 batches);
+    `ckpt_path=last hydra.run.dir=<same>` finishes it. With waveform
     augmentation, mixup and an EMA of the weights (callbacks=ema) on: the average resumes bit for
     bit too."""
     ref, run, starts = tmp_path / "ref", tmp_path / "run", tmp_path / "starts.jsonl"
-    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT, *EMA_ON), f"hydra.run.dir={ref}"],
-                  cwd=tmp_path, env=ENV)
+    out = run_main("mmtf.train", [*exact_overrides(data_dir, *AUGMENT, *EMA_ON),
+                                  f"hydra.run.dir={ref}"], cwd=tmp_path, env=ENV)
     assert out.returncode == 0, out.stderr[-3000:]
 
-    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT, *EMA_ON),
-                                 *cb("kill", KillAtStep, step=5), f"hydra.run.dir={run}"],
-                  cwd=tmp_path, env=ENV)
+    out = run_main("mmtf.train", [*exact_overrides(data_dir, *AUGMENT, *EMA_ON),
+                                  *cb("kill", KillAtStep, step=5), f"hydra.run.dir={run}"],
+                   cwd=tmp_path, env=ENV)
     assert out.returncode == -signal.SIGKILL, (out.returncode, out.stderr[-3000:])
     killed = load(run / "checkpoints" / "last.ckpt")
     position = killed["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
@@ -267,9 +258,9 @@ def test_sigkill_mid_epoch_then_ckpt_path_last_resumes_exactly(data_dir, tmp_pat
     assert position["_index_sampler_state"]["epoch"] == 1 and position["_num_yielded"] == 1
     assert killed["callbacks"]["EMA"]["updates"] == 2                 # after steps 2 and 4
 
-    out = run_cli("mmtf.train", [*exact_overrides(data_dir, *AUGMENT, *EMA_ON), "ckpt_path=last",
-                                 *cb("rec", Recorder, path=str(starts)), f"hydra.run.dir={run}"],
-                  cwd=tmp_path, env=ENV)
+    out = run_main("mmtf.train", [*exact_overrides(data_dir, *AUGMENT, *EMA_ON), "ckpt_path=last",
+                                  *cb("rec", Recorder, path=str(starts)), f"hydra.run.dir={run}"],
+                   cwd=tmp_path, env=ENV)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [json.loads(x)["start_step"] for x in starts.read_text().splitlines()] == [4]
     assert_same_final_state(ref, run)
@@ -387,7 +378,7 @@ def test_sigterm_saves_last_ckpt_exits_143_and_auto_resumes_from_it(data_dir, tm
     args = [*tiny_overrides("audio_captioning", data_dir, "test=false", "trainer.max_epochs=50"),
             *cb("marker", StepMarker, sleep=0.3), f"hydra.run.dir={run}"]
 
-    def term_after_step_2(line: str, proc: subprocess.Popen) -> bool:
+    def term_after_step_2(line: str, proc: Any) -> bool:
         if "mmtf-test: rank 0 done step 2" in line:
             proc.send_signal(signal.SIGTERM)            # like `kill <pid>` from a scheduler
             return True
@@ -414,11 +405,11 @@ def test_multirun_of_ddp_jobs_runs_each_job_once_in_one_sweep_dir(data_dir, tmp_
     """2 jobs x 2 ranks: training starts exactly 4 times, each rank in its own job's dir; the
     second job gets a fresh process group (rank 0 runs both jobs in one process)."""
     sweep, starts = tmp_path / "sweep", tmp_path / "starts.jsonl"
-    out = run_cli("mmtf.train", ["-m", *tiny_overrides("audio_captioning", data_dir, "test=false",
-                                                       "trainer=ddp_cpu"),
-                                 "model.decoder.depth=1,2", f"hydra.sweep.dir={sweep}",
-                                 *cb("rec", Recorder, path=str(starts))],
-                  cwd=tmp_path, env=ENV, timeout=280)
+    out = run_main("mmtf.train", ["-m", *tiny_overrides("audio_captioning", data_dir, "test=false",
+                                                        "trainer=ddp_cpu"),
+                                  "model.decoder.depth=1,2", f"hydra.sweep.dir={sweep}",
+                                  *cb("rec", Recorder, path=str(starts))],
+                   cwd=tmp_path, env=ENV, timeout=280)
     assert out.returncode == 0, out.stderr[-3000:]
     records = [json.loads(x) for x in starts.read_text().splitlines()]
     assert sorted((r["dir"], r["rank"]) for r in records) == [

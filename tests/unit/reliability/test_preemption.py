@@ -6,9 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from mmtf.reliability import PREEMPTED_EXIT_CODE, PreemptionCheckpoint
+from tests.forked import run_main
 from tests.unit.reliability.toy import assert_same_training_state, fit, run_forked
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
@@ -83,29 +81,23 @@ def _procs_with(token: str) -> list[int]:
 
 def run_ddp(out: Path, mode: str, rank: int, step: int, *, sigterm_after: str | None = None,
             timeout: float = 240) -> tuple[int, str]:
-    """Run the 2-rank script; (exit code, output). Fails if the job has not ended by itself
-    within ``timeout`` seconds (generous: the point is that it ends, not how fast)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(rank), str(step), str(out)],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    lines: list[str] = []
+    """Run the 2-rank script; (exit code, output). Rank 0, the launcher, is a forked child of
+    this worker (tests/forked.py: a real process without the interpreter start); rank 1 is
+    the new interpreter Lightning starts. Fails if the job has not ended by itself within
+    ``timeout`` seconds (generous: the point is that it ends, not how fast)."""
+    def on_line(line: str, launcher) -> bool:
+        if sigterm_after and sigterm_after in line:
+            launcher.send_signal(signal.SIGTERM)           # to rank 0 only, like `kill <pid>`
+            return True
+        return False
 
-    def read() -> None:
-        for line in proc.stdout:       # ends when every rank has closed its end of the pipe
-            lines.append(line)
-            if sigterm_after and sigterm_after in line and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)           # to rank 0 only, like `kill <pid>`
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
     try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"the DDP job did not end within {timeout} s:\n{''.join(lines)[-3000:]}")
-    reader.join(timeout)
-    return code, "".join(lines)
+        done = run_main(SCRIPT, [mode, str(rank), str(step), str(out)], cwd=REPO,
+                        env={"PYTHONPATH": str(REPO)}, merge_stderr=True, on_line=on_line,
+                        timeout=timeout)
+    except TimeoutError as error:
+        pytest.fail(f"the DDP job did not end: {error}")
+    return done.returncode, done.stdout
 
 
 @pytest.mark.slow

@@ -1,0 +1,240 @@
+"""``python -m MODULE ARGS`` (or ``python SCRIPT ARGS``) as a real child process that skips the
+interpreter start: the test worker forks, and the child turns itself into a fresh interpreter's
+``__main__`` run before it executes the entry point.
+
+Why: on the 2-core machines the suite runs on, a new interpreter spends ~15 s of CPU importing
+torch, Lightning and torchmetrics (Lightning imports torchmetrics whole, which imports
+torchvision's models, torch._dynamo and scipy.signal) before the first line of the test's
+subject runs. Most of the suite's subprocess tests need a separate *process* (SIGKILL and
+SIGTERM, exit statuses, Lightning's DDP launcher re-running ``sys.argv`` for rank 1), not a
+separate *import*. The child here is a separate process: its own pid, signals, exit status,
+working directory, environment, ``sys.argv`` and ``__main__`` (``__main__.__spec__.name`` is
+the module, as under ``-m``, so Lightning relaunches ``python -m MODULE ...`` for the other
+ranks; those are real interpreters).
+
+What a fork cannot give, the console path of each entry point and a cold import, stays covered
+by ``tests/integration/conftest.py::run_cli`` (one real interpreter per entry point).
+
+What the child resets to look like a fresh interpreter: signal handlers and timers (pytest's
+timeout, SIGTERM), faulthandler, ``sys.stdout``/``sys.stderr`` (line-buffered onto the pipes),
+the logging handlers pytest installed on the root logger (and every stream handler a library
+made at import is pointed at the new streams), the warning filters (as they were before pytest
+changed them), ``torch``'s deterministic-algorithms flag, grad mode and matmul precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import io
+import logging
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+_REPLACED_STREAMS: list[object] = []
+
+
+class ForkedProcess:
+    """The running child: what a ``subprocess.Popen`` offers the tests' ``on_line`` callbacks."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._lock = threading.Lock()      # the waiting loop and an on_line callback both poll
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        with self._lock:                   # not to a pid that was reaped (and maybe reused)
+            if self.returncode is None:
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def run_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | None = None,
+             timeout: float = 300, merge_stderr: bool = False,
+             on_line: Callable[[str, ForkedProcess], bool] | None = None,
+             ) -> subprocess.CompletedProcess:
+    """Run ``python -m target args`` (``target`` a module name) or ``python target args`` (a
+    ``Path``) in a forked child; wait for it and return its exit status and output like
+    ``subprocess.run(..., capture_output=True, text=True)`` (``returncode`` -N for signal N).
+
+    ``env`` adds to the worker's environment (a key given None is removed). ``merge_stderr``:
+    stderr into stdout, in order (``stderr=STDOUT``). ``on_line(line, process)`` sees every
+    output line as it arrives (it may signal the process). Raises ``TimeoutError`` (after
+    SIGKILL) if the child has not ended within ``timeout`` seconds.
+    """
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}
+    out_r, out_w = os.pipe()
+    err_r, err_w = (out_r, out_w) if merge_stderr else os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:                                           # the child: never returns
+        code = 70
+        try:
+            for fd in {out_r, err_r}:
+                os.close(fd)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for fd in {out_w, err_w}:
+                os.close(fd)
+            code = _run_as_main(target, args, Path(cwd), full_env)
+        except BaseException:                              # noqa: BLE001 - report, then exit
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+
+    for fd in {out_w, err_w}:
+        os.close(fd)
+    process = ForkedProcess(pid)
+    chunks: dict[int, list[str]] = {out_r: [], err_r: []}
+    lock = threading.Lock()
+
+    def read(fd: int) -> None:
+        with open(fd, encoding="utf-8", errors="replace", closefd=True) as pipe:
+            for line in pipe:      # ends when every process holding the write end has closed it
+                with lock:
+                    chunks[fd].append(line)
+                if on_line is not None:
+                    on_line(line, process)
+
+    readers = [threading.Thread(target=read, args=(fd,), daemon=True) for fd in chunks]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
+    while process.poll() is None:
+        if time.monotonic() > deadline:
+            process.kill()
+            while process.poll() is None:
+                time.sleep(0.01)
+            raise TimeoutError(f"{target} {' '.join(args)} did not end within {timeout} s:\n"
+                               + "".join(chunks[out_r])[-3000:] + "".join(chunks[err_r])[-3000:])
+        time.sleep(0.05)
+    for reader in readers:
+        reader.join(timeout)        # a grandchild still holding the pipe would block this
+    stdout = "".join(chunks[out_r])
+    stderr = "" if merge_stderr else "".join(chunks[err_r])
+    return subprocess.CompletedProcess([str(target), *args], process.returncode, stdout, stderr)
+
+
+def _run_as_main(target: str | Path, args: list[str], cwd: Path, env: dict) -> int:
+    """In the forked child: become ``python [-m] target args`` and run it; its exit status."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    for signum in (signal.SIGTERM, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2,
+                   signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if faulthandler.is_enabled():
+        faulthandler.disable()
+    replaced = {id(sys.stdout): "out", id(sys.__stdout__): "out", id(sys.stderr): "err",
+                id(sys.__stderr__): "err"}
+    # Kept referenced: the interpreter's own stream objects own fds 1 and 2 (closefd), which
+    # now are the pipes; collecting them would close the pipes under the new streams.
+    _REPLACED_STREAMS.extend((sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__))
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True)
+    _fresh_logging(replaced)
+    _fresh_warnings()
+    _fresh_torch()
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path.insert(0, str(cwd) if isinstance(target, str) else str(Path(target).parent))
+    code = 0
+    try:
+        if isinstance(target, str):
+            sys.argv = [target, *args]
+            # A fresh interpreter has not imported the module that -m runs: one the worker
+            # imported would make runpy warn, and `import target` inside the run would get
+            # the worker's module instead of a second copy, as under -m.
+            sys.modules.pop(target, None)
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [str(target), *args]
+            runpy.run_path(str(target), run_name="__main__")
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):
+            print(exit_.code, file=sys.stderr)
+        code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    except BaseException:                                  # noqa: BLE001 - as the interpreter
+        traceback.print_exc()
+        code = 1
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+    return code
+
+
+def _fresh_logging(replaced: dict[int, str]) -> None:
+    """No root handlers (pytest's capture handlers go); a handler a library made at import on
+    the worker's stdout or stderr writes to the new one instead (handlers on streams of their
+    own, such as torch's, keep them)."""
+    root = logging.getLogger()
+    root.handlers.clear()
+    root.setLevel(logging.WARNING)
+    logging.disable(logging.NOTSET)
+    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and id(stream) in replaced:
+                handler.setStream(sys.stdout if replaced[id(stream)] == "out" else sys.stderr)
+
+
+def _fresh_warnings() -> None:
+    """The filters and printing of a fresh interpreter (pytest records warnings instead, with
+    the filters of its ini file): CPython's defaults outside dev mode, then ``-W`` and
+    ``PYTHONWARNINGS``."""
+    warnings.resetwarnings()
+    if not sys.flags.dev_mode:
+        warnings.filterwarnings("default", category=DeprecationWarning, module="__main__",
+                                append=True)
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                         ResourceWarning):
+            warnings.filterwarnings("ignore", category=category, append=True)
+    warnings._processoptions(sys.warnoptions)              # type: ignore[attr-defined]
+
+    def print_warning(message: warnings.WarningMessage) -> None:
+        with contextlib.suppress(OSError):
+            sys.stderr.write(warnings._formatwarnmsg(message))  # type: ignore[attr-defined]
+
+    warnings.showwarning = warnings._showwarning_orig      # type: ignore[attr-defined]
+    warnings._showwarnmsg_impl = print_warning             # type: ignore[attr-defined]
+
+
+def _fresh_torch() -> None:
+    if "torch" not in sys.modules:
+        return
+    import torch
+
+    # Only where a test left them changed: use_deterministic_algorithms() imports inductor's
+    # config (~3 s here) even to set what is already set.
+    if torch.are_deterministic_algorithms_enabled():
+        torch.use_deterministic_algorithms(False)
+    if torch.get_float32_matmul_precision() != "highest":
+        torch.set_float32_matmul_precision("highest")
+    torch.set_grad_enabled(True)
