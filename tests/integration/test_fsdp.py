@@ -4,15 +4,13 @@ checkpointing, and a resume from ``ckpt_path=last`` that ends bit-identical to a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from mmtf.reliability import resolve_resume
+from tests.forked import run_main
 from tests.integration.fsdp_script import lora_net
 
 pytestmark = pytest.mark.slow
@@ -21,11 +19,9 @@ SCRIPT = Path(__file__).with_name("fsdp_script.py")
 
 
 def _fit(out: Path, steps: int, activation_checkpointing: bool, ckpt: str | None = None) -> dict:
-    args = [sys.executable, str(SCRIPT), str(out), str(steps),
-            str(activation_checkpointing).lower(), *([ckpt] if ckpt else [])]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(args, cwd=out.parent, env=env, capture_output=True, text=True,
-                          timeout=300)
+    args = [str(out), str(steps), str(activation_checkpointing).lower(), *([ckpt] if ckpt else [])]
+    # rank 0 forked from this worker (tests/forked.py), rank 1 the interpreter Lightning starts
+    done = run_main(SCRIPT, args, cwd=out.parent, env={"OMP_NUM_THREADS": "1"}, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads((out / "units.json").read_text())
 

@@ -1,13 +1,16 @@
 """`python -m mmtf.train trainer=fsdp` on two CPU ranks (gloo): the captioner trains, validates with
-generation, and `ckpt_path=last` resumes it in the same run dir with activation checkpointing on."""
+generation, and `ckpt_path=last` resumes it in the same run dir with activation checkpointing on.
+Rank 0 is a forked child of the worker (tests/forked.py), rank 1 the interpreter Lightning
+starts."""
 
 from __future__ import annotations
 
 import pytest
 
 from mmtf.checkpoint_io import load_checkpoint
+from tests.forked import run_main
 
-from .conftest import run_cli, tiny_overrides
+from .conftest import tiny_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -19,13 +22,13 @@ FSDP_CPU = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
 def test_fsdp_trains_the_captioner_and_resumes_from_last(data_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = [*tiny_overrides("audio_captioning", data_dir), *FSDP_CPU, f"hydra.run.dir={run_dir}"]
-    first = run_cli("mmtf.train", args, cwd=tmp_path)
+    first = run_main("mmtf.train", args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-4000:]
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] == 1
-    resumed = run_cli("mmtf.train", [*args, "trainer.max_epochs=2", "ckpt_path=last",
-                                     "model.encoder.activation_checkpointing=true",
-                                     "model.decoder.activation_checkpointing=true"],
-                      cwd=tmp_path)
+    resumed = run_main("mmtf.train", [*args, "trainer.max_epochs=2", "ckpt_path=last",
+                                      "model.encoder.activation_checkpointing=true",
+                                      "model.decoder.activation_checkpointing=true"],
+                       cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "Restored all states" in resumed.stdout + resumed.stderr
     checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")

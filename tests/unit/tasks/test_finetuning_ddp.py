@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -22,6 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
+from tests.forked import run_main
 from tests.unit.reliability.toy import run_forked
 
 from .conftest import classifier, vision_encoder
@@ -90,9 +89,8 @@ def test_the_rebuilt_ddp_wrapper_all_reduces_the_unfrozen_encoder(tmp_path, lora
 
 def run(mode: str, out: Path) -> list[dict]:
     """Both ranks' saved end state of ``ddp_unfreeze_script.py MODE``."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), mode, str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    # rank 0 forked from this worker (tests/forked.py), rank 1 the interpreter Lightning starts
+    proc = run_main(SCRIPT, [mode, str(out)], cwd=REPO, env={"PYTHONPATH": str(REPO)}, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return [torch.load(out / f"{mode}_rank{r}.pt", weights_only=True) for r in (0, 1)]
 
