@@ -81,6 +81,57 @@ def run_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | None
     output line as it arrives (it may signal the process). Raises ``TimeoutError`` (after
     SIGKILL) if the child has not ended within ``timeout`` seconds.
     """
+    return start_main(target, args, cwd=cwd, env=env, merge_stderr=merge_stderr,
+                      on_line=on_line).wait(timeout)
+
+
+class ForkedRun:
+    """A child started by :func:`start_main`: ``process`` to signal it, ``wait()`` for its
+    result (several can run at once, as the ranks of a job do)."""
+
+    def __init__(self, target: str | Path, args: list[str], process: ForkedProcess,
+                 pipes: list[int], merged: bool,
+                 on_line: Callable[[str, ForkedProcess], bool] | None) -> None:
+        self.target, self.args, self.process, self.merged = target, args, process, merged
+        self._chunks: dict[int, list[str]] = {fd: [] for fd in pipes}
+        self._pipes = pipes
+        self._readers = [threading.Thread(target=self._read, args=(fd, on_line), daemon=True)
+                         for fd in pipes]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, fd: int, on_line: Callable[[str, ForkedProcess], bool] | None) -> None:
+        with open(fd, encoding="utf-8", errors="replace", closefd=True) as pipe:
+            for line in pipe:      # ends when every process holding the write end has closed it
+                self._chunks[fd].append(line)
+                if on_line is not None:
+                    on_line(line, self.process)
+
+    def _text(self, index: int) -> str:
+        return "".join(self._chunks[self._pipes[index]]) if index < len(self._pipes) else ""
+
+    def wait(self, timeout: float = 300) -> subprocess.CompletedProcess:
+        """The child's exit status and output; SIGKILL and ``TimeoutError`` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None:
+            if time.monotonic() > deadline:
+                self.process.kill()
+                while self.process.poll() is None:
+                    time.sleep(0.01)
+                raise TimeoutError(f"{self.target} {' '.join(self.args)} did not end within "
+                                   f"{timeout} s:\n{self._text(0)[-3000:]}{self._text(1)[-3000:]}")
+            time.sleep(0.05)
+        for reader in self._readers:
+            reader.join(timeout)    # a grandchild still holding the pipe would block this
+        return subprocess.CompletedProcess([str(self.target), *self.args],
+                                           self.process.returncode, self._text(0),
+                                           self._text(1))
+
+
+def start_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | None = None,
+               merge_stderr: bool = False,
+               on_line: Callable[[str, ForkedProcess], bool] | None = None) -> ForkedRun:
+    """:func:`run_main` without waiting: the running child."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}
     out_r, out_w = os.pipe()
@@ -105,35 +156,8 @@ def run_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | None
 
     for fd in {out_w, err_w}:
         os.close(fd)
-    process = ForkedProcess(pid)
-    chunks: dict[int, list[str]] = {out_r: [], err_r: []}
-    lock = threading.Lock()
-
-    def read(fd: int) -> None:
-        with open(fd, encoding="utf-8", errors="replace", closefd=True) as pipe:
-            for line in pipe:      # ends when every process holding the write end has closed it
-                with lock:
-                    chunks[fd].append(line)
-                if on_line is not None:
-                    on_line(line, process)
-
-    readers = [threading.Thread(target=read, args=(fd,), daemon=True) for fd in chunks]
-    for reader in readers:
-        reader.start()
-    deadline = time.monotonic() + timeout
-    while process.poll() is None:
-        if time.monotonic() > deadline:
-            process.kill()
-            while process.poll() is None:
-                time.sleep(0.01)
-            raise TimeoutError(f"{target} {' '.join(args)} did not end within {timeout} s:\n"
-                               + "".join(chunks[out_r])[-3000:] + "".join(chunks[err_r])[-3000:])
-        time.sleep(0.05)
-    for reader in readers:
-        reader.join(timeout)        # a grandchild still holding the pipe would block this
-    stdout = "".join(chunks[out_r])
-    stderr = "" if merge_stderr else "".join(chunks[err_r])
-    return subprocess.CompletedProcess([str(target), *args], process.returncode, stdout, stderr)
+    pipes = [out_r] if merge_stderr else [out_r, err_r]
+    return ForkedRun(target, args, ForkedProcess(pid), pipes, merge_stderr, on_line)
 
 
 def _run_as_main(target: str | Path, args: list[str], cwd: Path, env: dict) -> int:

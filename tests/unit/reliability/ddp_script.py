@@ -1,5 +1,7 @@
-"""Two-rank CPU DDP (gloo) toy fit for the subprocess tests; Lightning re-launches this file for
-rank 1 (``_SubprocessScriptLauncher``), as it does for ``python -m mmtf.train trainer=ddp_cpu``.
+"""Two-rank CPU DDP (gloo) toy fit for the subprocess tests. Started once, Lightning re-launches
+this file for rank 1 (``_SubprocessScriptLauncher``), as it does for ``python -m mmtf.train
+trainer=ddp_cpu``; started once per rank with torchelastic's variables set (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ...), it is each rank of a torchrun job and launches nothing.
 
 Usage: ``python ddp_script.py MODE RANK STEP OUT_DIR``
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from mmtf.reliability import PREEMPTED_EXIT_CODE, PreemptionCheckpoint
-from tests.forked import run_main
+from tests.forked import run_main, start_main
 from tests.unit.reliability.toy import assert_same_training_state, fit, run_forked
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
@@ -100,6 +101,38 @@ def run_ddp(out: Path, mode: str, rank: int, step: int, *, sigterm_after: str | 
     return done.returncode, done.stdout
 
 
+def run_ranks(out: Path, mode: str, rank: int, step: int, *, sigterm_after: str | None = None,
+              timeout: float = 240) -> tuple[list[int], str]:
+    """The script's 2 ranks as torchrun starts them: both started here (forked children of
+    this worker, tests/forked.py), each told its rank through torchelastic's variables, so
+    Lightning launches nothing. ([exit code of each rank], both ranks' output.) SIGTERM goes to
+    rank 0 alone when its output shows ``sigterm_after``."""
+    with socket.socket() as probe:                         # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    common = {"PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+              "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
+              "TORCHELASTIC_RUN_ID": "tests"}
+
+    def on_line(line: str, process) -> bool:
+        if sigterm_after and sigterm_after in line:
+            process.send_signal(signal.SIGTERM)            # to rank 0 only, like `kill <pid>`
+            return True
+        return False
+
+    runs = [start_main(SCRIPT, [mode, str(rank), str(step), str(out)], cwd=REPO,
+                       env={**common, "RANK": str(r), "LOCAL_RANK": str(r)}, merge_stderr=True,
+                       on_line=on_line if r == 0 else None)
+            for r in (0, 1)]
+    try:
+        done = [run.wait(timeout) for run in runs]
+    except TimeoutError as error:
+        for run in runs:
+            run.process.kill()
+        pytest.fail(f"the DDP job did not end: {error}")
+    return [d.returncode for d in done], "".join(d.stdout for d in done)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("failing_rank", [1, 0])
 def test_ddp_rank_failure_ends_the_job(tmp_path, failing_rank):
@@ -115,9 +148,10 @@ def test_ddp_rank_failure_ends_the_job(tmp_path, failing_rank):
 @pytest.mark.slow
 def test_ddp_sigterm_to_rank_0_checkpoints_on_both_ranks_and_exits_143(tmp_path):
     """Rank 1's loss is NaN at step 2 (both ranks skip it, no hang); SIGTERM to rank 0 after
-    step 4: both ranks stop at the same batch, one last.ckpt with both ranks' RNG states."""
-    code, out = run_ddp(tmp_path, "sigterm", 1, 2, sigterm_after="rank 0 done step 4")
-    assert code == PREEMPTED_EXIT_CODE, out[-3000:]
+    step 4: both ranks stop at the same batch and exit 143, one last.ckpt with both ranks' RNG
+    states. The ranks started as torchrun starts them (``run_ranks``)."""
+    codes, out = run_ranks(tmp_path, "sigterm", 1, 2, sigterm_after="rank 0 done step 4")
+    assert codes == [PREEMPTED_EXIT_CODE] * 2, out[-3000:]
     assert "Skipped the optimizer step at global step 2" in out
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     # both ranks write to one pipe: a line may start mid-way through the other rank's output
@@ -144,21 +178,21 @@ def _assert_same_end_state(a: dict, b: dict) -> None:
 
 @pytest.mark.slow
 def test_ddp_sigterm_then_resume_ends_bit_exact_on_every_rank(tmp_path):
-    """Two gloo ranks, dropout and per-rank random targets: SIGTERM to rank 1 at step 4 ->
+    """Two gloo ranks (started as torchrun starts them), dropout and per-rank random targets: SIGTERM to rank 1 at step 4 ->
     both ranks save at the end of that batch (step 5) and exit 143; resuming from last.ckpt to
     step 10 gives, on each rank, the weights, optimizer state and generator state of the
     uninterrupted run, bit for bit (gloo's sum of two ranks is deterministic)."""
     ref, run = tmp_path / "ref", tmp_path / "run"
     ref.mkdir(), run.mkdir()
-    code, out = run_ddp(ref, "exact", 1, -1)
-    assert code == 0, out[-3000:]
-    code, out = run_ddp(run, "exact", 1, 4)
-    assert code == PREEMPTED_EXIT_CODE, out[-3000:]
+    codes, out = run_ranks(ref, "exact", 1, -1)
+    assert codes == [0, 0], out[-3000:]
+    codes, out = run_ranks(run, "exact", 1, 4)
+    assert codes == [PREEMPTED_EXIT_CODE] * 2, out[-3000:]
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 5 and len(ckpt["callbacks"]["ResumeState"]["rng"]) == 2
     assert not (run / "end_rank0.pt").exists()
-    code, out = run_ddp(run, "exact-resume", 1, -1)
-    assert code == 0, out[-3000:]
+    codes, out = run_ranks(run, "exact-resume", 1, -1)
+    assert codes == [0, 0], out[-3000:]
     ends = {name: [torch.load(d / f"end_rank{r}.pt", weights_only=True) for r in (0, 1)]
             for name, d in (("ref", ref), ("run", run))}
     for rank in (0, 1):
