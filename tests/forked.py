@@ -13,7 +13,9 @@ the module, as under ``-m``, so Lightning relaunches ``python -m MODULE ...`` fo
 ranks; those are real interpreters).
 
 What a fork cannot give, the console path of each entry point and a cold import, stays covered
-by ``tests/integration/conftest.py::run_cli`` (one real interpreter per entry point).
+by ``tests/integration/conftest.py::run_cli`` (one real interpreter per entry point). Nor does it
+serve ``torch.compile``: inductor in a forked child of the worker hangs on a lock, so compiled
+runs keep their own interpreters.
 
 What the child resets to look like a fresh interpreter: signal handlers and timers (pytest's
 timeout, SIGTERM), faulthandler, ``sys.stdout``/``sys.stderr`` (line-buffered onto the pipes),
@@ -113,14 +115,18 @@ class ForkedRun:
     def wait(self, timeout: float = 300) -> subprocess.CompletedProcess:
         """The child's exit status and output; SIGKILL and ``TimeoutError`` after ``timeout``."""
         deadline = time.monotonic() + timeout
-        while self.process.poll() is None:
-            if time.monotonic() > deadline:
+        try:
+            while self.process.poll() is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{self.target} {' '.join(self.args)} did not end within {timeout} s:\n"
+                        f"{self._text(0)[-3000:]}{self._text(1)[-3000:]}")
+                time.sleep(0.05)
+        finally:                  # a timeout, or pytest-timeout interrupting: leave no orphan
+            if self.process.poll() is None:
                 self.process.kill()
                 while self.process.poll() is None:
                     time.sleep(0.01)
-                raise TimeoutError(f"{self.target} {' '.join(self.args)} did not end within "
-                                   f"{timeout} s:\n{self._text(0)[-3000:]}{self._text(1)[-3000:]}")
-            time.sleep(0.05)
         for reader in self._readers:
             reader.join(timeout)    # a grandchild still holding the pipe would block this
         return subprocess.CompletedProcess([str(self.target), *self.args],

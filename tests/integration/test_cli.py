@@ -98,7 +98,8 @@ def test_evaluate_cli_compiled_decoding_gives_the_eager_predictions(tiny_run, tm
     for compiled in ("false", "true"):
         out_dir = tmp_path / f"eval_{compiled}"
         # Eager in the worker (no interpreter start); compiled in its own interpreter: inductor
-        # must not run in the worker (tests/unit/decoders/test_compiled_generation.py says why).
+        # must not run in the worker (tests/unit/decoders/test_compiled_generation.py says why),
+        # and in a forked child of the worker it hangs on a lock.
         run = run_cli if compiled == "true" else cli_in_process
         out = run("mmtf.evaluate", [f"ckpt_path={tiny_run / 'checkpoints' / 'last.ckpt'}",
                                     f"hydra.run.dir={out_dir}", "generation.strategy=greedy",

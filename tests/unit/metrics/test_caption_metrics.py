@@ -307,7 +307,9 @@ def _ddp_worker(rank: int, world_size: int, store: str, out_dir: str) -> None:
 def test_two_rank_gather_equals_one_process(tmp_path):
     """Two gloo ranks on CPU, item 0 on both (sampler padding): every rank returns the scores
     one process computes on the whole corpus, each item counted once."""
-    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    # forked, not spawned: two new interpreters would spend ~10 s importing torch before gloo
+    mp.start_processes(_ddp_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+                       start_method="fork")
     one = CaptionMetrics(metrics=FAST_METRICS)
     one.update(CANDIDATES, REFERENCES, keys=list(range(len(CANDIDATES))))
     expected = one.compute(event_parser=_parity)
