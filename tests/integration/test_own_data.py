@@ -137,7 +137,8 @@ def test_experiment_outside_the_repo(how, tmp_path):
              else [f"hydra.searchpath=[file://{exps}]"])
     run = tmp_path / "run"
     args = [*where, "experiment=mine", "trainer.fast_dev_run=true", *COMMON,
-            "model.generation.max_new_tokens=4", f"hydra.run.dir={run}"]
+            "model.generation.max_new_tokens=4", "model.test_metrics=[bleu]",
+            f"hydra.run.dir={run}"]
     proc = cli_in_process("mmtf.train", args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import yaml
