@@ -69,11 +69,22 @@ class ForkedProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.02)
+        return self.returncode
+
 
 def run_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | None = None,
              timeout: float = 300, merge_stderr: bool = False,
              on_line: Callable[[str, ForkedProcess], bool] | None = None,
-             ) -> subprocess.CompletedProcess:
+             fork_ranks: bool = False) -> subprocess.CompletedProcess:
     """Run ``python -m target args`` (``target`` a module name) or ``python target args`` (a
     ``Path``) in a forked child; wait for it and return its exit status and output like
     ``subprocess.run(..., capture_output=True, text=True)`` (``returncode`` -N for signal N).
@@ -81,10 +92,13 @@ def run_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | None
     ``env`` adds to the worker's environment (a key given None is removed). ``merge_stderr``:
     stderr into stdout, in order (``stderr=STDOUT``). ``on_line(line, process)`` sees every
     output line as it arrives (it may signal the process). Raises ``TimeoutError`` (after
-    SIGKILL) if the child has not ended within ``timeout`` seconds.
+    SIGKILL) if the child has not ended within ``timeout`` seconds. ``fork_ranks``: the DDP
+    ranks Lightning's launcher starts are forked from the child too (``_RelaunchByFork``), not
+    new interpreters. Only for the toy scripts: with ``python -m mmtf.train trainer=fsdp`` a
+    forked rank 1 hung (not diagnosed), so the CLI's ranks stay real interpreters.
     """
     return start_main(target, args, cwd=cwd, env=env, merge_stderr=merge_stderr,
-                      on_line=on_line).wait(timeout)
+                      on_line=on_line, fork_ranks=fork_ranks).wait(timeout)
 
 
 class ForkedRun:
@@ -136,7 +150,8 @@ class ForkedRun:
 
 def start_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | None = None,
                merge_stderr: bool = False,
-               on_line: Callable[[str, ForkedProcess], bool] | None = None) -> ForkedRun:
+               on_line: Callable[[str, ForkedProcess], bool] | None = None,
+               fork_ranks: bool = False) -> ForkedRun:
     """:func:`run_main` without waiting: the running child."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}
@@ -154,7 +169,7 @@ def start_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | No
             os.dup2(err_w, 2)
             for fd in {out_w, err_w}:
                 os.close(fd)
-            code = _run_as_main(target, args, Path(cwd), full_env)
+            code = _run_as_main(target, args, Path(cwd), full_env, fork_ranks=fork_ranks)
         except BaseException:                              # noqa: BLE001 - report, then exit
             traceback.print_exc()
         finally:
@@ -166,7 +181,8 @@ def start_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | No
     return ForkedRun(target, args, ForkedProcess(pid), pipes, merge_stderr, on_line)
 
 
-def _run_as_main(target: str | Path, args: list[str], cwd: Path, env: dict) -> int:
+def _run_as_main(target: str | Path, args: list[str], cwd: Path, env: dict, *,
+                 fork_ranks: bool = False) -> int:
     """In the forked child: become ``python [-m] target args`` and run it; its exit status."""
     signal.setitimer(signal.ITIMER_REAL, 0)
     for signum in (signal.SIGTERM, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2,
@@ -188,6 +204,9 @@ def _run_as_main(target: str | Path, args: list[str], cwd: Path, env: dict) -> i
     _fresh_logging(replaced)
     _fresh_warnings()
     _fresh_torch()
+    _fresh_hydra()
+    if fork_ranks:
+        _fork_lightning_relaunches(target)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -254,6 +273,69 @@ def _fresh_warnings() -> None:
 
     warnings.showwarning = warnings._showwarning_orig      # type: ignore[attr-defined]
     warnings._showwarnmsg_impl = print_warning             # type: ignore[attr-defined]
+
+
+def _fresh_hydra() -> None:
+    """No Hydra app initialised (a DDP rank forked from rank 0 starts inside rank 0's job)."""
+    if "hydra" not in sys.modules:
+        return
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None
+
+
+class _RelaunchByFork:
+    """What Lightning's subprocess launcher sees as ``subprocess``: its ``Popen`` of this same
+    program (``[sys.executable, -m target, ...]`` or ``[sys.executable, script, ...]``, the
+    command of DDP rank 1) forks this process and runs the program afresh in the child, as
+    :func:`run_main` does; anything else is a real ``subprocess.Popen``. The rank is a real
+    child process with its pid, signals and exit status, and inherits stdout and stderr as the
+    new interpreter would."""
+
+    def __init__(self, target: str | Path) -> None:
+        self._target = target
+
+    def __getattr__(self, name: str):
+        return getattr(subprocess, name)
+
+    def _program_args(self, command: list[str]) -> list[str] | None:
+        if not command or command[0] != sys.executable:
+            return None
+        if isinstance(self._target, str):
+            return command[3:] if command[1:3] == ["-m", self._target] else None
+        script = os.path.abspath(self._target)
+        return command[2:] if len(command) > 1 and os.path.abspath(command[1]) == script else None
+
+    def Popen(self, command, *args, env=None, cwd=None, **kwargs):  # noqa: N802 - as subprocess
+        program_args = None if args or kwargs else self._program_args(list(command))
+        if program_args is None:
+            return subprocess.Popen(command, *args, env=env, cwd=cwd, **kwargs)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 70
+            try:
+                code = _run_as_main(self._target, program_args, Path(cwd or os.getcwd()),
+                                    dict(env if env is not None else os.environ),
+                                    fork_ranks=True)
+            except BaseException:                          # noqa: BLE001 - report, then exit
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        return ForkedProcess(pid)
+
+
+def _fork_lightning_relaunches(target: str | Path) -> None:
+    """Lightning's DDP launcher starts rank 1 by forking this child, not a new interpreter."""
+    if "lightning" not in sys.modules:
+        return
+    from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+    from lightning.pytorch.strategies.launchers import subprocess_script as trainer_launcher
+
+    fabric_launcher.subprocess = trainer_launcher.subprocess = _RelaunchByFork(target)
 
 
 def _fresh_torch() -> None:

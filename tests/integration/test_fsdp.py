@@ -20,8 +20,9 @@ SCRIPT = Path(__file__).with_name("fsdp_script.py")
 
 def _fit(out: Path, steps: int, activation_checkpointing: bool, ckpt: str | None = None) -> dict:
     args = [str(out), str(steps), str(activation_checkpointing).lower(), *([ckpt] if ckpt else [])]
-    # rank 0 forked from this worker (tests/forked.py), rank 1 the interpreter Lightning starts
-    done = run_main(SCRIPT, args, cwd=out.parent, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    # rank 0 forked from this worker, and rank 1 forked from rank 0 by Lightning (tests/forked.py)
+    done = run_main(SCRIPT, args, cwd=out.parent, env={"OMP_NUM_THREADS": "1"}, timeout=300,
+                    fork_ranks=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads((out / "units.json").read_text())
 

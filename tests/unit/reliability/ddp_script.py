@@ -13,7 +13,7 @@ Usage: ``python ddp_script.py MODE RANK STEP OUT_DIR``
   from ``OUT_DIR/checkpoints/last.ckpt``. Each rank saves its end state (weights, optimizer
   state, generators) to ``OUT_DIR/end_rank<R>.pt``.
 
-Ranks print ``rank R done step N`` after each batch. Every mode has ResumeState,
+Ranks print ``rank R pid P`` at setup and ``rank R done step N`` after each batch. Every mode has ResumeState,
 PreemptionCheckpoint, DDPFailFast, NonFiniteLossGuard(skip) and AtomicCheckpointIO attached, as
 train.py will.
 """
@@ -55,6 +55,9 @@ class EndState(Callback):
 class Script(Callback):
     def __init__(self, mode: str, rank: int, step: int) -> None:
         self.mode, self.rank, self.step = mode, rank, step
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        print(f"rank {trainer.global_rank} pid {os.getpid()}", flush=True)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if (self.mode == "raise" and trainer.global_rank == self.rank

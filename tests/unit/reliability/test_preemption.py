@@ -80,11 +80,19 @@ def _procs_with(token: str) -> list[int]:
     return found
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def run_ddp(out: Path, mode: str, rank: int, step: int, *, sigterm_after: str | None = None,
             timeout: float = 240) -> tuple[int, str]:
     """Run the 2-rank script; (exit code, output). Rank 0, the launcher, is a forked child of
     this worker (tests/forked.py: a real process without the interpreter start); rank 1 is
-    the new interpreter Lightning starts. Fails if the job has not ended by itself within
+    the process Lightning's launcher starts, forked from rank 0 too (``fork_ranks``). Fails if the job has not ended by itself within
     ``timeout`` seconds (generous: the point is that it ends, not how fast)."""
     def on_line(line: str, launcher) -> bool:
         if sigterm_after and sigterm_after in line:
@@ -95,7 +103,7 @@ def run_ddp(out: Path, mode: str, rank: int, step: int, *, sigterm_after: str | 
     try:
         done = run_main(SCRIPT, [mode, str(rank), str(step), str(out)], cwd=REPO,
                         env={"PYTHONPATH": str(REPO)}, merge_stderr=True, on_line=on_line,
-                        timeout=timeout)
+                        timeout=timeout, fork_ranks=True)
     except TimeoutError as error:
         pytest.fail(f"the DDP job did not end: {error}")
     return done.returncode, done.stdout
@@ -142,7 +150,8 @@ def test_ddp_rank_failure_ends_the_job(tmp_path, failing_rank):
     code, out = run_ddp(tmp_path, "raise", failing_rank, 3)
     assert code != 0
     assert f"RuntimeError: boom on rank {failing_rank} at step 3" in out
-    assert _procs_with(str(tmp_path)) == []
+    pids = [int(p) for p in re.findall(r"rank \d pid (\d+)", out)]
+    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]   # no rank left behind
 
 
 @pytest.mark.slow

@@ -89,8 +89,9 @@ def test_the_rebuilt_ddp_wrapper_all_reduces_the_unfrozen_encoder(tmp_path, lora
 
 def run(mode: str, out: Path) -> list[dict]:
     """Both ranks' saved end state of ``ddp_unfreeze_script.py MODE``."""
-    # rank 0 forked from this worker (tests/forked.py), rank 1 the interpreter Lightning starts
-    proc = run_main(SCRIPT, [mode, str(out)], cwd=REPO, env={"PYTHONPATH": str(REPO)}, timeout=300)
+    # rank 0 forked from this worker, and rank 1 forked from rank 0 by Lightning (tests/forked.py)
+    proc = run_main(SCRIPT, [mode, str(out)], cwd=REPO, env={"PYTHONPATH": str(REPO)}, timeout=300,
+                    fork_ranks=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return [torch.load(out / f"{mode}_rank{r}.pt", weights_only=True) for r in (0, 1)]
 
