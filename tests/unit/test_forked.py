@@ -3,6 +3,7 @@ does (the reference: the same program in a new interpreter, side by side)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -38,7 +39,7 @@ PROGRAM = textwrap.dedent("""
 
 def fresh(target: str | Path, args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     command = [sys.executable, *(["-m", target] if isinstance(target, str) else [str(target)])]
-    full = {k: v for k, v in {**__import__("os").environ, **env}.items() if v is not None}
+    full = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
     return subprocess.run([*command, *args], cwd=cwd, env=full, capture_output=True, text=True,
                           timeout=60)
 

@@ -69,17 +69,6 @@ def test_preemption_arguments_are_checked(kwargs, message):
 
 
 # ---------------------------------------------------------------------------- DDP (subprocess)
-def _procs_with(token: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if token in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="ignore"):
-                found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -168,7 +157,8 @@ def test_ddp_sigterm_to_rank_0_checkpoints_on_both_ranks_and_exits_143(tmp_path)
     assert ckpt["global_step"] == max(done) >= 4
     assert len(ckpt["callbacks"]["ResumeState"]["rng"]) == 2
     assert ckpt["callbacks"]["NonFiniteLossGuard"]["skipped"] == 1
-    assert _procs_with(str(tmp_path)) == []
+    pids = [int(p) for p in re.findall(r"rank \d pid (\d+)", out)]
+    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]
 
 
 def _assert_same_end_state(a: dict, b: dict) -> None:
