@@ -141,6 +141,11 @@ class ForkedRun:
                 self.process.kill()
                 while self.process.poll() is None:
                     time.sleep(0.01)
+        if self.process.returncode < 0:
+            # Killed by a signal: what it forked (loader workers) is orphaned and holds the
+            # pipes until it notices, up to 5 s later. After a normal exit nothing is killed,
+            # so a process the code under test leaves behind stays visible to the test.
+            kill_orphans(self.process.pid)
         for reader in self._readers:
             reader.join(timeout)    # a grandchild still holding the pipe would block this
         return subprocess.CompletedProcess([str(self.target), *self.args],
@@ -163,6 +168,7 @@ def start_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | No
     if pid == 0:                                           # the child: never returns
         code = 70
         try:
+            os.setpgid(0, 0)          # what it forks joins its group: see ForkedRun.wait
             for fd in {out_r, err_r}:
                 os.close(fd)
             os.dup2(out_w, 1)
@@ -175,6 +181,8 @@ def start_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | No
         finally:
             os._exit(code)
 
+    with contextlib.suppress(OSError):          # also here: the child may not have run yet
+        os.setpgid(pid, pid)
     for fd in {out_w, err_w}:
         os.close(fd)
     pipes = [out_r] if merge_stderr else [out_r, err_r]
@@ -350,3 +358,10 @@ def _fresh_torch() -> None:
     if torch.get_float32_matmul_precision() != "highest":
         torch.set_float32_matmul_precision("highest")
     torch.set_grad_enabled(True)
+
+
+def kill_orphans(group: int) -> None:
+    """SIGKILL what is left of process group ``group``, whose leader (a forked child made
+    leader when it started) was killed by a signal and reaped."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGKILL)

@@ -10,9 +10,11 @@ Shapes: b batch, c = dim features.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +27,7 @@ from torch.utils.data import Dataset
 from mmtf.checkpoint_io import AtomicCheckpointIO
 from mmtf.data import BucketBatchSampler, make_loader, sample_rng
 from mmtf.reliability import ResumeState, capture_rng_state
+from tests.forked import kill_orphans
 
 DIM = 8
 
@@ -190,18 +193,36 @@ def max_abs_diff(a: nn.Module, b: nn.Module) -> float:
 
 
 def _child(fn: Any, args: tuple, kwargs: dict) -> None:
+    os.setpgid(0, 0)                  # its loader workers join its group: killed with it below
     torch.set_num_threads(1)          # OpenMP pools do not survive fork; one thread is safe
     fn(*args, **kwargs)
 
 
 def run_forked(fn: Any, *args: Any, timeout: float = 120, **kwargs: Any) -> int:
     """Run ``fn`` in a forked child (inherits the imports: no interpreter start-up); its exit
-    code (-9 for SIGKILL; ``SystemExit(code)`` -> code)."""
+    code (-9 for SIGKILL; ``SystemExit(code)`` -> code).
+
+    Waited for by its exit status, not ``Process.join``: join waits for the end of a pipe that
+    the child's loader workers inherit, and a SIGKILLed child's workers only notice their
+    parent is gone at their next status check (5 s). A child ended by a signal has its process
+    group killed, so such orphans do not outlive the test; after a normal exit nothing is
+    killed, so a process the code under test leaves behind stays visible to the test.
+    """
     proc = mp.get_context("fork").Process(target=_child, args=(fn, args, kwargs))
     proc.start()
-    proc.join(timeout)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-        raise TimeoutError(f"forked {fn.__name__} did not finish in {timeout} s")
+    with contextlib.suppress(OSError):        # also here: the child may not have run yet
+        os.setpgid(proc.pid, proc.pid)
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.exitcode is None:           # exitcode polls waitpid(WNOHANG)
+            if time.monotonic() > deadline:
+                proc.kill()
+                while proc.exitcode is None:
+                    time.sleep(0.02)
+                raise TimeoutError(f"forked {fn.__name__} did not finish in {timeout} s")
+            time.sleep(0.02)
+    finally:
+        if proc.exitcode is not None and proc.exitcode < 0:
+            kill_orphans(proc.pid)
     return proc.exitcode
+
