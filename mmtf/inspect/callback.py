@@ -84,13 +84,12 @@ class AttentionFigureCallback(L.Callback):
                                            data_cfg=(pl_module.run_config or {}).get("data"))
         name, fig = next(iter(figures.items()))
         step, epoch = trainer.global_step, trainer.current_epoch
-        image = plot.render_rgb(fig)
+        out = Path(trainer.default_root_dir) / "samples" / f"val_attention_epoch{epoch:03d}.png"
+        image = plot.render_and_save(fig, out)
         for logger in trainer.loggers:
             experiment = getattr(logger, "experiment", None)
             if hasattr(experiment, "add_image"):
                 experiment.add_image("val/attention", image, step, dataformats="HWC")
-        out = Path(trainer.default_root_dir) / "samples" / f"val_attention_epoch{epoch:03d}.png"
-        plot.save(fig, out)
         log.info("attention figure (%s) of the first val item: %s", name, out)
 
     def draws_after(self, epoch: int) -> bool:

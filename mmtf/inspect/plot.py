@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib.image
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -36,6 +37,18 @@ def save(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=dpi)
     return path
+
+
+def render_and_save(fig: Figure, path: str | Path, dpi: int = 110) -> np.ndarray:
+    """Draw the figure once at ``dpi``: its (H, W, 3) uint8 image, also written to ``path`` as
+    PNG (parents created). What the training callback logs and writes each validation: one
+    draw (the constrained layout is most of it, ~0.5 s on a CPU core), not one per output."""
+    fig.set_dpi(dpi)
+    image = render_rgb(fig)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    matplotlib.image.imsave(path, image, format="png")
+    return image
 
 
 def _wrap(text: str, width: int = 110) -> str:
