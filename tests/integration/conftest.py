@@ -21,10 +21,13 @@ CONF = REPO / "conf"
 EXPERIMENTS = sorted(p.relative_to(CONF / "experiment").with_suffix("").as_posix()
                      for p in (CONF / "experiment").rglob("*.yaml"))
 
+# The attention figure (on by default) is off: drawing it is ~1 s per validation, most of a
+# tiny run's validation, and what it must not change is tested with it on in test_inspect.py.
+NO_FIGURE = "++callbacks.attention_figure=null"
 COMMON = [
     "trainer.max_epochs=1", "logger=csv", "callbacks.rich_progress_bar=null",
-    "callbacks.model_summary=null", "data.num_workers=0", "data.persistent_workers=false",
-    "data.batch_size=4", "trainer.log_every_n_steps=1",
+    "callbacks.model_summary=null", NO_FIGURE, "data.num_workers=0",
+    "data.persistent_workers=false", "data.batch_size=4", "trainer.log_every_n_steps=1",
 ]
 AUDIO = ["model/encoder=audio_tiny", "data.synthetic.min_seconds=1.0",
          "data.synthetic.max_seconds=1.5", "data.synthetic.num_workers=0"]
@@ -196,14 +199,14 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Pa
 def audio_captioner(tmp_path_factory) -> TrainedRun:
     """The tiny audio captioner every test that only needs *a* checkpoint uses (read-only).
 
-    One real ``python -m mmtf.train`` run (logger=default, tested at the end), so
-    test_cli.py checks the run dir a user's command leaves with it.
+    One real ``python -m mmtf.train`` run (logger=default, the attention figure on, tested at
+    the end), so test_cli.py checks the run dir a user's command leaves with it.
     """
     def build(folder: Path) -> None:
         limit = AUDIO_CAPTIONER_MAX_SECONDS
         overrides = [o if o != "logger=csv" else "logger=default" for o in tiny_overrides(
             "audio_captioning", folder / "data", f"model.encoder.max_seconds={limit}",
-            f"data.max_seconds={limit}", "data.eval_crop=start")]
+            f"data.max_seconds={limit}", "data.eval_crop=start") if o != NO_FIGURE]
         out = run_cli("mmtf.train", [*overrides, f"hydra.run.dir={folder / 'run'}"], cwd=folder)
         assert out.returncode == 0, out.stderr[-3000:]
 

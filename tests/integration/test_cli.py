@@ -61,6 +61,7 @@ def test_train_cli_writes_a_complete_run_dir(tiny_run):
     for key in ("test/loss", "test/cider_d", "test/bleu_4", "test/event_accuracy", "val/loss"):
         assert key in metrics, sorted(metrics)
     assert list((tiny_run / "samples").glob("val_epoch*.md"))
+    assert (tiny_run / "samples" / "val_attention_epoch000.png").is_file()
     assert (tiny_run / "csv" / "metrics.csv").is_file()
     assert list((tiny_run / "tensorboard").glob("events.out.tfevents.*"))
     checkpoint = load_checkpoint(tiny_run / "checkpoints" / "last.ckpt")

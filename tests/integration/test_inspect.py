@@ -13,14 +13,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from mmtf.checkpoint_io import load_checkpoint
 
-from .conftest import cli_in_process, run_cli, tiny_overrides
-
-NO_FIGURE = "callbacks.attention_figure=null"   # on by default: conf/callbacks/default.yaml
+from .conftest import NO_FIGURE, cli_in_process, run_cli, tiny_overrides
 
 
 def _train(data_dir: Path, run_dir: Path, experiment: str, *extra: str) -> Path:
-    overrides = [o if o != "logger=csv" else "logger=default"
-                 for o in tiny_overrides(experiment, data_dir, "test=false", *extra)]
+    """A tiny run as the default config makes it: TensorBoard logger, the attention figure
+    callback on (conf/callbacks/default.yaml) unless ``extra`` turns it off."""
+    base = [o if o != "logger=csv" else "logger=default"
+            for o in tiny_overrides(experiment, data_dir, "test=false") if o != NO_FIGURE]
+    overrides = [*base, *extra]
     out = cli_in_process("mmtf.train", [*overrides, f"hydra.run.dir={run_dir}"],
                          cwd=run_dir.parent)
     assert out.returncode == 0, out.stderr[-3000:]
