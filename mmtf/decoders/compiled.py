@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mmtf.utils.compat import is_compiler_failure, tensor_version
+from mmtf.utils.compat import check_cpu_compiler, is_compiler_failure, tensor_version
 
 # Trace the step with a cache holding at least this many positions (see the module docstring).
 MIN_COMPILED_LENGTH = 2
@@ -66,6 +66,7 @@ class CompiledDecodeStep:
         self._decoder = weakref.ref(decoder)
         self._fn: Callable | None = None
         self._weights: tuple | None = None
+        self._toolchain_checked = False
         self.compilations = 0
 
     def refresh(self) -> None:
@@ -95,6 +96,9 @@ class CompiledDecodeStep:
         if self._fn is None:
             self.refresh()
         try:
+            if not self._toolchain_checked and tokens.device.type == "cpu":
+                check_cpu_compiler()
+                self._toolchain_checked = True
             with torch.compiler.set_stance(skip_guard_eval_unsafe=same_call):
                 return self._fn(self._decoder(), tokens, cache)
         except Exception as error:

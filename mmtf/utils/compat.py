@@ -51,6 +51,24 @@ def is_compiler_failure(error: BaseException) -> bool:
             or type(error).__module__.startswith("torch._inductor"))
 
 
+def check_cpu_compiler() -> None:
+    """Raise inductor's own error (``torch._inductor.exc.InvalidCxxCompiler``) now if it would
+    find no C++ compiler for CPU code, as :func:`is_compiler_failure` recognises.
+
+    Inductor looks for the compiler only when it writes the first kernel, after tracing and
+    lowering the whole graph (~20 s for a small decoder on one CPU core); asking it first makes
+    a missing toolchain a prompt error. ``cpp_builder.get_cpp_compiler`` searches
+    ``torch._inductor.config.cpp.cxx`` as the kernel build does and caches the answer. No
+    public API asks. Checked: torch 2.14.1 (2.11: not run there); where it is missing, nothing
+    is checked up front and the build's own failure still reaches the caller.
+    """
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+    except ImportError:
+        return
+    get_cpp_compiler()
+
+
 # ---------------------------------------------------------------------------- Lightning: resume
 def restore_train_loader_position(trainer: Any) -> bool:
     """Hand the train loader the position saved in the checkpoint if Lightning has not.

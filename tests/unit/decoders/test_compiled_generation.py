@@ -89,8 +89,14 @@ def compiled_results() -> dict[str, str]:
                         "prompt": compiled_prompt_case})
 
 
+# The greedy case's model, compiled once: the weight-change case changes its weights (a model of
+# its own would cost one more compilation, ~15 s on one CPU core).
+_GREEDY_MODEL: list = []
+
+
 def _greedy_and_beam_case() -> None:
-    gqa_model = make_model(3, num_kv_heads=2)
+    gqa_model = make_model(3, depth=1, num_kv_heads=2)     # depth 2: the prompt case's model
+    _GREEDY_MODEL.append(gqa_model)
     # Sizes chosen apart from the model's (head_dim 8, dim 32): the compiler gives equal sizes
     # one symbol ("duck sizing"), so a memory of 7 (+1 spare = 8 = head_dim) would be
     # specialised and a later memory length would compile again.
@@ -129,11 +135,15 @@ def test_compiled_greedy_equals_eager_and_compiles_once(compiled_results):
 
 
 def _weight_change_case() -> None:
-    model = make_model(4, depth=1)
+    """The greedy case's model, compiled there once: an in-place change of its weights compiles
+    the step again, and the new step decodes with the new weights."""
+    if not _GREEDY_MODEL:
+        raise RuntimeError("the greedy case did not run first: it builds this case's model")
+    model = _GREEDY_MODEL[0]
     x, lengths = torch.randn(2, 6, IN_DIM), torch.tensor([6, 4])
     options = dict(max_new_tokens=8, min_new_tokens=8)
-    first = model.generate(x, lengths, compile=True, **options)
-    assert torch.equal(first.tokens, model.generate(x, lengths, **options).tokens)
+    first = model.generate(x, lengths, **options)     # eager: the compiled step equals it there
+    assert compiled_decode_step(model.decoder).compilations == 1
     with torch.no_grad():                       # what an optimizer step does: in place
         torch.manual_seed(0)
         model.decoder.embed.weight.add_(torch.randn_like(model.decoder.embed.weight))
@@ -187,8 +197,10 @@ def _missing_compiler_case() -> None:
     x, lengths = torch.randn(1, 4, IN_DIM), torch.tensor([4])
     no_compiler = inductor_config.patch({"fx_graph_cache": False,
                                          "cpp.cxx": (None, "no-such-cxx")})
+    before = graphs_compiled()
     with no_compiler, pytest.raises(RuntimeError, match=r"C\+\+ compiler .* compile=False"):
         model.generate(x, lengths, max_new_tokens=4, compile=True)
+    assert graphs_compiled() == before      # told before tracing, not after ~20 s of it
 
 
 @pytest.mark.slow
@@ -204,6 +216,26 @@ def test_missing_compiler_is_explained(compiled_results):
 def test_compiled_generation_with_a_prompt_equals_eager(compiled_results):
     """The case lives beside the prompt tests (tests/unit/decoders/test_prompt.py)."""
     _check(compiled_results, "prompt")
+
+
+def test_a_failing_kernel_build_is_explained_too():
+    """A compiler that is found but fails while building (inductor's error from inside the
+    compiled call, past the up-front check) gets the same explanation. In the worker: the
+    compiled function is replaced by one that raises, so nothing is compiled."""
+    from torch._inductor.exc import CppCompileError
+
+    model = make_model(5, depth=1)
+    step = compiled_decode_step(model.decoder)
+
+    def failing_build(*args, **kwargs):
+        raise CppCompileError(["g++", "kernel.cpp"], "kernel.cpp:1: error: boom")
+
+    step._fn, step._toolchain_checked = failing_build, True
+    x, lengths = torch.randn(1, 4, IN_DIM), torch.tensor([4])
+    with pytest.raises(RuntimeError, match=r"could not build the decode step \(CppCompileError"
+                                           r".*C\+\+ compiler .* compile=False") as raised:
+        model.generate(x, lengths, max_new_tokens=4, compile=True)
+    assert isinstance(raised.value.__cause__, CppCompileError)
 
 
 def test_compile_needs_the_cache():

@@ -109,3 +109,4 @@ def test_private_names_behind_compat_still_exist():
     assert isinstance(torch.zeros(1)._version, int)
     assert callable(torch.nn.Module._apply)
     from torch._dynamo.exc import BackendCompilerFailed  # noqa: F401
+    from torch._inductor.cpp_builder import get_cpp_compiler  # noqa: F401
