@@ -33,6 +33,20 @@ torch.set_num_threads(_THREADS)
 
 
 @pytest.fixture(autouse=True)
+def _one_thread_count(request: pytest.FixtureRequest):
+    """Each test ends with the suite's thread count, put back (with a warning naming the test)
+    where it changed it: a worker left on two threads starts libgomp's pool, and children forked
+    from it later (loader workers, tests/forked.py) hang in their first parallel region."""
+    yield
+    if torch.get_num_threads() != _THREADS:
+        import warnings
+
+        warnings.warn(f"{request.node.nodeid} left torch on {torch.get_num_threads()} threads "
+                      f"(the suite runs on {_THREADS}); put back", stacklevel=1)
+        torch.set_num_threads(_THREADS)
+
+
+@pytest.fixture(autouse=True)
 def seed() -> int:
     """Seed python, numpy and torch before every test so results never depend on test order."""
     random.seed(0)

@@ -94,8 +94,8 @@ def run_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | None
     output line as it arrives (it may signal the process). Raises ``TimeoutError`` (after
     SIGKILL) if the child has not ended within ``timeout`` seconds. ``fork_ranks``: the DDP
     ranks Lightning's launcher starts are forked from the child too (``_RelaunchByFork``), not
-    new interpreters. Only for the toy scripts: with ``python -m mmtf.train trainer=fsdp`` a
-    forked rank 1 hung (not diagnosed), so the CLI's ranks stay real interpreters.
+    new interpreters (a rank forked from a rank that computed on two threads would hang in
+    libgomp: see ``_fresh_threads``).
     """
     return start_main(target, args, cwd=cwd, env=env, merge_stderr=merge_stderr,
                       on_line=on_line, fork_ranks=fork_ranks).wait(timeout)
@@ -218,6 +218,7 @@ def _run_as_main(target: str | Path, args: list[str], cwd: Path, env: dict, *,
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    _fresh_threads()
     sys.path.insert(0, str(cwd) if isinstance(target, str) else str(Path(target).parent))
     code = 0
     try:
@@ -358,6 +359,27 @@ def _fresh_torch() -> None:
     if torch.get_float32_matmul_precision() != "highest":
         torch.set_float32_matmul_precision("highest")
     torch.set_grad_enabled(True)
+
+
+def _fresh_threads() -> None:
+    """The intra-op threads a fresh interpreter starts with (``OMP_NUM_THREADS``, else every
+    core), except in the child of a process that computed on more than one thread.
+
+    libgomp's thread pool does not survive fork: a child of a process whose pool has started
+    hangs in its first parallel region on more than one thread (seen: DDP rank 1 forked from
+    a two-thread rank 0, in MKL's cosine for the mel filterbank's window). Such a child runs on
+    one thread, with ``OMP_NUM_THREADS=1`` for what it starts. Under xdist the workers compute
+    on one thread (tests/conftest.py), so this acts only when a test runs without ``-n``.
+    """
+    if "torch" not in sys.modules:
+        return
+    import torch
+
+    if torch.get_num_threads() > 1:               # the parent's count, inherited
+        os.environ["OMP_NUM_THREADS"] = "1"
+    wanted = os.environ.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(int(wanted) if wanted.isdigit() and int(wanted) > 0
+                          else os.cpu_count() or 1)
 
 
 def kill_orphans(group: int) -> None:

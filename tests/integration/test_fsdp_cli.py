@@ -1,7 +1,7 @@
 """`python -m mmtf.train trainer=fsdp` on two CPU ranks (gloo): the captioner trains, validates with
 generation, and `ckpt_path=last` resumes it in the same run dir with activation checkpointing on.
-Rank 0 is a forked child of the worker (tests/forked.py), rank 1 the interpreter Lightning
-starts."""
+Both ranks are forked (tests/forked.py): rank 0 from the worker, rank 1 from rank 0 where
+Lightning's launcher would start an interpreter."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ FSDP_CPU = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
 def test_fsdp_trains_the_captioner_and_resumes_from_last(data_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = [*tiny_overrides("audio_captioning", data_dir), *FSDP_CPU, f"hydra.run.dir={run_dir}"]
-    first = run_main("mmtf.train", args, cwd=tmp_path)
+    first = run_main("mmtf.train", args, cwd=tmp_path, fork_ranks=True)
     assert first.returncode == 0, first.stderr[-4000:]
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] == 1
     resumed = run_main("mmtf.train", [*args, "trainer.max_epochs=2", "ckpt_path=last",
                                       "model.encoder.activation_checkpointing=true",
                                       "model.decoder.activation_checkpointing=true"],
-                       cwd=tmp_path)
+                       cwd=tmp_path, fork_ranks=True)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "Restored all states" in resumed.stdout + resumed.stderr
     checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")

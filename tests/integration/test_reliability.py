@@ -403,13 +403,14 @@ def test_sigterm_saves_last_ckpt_exits_143_and_auto_resumes_from_it(data_dir, tm
 @pytest.mark.slow
 def test_multirun_of_ddp_jobs_runs_each_job_once_in_one_sweep_dir(data_dir, tmp_path):
     """2 jobs x 2 ranks: training starts exactly 4 times, each rank in its own job's dir; the
-    second job gets a fresh process group (rank 0 runs both jobs in one process)."""
+    second job gets a fresh process group (rank 0 runs both jobs in one process). Rank 0
+    forked from the worker, each job's rank 1 forked from it (tests/forked.py)."""
     sweep, starts = tmp_path / "sweep", tmp_path / "starts.jsonl"
     out = run_main("mmtf.train", ["-m", *tiny_overrides("audio_captioning", data_dir, "test=false",
                                                         "trainer=ddp_cpu"),
                                   "model.decoder.depth=1,2", f"hydra.sweep.dir={sweep}",
                                   *cb("rec", Recorder, path=str(starts))],
-                   cwd=tmp_path, env=ENV, timeout=280)
+                   cwd=tmp_path, env=ENV, timeout=280, fork_ranks=True)
     assert out.returncode == 0, out.stderr[-3000:]
     records = [json.loads(x) for x in starts.read_text().splitlines()]
     assert sorted((r["dir"], r["rank"]) for r in records) == [
