@@ -10,7 +10,7 @@ SIGTERM, exit statuses, Lightning's DDP launcher re-running ``sys.argv`` for ran
 separate *import*. The child here is a separate process: its own pid, signals, exit status,
 working directory, environment, ``sys.argv`` and ``__main__`` (``__main__.__spec__.name`` is
 the module, as under ``-m``, so Lightning relaunches ``python -m MODULE ...`` for the other
-ranks; those are real interpreters).
+ranks; those are real interpreters unless ``fork_ranks`` forks them from rank 0 as well).
 
 What a fork cannot give, the console path of each entry point and a cold import, stays covered
 by ``tests/integration/conftest.py::run_cli`` (one real interpreter per entry point). Nor does it
@@ -21,7 +21,14 @@ What the child resets to look like a fresh interpreter: signal handlers and time
 timeout, SIGTERM), faulthandler, ``sys.stdout``/``sys.stderr`` (line-buffered onto the pipes),
 the logging handlers pytest installed on the root logger (and every stream handler a library
 made at import is pointed at the new streams), the warning filters (as they were before pytest
-changed them), ``torch``'s deterministic-algorithms flag, grad mode and matmul precision.
+changed them), ``torch``'s deterministic-algorithms flag, grad mode, matmul precision and
+intra-op thread count (``_fresh_threads``).
+
+A child made leader of its own process group: what it starts (DDP ranks, loader workers)
+belongs to that group. The result's ``left_behind`` lists the members still running when it
+ended; after a death by signal they are killed (they are orphans a real kill leaves too, and
+hold the output pipes until they notice), after a normal exit they are left for the test to
+see.
 """
 
 from __future__ import annotations
@@ -141,6 +148,7 @@ class ForkedRun:
                 self.process.kill()
                 while self.process.poll() is None:
                     time.sleep(0.01)
+        left_behind = group_members(self.process.pid)
         if self.process.returncode < 0:
             # Killed by a signal: what it forked (loader workers) is orphaned and holds the
             # pipes until it notices, up to 5 s later. After a normal exit nothing is killed,
@@ -148,9 +156,13 @@ class ForkedRun:
             kill_orphans(self.process.pid)
         for reader in self._readers:
             reader.join(timeout)    # a grandchild still holding the pipe would block this
-        return subprocess.CompletedProcess([str(self.target), *self.args],
-                                           self.process.returncode, self._text(0),
-                                           self._text(1))
+        result = subprocess.CompletedProcess([str(self.target), *self.args],
+                                             self.process.returncode, self._text(0),
+                                             self._text(1))
+        # What the child started (DDP ranks, loader workers) and was still running when it
+        # ended, before any was killed: a test that nothing is left behind reads this.
+        result.left_behind = left_behind
+        return result
 
 
 def start_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | None = None,
@@ -380,6 +392,19 @@ def _fresh_threads() -> None:
     wanted = os.environ.get("OMP_NUM_THREADS", "")
     torch.set_num_threads(int(wanted) if wanted.isdigit() and int(wanted) > 0
                           else os.cpu_count() or 1)
+
+
+def group_members(group: int) -> list[int]:
+    """Pids of the live (not zombie) processes in process group ``group``."""
+    members = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[2]) == group:
+            members.append(int(pid))
+    return members
 
 
 def kill_orphans(group: int) -> None:

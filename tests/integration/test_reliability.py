@@ -192,11 +192,13 @@ def assert_same_final_state(ref: Path, run: Path) -> None:
     assert a["mmtf"]["tokenizer"] == b["mmtf"]["tokenizer"]          # same JSON, byte for byte
 
 
-def stream(args: list[str], cwd: Path, *, on_line: Any, timeout: float) -> tuple[int, str, bool]:
+def stream(args: list[str], cwd: Path, *, on_line: Any, timeout: float,
+           fork_ranks: bool = False) -> tuple[int, str, bool]:
     """``python -m mmtf.train args`` in a forked child (tests/forked.py: a real process, no
-    interpreter start), output read line by line; ``on_line(line, process)`` returns True once
-    it acted. Fails if the run has not ended by itself within ``timeout`` seconds (generous:
-    the point is that it ends, not how fast).
+    interpreter start; with ``fork_ranks`` its DDP rank 1 too), output read line by line;
+    ``on_line(line, process)`` returns True once it acted. Fails if the run has not ended by
+    itself within ``timeout`` seconds (generous: the point is that it ends, not how fast), or
+    if a process it started (a DDP rank) outlived it.
 
     Returns:
         (exit code, output, whether ``on_line`` acted).
@@ -210,23 +212,11 @@ def stream(args: list[str], cwd: Path, *, on_line: Any, timeout: float) -> tuple
 
     try:
         out = run_main("mmtf.train", args, cwd=cwd, env={**ENV, "HYDRA_FULL_ERROR": "1"},
-                       merge_stderr=True, on_line=watch, timeout=timeout)
+                       merge_stderr=True, on_line=watch, timeout=timeout, fork_ranks=fork_ranks)
     except TimeoutError as error:
         pytest.fail(f"the run did not end: {error}")
+    assert out.left_behind == [], f"processes left running: {out.left_behind}\n{out.stdout[-3000:]}"
     return out.returncode, out.stdout, acted.is_set()
-
-
-def procs_with(token: str) -> list[int]:
-    """Pids of live processes whose command line contains ``token``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="ignore")
-        except OSError:
-            continue
-        if token in cmd and int(pid) != os.getpid():
-            found.append(int(pid))
-    return found
 
 
 # ---------------------------------------------------------------------------- kill and resume
@@ -436,12 +426,12 @@ def test_a_failing_ddp_rank_ends_the_job_promptly_with_its_error(data_dir, tmp_p
                             "trainer.max_epochs=20"),
             *cb("boom", RaiseAtStep, step=2, rank=1), f"hydra.run.dir={run}"]
     # 240 s is well under the process group's 10-minute timeout that a hung rank would wait
+    # (rank 1, forked from rank 0, is in its process group: stream() fails if it outlived it)
     code, out, acted = stream(
-        args, tmp_path, timeout=240,
+        args, tmp_path, timeout=240, fork_ranks=True,
         on_line=lambda line, proc: "mmtf-test: injected failure on rank 1" in line)
     assert acted and code != 0
     assert "RuntimeError: injected failure on rank 1 at step 2" in out
-    assert procs_with(str(run)) == []                  # no rank left behind
 
 
 # ---------------------------------------------------------------------------- non-finite loss

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,47 @@ def test_a_child_that_runs_too_long_is_killed_and_named(tmp_path):
     script.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
     with pytest.raises(TimeoutError, match=r"sleep\.py  did not end within 2 s:\nstarted"):
         run_main(script, [], cwd=tmp_path, timeout=2)
+
+
+# A program that starts a process which outlives it (as a DDP rank or a loader worker would),
+# then ends: normally, or killed by a signal.
+LEAVER = """\
+import os, signal, sys, time
+pid = os.fork()
+if pid == 0:
+    devnull = os.open(os.devnull, os.O_WRONLY)   # not holding the output pipes open
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    time.sleep(60)
+    os._exit(0)
+print(pid, flush=True)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("end", ["exit", "kill"])
+def test_what_a_child_leaves_running_is_reported_and_killed_only_after_a_signal(tmp_path, end):
+    script = tmp_path / "leaver.py"
+    script.write_text(LEAVER)
+    out = run_main(script, [end], cwd=tmp_path, timeout=30)
+    grandchild = int(out.stdout.split()[0])
+    try:
+        assert out.returncode == (0 if end == "exit" else -signal.SIGKILL)
+        assert out.left_behind == [grandchild]
+        # an orphan of a kill is killed with it (SIGKILL lands within moments)
+        deadline = time.monotonic() + 5
+        while end == "kill" and _alive(grandchild) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _alive(grandchild) == (end == "exit")
+    finally:
+        if _alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
