@@ -24,6 +24,13 @@ made at import is pointed at the new streams), the warning filters (as they were
 changed them), ``torch``'s deterministic-algorithms flag, grad mode, matmul precision and
 intra-op thread count (``_fresh_threads``).
 
+The child's garbage collector never collects what it inherited (``gc.freeze()`` first, as
+a fresh interpreter has none of it): a loader iterator of an earlier test, left in a reference
+cycle, would otherwise shut down the *worker's* loader processes from the child's collector
+(its ``__del__`` puts into their queues), and a child killed in the middle of that leaves a
+queue's shared lock held: the worker's own shutdown of those loaders then waited 5 s per
+loader process (the stalls of 20-110 s in earlier full runs).
+
 A child made leader of its own process group: what it starts (DDP ranks, loader workers)
 belongs to that group. The result's ``left_behind`` lists the members still running when it
 ended; after a death by signal they are killed (they are orphans a real kill leaves too, and
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import io
 import logging
 import os
@@ -180,6 +188,7 @@ def start_main(target: str | Path, args: list[str], *, cwd: Path, env: dict | No
     if pid == 0:                                           # the child: never returns
         code = 70
         try:
+            gc.freeze()               # the worker's objects are not the child's: see below
             os.setpgid(0, 0)          # what it forks joins its group: see ForkedRun.wait
             for fd in {out_r, err_r}:
                 os.close(fd)
@@ -339,6 +348,7 @@ class _RelaunchByFork:
         if pid == 0:
             code = 70
             try:
+                gc.freeze()
                 code = _run_as_main(self._target, program_args, Path(cwd or os.getcwd()),
                                     dict(env if env is not None else os.environ),
                                     fork_ranks=True)

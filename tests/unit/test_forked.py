@@ -141,3 +141,34 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+class _WritesOnCollection:
+    """Garbage in a reference cycle that records which process collected it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.cycle = path, self
+
+    def __del__(self) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def test_the_child_does_not_collect_the_workers_garbage(tmp_path):
+    # What a loader iterator of an earlier test in a cycle would do: its __del__ acts on the
+    # worker's loader processes. A fresh interpreter has none of it to collect.
+    import gc
+
+    record = tmp_path / "collected_by"
+    script = tmp_path / "collect.py"
+    script.write_text("import gc\ngc.collect()\nprint('collected')\n")
+    gc.disable()                       # the garbage must still be there when the child forks
+    try:
+        _WritesOnCollection(record)
+        out = run_main(script, [], cwd=tmp_path)
+    finally:
+        gc.enable()
+    assert out.returncode == 0 and out.stdout == "collected\n", out.stderr
+    assert not record.exists()         # the child did not run __del__
+    gc.collect()
+    assert record.read_text() == f"{os.getpid()}\n"

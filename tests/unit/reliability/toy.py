@@ -11,6 +11,7 @@ Shapes: b batch, c = dim features.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -193,6 +194,7 @@ def max_abs_diff(a: nn.Module, b: nn.Module) -> float:
 
 
 def _child(fn: Any, args: tuple, kwargs: dict) -> None:
+    gc.freeze()                       # inherited garbage is not collected here: tests/forked.py
     os.setpgid(0, 0)                  # its loader workers join its group: killed with it below
     torch.set_num_threads(1)          # OpenMP pools do not survive fork; one thread is safe
     fn(*args, **kwargs)
