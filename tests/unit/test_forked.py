@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.forked import run_main
+from tests.forked import alive, run_main
 
 PROGRAM = textwrap.dedent("""
     import logging, os, sys, warnings
@@ -127,20 +127,13 @@ def test_what_a_child_leaves_running_is_reported_and_killed_only_after_a_signal(
         assert out.left_behind == [grandchild]
         # an orphan of a kill is killed with it (SIGKILL lands within moments)
         deadline = time.monotonic() + 5
-        while end == "kill" and _alive(grandchild) and time.monotonic() < deadline:
+        while end == "kill" and alive(grandchild) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert _alive(grandchild) == (end == "exit")
+        assert alive(grandchild) == (end == "exit")
     finally:
-        if _alive(grandchild):
+        if alive(grandchild):
             os.kill(grandchild, signal.SIGKILL)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 class _WritesOnCollection:

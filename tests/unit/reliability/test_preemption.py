@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from mmtf.reliability import PREEMPTED_EXIT_CODE, PreemptionCheckpoint
-from tests.forked import run_main, start_main
+from tests.forked import alive, run_main, start_main
 from tests.unit.reliability.toy import assert_same_training_state, fit, run_forked
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
@@ -69,14 +69,6 @@ def test_preemption_arguments_are_checked(kwargs, message):
 
 
 # ---------------------------------------------------------------------------- DDP (subprocess)
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def run_ddp(out: Path, mode: str, rank: int, step: int, *, sigterm_after: str | None = None,
             timeout: float = 240) -> tuple[int, str]:
     """Run the 2-rank script; (exit code, output). Rank 0, the launcher, is a forked child of
@@ -140,7 +132,7 @@ def test_ddp_rank_failure_ends_the_job(tmp_path, failing_rank):
     assert code != 0
     assert f"RuntimeError: boom on rank {failing_rank} at step 3" in out
     pids = [int(p) for p in re.findall(r"rank \d pid (\d+)", out)]
-    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]   # no rank left behind
+    assert len(pids) == 2 and not [pid for pid in pids if alive(pid)]   # no rank left behind
 
 
 @pytest.mark.slow
@@ -158,7 +150,7 @@ def test_ddp_sigterm_to_rank_0_checkpoints_on_both_ranks_and_exits_143(tmp_path)
     assert len(ckpt["callbacks"]["ResumeState"]["rng"]) == 2
     assert ckpt["callbacks"]["NonFiniteLossGuard"]["skipped"] == 1
     pids = [int(p) for p in re.findall(r"rank \d pid (\d+)", out)]
-    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]
+    assert len(pids) == 2 and not [pid for pid in pids if alive(pid)]
 
 
 def _assert_same_end_state(a: dict, b: dict) -> None:
