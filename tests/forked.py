@@ -404,17 +404,19 @@ def _fresh_threads() -> None:
                           else os.cpu_count() or 1)
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, pgrp, ...), or
+    None for a process that is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def group_members(group: int) -> list[int]:
     """Pids of the live (not zombie) processes in process group ``group``."""
-    members = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] not in ("Z", "X") and int(fields[2]) == group:
-            members.append(int(pid))
-    return members
+    return [int(pid) for pid in filter(str.isdigit, os.listdir("/proc"))
+            if (fields := _stat(pid)) and fields[0] not in ("Z", "X") and int(fields[2]) == group]
 
 
 def kill_orphans(group: int) -> None:
@@ -426,8 +428,5 @@ def kill_orphans(group: int) -> None:
 
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")

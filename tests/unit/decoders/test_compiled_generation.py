@@ -142,7 +142,7 @@ def _weight_change_case() -> None:
     model = _GREEDY_MODEL[0]
     x, lengths = torch.randn(2, 6, IN_DIM), torch.tensor([6, 4])
     options = dict(max_new_tokens=8, min_new_tokens=8)
-    first = model.generate(x, lengths, **options)     # eager: the compiled step equals it there
+    first = model.generate(x, lengths, **options)     # eager, before the change
     assert compiled_decode_step(model.decoder).compilations == 1
     with torch.no_grad():                       # what an optimizer step does: in place
         torch.manual_seed(0)
