@@ -29,7 +29,7 @@ a fresh interpreter has none of it): a loader iterator of an earlier test, left 
 cycle, would otherwise shut down the *worker's* loader processes from the child's collector
 (its ``__del__`` puts into their queues), and a child killed in the middle of that leaves a
 queue's shared lock held: the worker's own shutdown of those loaders then waited 5 s per
-loader process (the stalls of 20-110 s in earlier full runs).
+loader process (one cause of the 20-110 s stalls of full runs; one stall remains, tests/README.md).
 
 A child made leader of its own process group: what it starts (DDP ranks, loader workers)
 belongs to that group. The result's ``left_behind`` lists the members still running when it
