@@ -27,9 +27,9 @@ intra-op thread count (``_fresh_threads``).
 The child's garbage collector never collects what it inherited (``gc.freeze()`` first, as
 a fresh interpreter has none of it): a loader iterator of an earlier test, left in a reference
 cycle, would otherwise shut down the *worker's* loader processes from the child's collector
-(its ``__del__`` puts into their queues), and a child killed in the middle of that leaves a
-queue's shared lock held: the worker's own shutdown of those loaders then waited 5 s per
-loader process (one cause of the 20-110 s stalls of full runs; one stall remains, tests/README.md).
+(its ``__del__`` puts into their queues). What was seen: the worker's own collector later
+shut those loaders down and waited 5 s per loader process for them; a child killed while it
+held a queue's shared lock is the likely link, not shown (one cause of the 20-110 s stalls of full runs; one stall remains, tests/README.md).
 
 A child made leader of its own process group: what it starts (DDP ranks, loader workers)
 belongs to that group. The result's ``left_behind`` lists the members still running when it
