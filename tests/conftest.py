@@ -46,6 +46,55 @@ def _one_thread_count(request: pytest.FixtureRequest):
         torch.set_num_threads(_THREADS)
 
 
+def _children() -> set[int]:
+    """Pids of the processes this process's main thread started and has not reaped."""
+    try:
+        return set(map(int, Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+                       .read_text().split()))
+    except OSError:                   # no /proc (not Linux): nothing to check
+        return set()
+
+
+def stop_loader_workers(pids: set[int]) -> tuple[int, float]:
+    """Shut down the DataLoader iterators of this process that have a worker among ``pids``;
+    (how many worker processes they had, seconds it took).
+
+    Left running, such workers were shut down whenever the garbage collector next collected
+    their iterator, in whichever later test that happened, and each join waited its full 5 s:
+    stalls of 50-110 s in tests that take a second alone (py-spy: the worker in
+    ``_StatefulMultiProcessingDataLoaderIter.__del__`` -> ``join``). Here the wait, if any,
+    falls on the test that left them, which the warning names.
+    """
+    import gc
+    import time
+
+    from torch.utils.data.dataloader import _BaseDataLoaderIter  # torchdata's derive from it
+
+    start = time.monotonic()
+    live = [it for it in gc.get_objects() if isinstance(it, _BaseDataLoaderIter)
+            and not getattr(it, "_shutdown", True)
+            and any(w.pid in pids for w in getattr(it, "_workers", ()))]
+    for it in live:
+        it._shutdown_workers()
+    return sum(len(it._workers) for it in live), time.monotonic() - start
+
+
+@pytest.fixture(autouse=True)
+def _no_loader_workers_left(request: pytest.FixtureRequest):
+    """A test's DataLoader workers do not outlive it (stopped, with a warning naming the test):
+    see :func:`stop_loader_workers` for the stalls they caused."""
+    before = _children()
+    yield
+    if new := _children() - before:
+        stopped, seconds = stop_loader_workers(new)
+        if stopped:
+            import warnings
+
+            warnings.warn(f"{request.node.nodeid} left {stopped} DataLoader worker process(es) "
+                          f"running (an iterator neither exhausted nor closed); shut down in "
+                          f"{seconds:.1f} s", stacklevel=1)
+
+
 @pytest.fixture(autouse=True)
 def seed() -> int:
     """Seed python, numpy and torch before every test so results never depend on test order."""
