@@ -70,13 +70,13 @@ def stop_loader_workers(pids: set[int]) -> tuple[int, float]:
 
     from torch.utils.data.dataloader import _BaseDataLoaderIter  # torchdata's derive from it
 
+    from mmtf.utils.compat import shutdown_loader_workers
+
     start = time.monotonic()
     live = [it for it in gc.get_objects() if isinstance(it, _BaseDataLoaderIter)
-            and not getattr(it, "_shutdown", True)
             and any(w.pid in pids for w in getattr(it, "_workers", ()))]
-    for it in live:
-        it._shutdown_workers()
-    return sum(len(it._workers) for it in live), time.monotonic() - start
+    stopped = sum(shutdown_loader_workers(None, it) for it in live)
+    return stopped, time.monotonic() - start
 
 
 @pytest.fixture(autouse=True)

@@ -348,6 +348,12 @@ class MediaDataModule(L.LightningDataModule):
         return {split: loader.last_epoch for split, loader in self._loaders.items()}
 
     def teardown(self, stage: str | None = None) -> None:
+        # The end of fit/validate/test: no loader worker outlives the run (loader.stop_workers).
+        for loader in self._loaders.values():
+            loader.stop_workers()
+        self._log_error_summary()
+
+    def _log_error_summary(self) -> None:
         if self.error_counts:
             log.warning("[data] %s at %s, all epochs so far: %s", self.format, self.root,
                         self.error_counts.summary())

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,6 +33,7 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 from mmtf.data.errors import ErrorCounter
 from mmtf.data.sampler import BucketBatchSampler
 from mmtf.errors import UserError
+from mmtf.utils.compat import shutdown_loader_workers
 from mmtf.utils.distributed import world
 
 log = logging.getLogger("mmtf.data")
@@ -94,7 +96,21 @@ class _Reporting:
         self.last_epoch: dict[str, Any] = {}
 
     def __iter__(self) -> Iterator[Any]:
-        return _watch(self, super().__iter__())  # type: ignore[misc]
+        inner = super().__iter__()  # type: ignore[misc]
+        self._pass = weakref.ref(inner)
+        return _watch(self, inner)
+
+    def stop_workers(self) -> int:
+        """Shut down the worker processes of the current pass now; how many it had.
+
+        A pass that is not run to its end (``max_steps``, ``limit_train_batches``) keeps its
+        workers until its iterator is garbage-collected, and Lightning's objects hold it in
+        reference cycles: idle workers outlived in-process runs (``train()`` called again, a
+        sequential sweep), and the collector later shut them down 5 s per worker.
+        The next ``iter()`` starts new workers.
+        """
+        inner = self._pass() if getattr(self, "_pass", None) else None
+        return 0 if inner is None else shutdown_loader_workers(self, inner)
 
 
 class DataLoader(_Reporting, torch.utils.data.DataLoader):

@@ -552,7 +552,7 @@ class MixtureDataModule(CaptionDataModule):
         return {**{s.name: s.module.error_counts for s in self.sources},
                 "mixture": self.error_counts}
 
-    def teardown(self, stage: str | None = None) -> None:
+    def _log_error_summary(self) -> None:
         for name, counter in self.error_summary.items():
             if counter:
                 log.warning("[data] mixture source %s, all epochs so far: %s", name,

@@ -288,6 +288,26 @@ def test_decode_errors_raise_through_workers(broken_clotho):
         list(dm.train_dataloader())
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_teardown_stops_the_workers_of_a_pass_left_unfinished(tiny_audio_captions, persistent):
+    """A run stopped mid-epoch (max_steps, limit_train_batches) leaves its pass unfinished;
+    teardown, which Lightning calls at the end of fit and test, ends its workers. The loader
+    still works: the next pass starts new ones."""
+    from tests.forked import alive
+
+    dm = _audio_dm(tiny_audio_captions, batch_size=2, num_workers=2,
+                   persistent_workers=persistent)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    next(iter(loader))
+    workers = [w.pid for w in loader._pass()._workers]
+    assert len(workers) == 2 and all(alive(pid) for pid in workers)
+    dm.teardown("fit")
+    assert not any(alive(pid) for pid in workers)
+    assert loader.stop_workers() == 0                      # nothing left to stop
+    assert len(list(loader)) == len(loader) > 1            # a whole new pass, new workers
+
+
 def test_empty_split_is_a_clear_error(tiny_audio_captions, tmp_path):
     root = tmp_path / "empty"
     shutil.copytree(tiny_audio_captions, root)

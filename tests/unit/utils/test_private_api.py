@@ -108,5 +108,13 @@ def test_private_names_behind_compat_still_exist():
         assert hasattr(checkpoint, name), f"lightning ModelCheckpoint lost {name}"
     assert isinstance(torch.zeros(1)._version, int)
     assert callable(torch.nn.Module._apply)
+    import torchdata.stateful_dataloader as stateful
     from torch._dynamo.exc import BackendCompilerFailed  # noqa: F401
     from torch._inductor.cpp_builder import get_cpp_compiler  # noqa: F401
+    for cls in (torch.utils.data.DataLoader, stateful.StatefulDataLoader):
+        loader = cls(torch.arange(8.0), batch_size=4, num_workers=1)
+        iterator = iter(loader)
+        for name in ("_shutdown", "_workers", "_shutdown_workers"):
+            assert hasattr(iterator, name), f"{cls.__name__}'s iterator lost {name}"
+        assert hasattr(loader, "_iterator"), f"{cls.__name__} lost _iterator"
+        iterator._shutdown_workers()
