@@ -94,6 +94,7 @@ class _Reporting:
         self.counter = counter if counter is not None else ErrorCounter()
         self.split = split
         self.last_epoch: dict[str, Any] = {}
+        self._pass: weakref.ref | None = None      # the current pass's iterator (stop_workers)
 
     def __iter__(self) -> Iterator[Any]:
         inner = super().__iter__()  # type: ignore[misc]
@@ -109,7 +110,7 @@ class _Reporting:
         sequential sweep), and the collector later shut them down 5 s per worker.
         The next ``iter()`` starts new workers.
         """
-        inner = self._pass() if getattr(self, "_pass", None) else None
+        inner = self._pass() if self._pass is not None else None
         return 0 if inner is None else shutdown_loader_workers(self, inner)
 
 
