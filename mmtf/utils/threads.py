@@ -205,9 +205,12 @@ def set_threads(threads: int | None, *, processes: int = 1, loader_workers: int 
 
 
 def describe_threads() -> str:
-    """One line for the start log: threads and how they wait (what this process decided)."""
+    """One line for the start log: threads, how they wait and what malloc keeps (what this
+    process decided)."""
     import torch
+
+    from mmtf.utils.allocator import describe_allocator
 
     threads = _decision.get("threads", f"{torch.get_num_threads()} (torch's default)")
     wait = _decision.get("wait") or share_cpu()
-    return f"threads {threads}; OpenMP waits: {wait}"
+    return f"threads {threads}; OpenMP waits: {wait}; malloc: {describe_allocator()}"
