@@ -9,17 +9,18 @@ descheduled: a training step ran ~10x slower, not 2x (issue #24, experiments/cpu
 Two things are set here, each only where the user has not set it:
 
 * :func:`share_cpu` (called by ``import mmtf``, so before ``import torch`` for every mmtf CLI):
-  ``OMP_WAIT_POLICY=PASSIVE``: idle threads sleep at once and leave the cores to whoever needs
-  them (about the fair share next to other work, whenever it starts; a few to ~15 % slower
-  alone). ``MMTF_CPU_SHARING=auto`` chooses from the other processes' load at that moment
-  instead (:func:`other_cpu_load`, ~50 ms of ``/proc/stat``): PASSIVE next to work that uses
-  at least :data:`BUSY_CORES` cores, a short spin (``GOMP_SPINCOUNT=10000``) on idle cores,
-  which is as fast alone but ~3.7x slower, not ~2x, when work arrives later (why it is not the
-  default). Only speed depends on the choice, never a number the run computes. libgomp reads
-  these once, when torch loads it, so they must be in the environment before ``import torch``;
-  every process mmtf starts inherits them (DDP ranks, loader workers, a sweep's jobs).
-  ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` of the user win; ``MMTF_CPU_SHARING=0`` turns this
-  off, ``=spin`` fixes the short spin.
+  by default nothing goes into the environment and a :class:`~mmtf.utils.spin_governor.SpinGovernor`
+  starts: libgomp's full spin while the cores are idle (no loss alone), its throttled 100-spin
+  wait while other processes use at least 0.5 of this process's cores (about the fair share
+  next to other work, whenever it starts), switched at run time. The static settings stay one
+  variable away: ``MMTF_CPU_SHARING=passive`` (``OMP_WAIT_POLICY=PASSIVE``: sleep at once,
+  the earlier default; 1.3-1.6x slower alone), ``=spin`` (``GOMP_SPINCOUNT=10000``), ``=auto``
+  (one of the two chosen from the load at start, :func:`other_cpu_load`), ``=0`` (libgomp's
+  default spin, no governor). libgomp reads those variables once, when torch loads it, so they
+  must be in the environment before ``import torch``; every process mmtf starts inherits them
+  (DDP ranks, loader workers, a sweep's jobs) and every mmtf process governs itself. Only speed
+  depends on the choice, never a number the run computes. ``OMP_WAIT_POLICY`` /
+  ``GOMP_SPINCOUNT`` of the user win (and no governor runs).
 * :func:`threads_per_process`: the processes that compute on one machine (DDP ranks on CPU, the
   parallel jobs of a sweep launcher, busy loader workers) share its cores instead of each taking
   all of them. ``OMP_NUM_THREADS`` of the user wins.
@@ -116,6 +117,15 @@ def share_cpu(environ: MutableMapping[str, str] | None = None,
         how = f"{env[CHOSEN]} (mmtf's choice, inherited)"
     elif chosen:
         how = ", ".join(f"{k}={v}" for k, v in chosen.items()) + " (yours)"
+    elif opt in ("", "govern"):
+        # The default: libgomp's own spin, throttled at run time while other work computes.
+        if environ is None:
+            from mmtf.utils.spin_governor import start_governor
+
+            start_governor()
+        how = (f"governed: libgomp's full spin alone, its throttled 100-spin wait while other "
+               f"processes use >= 0.5 cores ({OPT_OUT}=passive for PASSIVE, =0 for libgomp's "
+               "default)")
     else:
         if opt != "auto":
             busy = opt != "spin"
@@ -210,7 +220,11 @@ def describe_threads() -> str:
     import torch
 
     from mmtf.utils.allocator import describe_allocator
+    from mmtf.utils.spin_governor import current_governor
 
     threads = _decision.get("threads", f"{torch.get_num_threads()} (torch's default)")
     wait = _decision.get("wait") or share_cpu()
+    governor = current_governor()
+    if wait.startswith("governed") and governor is not None:
+        wait = governor.describe()
     return f"threads {threads}; OpenMP waits: {wait}; malloc: {describe_allocator()}"

@@ -22,12 +22,11 @@ from mmtf.utils.threads import (
 )
 
 
-def test_share_cpu_lets_threads_sleep_by_default_whatever_the_load():
+def test_by_default_the_wait_is_governed_and_no_variable_is_set():
     for load in (0.0, 2.0):
         env: dict[str, str] = {}
         how = share_cpu(env, other_load=load)
-        assert env == {"OMP_WAIT_POLICY": WAIT_POLICY, CHOSEN: f"OMP_WAIT_POLICY={WAIT_POLICY}"}
-        assert "mmtf's default" in how
+        assert env == {} and how.startswith("governed")
 
 
 @pytest.mark.parametrize(("load", "expected"), [
@@ -89,17 +88,19 @@ def test_other_cpu_load_sees_a_busy_process():
     assert load is not None and load >= 0.5, load
 
 
-def test_import_mmtf_puts_the_setting_into_a_fresh_interpreter_before_torch():
+def test_import_mmtf_governs_a_fresh_interpreter_and_sets_no_variable():
     code = ("import os, sys; import mmtf; assert 'torch' not in sys.modules; "
-            "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))")
+            "from mmtf.utils.spin_governor import current_governor; "
+            "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), "
+            "current_governor() is not None)")
     env = {k: v for k, v in os.environ.items()
-           if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", CHOSEN)}
+           if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", CHOSEN, "MMTF_CPU_SHARING")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [WAIT_POLICY, "None"], out.stdout
-    env["GOMP_SPINCOUNT"] = "300000"                  # the user's choice: left alone
+    assert out.stdout.split() == ["None", "None", "True"], out.stdout
+    env["GOMP_SPINCOUNT"] = "300000"                  # the user's choice: left alone, no governor
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.split() == ["None", "300000"], out.stderr
+    assert out.stdout.split() == ["None", "300000", "False"], out.stderr
 
 
 @pytest.mark.parametrize(("cores", "processes", "workers", "expected"), [
