@@ -2,11 +2,13 @@
 
 Question (issue #24): next to one other 2-thread torch process a training step of the default
 audio captioner ran ~10x slower, not the fair ~2x. Which setting of how OpenMP threads wait
-(libgomp's default spin, ``OMP_WAIT_POLICY=PASSIVE``, ``GOMP_SPINCOUNT=N``, mmtf's default) gives
+(libgomp's default spin, ``OMP_WAIT_POLICY=PASSIVE``, ``GOMP_SPINCOUNT=N``, mmtf's run-time spin
+governor, the default) gives
 about the fair share next to other work and loses little alone?
 
 Per setting and condition a fresh measuring process (the setting in its environment before
-torch loads, as for every CLI: ``mmtf`` is ``import mmtf``'s default, ``auto`` its choice from
+torch loads, as for every CLI: ``mmtf`` is ``import mmtf``'s default, the spin governor of
+``mmtf/utils/spin_governor.py``; ``auto`` its choice from
 the load it sees at start under ``MMTF_CPU_SHARING=auto``) builds the default experiment's model and AdamW exactly as
 ``experiments/training_throughput`` does and times ``--steps`` training steps on batches of the
 experiment's batch size (4 s clips). Conditions: idle; started beside one and two competing
@@ -165,7 +167,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--settings", nargs="+",
-                        default=["off", "mmtf", "auto", "spin10000"])
+                        default=["off", "mmtf", "passive", "spin10000"])
     parser.add_argument("--conditions", nargs="+", default=list(CONDITIONS),
                         choices=CONDITIONS)
     parser.add_argument("--repeats", type=int, default=1,
