@@ -52,20 +52,10 @@ def loaded_libgomp() -> str | None:
 
 def _ticks() -> tuple[int, int, int] | None:
     """(busy, total) clock ticks of this process's cores since boot, and its own ticks."""
+    from mmtf.utils.threads import _cpu_ticks, _own_ticks  # the reader share_cpu's auto uses
+
     try:
-        cores = os.sched_getaffinity(0)
-        busy = total = 0
-        with open("/proc/stat") as f:
-            for line in f:
-                name, *fields = line.split()
-                if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cores:
-                    continue
-                ticks = [int(x) for x in fields[:8]]    # user nice system idle iowait irq softirq steal
-                total += sum(ticks)
-                busy += sum(ticks) - ticks[3] - ticks[4]
-        with open("/proc/self/stat") as f:
-            own = f.read().rsplit(")", 1)[1].split()
-        return busy, total, int(own[11]) + int(own[12])
+        return (*_cpu_ticks(os.sched_getaffinity(0)), _own_ticks())
     except (OSError, AttributeError, ValueError, IndexError):
         return None
 
