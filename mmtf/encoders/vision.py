@@ -119,6 +119,10 @@ class VisionEncoder(Encoder):
         if stem_convs < 1 or stem_norm not in ("batch", "layer"):
             raise UserError(f"VisionEncoder: stem_convs ({stem_convs}) must be >= 1 and "
                             f"stem_norm ({stem_norm!r}) 'batch' or 'layer'; fix model.encoder.")
+        # Channels-last through the conv stem: oneDNN's NHWC convolutions, BatchNorm and GELU
+        # are 1.2x faster per training step (experiments/image_captioning_synth, "Time"), and the
+        # flatten to tokens below becomes a view instead of a copy.
+        self.channels_last = stem == "conv"
         self.patch_embed = (conv_stem(in_channels, dim, patch_size, convs=stem_convs,
                                       norm=stem_norm) if stem == "conv" else
                             nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size,
@@ -181,7 +185,8 @@ class VisionEncoder(Encoder):
         """
         self._check_inputs(inputs)
         dtype = next(self.patch_embed.parameters()).dtype
-        x = self.patch_embed(inputs.to(dtype))                            # (b, c, gh, gw)
+        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+        x = self.patch_embed(inputs.to(dtype, memory_format=memory_format))  # (b, c, gh, gw)
         gh, gw = x.shape[-2:]
         x = rearrange(x, "b c gh gw -> b (gh gw) c") + self.position_table(gh, gw).to(x)
         if self.cls_token is not None:
