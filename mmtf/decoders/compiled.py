@@ -1,9 +1,10 @@
 """The decode step compiled for inference: what ``generate(..., compile=True)`` runs.
 
-``torch.compile`` (inductor, ``freezing`` on) fuses the many small ops of a cached decode step,
-turns each single-query attention into one pass over the cached K/V
-(:func:`mmtf.nn.attention.single_query_attention`) and prepacks the frozen weights; the tokens
-are the eager step's. Why and how much: see docs/design/compiled-decoding.md.
+``torch.compile`` (inductor, ``freezing`` on) fuses the many small ops of a cached decode step
+and turns each single-query attention into one pass over the cached K/V
+(:func:`mmtf.nn.attention.single_query_attention`); the linear layers run on the oneDNN-packed
+weights that ``generate`` attaches (:mod:`mmtf.nn.linear`), frozen as constants of the graph.
+The tokens are the eager step's. Why and how much: see docs/design/compiled-decoding.md.
 
 Contract:
 
@@ -31,7 +32,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mmtf.utils.compat import check_cpu_compiler, is_compiler_failure, tensor_version
+from mmtf.utils.compat import (
+    check_cpu_compiler,
+    inductor_freezing,
+    is_compiler_failure,
+    tensor_version,
+)
 
 # Trace the step with a cache holding at least this many positions (see the module docstring).
 MIN_COMPILED_LENGTH = 2
@@ -73,8 +79,7 @@ class CompiledDecodeStep:
         """Build the compiled function, again if the weights changed since it was built."""
         weights = _fingerprint(self._decoder())
         if self._fn is None or weights != self._weights:
-            self._fn = torch.compile(_fresh_copy(_decode_step), fullgraph=True, dynamic=True,
-                                     options={"freezing": True})
+            self._fn = torch.compile(_fresh_copy(_decode_step), fullgraph=True, dynamic=True)
             self._weights = weights
             self.compilations += 1
 
@@ -99,7 +104,10 @@ class CompiledDecodeStep:
             if not self._toolchain_checked and tokens.device.type == "cpu":
                 check_cpu_compiler()
                 self._toolchain_checked = True
-            with torch.compiler.set_stance(skip_guard_eval_unsafe=same_call):
+            # Freezing is a global inductor flag, read when a graph is compiled, which may be
+            # any call (options={"freezing": True} is ignored: docs/design/packed-linear.md).
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=same_call), \
+                    inductor_freezing():
                 return self._fn(self._decoder(), tokens, cache)
         except Exception as error:
             if not is_compiler_failure(error):

@@ -37,15 +37,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
 import torch
 from einops import rearrange, repeat
-from torch import Tensor
+from torch import Tensor, nn
 
 from mmtf.decoders.compiled import MIN_COMPILED_LENGTH, compiled_decode_step
 from mmtf.errors import UserError
+from mmtf.nn.linear import packed_linear_weights
 
 Strategy = Literal["greedy", "beam", "sample"]
 StepCallback = Callable[[int, Tensor, Tensor], None]
@@ -361,10 +363,15 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
     if any(set(r) - shared for r in prompt.tolist()):
         stepper.row_banned = prompt
     ids = dict(start_id=int(prompt[0, -1]), eos_id=eos_id, pad_id=pad_id)
-    if config.strategy == "beam":
-        return _beam_search(stepper, config, b, banned, callback=callback, **ids)
-    out = _greedy_or_sample(stepper, config, b * rows, banned, generator=generator,
-                            callback=callback, **ids)
+    # Cached steps run the decoder's linear layers on oneDNN-packed weights (CPU); the compiled
+    # step freezes them into its graph, so it keeps them. Why: see docs/design/packed-linear.md
+    packing = (packed_linear_weights(decoder, rows=memory.shape[0], keep=config.compile)
+               if config.use_cache and isinstance(decoder, nn.Module) else nullcontext())
+    with packing:
+        if config.strategy == "beam":
+            return _beam_search(stepper, config, b, banned, callback=callback, **ids)
+        out = _greedy_or_sample(stepper, config, b * rows, banned, generator=generator,
+                                callback=callback, **ids)
     if rows > 1:
         out = GenerationOutput(*(rearrange(x, "(b n) ... -> b n ...", n=rows) for x in out))
     return out

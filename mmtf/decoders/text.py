@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from mmtf.errors import UserError, in_config
 from mmtf.nn import KVCache, TransformerStack
+from mmtf.nn.linear import Linear
 from mmtf.nn.positions import LearnedPositions
 from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
 
@@ -142,7 +143,7 @@ class TextDecoder(nn.Module):
                 dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias,
                 activation_checkpointing=activation_checkpointing)
         self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
-        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.lm_head = Linear(dim, vocab_size, bias=False)
         # Unit-variance embeddings would make tied logits ~sqrt(dim) large; GPT-2's 0.02 keeps
         # the initial next-token distribution near uniform.
         nn.init.normal_(self.embed.weight, std=0.02)

@@ -2,10 +2,11 @@
 
 from mmtf.nn.attention import Attention
 from mmtf.nn.kv_cache import KVCache
+from mmtf.nn.linear import Linear, packed_linear_weights
 from mmtf.nn.positions import FixedPositions, LearnedPositions, sinusoidal_table
 from mmtf.nn.rope import RotaryEmbedding
 from mmtf.nn.transformer import MLP, TransformerBlock, TransformerStack, make_norm
 
-__all__ = ["MLP", "Attention", "FixedPositions", "KVCache", "LearnedPositions",
+__all__ = ["MLP", "Attention", "FixedPositions", "KVCache", "LearnedPositions", "Linear",
            "RotaryEmbedding", "TransformerBlock", "TransformerStack", "make_norm",
-           "sinusoidal_table"]
+           "packed_linear_weights", "sinusoidal_table"]

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from mmtf.errors import UserError
 from mmtf.nn.kv_cache import KVCache
+from mmtf.nn.linear import Linear
 from mmtf.nn.rope import RotaryEmbedding
 
 
@@ -79,16 +80,16 @@ class Attention(nn.Module):
         self.causal, self.rope, self.kv_dim, self.dropout = causal, rope, kv_dim, dropout
         self.is_cross = kv_dim is not None
         kv_width = num_kv_heads * self.head_dim
-        self.to_q = nn.Linear(dim, dim, bias="q" in biased)
+        self.to_q = Linear(dim, dim, bias="q" in biased)
         # Keys and values share one GEMM; a bias on only one of them is a separate vector.
         fused_bias = {"k", "v"} <= biased
-        self.to_kv = nn.Linear(kv_dim or dim, 2 * kv_width, bias=fused_bias)
+        self.to_kv = Linear(kv_dim or dim, 2 * kv_width, bias=fused_bias)
         self.k_bias = self.v_bias = None
         if not fused_bias and "k" in biased:
             self.k_bias = nn.Parameter(torch.zeros(kv_width))
         if not fused_bias and "v" in biased:
             self.v_bias = nn.Parameter(torch.zeros(kv_width))
-        self.to_out = nn.Linear(dim, dim, bias="o" in biased)
+        self.to_out = Linear(dim, dim, bias="o" in biased)
 
     def extra_repr(self) -> str:
         kind = "cross" if self.is_cross else ("causal" if self.causal else "bidirectional")

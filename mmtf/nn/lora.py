@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmtf.errors import ConfigError
+from mmtf.nn.linear import Linear
 from mmtf.nn.transformer import TransformerBlock
 
 # Target name -> the projections (relative to a block) and the slices of each that it adapts.
@@ -227,9 +228,10 @@ class LoRALinear(nn.Linear):
             self.weight.sub_(self.delta().to(self.weight.dtype))
             self.merged = False
 
-    def to_linear(self) -> nn.Linear:
-        """A plain ``nn.Linear`` with the merged weight (the adapters dropped)."""
-        out = nn.Linear(self.in_features, self.out_features, self.bias is not None,
+    def to_linear(self) -> Linear:
+        """A plain :class:`~mmtf.nn.linear.Linear` with the merged weight (the adapters
+        dropped)."""
+        out = Linear(self.in_features, self.out_features, self.bias is not None,
                         device=self.weight.device, dtype=self.weight.dtype)
         with torch.no_grad():
             out.weight.copy_(self.weight if self.merged else self.weight + self.delta())

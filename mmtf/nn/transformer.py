@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from mmtf.errors import UserError
 from mmtf.nn.attention import Attention, projection_biases
 from mmtf.nn.kv_cache import KVCache
+from mmtf.nn.linear import Linear
 from mmtf.nn.rope import RotaryEmbedding
 
 NormKind = Literal["layernorm", "rmsnorm"]
@@ -66,10 +67,10 @@ class MLP(nn.Module):
         hidden = int(dim * mlp_ratio)
         if kind == "swiglu":
             hidden = max(1, int(2 * hidden / 3))
-            self.fc_in = nn.Linear(dim, 2 * hidden, bias=bias)
+            self.fc_in = Linear(dim, 2 * hidden, bias=bias)
         else:
-            self.fc_in = nn.Linear(dim, hidden, bias=bias)
-        self.fc_out = nn.Linear(hidden, dim, bias=bias)
+            self.fc_in = Linear(dim, hidden, bias=bias)
+        self.fc_out = Linear(hidden, dim, bias=bias)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

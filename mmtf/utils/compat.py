@@ -69,6 +69,67 @@ def check_cpu_compiler() -> None:
     get_cpp_compiler()
 
 
+def onednn_linear_available() -> bool:
+    """Whether oneDNN's packed inner product can run here: torch built with oneDNN, oneDNN not
+    switched off (``torch.backends.mkldnn.flags(enabled=False)``), and the two private ops of
+    :func:`onednn_pack_linear_weight` and :func:`onednn_linear` present.
+    Checked: torch 2.14.1 (2.11: not run there; where the ops are missing this says False and
+    mmtf keeps ``F.linear``).
+    """
+    import torch
+
+    return (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def onednn_pack_linear_weight(weight: Tensor, rows: int) -> Tensor:
+    """oneDNN's blocked copy of a linear layer's ``weight`` (out, in), laid out for inputs of
+    about ``rows`` rows (``torch.ops.mkldnn._reorder_linear_weight``): an opaque tensor that only
+    :func:`onednn_linear` reads.
+
+    It is what inductor's freezing pass makes for bf16 weights (and for fp32 ones with a
+    symbolic batch); torch has no public op for it. The copy's sizes are marked static for
+    torch.compile (``torch._dynamo.mark_static``; no public API either).
+    Checked: torch 2.14.1 (2.11: not run there).
+    """
+    import torch
+
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+    # Its sizes are the weight's. Left dynamic (torch.compile(dynamic=True) makes a plain tensor
+    # attribute's sizes symbols), freezing bakes the tensor in while the kernels that index the
+    # layer's output still read the symbol, which no input binds: NameError at run time.
+    torch._dynamo.mark_static(packed)
+    return packed
+
+
+def onednn_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear(x, weight, bias)`` on the packed copy of ``weight``
+    (``torch.ops.mkldnn._linear_pointwise`` with no fused activation), x (..., in) -> (..., out).
+
+    Inference only: the op has no autograd formula. Inductor lowers it to the same call when it
+    meets it in a graph whose packed weight is a frozen constant. Checked: torch 2.14.1 (2.11:
+    not run there).
+    """
+    import torch
+
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def inductor_freezing() -> Any:
+    """A context in which inductor compiles with ``freezing``: parameters become constants it
+    folds and prepacks.
+
+    ``torch.compile(..., options={"freezing": True})`` does not freeze in torch 2.14.1 (the
+    compiled graph still takes the weights as inputs: measured, docs/design/packed-linear.md);
+    the global ``torch._inductor.config.freezing`` flag does, and ``config.patch`` sets it for
+    the block only. Checked: torch 2.14.1 (2.11: not run there).
+    """
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(freezing=True)
+
+
 # ---------------------------------------------------------------------------- Lightning: resume
 def restore_train_loader_position(trainer: Any) -> bool:
     """Hand the train loader the position saved in the checkpoint if Lightning has not.

@@ -19,6 +19,8 @@ from mmtf.decoders import GenerationConfig
 from mmtf.decoders.compiled import compiled_decode_step
 from mmtf.errors import UserError
 from mmtf.nn.attention import single_query_attention
+from mmtf.nn.linear import Linear
+from mmtf.utils.compat import onednn_linear_available
 from tests.unit.decoders.conftest import IN_DIM, make_model
 
 needs_cxx = pytest.mark.skipif(
@@ -105,6 +107,11 @@ def _greedy_and_beam_case() -> None:
     before = graphs_compiled()
     compiled = gqa_model.generate(*batch, max_new_tokens=12, min_new_tokens=12, compile=True)
     assert graphs_compiled() - before == 1                  # 10 compiled positions, one graph
+    # Its linear layers ran oneDNN-packed copies, kept as constants of the graph (inductor lowers
+    # the packed op only for a constant weight, so this compiles only with freezing on).
+    packed = [m.packed_weight is not None for m in gqa_model.decoder.modules()
+              if isinstance(m, Linear)]
+    assert (packed and all(packed)) or not onednn_linear_available()
     assert torch.equal(compiled.tokens, eager.tokens)
     assert torch.equal(compiled.lengths, eager.lengths)
     torch.testing.assert_close(compiled.scores, eager.scores, atol=1e-5, rtol=1e-5)

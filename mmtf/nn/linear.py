@@ -1,0 +1,120 @@
+"""The linear layer of every mmtf block, and oneDNN-prepacked weights for decoding on a CPU.
+
+A cached decode step multiplies a few rows (batch x beams) by every weight matrix of the
+decoder, so each linear layer is a pass over its weight. ``F.linear`` on a CPU calls MKL's
+SGEMM, which packs the weight again on every call and, on AMD CPUs, never takes its AVX-512
+path; oneDNN's inner product over a weight reordered once into its blocked layout ran the
+decoder-base layers 2-5x faster at 8 rows, 2x on an AMD CPU at any row count, and 2x with
+oneDNN capped at AVX2 (docs/design/packed-linear.md). Inductor's freezing pass emits the same
+op, so the compiled decode step and the eager one share it.
+
+:class:`Linear` is an ``nn.Linear`` (same parameters, names and init; state dicts, LoRA, FSDP
+and the pretrained name tables see no difference). Only inside :func:`packed_linear_weights`
+does it hold a packed copy, and it uses the copy only where that copy cannot be stale or
+change what is computed: no autograd recording, no CPU autocast, the input in the weight's
+dtype, and the weight still the tensor (storage and in-place version) that was packed. Eager
+calls also honour ``torch.backends.mkldnn.flags(enabled=False)``: F.linear then.
+
+Shapes: r input rows (any leading dims), i in_features, o out_features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmtf.utils.compat import (
+    onednn_linear,
+    onednn_linear_available,
+    onednn_pack_linear_weight,
+    tensor_version,
+)
+
+# oneDNN's inner product packs these; float16 and float64 stay on F.linear.
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` that runs a oneDNN-packed copy of its weight while one is attached.
+
+    Attach and release copies with :func:`packed_linear_weights`; outside it this is
+    ``nn.Linear``. Args as ``nn.Linear``.
+    """
+
+    packed_weight: Tensor | None = None            # opaque oneDNN tensor, (o, i) reordered
+    _packed_key: tuple | None = None               # the weight it was packed from
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (..., i) -> (..., o)."""
+        packed = self.packed_weight
+        if packed is not None:
+            if torch.compiler.is_compiling():
+                # The compiled decode step: the copy is a frozen constant of its graph, and
+                # mmtf.decoders.compiled recompiles when the weights change.
+                rows = x.flatten(0, -2)                                          # (r, i)
+                return onednn_linear(rows, packed, self.bias).unflatten(0, x.shape[:-1])
+            if (not torch.is_grad_enabled() and x.dtype == self.weight.dtype
+                    and not torch.is_autocast_enabled("cpu") and torch.backends.mkldnn.enabled
+                    and self._packed_key == _weight_key(self.weight)):
+                return onednn_linear(x, packed, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def can_pack(self) -> bool:
+        """Whether this layer's weight can get a packed copy here (CPU, fp32 or bf16, not an
+        inference-mode tensor, whose in-place version is not tracked)."""
+        weight = self.weight
+        return (weight.device.type == "cpu" and weight.dtype in PACKABLE_DTYPES
+                and not weight.is_inference() and onednn_linear_available())
+
+    def pack(self, rows: int) -> None:
+        """Attach a packed copy of the current weight, laid out for about ``rows`` input rows;
+        an attached copy of the same weight is kept."""
+        key = _weight_key(self.weight)
+        if self.packed_weight is None or self._packed_key != key:
+            with torch.no_grad():
+                self.packed_weight = onednn_pack_linear_weight(self.weight, max(1, rows))
+            self._packed_key = key
+
+    def release(self) -> None:
+        """Drop the packed copy (its memory is the weight's size)."""
+        self.packed_weight = None
+        self._packed_key = None
+
+
+def _weight_key(weight: Tensor) -> tuple:
+    # An optimizer step or load_state_dict bumps the version; a new tensor has a new address.
+    return weight.data_ptr(), tensor_version(weight), weight.dtype
+
+
+@contextmanager
+def packed_linear_weights(module: nn.Module, *, rows: int, keep: bool = False,
+                          ) -> Iterator[int]:
+    """Within the block, every :class:`Linear` of ``module`` that can runs a packed weight.
+
+    Args:
+        module: e.g. a :class:`~mmtf.decoders.TextDecoder` about to generate.
+        rows: input rows the layers will see (batch x beams); the layout is tuned for it, any
+            row count is computed correctly.
+        keep: leave the copies attached afterwards (the compiled decode step holds them as
+            constants of its graph; they are repacked only when a weight changes). By default
+            the copies this block attached are released on exit, and those attached before it
+            (kept by a compiled step) stay.
+
+    Yields:
+        How many layers run packed (0 on a GPU, for float16 weights, or without oneDNN).
+    """
+    layers = [m for m in module.modules() if isinstance(m, Linear) and m.can_pack()]
+    attached_before = {id(m) for m in layers if m.packed_weight is not None}
+    try:
+        for layer in layers:
+            layer.pack(rows)
+        yield len(layers)
+    finally:
+        if not keep:
+            for layer in layers:
+                if id(layer) not in attached_before:
+                    layer.release()
