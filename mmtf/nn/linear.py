@@ -20,6 +20,7 @@ Shapes: r input rows (any leading dims), i in_features, o out_features.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -33,6 +34,8 @@ from mmtf.utils.compat import (
     onednn_pack_linear_weight,
     tensor_version,
 )
+
+log = logging.getLogger(__name__)
 
 # oneDNN's inner product packs these; float16 and float64 stay on F.linear.
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
@@ -51,38 +54,64 @@ class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., i) -> (..., o)."""
         packed = self.packed_weight
-        if packed is not None:
+        if packed is not None and not torch.is_grad_enabled():
             if torch.compiler.is_compiling():
                 # The compiled decode step: the copy is a frozen constant of its graph, and
                 # mmtf.decoders.compiled recompiles when the weights change.
                 rows = x.flatten(0, -2)                                          # (r, i)
                 return onednn_linear(rows, packed, self.bias).unflatten(0, x.shape[:-1])
-            if (not torch.is_grad_enabled() and x.dtype == self.weight.dtype
-                    and not torch.is_autocast_enabled("cpu") and torch.backends.mkldnn.enabled
+            if (x.dtype == self.weight.dtype and not torch.is_autocast_enabled("cpu")
+                    and torch.backends.mkldnn.enabled
                     and self._packed_key == _weight_key(self.weight)):
                 return onednn_linear(x, packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def can_pack(self) -> bool:
-        """Whether this layer's weight can get a packed copy here (CPU, fp32 or bf16, not an
-        inference-mode tensor, whose in-place version is not tracked)."""
+        """Whether this layer's weight can get a packed copy here: a plain CPU tensor (not a
+        tensor subclass such as FSDP's sharded ``DTensor``, gathered only inside the forward),
+        fp32 or bf16, not an inference-mode tensor (whose in-place version is not tracked)."""
         weight = self.weight
-        return (weight.device.type == "cpu" and weight.dtype in PACKABLE_DTYPES
-                and not weight.is_inference() and onednn_linear_available())
+        return (type(weight) in (nn.Parameter, torch.Tensor) and weight.device.type == "cpu"
+                and weight.dtype in PACKABLE_DTYPES and not weight.is_inference()
+                and onednn_linear_available())
 
-    def pack(self, rows: int) -> None:
+    def pack(self, rows: int) -> bool:
         """Attach a packed copy of the current weight, laid out for about ``rows`` input rows;
-        an attached copy of the same weight is kept."""
-        key = _weight_key(self.weight)
-        if self.packed_weight is None or self._packed_key != key:
-            with torch.no_grad():
-                self.packed_weight = onednn_pack_linear_weight(self.weight, max(1, rows))
-            self._packed_key = key
+        an attached copy of the same weight is kept.
+
+        Returns:
+            Whether a copy is attached. False where oneDNN refuses a weight that
+            :meth:`can_pack` let through; the layer then runs ``F.linear``, and the reason is
+            logged once.
+        """
+        try:
+            key = _weight_key(self.weight)
+            if self.packed_weight is None or self._packed_key != key:
+                with torch.no_grad():
+                    self.packed_weight = onednn_pack_linear_weight(self.weight, max(1, rows))
+                self._packed_key = key
+        except RuntimeError as error:
+            self.release()
+            _log_unpackable(error)
+            return False
+        return True
 
     def release(self) -> None:
         """Drop the packed copy (its memory is the weight's size)."""
         self.packed_weight = None
         self._packed_key = None
+
+
+_logged_unpackable = False
+
+
+def _log_unpackable(error: RuntimeError) -> None:
+    global _logged_unpackable
+    if not _logged_unpackable:
+        _logged_unpackable = True
+        log.info("mmtf.nn.Linear: a weight could not be packed for oneDNN (%s); such layers "
+                 "decode with F.linear (MKL), as fast as before, only not faster.",
+                 str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
 
 
 def _weight_key(weight: Tensor) -> tuple:
@@ -110,9 +139,7 @@ def packed_linear_weights(module: nn.Module, *, rows: int, keep: bool = False,
     layers = [m for m in module.modules() if isinstance(m, Linear) and m.can_pack()]
     attached_before = {id(m) for m in layers if m.packed_weight is not None}
     try:
-        for layer in layers:
-            layer.pack(rows)
-        yield len(layers)
+        yield sum(layer.pack(rows) for layer in layers)
     finally:
         if not keep:
             for layer in layers:

@@ -95,7 +95,7 @@ def onednn_pack_linear_weight(weight: Tensor, rows: int) -> Tensor:
     """
     import torch
 
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)        # under no_grad
     # Its sizes are the weight's. Left dynamic (torch.compile(dynamic=True) makes a plain tensor
     # attribute's sizes symbols), freezing bakes the tensor in while the kernels that index the
     # layer's output still read the symbol, which no input binds: NameError at run time.

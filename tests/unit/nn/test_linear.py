@@ -147,3 +147,34 @@ def test_generate_packs_the_decoder_and_matches_the_unpacked_decode():
         plain = model.generate(x, lengths, max_new_tokens=10, min_new_tokens=10)
     assert torch.equal(packed.tokens, plain.tokens)
     torch.testing.assert_close(packed.scores, plain.scores, atol=1e-5, rtol=1e-5)
+
+
+class _Subclass(torch.Tensor):
+    """Stands in for FSDP's DTensor: a tensor subclass whose storage is not the whole weight."""
+
+
+def test_tensor_subclass_weights_are_not_packed():
+    layer = Linear(16, 8)
+    layer.weight = nn.Parameter(torch.randn(8, 16).as_subclass(_Subclass))
+    with torch.no_grad(), packed_linear_weights(layer, rows=4) as count:
+        assert count == 0 and layer.packed_weight is None
+
+
+def test_a_refused_weight_runs_f_linear_and_says_so_once(monkeypatch, caplog):
+    import mmtf.nn.linear as linear
+
+    def refuse(weight, rows):
+        raise RuntimeError("Sharding propagation failed for mkldnn._reorder_linear_weight")
+
+    monkeypatch.setattr(linear, "onednn_pack_linear_weight", refuse)
+    monkeypatch.setattr(linear, "_logged_unpackable", False)
+    layers = nn.Sequential(Linear(16, 8), Linear(8, 4))
+    x = torch.randn(3, 16)
+    with (caplog.at_level("INFO", logger="mmtf.nn.linear"), torch.no_grad(),
+          packed_linear_weights(layers, rows=3) as count):
+        assert count == 0
+        assert not ran_packed(lambda: layers(x))
+        hidden = F.linear(x, layers[0].weight, layers[0].bias)
+        torch.testing.assert_close(layers(x), F.linear(hidden, layers[1].weight, layers[1].bias))
+    messages = [r.getMessage() for r in caplog.records if "could not be packed" in r.getMessage()]
+    assert len(messages) == 1 and "Sharding propagation failed" in messages[0]
