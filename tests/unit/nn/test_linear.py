@@ -178,3 +178,23 @@ def test_a_refused_weight_runs_f_linear_and_says_so_once(monkeypatch, caplog):
         torch.testing.assert_close(layers(x), F.linear(hidden, layers[1].weight, layers[1].bias))
     messages = [r.getMessage() for r in caplog.records if "could not be packed" in r.getMessage()]
     assert len(messages) == 1 and "Sharding propagation failed" in messages[0]
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+def test_encoder_decoder_generate_packs_the_encoder_for_its_one_pass():
+    from tests.unit.decoders.conftest import IN_DIM, make_model
+
+    model = make_model(4)
+    old = model.encoder.proj                          # the stub's per-frame nn.Linear
+    model.encoder.proj = Linear(old.in_features, old.out_features)
+    model.encoder.proj.load_state_dict(old.state_dict())
+    seen: list[bool] = []
+    model.encoder.proj.register_forward_hook(
+        lambda layer, args, out: seen.append(layer.packed_weight is not None))
+    x, lengths = torch.randn(2, 5, IN_DIM), torch.tensor([5, 3])
+    packed = model.generate(x, lengths, max_new_tokens=6, min_new_tokens=6)
+    assert seen == [True] and model.encoder.proj.packed_weight is None
+    with torch.backends.mkldnn.flags(enabled=False):
+        plain = model.generate(x, lengths, max_new_tokens=6, min_new_tokens=6)
+    assert seen == [True, False]
+    assert torch.equal(packed.tokens, plain.tokens)
