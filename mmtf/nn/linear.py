@@ -50,6 +50,7 @@ class Linear(nn.Linear):
 
     packed_weight: Tensor | None = None            # opaque oneDNN tensor, (o, i) reordered
     _packed_key: tuple | None = None               # the weight it was packed from
+    _keep_packed = False                           # asked for by a compiled decode step
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., i) -> (..., o)."""
@@ -100,6 +101,7 @@ class Linear(nn.Linear):
         """Drop the packed copy (its memory is the weight's size)."""
         self.packed_weight = None
         self._packed_key = None
+        self._keep_packed = False
 
 
 _logged_unpackable = False
@@ -129,9 +131,10 @@ def packed_linear_weights(module: nn.Module, *, rows: int, keep: bool = False,
         rows: input rows the layers will see (batch x beams); the layout is tuned for it, any
             row count is computed correctly.
         keep: leave the copies attached afterwards (the compiled decode step holds them as
-            constants of its graph; they are repacked only when a weight changes). By default
-            the copies this block attached are released on exit, and those attached before it
-            (kept by a compiled step) stay.
+            constants of its graph; they are repacked only when a weight changes), also when
+            an enclosing block attached them. By default the copies this block attached are
+            released on exit, unless a block inside it asked to keep them; those attached
+            before it stay.
 
     Yields:
         How many layers run packed (0 on a GPU, for float16 weights, or without oneDNN).
@@ -139,9 +142,13 @@ def packed_linear_weights(module: nn.Module, *, rows: int, keep: bool = False,
     layers = [m for m in module.modules() if isinstance(m, Linear) and m.can_pack()]
     attached_before = {id(m) for m in layers if m.packed_weight is not None}
     try:
-        yield sum(layer.pack(rows) for layer in layers)
+        count = 0
+        for layer in layers:
+            if layer.pack(rows):
+                count += 1
+                layer._keep_packed = layer._keep_packed or keep
+        yield count
     finally:
-        if not keep:
-            for layer in layers:
-                if id(layer) not in attached_before:
-                    layer.release()
+        for layer in layers:
+            if id(layer) not in attached_before and not layer._keep_packed:
+                layer.release()

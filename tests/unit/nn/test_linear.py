@@ -125,6 +125,17 @@ def test_keep_leaves_the_copies_and_a_later_block_does_not_drop_them():
             assert layer.packed_weight is not kept    # changed weight: packed again
         layer.release()
         assert layer.packed_weight is None
+        # A compiled step inside an enclosing block (Whisper's long-form loop) keeps its copies.
+        with (packed_linear_weights(layer, rows=4),
+              packed_linear_weights(layer, rows=4, keep=True)):
+            kept = layer.packed_weight
+        assert layer.packed_weight is kept
+        layer.release()
+        with packed_linear_weights(layer, rows=4):
+            with packed_linear_weights(layer, rows=4):
+                pass
+            assert layer.packed_weight is not None    # the inner block did not attach it
+        assert layer.packed_weight is None
 
 
 # mkldnn.flags() also sets oneDNN's TF32 switch, which warns on a build without Intel GPUs.
