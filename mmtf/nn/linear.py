@@ -2,11 +2,11 @@
 
 A cached decode step multiplies a few rows (batch x beams) by every weight matrix of the
 decoder, so each linear layer is a pass over its weight. ``F.linear`` on a CPU calls MKL's
-SGEMM, which packs the weight again on every call and, on AMD CPUs, never takes its AVX-512
-path; oneDNN's inner product over a weight reordered once into its blocked layout ran the
-decoder-base layers 2-5x faster at 8 rows, 2x on an AMD CPU at any row count, and 2x with
-oneDNN capped at AVX2 (docs/design/packed-linear.md). Inductor's freezing pass emits the same
-op, so the compiled decode step and the eager one share it.
+SGEMM; oneDNN's inner product over a weight reordered once into its blocked layout ran the
+decoder-base layers 2-5x faster at 8 rows on the AMD CPUs measured (where MKL ran at AVX2
+rates even with AVX-512 present), 2x with oneDNN capped at AVX2, and 1.2-2.3x at encoder row
+counts (docs/design/packed-linear.md). Inductor's freezing pass emits the same op, so the
+compiled decode step and the eager one share it.
 
 :class:`Linear` is an ``nn.Linear`` (same parameters, names and init; state dicts, LoRA, FSDP
 and the pretrained name tables see no difference). Only inside :func:`packed_linear_weights`

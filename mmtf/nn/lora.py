@@ -232,7 +232,7 @@ class LoRALinear(nn.Linear):
         """A plain :class:`~mmtf.nn.linear.Linear` with the merged weight (the adapters
         dropped)."""
         out = Linear(self.in_features, self.out_features, self.bias is not None,
-                        device=self.weight.device, dtype=self.weight.dtype)
+                     device=self.weight.device, dtype=self.weight.dtype)
         with torch.no_grad():
             out.weight.copy_(self.weight if self.merged else self.weight + self.delta())
             if self.bias is not None:
