@@ -97,6 +97,14 @@ class Linear(nn.Linear):
             return False
         return True
 
+    def __getstate__(self) -> dict:
+        # The copy is an opaque oneDNN tensor, which neither deepcopy nor pickle can read (the
+        # EMA callback copies the model); a copy of the layer packs again when it decodes.
+        state = self.__dict__.copy()
+        for name in ("packed_weight", "_packed_key", "_keep_packed"):
+            state.pop(name, None)
+        return state
+
     def release(self) -> None:
         """Drop the packed copy (its memory is the weight's size)."""
         self.packed_weight = None

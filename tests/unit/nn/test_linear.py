@@ -209,3 +209,25 @@ def test_encoder_decoder_generate_packs_the_encoder_for_its_one_pass():
         plain = model.generate(x, lengths, max_new_tokens=6, min_new_tokens=6)
     assert seen == [True, False]
     assert torch.equal(packed.tokens, plain.tokens)
+
+
+def test_a_layer_holding_a_kept_copy_deepcopies_and_pickles_without_it():
+    import copy
+    import io
+
+    layer = Linear(8, 4)
+    x = torch.randn(2, 8)
+    with torch.no_grad(), packed_linear_weights(layer, rows=2, keep=True):
+        pass
+    kept = layer.packed_weight
+    twin = copy.deepcopy(nn.Sequential(layer))[0]       # what the EMA callback does
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)     # the test's own file
+    assert layer.packed_weight is kept                  # the original keeps its copy
+    for other in (twin, loaded):
+        assert other.packed_weight is None and not other._keep_packed
+        torch.testing.assert_close(other(x), layer(x))
+        with torch.no_grad(), packed_linear_weights(other, rows=2) as count:
+            assert count == 1 and ran_packed(lambda o=other: o(x))
