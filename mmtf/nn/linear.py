@@ -59,8 +59,10 @@ class Linear(nn.Linear):
             if torch.compiler.is_compiling():
                 # The compiled decode step: the copy is a frozen constant of its graph, and
                 # mmtf.decoders.compiled recompiles when the weights change.
-                rows = x.flatten(0, -2)                                          # (r, i)
-                return onednn_linear(rows, packed, self.bias).unflatten(0, x.shape[:-1])
+                if x.device.type == "cpu" and x.dtype == packed.dtype:
+                    rows = x.flatten(0, -2)                                      # (r, i)
+                    return onednn_linear(rows, packed, self.bias).unflatten(0, x.shape[:-1])
+                return F.linear(x, self.weight, self.bias)
             if (x.dtype == self.weight.dtype and not torch.is_autocast_enabled("cpu")
                     and torch.backends.mkldnn.enabled
                     and self._packed_key == _weight_key(self.weight)):
@@ -147,7 +149,12 @@ def packed_linear_weights(module: nn.Module, *, rows: int, keep: bool = False,
     Yields:
         How many layers run packed (0 on a GPU, for float16 weights, or without oneDNN).
     """
-    layers = [m for m in module.modules() if isinstance(m, Linear) and m.can_pack()]
+    layers = []
+    for layer in (m for m in module.modules() if isinstance(m, Linear)):
+        if layer.can_pack():
+            layers.append(layer)
+        else:
+            layer.release()     # a copy kept from before .to(device / dtype) is stale
     attached_before = {id(m) for m in layers if m.packed_weight is not None}
     try:
         count = 0

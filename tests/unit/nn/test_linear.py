@@ -231,3 +231,14 @@ def test_a_layer_holding_a_kept_copy_deepcopies_and_pickles_without_it():
         torch.testing.assert_close(other(x), layer(x))
         with torch.no_grad(), packed_linear_weights(other, rows=2) as count:
             assert count == 1 and ran_packed(lambda o=other: o(x))
+
+
+def test_a_kept_copy_is_dropped_when_the_layer_moves_to_an_unpackable_dtype():
+    layer = Linear(8, 4)
+    with torch.no_grad(), packed_linear_weights(layer, rows=2, keep=True):
+        pass
+    layer.double()                                      # the copy stays fp32 and stale
+    x = torch.randn(2, 8, dtype=torch.float64)
+    with torch.no_grad(), packed_linear_weights(layer, rows=2) as count:
+        assert count == 0 and layer.packed_weight is None
+        torch.testing.assert_close(layer(x), reference(layer, x))
