@@ -225,7 +225,7 @@ def main() -> None:
         copy_frac.append(moved / bw_copy), read_frac.append(moved / bw_read)
         eager_total, _, eager_toks = run_mmtf(dec, memory, args.tokens, True)
         eager.append(eager_total)
-        with torch.backends.mkldnn.flags(enabled=False):     # F.linear (MKL), no packed copies
+        with torch.backends.mkldnn.flags(enabled=False):     # F.linear, no packed copies
             unpacked.append(run_mmtf(dec, memory, args.tokens, True)[0])
         for kind, model in peers.items():
             peer_times[kind].append(run_peer(model, memory, args.tokens))
@@ -266,7 +266,7 @@ def main() -> None:
         ("cpu", describe_cpu()),
         (f"mmtf cached, {step_kind} step: s / tokens/s", f"{t_mmtf:.2f} s / {tps:.0f}"),
         ("mmtf cached, eager step: s / tokens/s", f"{t_eager:.2f} s / {n_tok / t_eager:.0f}"),
-        ("mmtf cached, eager step, oneDNN off (F.linear, MKL): s / tokens/s",
+        ("mmtf cached, eager step, oneDNN off (F.linear: MKL in fp32): s / tokens/s",
          f"{med(unpacked):.2f} s / {n_tok / med(unpacked):.0f}"),
         ("mmtf uncached (eager): s / tokens/s", f"{uncached:.2f} s / {n_tok / uncached:.0f}"),
         (f"{step_kind} / eager cached == uncached tokens", " / ".join(map(str, same_tokens))),

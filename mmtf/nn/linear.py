@@ -60,8 +60,7 @@ class Linear(nn.Linear):
                 # The compiled decode step: the copy is a frozen constant of its graph, and
                 # mmtf.decoders.compiled recompiles when the weights change.
                 if x.device.type == "cpu" and x.dtype == packed.dtype:
-                    rows = x.flatten(0, -2)                                      # (r, i)
-                    return onednn_linear(rows, packed, self.bias).unflatten(0, x.shape[:-1])
+                    return onednn_linear(x, packed, self.bias)
                 return F.linear(x, self.weight, self.bias)
             if (x.dtype == self.weight.dtype and not torch.is_autocast_enabled("cpu")
                     and torch.backends.mkldnn.enabled
@@ -70,13 +69,13 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
     def can_pack(self) -> bool:
-        """Whether this layer's weight can get a packed copy here: a plain CPU tensor (not a
-        tensor subclass such as FSDP's sharded ``DTensor``, gathered only inside the forward),
-        fp32 or bf16, not an inference-mode tensor (whose in-place version is not tracked)."""
+        """Whether this layer's weight can get a packed copy where oneDNN is available: a plain
+        CPU tensor (not a tensor subclass such as FSDP's sharded ``DTensor``, gathered only
+        inside the forward), fp32 or bf16, not an inference-mode tensor (whose in-place version
+        is not tracked)."""
         weight = self.weight
         return (type(weight) in (nn.Parameter, torch.Tensor) and weight.device.type == "cpu"
-                and weight.dtype in PACKABLE_DTYPES and not weight.is_inference()
-                and onednn_linear_available())
+                and weight.dtype in PACKABLE_DTYPES and not weight.is_inference())
 
     def pack(self, rows: int) -> bool:
         """Attach a packed copy of the current weight, laid out for about ``rows`` input rows;
@@ -122,7 +121,7 @@ def _log_unpackable(error: RuntimeError) -> None:
     if not _logged_unpackable:
         _logged_unpackable = True
         log.info("mmtf.nn.Linear: a weight could not be packed for oneDNN (%s); such layers "
-                 "decode with F.linear (MKL), as fast as before, only not faster.",
+                 "run F.linear (MKL on a CPU) instead of a packed copy.",
                  str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
 
 
@@ -150,8 +149,9 @@ def packed_linear_weights(module: nn.Module, *, rows: int, keep: bool = False,
         How many layers run packed (0 on a GPU, for float16 weights, or without oneDNN).
     """
     layers = []
+    available = onednn_linear_available()
     for layer in (m for m in module.modules() if isinstance(m, Linear)):
-        if layer.can_pack():
+        if available and layer.can_pack():
             layers.append(layer)
         else:
             layer.release()     # a copy kept from before .to(device / dtype) is stale

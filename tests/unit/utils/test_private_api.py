@@ -108,9 +108,15 @@ def test_private_names_behind_compat_still_exist():
         assert hasattr(checkpoint, name), f"lightning ModelCheckpoint lost {name}"
     assert isinstance(torch.zeros(1)._version, int)
     assert callable(torch.nn.Module._apply)
+    import torch._inductor.config as inductor_config
     import torchdata.stateful_dataloader as stateful
     from torch._dynamo.exc import BackendCompilerFailed  # noqa: F401
     from torch._inductor.cpp_builder import get_cpp_compiler  # noqa: F401
+    assert hasattr(inductor_config, "freezing"), "inductor lost config.freezing"
+    assert callable(torch._dynamo.mark_static)
+    if torch.backends.mkldnn.is_available():
+        for name in ("_reorder_linear_weight", "_linear_pointwise"):
+            assert hasattr(torch.ops.mkldnn, name), f"torch.ops.mkldnn lost {name}"
     for cls in (torch.utils.data.DataLoader, stateful.StatefulDataLoader):
         loader = cls(torch.arange(8.0), batch_size=4, num_workers=1)
         iterator = iter(loader)
