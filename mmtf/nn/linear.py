@@ -3,9 +3,9 @@
 A cached decode step multiplies a few rows (batch x beams) by every weight matrix of the
 decoder, so each linear layer is a pass over its weight. ``F.linear`` on a CPU calls MKL's
 SGEMM; oneDNN's inner product over a weight reordered once into its blocked layout ran the
-decoder-base layers 2-5x faster at 8 rows on the AMD CPUs measured (where MKL ran at AVX2
-rates even with AVX-512 present), 2x with oneDNN capped at AVX2, and 1.2-2.3x at encoder row
-counts (docs/design/packed-linear.md). Inductor's freezing pass emits the same op, so the
+decoder-base layers 1.8-5.2x faster at 8 rows on the AMD CPU measured (where MKL ran at AVX2
+rates even with AVX-512 present), 1.4-3.0x with oneDNN capped at AVX2, and 1.1-2.4x at 2048
+rows (experiments/kv_cache_decoding/linear_kernels.py, docs/design/packed-linear.md). Inductor's freezing pass emits the same op, so the
 compiled decode step and the eager one share it.
 
 :class:`Linear` is an ``nn.Linear`` (same parameters, names and init; state dicts, LoRA, FSDP
