@@ -32,12 +32,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mmtf.utils.compat import (
-    check_cpu_compiler,
-    inductor_freezing,
-    is_compiler_failure,
-    tensor_version,
-)
+from mmtf.nn.linear import weight_state
+from mmtf.utils.compat import check_cpu_compiler, inductor_freezing, is_compiler_failure
 
 # Trace the step with a cache holding at least this many positions (see the module docstring).
 MIN_COMPILED_LENGTH = 2
@@ -55,8 +51,7 @@ def _fresh_copy(fn: Callable) -> Callable:
 
 
 def _fingerprint(module: nn.Module) -> tuple:
-    return tuple((p.data_ptr(), tensor_version(p), p.dtype, p.device)
-                 for p in module.parameters())
+    return tuple(weight_state(p) for p in module.parameters())
 
 
 class CompiledDecodeStep:

@@ -64,7 +64,7 @@ class Linear(nn.Linear):
                 return F.linear(x, self.weight, self.bias)
             if (x.dtype == self.weight.dtype and not torch.is_autocast_enabled("cpu")
                     and torch.backends.mkldnn.enabled
-                    and self._packed_key == _weight_key(self.weight)):
+                    and self._packed_key == weight_state(self.weight)):
                 return onednn_linear(x, packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -87,7 +87,7 @@ class Linear(nn.Linear):
             logged once.
         """
         try:
-            key = _weight_key(self.weight)
+            key = weight_state(self.weight)
             if self.packed_weight is None or self._packed_key != key:
                 with torch.no_grad():
                     self.packed_weight = onednn_pack_linear_weight(self.weight, max(1, rows))
@@ -125,9 +125,11 @@ def _log_unpackable(error: RuntimeError) -> None:
                  str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
 
 
-def _weight_key(weight: Tensor) -> tuple:
-    # An optimizer step or load_state_dict bumps the version; a new tensor has a new address.
-    return weight.data_ptr(), tensor_version(weight), weight.dtype
+def weight_state(weight: Tensor) -> tuple:
+    """What changes when a weight does: its address (a new tensor, ``.to()``), its in-place
+    version (an optimizer step, ``load_state_dict``), dtype and device. A copy made from a weight
+    (a packed copy, a compiled step's frozen constant) is current while this is unchanged."""
+    return weight.data_ptr(), tensor_version(weight), weight.dtype, weight.device
 
 
 @contextmanager
