@@ -3,7 +3,8 @@ model given as Hydra overrides, interleaved in one run.
 
 Builds the experiment's task and data module from the composed config (the built-in set is
 generated on first use), takes ``--batches`` training batches of the cached loader, and times the
-step that `mmtf.train` runs (forward, loss, backward, AdamW step) on them: per repeat, each
+step that `mmtf.train` runs (forward, loss, backward, gradient clipping, the task's AdamW) on
+them: per repeat, each
 variant runs ``--steps`` steps after a warm-up, and every ratio is the median over repeats of the
 per-repeat ratio to the experiment's own model (the machine is shared). The loader, Lightning's
 hooks and validation are not timed: `python -m mmtf.train ... trainer.max_epochs=2` measures the
@@ -32,6 +33,7 @@ from hydra.utils import instantiate
 
 from mmtf.perf.device import cpu_flags, describe_cpu
 from mmtf.tasks.captioning import batch_inputs
+from mmtf.tasks.optim import build_optimizer
 from mmtf.train import connect_tokenizer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -52,7 +54,10 @@ class Variant:
         data.prepare_data()
         connect_tokenizer(cfg, self.task, data, None)    # as mmtf.train: one tokenizer for both
         data.setup("fit")
-        self.optimizer = torch.optim.AdamW(self.task.parameters(), lr=1e-4)
+        # The task's AdamW (its decay / no-decay groups and learning rate), as mmtf.train builds it.
+        self.optimizer = build_optimizer(self.task.optimizer, [self.task.model],
+                                         self.task.hparams.weight_decay)
+        self.clip = float(cfg.trainer.gradient_clip_val or 0)
         loader = iter(data.train_dataloader())
         self.batches = [next(loader) for _ in range(batches)]
         self.parameters = sum(p.numel() for p in self.task.parameters())
@@ -62,6 +67,8 @@ class Variant:
         inputs, lengths = batch_inputs(batch)
         loss = self.task.model(inputs, lengths, batch["tokens"]).loss
         loss.backward()
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.task.parameters(), self.clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
