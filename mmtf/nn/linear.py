@@ -5,8 +5,9 @@ decoder, so each linear layer is a pass over its weight. ``F.linear`` on a CPU c
 SGEMM; oneDNN's inner product over a weight reordered once into its blocked layout ran the
 decoder-base layers 1.8-5.2x faster at 8 rows on the AMD CPU measured (where MKL ran at AVX2
 rates even with AVX-512 present), 1.4-3.0x with oneDNN capped at AVX2, and 1.1-2.4x at 2048
-rows (experiments/kv_cache_decoding/linear_kernels.py, docs/design/packed-linear.md). Inductor's freezing pass emits the same op, so the
-compiled decode step and the eager one share it.
+rows (experiments/kv_cache_decoding/linear_kernels.py, docs/design/packed-linear.md).
+Inductor's freezing pass emits the same op, so the compiled decode step and the eager one share
+it.
 
 :class:`Linear` is an ``nn.Linear`` (same parameters, names and init; state dicts, LoRA, FSDP
 and the pretrained name tables see no difference). Only inside :func:`packed_linear_weights`
@@ -122,7 +123,7 @@ def _log_unpackable(error: RuntimeError) -> None:
         _logged_unpackable = True
         log.info("mmtf.nn.Linear: a weight could not be packed for oneDNN (%s); such layers "
                  "run F.linear (MKL on a CPU) instead of a packed copy.",
-                 str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+                 (str(error).strip() or type(error).__name__).splitlines()[0])
 
 
 def weight_state(weight: Tensor) -> tuple:
