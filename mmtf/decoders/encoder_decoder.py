@@ -249,8 +249,8 @@ class EncoderDecoder(nn.Module):
             eos-terminated then pad; scores (b,) or (b, n); lengths likewise.
         """
         cfg = GenerationConfig.build(config, **options)
-        # The encoder runs once per call: its layers on oneDNN-packed copies too (1.1-1.3x an
-        # encoder pass on CPU). Why: see docs/design/packed-linear.md
+        # The encoder runs once per call: its layers on oneDNN-packed copies too (1.0-1.3x an
+        # encoder pass on CPU, packing included). Why: see docs/design/packed-linear.md
         with packed_linear_weights(self.encoder, rows=inputs.shape[0]):
             memory, mask = self.encode(inputs, lengths)
         prompt = self.prompt_ids if prompt_ids is None else prompt_ids
