@@ -264,6 +264,9 @@ def main() -> None:
     parser.add_argument("--fused", action="store_true",
                         help="mmtf's AdamW with fused=True (+model.optimizer.fused=true); the "
                              "peer keeps torch's default")
+    parser.add_argument("--foreach", action="store_true",
+                        help="mmtf's AdamW with foreach=True (+model.optimizer.foreach=true; "
+                             "torch's default on a CPU is the per-tensor loop)")
     parser.add_argument("--loss-steps", type=int, default=60,
                         help="steps of the fp32 vs bf16 short run")
     args = parser.parse_args()
@@ -283,7 +286,8 @@ def main() -> None:
     systems = {}
     for size in args.sizes.split(","):
         overrides = ([] if size == "default" else LARGE) + (
-            ["+model.optimizer.fused=true"] if args.fused else [])
+            ["+model.optimizer.fused=true"] if args.fused else []) + (
+            ["+model.optimizer.foreach=true"] if args.foreach else [])
         model, opt, cfg = build_mmtf(overrides, device)
         batches = make_batches(cfg, 4, args.batch, args.seconds, device)
         memory_len = int(model.encoder.output_lengths(batches[0]["lengths"][:1]).item())
@@ -382,7 +386,7 @@ def main() -> None:
          f"(native bf16: {has_native_bf16()})"),
         ("cpu", describe_cpu()),
         ("setting", f"batch {args.batch}, {args.seconds} s clips, {args.threads} threads, "
-                    f"{'fused ' if args.fused else ''}AdamW, "
+                    f"{'fused ' if args.fused else ''}{'foreach ' if args.foreach else ''}AdamW, "
                     f"{args.device}, {args.repeats} repeats x {args.steps} steps (medians)"),
         ("load average (1 min) at start / end", f"{load0:.2f} / {os.getloadavg()[0]:.2f} "
                                                 f"on {os.cpu_count()} CPUs"),
@@ -401,7 +405,8 @@ def main() -> None:
                "bf16_final_loss_diff": round(bf16_loss - fp32_loss, 5),
                "sizes": result, "cpu_flags": flags,
                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-               "device": str(device), "fused_adamw": args.fused, "threads": torch.get_num_threads(),
+               "device": str(device), "fused_adamw": args.fused,
+               "foreach_adamw": args.foreach, "threads": torch.get_num_threads(),
                "load_avg_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)]}
     if not math.isfinite(fp32_loss) or not math.isfinite(bf16_loss):
         summary["error"] = "non-finite loss in the short run"
