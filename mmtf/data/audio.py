@@ -21,6 +21,7 @@ import io
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -211,39 +212,133 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
         DataError: the file is missing, empty, truncated, undecodable, has no samples, has
             NaN/inf samples or the wrong channel count.
     """
-    path = _source_name(path, data, where)
     if max_seconds is not None and max_seconds <= 0:
         raise UserError(f"max_seconds ({max_seconds}) must be > 0 or None (no limit).")
+    path = _source_name(path, data, where)
+
+    def window(info: AudioInfo, subtype: str) -> tuple[int, int]:
+        return crop_window(info.frames, _frames_wanted(max_seconds, info), crop, rng)
+
+    samples, info = _decode(path, data, where, channels, check_header, window, stored=False)
+    return _mono_at_rate(samples, info.sample_rate, sample_rate)
+
+
+@dataclass(frozen=True, eq=False)
+class StoredAudio:
+    """A whole audio file's samples as the file stores them, for the decoded-media cache of
+    :class:`mmtf.data.datasets.MediaDataset`: 16-bit PCM as int16 (half the memory of float32,
+    and ``int16 / 32768`` is exactly libsndfile's float conversion), other lossless codings as
+    float32. :meth:`clip` gives the bits :func:`load_audio` decodes from the file."""
+
+    samples: np.ndarray            # (f, c) int16 or float32, at the file's rate
+    sample_rate: int
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the samples."""
+        return int(self.samples.nbytes)
+
+    def clip(self, *, sample_rate: int | None = 16000, max_seconds: float | None = None,
+             crop: Crop = "center", rng: np.random.Generator | None = None) -> Tensor:
+        """The waveform :func:`load_audio` returns for these arguments, (s,) float32."""
+        info = AudioInfo(frames=self.samples.shape[0], sample_rate=self.sample_rate,
+                         channels=self.samples.shape[1])
+        start, count = crop_window(info.frames, _frames_wanted(max_seconds, info), crop, rng)
+        part = self.samples[start:start + count]                            # (f', c)
+        if part.dtype == np.int16:
+            part = part.astype(np.float32) * np.float32(1 / 0x8000)
+        return _mono_at_rate(part, self.sample_rate, sample_rate)
+
+
+# Subtypes whose decoding is exact and seekable sample by sample: a window read from the file
+# and the same window sliced from the whole decoded file are the same samples. Lossy codecs
+# (MP3, Vorbis, Opus) are decoded from the file every time.
+_LOSSLESS_SUBTYPES = ("PCM_S8", "PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT", "DOUBLE")
+
+
+def read_stored_audio(path: str | os.PathLike, *, channels: int | None = None,
+                      where: str | None = None, data: bytes | None = None,
+                      max_bytes: int | None = None) -> StoredAudio | None:
+    """Decode a whole losslessly coded file for keeping in memory (see :class:`StoredAudio`).
+
+    Args:
+        path: the audio file (with ``data``: only its name in messages).
+        channels: required channel count, or None to accept any.
+        where: the index entry that points to the file, for error messages.
+        data: the file's bytes when it is not a file of its own (a tar shard member).
+        max_bytes: decode only if the samples take at most this many bytes.
+
+    Returns:
+        The samples, or None (nothing decoded) when the coding is lossy or they would not fit
+        ``max_bytes``.
+
+    Raises:
+        DataError: as :func:`load_audio`.
+    """
+    path = _source_name(path, data, where)
+
+    def whole_if_kept(info: AudioInfo, subtype: str) -> tuple[int, int] | None:
+        itemsize = 2 if subtype == "PCM_16" else 4
+        if subtype not in _LOSSLESS_SUBTYPES or (
+                max_bytes is not None and info.frames * info.channels * itemsize > max_bytes):
+            return None
+        return 0, info.frames
+
+    decoded = _decode(path, data, where, channels, False, whole_if_kept, stored=True)
+    if decoded is None:
+        return None
+    samples, info = decoded
+    return StoredAudio(samples=samples, sample_rate=info.sample_rate)
+
+
+def _frames_wanted(max_seconds: float | None, info: AudioInfo) -> int | None:
+    return None if max_seconds is None else max(1, math.ceil(max_seconds * info.sample_rate))
+
+
+def _decode(path: Path | str, data: bytes | None, where: str | None, channels: int | None,
+            check_header: bool, window: Callable[[AudioInfo, str], tuple[int, int] | None],
+            *, stored: bool) -> tuple[np.ndarray, AudioInfo] | None:
+    """Open, check and read ``window(info, subtype)`` = (start, count) frames of one file:
+    ``((f, c) samples, info)``, or None when ``window`` declines. Samples are float32, or with
+    ``stored`` as :class:`StoredAudio` keeps them (int16 for 16-bit PCM)."""
     try:
         with sf.SoundFile(str(path) if data is None else io.BytesIO(data)) as f:
             info = AudioInfo(frames=int(f.frames), sample_rate=int(f.samplerate),
                              channels=int(f.channels))
             if check_header:
                 _check_header(path, info, f.extra_info, channels, where)
-            elif info.frames <= 0:
+            else:  # probe() checked the header; only what costs nothing to check again
                 _check_header(path, info, "", channels, where)
-            want = None if max_seconds is None else max(1, math.ceil(max_seconds * info.sample_rate))
-            start, count = crop_window(info.frames, want, crop, rng)
+            span = window(info, f.subtype)
+            if span is None:
+                return None
+            start, count = span
             if start:
                 f.seek(start)
-            data = f.read(count, dtype="float32", always_2d=True)  # (f, c)
+            read_as = "int16" if stored and f.subtype == "PCM_16" else "float32"
+            samples = f.read(count, dtype=read_as, always_2d=True)       # (f, c)
     except (sf.LibsndfileError, RuntimeError, TypeError) as e:
         raise DataError.make("undecodable", path, f"cannot be decoded ({e})", _FIX_DECODE,
                              where) from None
     # Lossy decoders may return a frame or so less than the header says; a big gap is a cut file.
-    if count - data.shape[0] > max(2048, 0.01 * count):
+    if count - samples.shape[0] > max(2048, 0.01 * count):
         raise DataError.make("truncated", path,
-                             f"file is truncated (decoded {data.shape[0]} of {count} frames)",
+                             f"file is truncated (decoded {samples.shape[0]} of {count} frames)",
                              "re-copy or re-download it", where)
-    if data.shape[0] == 0:
+    if samples.shape[0] == 0:
         raise DataError.make("zero_length", path, "audio has no samples after decoding",
                              "remove it from the index", where)
-    if not np.isfinite(data).all():
-        bad = int((~np.isfinite(data)).sum())
+    if samples.dtype != np.int16 and not np.isfinite(samples).all():
+        bad = int((~np.isfinite(samples)).sum())
         raise DataError.make("non_finite", path, f"has {bad} NaN/inf sample(s)",
                              "re-encode it as integer PCM or remove it from the index", where)
-    wave = torch.from_numpy(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0])  # (f,)
-    wave = resample(wave, info.sample_rate, sample_rate or info.sample_rate)  # (s,)
+    return samples, info
+
+
+def _mono_at_rate(samples: np.ndarray, file_rate: int, sample_rate: int | None) -> Tensor:
+    """(f, c) float32 at ``file_rate`` -> (s,) float32 mono at ``sample_rate`` (None: kept)."""
+    wave = torch.from_numpy(samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0])
+    wave = resample(wave, file_rate, sample_rate or file_rate)               # (s,)
     return wave.contiguous()
 
 

@@ -92,9 +92,13 @@ class MediaDataModule(L.LightningDataModule):
         drop_last: drop the last incomplete training batch.
         seed: shuffling, caption sampling and random crops are functions of it and the epoch.
         on_error: ``raise`` at the first bad file/row, or ``skip`` and count.
-        image_cache_mb: images only: decoded images (uint8, before the transforms) kept in
-            memory per split, up to this many MiB each, so epochs after the first skip reading
-            and decoding them; 0 = off. Per process: with workers, set ``persistent_workers``.
+        media_cache_mb: decoded media kept in memory per split, up to this many MiB each, so
+            epochs after the first skip reading and decoding them: images as uint8 before the
+            transforms, audio as the file's samples before crop and resampling (16-bit PCM as
+            int16; MP3/Vorbis/Opus are decoded every time). Examples are the same bits as
+            without it. 0 = off. Per process: with workers, set ``persistent_workers``.
+        image_cache_mb: the name of ``media_cache_mb`` until 2026-12-03, still read from the
+            configs stored with earlier runs.
         augment: audio only, training split only: ``{speed, noise, gain, mixup}`` (see
             :mod:`mmtf.data.augment` for every key); None or all ``p: 0`` = off.
     """
@@ -115,7 +119,8 @@ class MediaDataModule(L.LightningDataModule):
                  pin_memory: bool | None = None, persistent_workers: bool = False,
                  bucketing: bool = True, bucket_size: int = 50, drop_last: bool = False,
                  seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
-                 image_cache_mb: float = 0, augment: Mapping[str, Any] | None = None) -> None:
+                 media_cache_mb: float = 0, augment: Mapping[str, Any] | None = None,
+                 image_cache_mb: float | None = None) -> None:
         super().__init__()
         formats = self._formats()
         if format not in formats:
@@ -146,11 +151,16 @@ class MediaDataModule(L.LightningDataModule):
             eval_pixels=eval_max_pixels_per_batch)
         if num_workers < 0:
             raise UserError(f"num_workers ({num_workers}) must be >= 0.")
-        if image_cache_mb < 0 or (image_cache_mb and modality != "image"):
-            raise UserError(f"{type(self).__name__}: image_cache_mb ({image_cache_mb}) must be "
-                             f">= 0, and 0 for {modality} data (it keeps decoded images); fix "
-                             f"data.image_cache_mb.")
-        self.image_cache_bytes = int(image_cache_mb * 2 ** 20)
+        if image_cache_mb is not None:
+            if media_cache_mb and image_cache_mb != media_cache_mb:
+                raise UserError(f"{type(self).__name__}: data.image_cache_mb ({image_cache_mb}) "
+                                 f"is the old name of data.media_cache_mb ({media_cache_mb}); "
+                                 f"keep only data.media_cache_mb.")
+            media_cache_mb = image_cache_mb
+        if media_cache_mb < 0:
+            raise UserError(f"{type(self).__name__}: media_cache_mb ({media_cache_mb}) must be "
+                             f">= 0 (MiB per split; 0 = off); fix data.media_cache_mb.")
+        self.cache_bytes = int(media_cache_mb * 2 ** 20)
         self.augment, self.mixup = build_augment(
             to_plain(augment), sample_rate=sample_rate, max_seconds=max_seconds, seed=seed,
             task=self.task)
@@ -241,7 +251,7 @@ class MediaDataModule(L.LightningDataModule):
         return dict(modality=self.modality, sample_rate=self.sample_rate,
                     max_seconds=self.max_seconds, crop=crop, channels=self.channels,
                     transform=self._transform(split), on_error=self.on_error, seed=self.seed,
-                    image_cache_bytes=self.image_cache_bytes,
+                    cache_bytes=self.cache_bytes,
                     augment=self.augment if split == "train" else None)
 
     def batch_sampler(self, split: str, *, bucketing: bool | None = None) -> BucketBatchSampler:

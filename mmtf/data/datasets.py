@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from mmtf.data.audio import Crop, audio_info, load_audio
+from mmtf.data.audio import Crop, StoredAudio, audio_info, load_audio, read_stored_audio
 from mmtf.data.augment import WaveAugment, augment_stream
 from mmtf.data.collate import Modality
 from mmtf.data.errors import ErrorPolicy, OnError, check_media_file
@@ -97,10 +97,12 @@ class MediaDataset(Dataset):
         on_error: ``raise`` | ``skip`` (replace by the next good item and record it).
         seed: seeds random crops together with the key's epoch and item.
         max_retries: how many following items to try before giving up under ``skip``.
-        image_cache_bytes: images only: keep decoded images (uint8, before the transform) in
-            memory up to this many bytes, so later epochs skip the file read and the PNG/JPEG
-            decode; 0 = decode every time. The cache belongs to the process that decodes (the
-            main process, or each worker while it lives: use persistent workers).
+        cache_bytes: keep decoded media in memory up to this many bytes, so later epochs skip
+            the file read and the decode: images as uint8 before the transform, audio as the
+            whole file's samples before crop, resampling and augmentation (16-bit PCM as int16;
+            lossy codings such as MP3 are decoded every time). Every example is the same bits as
+            without the cache. 0 = decode every time. The cache belongs to the process that
+            decodes (the main process, or each worker while it lives: use persistent workers).
         augment: audio only: speed / noise / gain of each decoded clip (training), drawn from
             :func:`mmtf.data.augment.augment_stream` ``(seed, epoch, item)``; None = off.
     """
@@ -109,13 +111,14 @@ class MediaDataset(Dataset):
                  sample_rate: int = 16000, max_seconds: float | None = None, crop: Crop = "center",
                  channels: int | None = None, transform: Callable[[Tensor], Tensor] | None = None,
                  on_error: OnError = "raise", seed: int = 0, max_retries: int = 16,
-                 image_cache_bytes: int = 0, augment: WaveAugment | None = None) -> None:
+                 cache_bytes: int = 0, augment: WaveAugment | None = None) -> None:
         # modality and on_error are checked once, at the config boundary (CaptionDataModule,
         # ErrorPolicy); a dataset is built from checked values.
-        if image_cache_bytes < 0:
-            raise UserError(f"image_cache_bytes ({image_cache_bytes}) must be >= 0.")
-        self._image_cache: dict[int, Tensor] = {}
-        self._image_cache_left = image_cache_bytes
+        if cache_bytes < 0:
+            raise UserError(f"cache_bytes ({cache_bytes}) must be >= 0.")
+        self._cache: dict[int, Tensor | StoredAudio] = {}
+        self._cache_left = cache_bytes
+        self._not_cached: set[int] = set()   # audio too big for what is left, or lossy
         self.items = list(items)
         self.modality, self.sample_rate, self.max_seconds = modality, sample_rate, max_seconds
         self.crop, self.channels, self.transform = crop, channels, transform
@@ -138,23 +141,29 @@ class MediaDataset(Dataset):
             # A pure function of (seed, epoch, item): the same crop in any worker, and again
             # after a resume (a worker's global generators restart with the worker).
             rng = sample_rng(self.seed, epoch, index) if self.crop == "random" else None
-            wave = load_audio(item.path, sample_rate=self.sample_rate,
-                              max_seconds=self.max_seconds, crop=self.crop,
-                              channels=self.channels, rng=rng, where=item.where,
-                              check_header=False,  # headers were checked by probe()
-                              data=self.read_bytes(index))
+            stored = self._stored_audio(index)
+            if stored is not None:
+                wave = stored.clip(sample_rate=self.sample_rate, max_seconds=self.max_seconds,
+                                   crop=self.crop, rng=rng)
+            else:
+                wave = load_audio(item.path, sample_rate=self.sample_rate,
+                                  max_seconds=self.max_seconds, crop=self.crop,
+                                  channels=self.channels, rng=rng, where=item.where,
+                                  check_header=False,  # headers were checked by probe()
+                                  data=self.read_bytes(index))
             if self.augment is not None:
                 wave = self.augment(wave, augment_stream(self.seed, epoch, index))
             return wave
-        image = self._image_cache.get(index)
+        image = self._cache.get(index)
         if image is None:
             image = load_image(item.path, where=item.where,
                                data=self.read_bytes(index))                  # (3, h, w) uint8
-            if image.nbytes <= self._image_cache_left:
-                self._image_cache[index] = image
-                self._image_cache_left -= image.nbytes
+            if image.nbytes <= self._cache_left:
+                self._cache[index] = image
+                self._cache_left -= image.nbytes
+        assert isinstance(image, Tensor)
         if self.transform is None:
-            return image.clone() if index in self._image_cache else image
+            return image.clone() if index in self._cache else image
         # Random transforms draw from torch's global RNG; seed it per (seed, epoch, item) so
         # augmentations, like audio crops, do not depend on the number of workers. The CPU
         # generator only (torch.manual_seed also seeds CUDA, at a cost per call).
@@ -163,6 +172,22 @@ class MediaDataset(Dataset):
             torch.default_generator.manual_seed(
                 int(np.random.SeedSequence([self.seed, epoch, index]).generate_state(1)[0]))
             return self.transform(image)
+
+    def _stored_audio(self, index: int) -> StoredAudio | None:
+        """Item ``index``'s samples from the cache, read into it on first use while they fit;
+        None: decode from the file."""
+        stored = self._cache.get(index)
+        if stored is not None or index in self._not_cached or self._cache_left <= 0:
+            return stored  # type: ignore[return-value]
+        item = self.items[index]
+        stored = read_stored_audio(item.path, channels=self.channels, where=item.where,
+                                   data=self.read_bytes(index), max_bytes=self._cache_left)
+        if stored is None:
+            self._not_cached.add(index)
+            return None
+        self._cache[index] = stored
+        self._cache_left -= stored.nbytes
+        return stored
 
     def example(self, index: int, caption: int, media: Tensor) -> dict[str, Any]:
         """The example dict of one item (subclasses add their targets)."""

@@ -180,3 +180,98 @@ def test_info_reports_duration(tmp_path):
     assert (info.frames, info.sample_rate, info.channels) == (12000, 8000, 1)
     assert info.duration == pytest.approx(1.5)
     assert os.path.exists(path)
+
+
+# ------------------------------------------------------------------ decoded-audio cache
+def _caption_items(paths):
+    from mmtf.data.formats.base import LabelItem
+
+    return [LabelItem(id=str(i), path=p, label=i, where=f"line {i}") for i, p in enumerate(paths)]
+
+
+@pytest.mark.parametrize("ext,subtype,rate,channels", [
+    ("wav", "PCM_16", 16000, 1),
+    ("flac", "PCM_16", 22050, 2),      # FLAC, resampled, stereo mixed down
+    ("wav", "PCM_24", 16000, 1),
+    ("wav", "FLOAT", 44100, 2),
+])
+def test_decoded_audio_cache_reads_once_and_changes_no_sample(tmp_path, monkeypatch, ext,
+                                                              subtype, rate, channels):
+    from mmtf.data import datasets
+
+    rng = np.random.default_rng(1)
+    paths = []
+    for i, seconds in enumerate((1.3, 0.7, 1.9)):
+        wave = rng.uniform(-0.9, 0.9, (int(seconds * rate), channels)).astype(np.float32)
+        paths.append(write_audio(tmp_path / f"{i}.{ext}", wave, rate, subtype=subtype))
+    items = _caption_items(paths)
+    whole, windows = [], []
+    real_whole, real_window = datasets.read_stored_audio, datasets.load_audio
+    monkeypatch.setattr(datasets, "read_stored_audio",
+                        lambda p, **kw: whole.append(p.name) or real_whole(p, **kw))
+    monkeypatch.setattr(datasets, "load_audio",
+                        lambda p, **kw: windows.append(p.name) or real_window(p, **kw))
+    # Room for the first two files and a little (16-bit PCM is kept as int16, the rest as
+    # float32): the third is asked for once, does not fit, and is not asked for again.
+    itemsize = 2 if subtype == "PCM_16" else 4
+    room = (int(1.3 * rate) + int(0.7 * rate)) * channels * itemsize + 100
+    kw = dict(modality="audio", sample_rate=16000, max_seconds=1.0, crop="random", seed=3)
+    cached = datasets.LabelDataset(items, cache_bytes=room, **kw)
+    keys = [(i, 0, epoch) for epoch in range(3) for i in range(3)]
+    got = [cached[key]["audio"] for key in keys]
+    # Each file is read whole once; the one that does not fit is then decoded window by window
+    # from the file, every epoch.
+    assert whole == ["0." + ext, "1." + ext, "2." + ext]
+    assert windows == ["2." + ext] * 3
+    assert sorted(cached._cache) == [0, 1] and cached._cache_left == 100
+    windows.clear()
+    plain = datasets.LabelDataset(items, **kw)
+    for key, wave in zip(keys, got):   # libsndfile's own seek and float decode, each time
+        torch.testing.assert_close(wave, plain[key]["audio"], rtol=0, atol=0)
+    # Random crops still move with the epoch (the 1.3 s file, cropped to 1 s).
+    assert not torch.equal(got[0], got[3])
+
+
+@pytest.mark.parametrize("ext,subtype", [("ogg", "VORBIS"), ("mp3", "MPEG_LAYER_III")])
+def test_lossy_audio_is_decoded_from_the_file_every_time(tmp_path, monkeypatch, ext, subtype):
+    from mmtf.data import datasets
+
+    path = write_audio(tmp_path / f"a.{ext}", sine(1.0, 16000), subtype=subtype)
+    opened = []
+    real_whole = datasets.read_stored_audio
+    monkeypatch.setattr(datasets, "read_stored_audio",
+                        lambda p, **kw: opened.append(p.name) or real_whole(p, **kw))
+    cached = datasets.LabelDataset(_caption_items([path]), modality="audio",
+                                   max_seconds=0.5, crop="random", cache_bytes=10 ** 7)
+    plain = datasets.LabelDataset(_caption_items([path]), modality="audio", max_seconds=0.5,
+                                  crop="random")
+    for epoch in range(3):
+        torch.testing.assert_close(cached[(0, 0, epoch)]["audio"], plain[(0, 0, epoch)]["audio"],
+                                   rtol=0, atol=0)
+    # Asked once: a lossy file is never kept (a window decoded after a seek is not a slice
+    # of the whole decode), and not reopened to ask again.
+    assert opened == [f"a.{ext}"] and not cached._cache
+
+
+def test_audio_data_module_caches_with_media_cache_mb(tiny_audio_captions):
+    from mmtf.data import CaptionDataModule
+
+    def batches(**kw):
+        dm = CaptionDataModule(format="clotho", root=str(tiny_audio_captions), batch_size=3,
+                               max_seconds=1.5, seed=0, **kw)
+        dm.setup("fit")
+        from mmtf.text import build_tokenizer
+        dm.connect(build_tokenizer({"kind": "char"}, dm.train_captions))
+        loader = dm.train_dataloader()
+        out = []
+        for epoch in range(2):
+            loader.batch_sampler.set_epoch(epoch)
+            out += [b["audio"] for b in loader]
+        return out, loader.dataset
+
+    cached, dataset = batches(media_cache_mb=1)
+    plain, _ = batches()
+    assert len(dataset._cache) == 6       # the six training clips, 16-bit PCM kept as int16
+    assert all(s.samples.dtype == np.int16 for s in dataset._cache.values())
+    for a, b in zip(cached, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -55,7 +55,7 @@ def test_audio_caption_batches(tiny_audio_captions):
 def test_image_caption_batches(tiny_image_captions):
     norm = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)]
     dm = CaptionDataModule(format="coco", root=str(tiny_image_captions), batch_size=3,
-                           train_transforms=norm, eval_transforms=norm, image_cache_mb=1)
+                           train_transforms=norm, eval_transforms=norm, media_cache_mb=1)
     dm.setup("fit")
     dm.connect(build_tokenizer(BPE, dm.train_captions))
     assert dm.modality == "image"
@@ -63,8 +63,8 @@ def test_image_caption_batches(tiny_image_captions):
     assert batch["image"].shape == (3, 3, 32, 32) and batch["image"].dtype == torch.float32
     assert float(batch["image"].min()) >= -1.0 and float(batch["image"].max()) <= 1.0
     assert "audio" not in batch and batch["tokens"].dtype == torch.long
-    # data.image_cache_mb reaches the dataset: the batch's three images stay decoded.
-    assert len(dm._loaders["train"].dataset._image_cache) == 3
+    # data.media_cache_mb reaches the dataset: the batch's three images stay decoded.
+    assert len(dm._loaders["train"].dataset._cache) == 3
 
 
 def test_image_augmentation_is_a_function_of_seed_epoch_and_item(tiny_image_labels):
@@ -222,9 +222,16 @@ def test_constructor_checks(tmp_path):
         CaptionDataModule(format="clotho", root=str(tmp_path), on_error="ignore")
     with pytest.raises(ValueError, match=r"caption_policy \('first'\)"):
         CaptionDataModule(format="clotho", root=str(tmp_path), caption_policy="first")
-    with pytest.raises(ValueError, match=r"image_cache_mb \(64\) .* 0 for audio data .* fix "
-                                         r"data.image_cache_mb"):
-        CaptionDataModule(format="clotho", root=str(tmp_path), image_cache_mb=64)
+    with pytest.raises(ValueError, match=r"media_cache_mb \(-1\) must be >= 0 .* fix "
+                                         r"data.media_cache_mb"):
+        CaptionDataModule(format="clotho", root=str(tmp_path), media_cache_mb=-1)
+    # The old name, as stored in earlier runs' configs, is read as the new one.
+    assert CaptionDataModule(format="clotho", root=str(tmp_path),
+                             image_cache_mb=2).cache_bytes == 2 * 2 ** 20
+    with pytest.raises(ValueError, match=r"image_cache_mb \(2\) is the old name of "
+                                         r"data.media_cache_mb \(4\)"):
+        CaptionDataModule(format="clotho", root=str(tmp_path), media_cache_mb=4,
+                          image_cache_mb=2)
 
 
 # ------------------------------------------------------------------ bad files

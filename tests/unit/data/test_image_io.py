@@ -123,7 +123,7 @@ def test_decoded_image_cache_decodes_once_and_changes_no_pixel(tmp_path, monkeyp
     augment = [v2.RandomCrop(12, padding=2), v2.ColorJitter(brightness=0.5)]
     plain = datasets.LabelDataset(items, modality="image", transform=build_transform(augment))
     cached = datasets.LabelDataset(items, modality="image", transform=build_transform(augment),
-                                   image_cache_bytes=2 * 3 * 16 * 16)     # room for two images
+                                   cache_bytes=2 * 3 * 16 * 16)     # room for two images
     keys = [(i, 0, epoch) for epoch in range(3) for i in range(3)]
     got = [cached[key]["image"] for key in keys]
     # Three decodes in the first epoch, then only the image that did not fit.
@@ -131,7 +131,7 @@ def test_decoded_image_cache_decodes_once_and_changes_no_pixel(tmp_path, monkeyp
     for key, image in zip(keys, got):       # the same augmented pixels as decoding each time
         torch.testing.assert_close(image, plain[key]["image"], rtol=0, atol=0)
     # Without a transform the caller gets a copy: changing it leaves the cache as decoded.
-    raw = datasets.LabelDataset(items, modality="image", image_cache_bytes=10 ** 6)
+    raw = datasets.LabelDataset(items, modality="image", cache_bytes=10 ** 6)
     first = raw[0]["image"]
     first.zero_()
     assert torch.equal(raw[0]["image"], load_image(items[0].path))
