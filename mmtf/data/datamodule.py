@@ -176,6 +176,11 @@ class MediaDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
+        if self.cache_bytes and num_workers > 0 and not persistent_workers:
+            log.warning("[data] data.media_cache_mb=%g with data.num_workers=%d and "
+                        "data.persistent_workers=false: each epoch's new workers start with an "
+                        "empty cache, so it only costs memory; set data.persistent_workers=true "
+                        "(or data.media_cache_mb=0)", media_cache_mb, num_workers)
         self.bucketing, self.bucket_size, self.drop_last = bucketing, bucket_size, drop_last
         self.seed, self.on_error = seed, on_error
         self.error_counts = ErrorCounter()

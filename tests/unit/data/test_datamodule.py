@@ -234,6 +234,17 @@ def test_constructor_checks(tmp_path):
                           image_cache_mb=2)
 
 
+def test_media_cache_without_persistent_workers_warns(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="mmtf.data"):
+        CaptionDataModule(format="clotho", root=str(tmp_path), media_cache_mb=8, num_workers=2,
+                          persistent_workers=True)
+        assert "media_cache_mb" not in caplog.text
+        CaptionDataModule(format="clotho", root=str(tmp_path), media_cache_mb=8, num_workers=2,
+                          persistent_workers=False)
+    assert ("data.media_cache_mb=8 with data.num_workers=2 and data.persistent_workers=false"
+            in caplog.text and "set data.persistent_workers=true" in caplog.text)
+
+
 # ------------------------------------------------------------------ bad files
 @pytest.fixture
 def broken_clotho(tiny_audio_captions, tmp_path):
