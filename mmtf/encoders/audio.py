@@ -153,7 +153,7 @@ class LogMelFrontEnd(nn.Module):
                 return self._whisper_features(wave), frames
             half = self.n_fft // 2
             wave = F.pad(wave, (half, half))                     # (b, n + 2 * half)
-            feats = torch.log(self.mel_energies(wave) + LOG_EPS)  # (b, f, t)
+            feats = torch.log(self.mel(wave) + LOG_EPS)          # (b, f, t)
             valid = _lengths_mask(frames, feats.shape[-1])[:, None, :]   # (b, 1, t)
             if self.feature_norm == "utterance":
                 weight = valid.float()
@@ -166,17 +166,6 @@ class LogMelFrontEnd(nn.Module):
             feats = feats.masked_fill(~valid, 0.0)
         return feats, frames
 
-    def mel_energies(self, wave: Tensor) -> Tensor:
-        """Mel filterbank energies of the power spectrum, (b, n) -> (b, f, t), with no padding
-        added: torchaudio's STFT and filters, the power as re² + im². torchaudio's own power
-        (``|z|.pow(2)``) takes a square root per bin and squares it again, which costs more than
-        the STFT itself (docs/design/mel-power.md)."""
-        spec = self.mel.spectrogram
-        z = torchaudio.functional.spectrogram(
-            wave, spec.pad, spec.window, spec.n_fft, spec.hop_length, spec.win_length, None,
-            spec.normalized, spec.center, spec.pad_mode, spec.onesided)   # (b, n_fft/2+1, t)
-        return self.mel.mel_scale(z.real.square() + z.imag.square())   # (b, f, t)
-
     def _whisper_features(self, wave: Tensor) -> Tensor:
         """Whisper's log-mel of zero-padded float32 waveforms (b, n) -> (b, f, t)."""
         half = self.n_fft // 2
@@ -185,7 +174,7 @@ class LogMelFrontEnd(nn.Module):
         right = (wave[:, -half - 1:-1].flip(-1) if self.pad_to_samples is not None
                  else wave.new_zeros(wave.shape[0], half))
         wave = torch.cat([wave[:, 1:half + 1].flip(-1), wave, right], dim=1)   # (b, n + n_fft)
-        feats = self.mel_energies(wave)                          # (b, f, n // hop + 1)
+        feats = self.mel(wave)                                   # (b, f, n // hop + 1)
         if self.pad_to_samples is not None:
             feats = feats[..., :-1]                              # Whisper drops the last frame
         feats = feats.clamp_min(WHISPER_FLOOR).log10()
