@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 import statistics
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -26,7 +26,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from mmtf.nn.linear import packed_linear_weights
-from mmtf.perf.device import cpu_flags, describe_cpu
+from mmtf.perf.device import cpu_flags, describe_cpu, median_call_ms
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 ENCODERS = {   # name: (overrides, batch, seconds)
@@ -43,19 +43,13 @@ def build(overrides: list[str]):
     return instantiate(cfg.model).model.eval(), int(cfg.data.synthetic.sample_rate)
 
 
-def median_ms(model, inputs: torch.Tensor, lengths: torch.Tensor, packed: bool,
-              calls: int) -> float:
-    """Median ms of ``calls`` encoder passes (after one warm-up), packing per pass if ``packed``."""
-    times = []
-    for _ in range(calls + 1):                  # the first call warms oneDNN's primitives
-        start = time.perf_counter()
-        if packed:
-            with packed_linear_weights(model.encoder, rows=inputs.shape[0]):
-                model.encode(inputs, lengths)
-        else:
+def encode(model, inputs: torch.Tensor, lengths: torch.Tensor, packed: bool) -> None:
+    """One encoder pass, packing the encoder's linear layers for it if ``packed``."""
+    if packed:
+        with packed_linear_weights(model.encoder, rows=inputs.shape[0]):
             model.encode(inputs, lengths)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:]) * 1e3
+    else:
+        model.encode(inputs, lengths)
 
 
 def main() -> None:
@@ -75,8 +69,10 @@ def main() -> None:
             lengths = torch.full((batch,), samples)
             plain, packed = [], []
             for _ in range(args.repeats):
-                plain.append(median_ms(model, inputs, lengths, False, args.calls))
-                packed.append(median_ms(model, inputs, lengths, True, args.calls))
+                plain.append(median_call_ms(partial(encode, model, inputs, lengths, False),
+                                            args.calls))
+                packed.append(median_call_ms(partial(encode, model, inputs, lengths, True),
+                                             args.calls))
             reference = model.encode(inputs, lengths)[0]
             with packed_linear_weights(model.encoder, rows=batch):
                 difference = float((model.encode(inputs, lengths)[0] - reference).abs().max())

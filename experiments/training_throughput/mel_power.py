@@ -19,8 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,19 +26,9 @@ import torchaudio
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from mmtf.perf.device import cpu_flags, describe_cpu, quantity_table
+from mmtf.perf.device import cpu_flags, describe_cpu, median_call_ms, quantity_table
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-
-
-def median_ms(fn: Callable[[], torch.Tensor], calls: int) -> float:
-    """Median ms of ``calls`` calls after one warm-up call."""
-    times = []
-    for _ in range(calls + 1):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:]) * 1e3
 
 
 def main() -> None:
@@ -78,7 +66,7 @@ def main() -> None:
     with torch.no_grad():
         for _ in range(args.repeats):
             for name, fn in ways.items():
-                rounds[name].append(median_ms(fn, args.calls))
+                rounds[name].append(median_call_ms(fn, args.calls))
         reference, fast = front_end.mel(wave), squares()
     rel = float(((fast - reference).abs() / reference.abs().clamp_min(1e-12)).max())
     ms = {name: statistics.median(v) for name, v in rounds.items()}

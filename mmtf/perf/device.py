@@ -15,6 +15,9 @@ Why the defaults never depend on these: see docs/design/training-precision.md
 from __future__ import annotations
 
 import functools
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -69,6 +72,17 @@ def quantity_table(rows: list[tuple[str, str]]) -> str:
     width = max(len(key) for key, _ in rows)
     lines = [f"| {'quantity':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
     return "\n".join([*lines, *(f"| {key:<{width}} | {value} |" for key, value in rows)])
+
+
+def median_call_ms(fn: Callable[[], object], calls: int) -> float:
+    """The benchmarks' timing of one way: median milliseconds of ``calls`` calls of ``fn`` after
+    one warm-up call (first-call costs: oneDNN primitives, allocator growth, kernel caches)."""
+    times = []
+    for _ in range(calls + 1):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) * 1e3
 
 
 def has_native_bf16(flags: dict[str, bool] | None = None) -> bool | None:

@@ -62,3 +62,17 @@ def test_quantity_table_pads_keys_to_the_longest():
         "|------------|-------|\n"
         "| a          | 1 |\n"
         "| longer key | x y |")
+
+
+def test_median_call_ms_drops_the_warm_up_call(monkeypatch):
+    from mmtf.perf import device
+
+    # A clock that advances by each call's duration: warm-up 100 ms, then 1, 3, 2 ms.
+    durations = iter([0.100, 0.001, 0.003, 0.002])
+    now = [0.0]
+
+    def call() -> None:
+        now[0] += next(durations)
+
+    monkeypatch.setattr(device.time, "perf_counter", lambda: now[0])
+    assert device.median_call_ms(call, calls=3) == pytest.approx(2.0)
