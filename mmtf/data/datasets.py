@@ -117,7 +117,7 @@ class MediaDataset(Dataset):
         if cache_bytes < 0:
             raise UserError(f"cache_bytes ({cache_bytes}) must be >= 0.")
         self._cache: dict[int, Tensor | StoredAudio] = {}
-        self._cache_left = cache_bytes
+        self._cache_bytes = self._cache_left = cache_bytes
         self._not_cached: set[int] = set()   # audio too big for what is left, or lossy
         self.items = list(items)
         self.modality, self.sample_rate, self.max_seconds = modality, sample_rate, max_seconds
@@ -172,6 +172,15 @@ class MediaDataset(Dataset):
             torch.default_generator.manual_seed(
                 int(np.random.SeedSequence([self.seed, epoch, index]).generate_state(1)[0]))
             return self.transform(image)
+
+    def cache_report(self) -> str | None:
+        """What the decoded-media cache of this process holds, for the epoch's log line (e.g.
+        ``"kept decoded: 3000 of 3000 items, 369.9 of 400.0 MiB"``); None without a cache."""
+        if not self._cache_bytes:
+            return None
+        used = (self._cache_bytes - self._cache_left) / 2 ** 20
+        return (f"kept decoded: {len(self._cache)} of {len(self.items)} items, {used:.1f} of "
+                f"{self._cache_bytes / 2 ** 20:.1f} MiB")
 
     def _stored_audio(self, index: int) -> StoredAudio | None:
         """Item ``index``'s samples from the cache, read into it on first use while they fit;

@@ -77,6 +77,10 @@ def _watch(loader: Any, it: Iterator[Any]) -> Iterator[Any]:
         msg = (f"[data] {loader.split} epoch {epoch}: {batches} batches, {examples} examples"
                + (f", padding {100 * stats['padding_fraction']:.1f}% of audio samples"
                   if padded else ""))
+        # The decoded-media cache is visible here only when the main process decodes.
+        report = getattr(loader.dataset, "cache_report", None)
+        if loader.num_workers == 0 and callable(report) and (held := report()):
+            msg += f", {held}"
         if errors:
             log.warning("%s; skipped %s", msg, errors.summary())
         elif batches:

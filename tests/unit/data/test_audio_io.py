@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -253,7 +254,7 @@ def test_lossy_audio_is_decoded_from_the_file_every_time(tmp_path, monkeypatch, 
     assert opened == [f"a.{ext}"] and not cached._cache
 
 
-def test_audio_data_module_caches_with_media_cache_mb(tiny_audio_captions):
+def test_audio_data_module_caches_with_media_cache_mb(tiny_audio_captions, caplog):
     from mmtf.data import CaptionDataModule
 
     def batches(**kw):
@@ -269,7 +270,11 @@ def test_audio_data_module_caches_with_media_cache_mb(tiny_audio_captions):
             out += [b["audio"] for b in loader]
         return out, loader.dataset
 
-    cached, dataset = batches(media_cache_mb=1)
+    with caplog.at_level(logging.INFO, logger="mmtf.data"):
+        cached, dataset = batches(media_cache_mb=1)
+    # The epoch's line says what the cache holds (six 1-2 s clips of 16-bit samples).
+    held = sum(s.nbytes for s in dataset._cache.values()) / 2 ** 20
+    assert f"kept decoded: 6 of 6 items, {held:.1f} of 1.0 MiB" in caplog.text
     plain, _ = batches()
     assert len(dataset._cache) == 6       # the six training clips, 16-bit PCM kept as int16
     assert all(s.samples.dtype == np.int16 for s in dataset._cache.values())
