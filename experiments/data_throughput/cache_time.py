@@ -7,7 +7,7 @@ first use), then, ``--runs`` times each and interleaved, iterates the training l
 ``--cache-mb``). Epoch 1 of the cached loader decodes; later epochs read the cache.
 
     python experiments/data_throughput/cache_time.py [--experiment image_captioning]
-        [--epochs 3] [--runs 2] [--threads 2]
+        [--epochs 3] [--runs 2] [--threads 2] [--cache-mb N] [hydra overrides ...]
 
 Prints a table and a JSON object as its last line.
 """
@@ -39,10 +39,10 @@ def compose_experiment(experiment: str, data_dir: str | None, *overrides: str) -
         return compose("train", overrides=list(args))
 
 
-def epoch_seconds(experiment: str, cache_mb: float, epochs: int,
-                  data_dir: str | None) -> list[float]:
+def epoch_seconds(experiment: str, cache_mb: float, epochs: int, data_dir: str | None,
+                  overrides: list[str]) -> list[float]:
     """Seconds per epoch of the training loader with ``data.media_cache_mb=cache_mb``."""
-    cfg = compose_experiment(experiment, data_dir, f"data.media_cache_mb={cache_mb}")
+    cfg = compose_experiment(experiment, data_dir, *overrides, f"data.media_cache_mb={cache_mb}")
     data = instantiate(cfg.data)
     data.prepare_data()
     data.setup("fit")
@@ -65,28 +65,34 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data-dir", default=None, help="paths.data_dir (default: the config's)")
     parser.add_argument("--experiment", default="image_captioning")
+    parser.add_argument("overrides", nargs="*",
+                        help="Hydra overrides, e.g. data.synthetic.sample_rate=44100 (with "
+                             "--data-dir elsewhere: the set is generated at that rate)")
     parser.add_argument("--cache-mb", type=float, default=None,
                         help="the cached run's data.media_cache_mb (default: the experiment's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cache_mb = args.cache_mb
     if cache_mb is None:
-        cache_mb = float(compose_experiment(args.experiment, args.data_dir).data.media_cache_mb)
+        cache_mb = float(compose_experiment(args.experiment, args.data_dir,
+                                            *args.overrides).data.media_cache_mb)
     if cache_mb <= 0:
         parser.error(f"{args.experiment} keeps no decoded media (data.media_cache_mb is 0): "
                      f"give --cache-mb")
     runs: dict[float, list[list[float]]] = {0.0: [], cache_mb: []}
     for _ in range(args.runs):
         for mb in runs:
-            runs[mb].append(epoch_seconds(args.experiment, mb, args.epochs, args.data_dir))
-    rows = [("cpu", describe_cpu()), ("experiment", args.experiment),
+            runs[mb].append(epoch_seconds(args.experiment, mb, args.epochs, args.data_dir,
+                                          args.overrides))
+    rows = [("cpu", describe_cpu()), ("experiment", " ".join([args.experiment, *args.overrides])),
             ("threads", str(args.threads))]
     for mb, seconds in runs.items():
         rows.append((f"media_cache_mb={mb:g}: s per epoch, each run",
                      "; ".join(", ".join(f"{s:.2f}" for s in run) for run in seconds)))
     print(quantity_table(rows))
     later = {c: statistics.median(s for run in v for s in run[1:]) for c, v in runs.items()}
-    print(json.dumps({"experiment": args.experiment, "media_cache_mb": cache_mb,
+    print(json.dumps({"experiment": args.experiment, "overrides": args.overrides,
+                      "media_cache_mb": cache_mb,
                       "uncached_epoch_s": round(later[0.0], 3),
                       "cached_epoch_s_after_first": round(later[cache_mb], 3),
                       "runs": {f"{c:g}": [[round(s, 3) for s in run] for run in v]

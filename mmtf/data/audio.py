@@ -225,13 +225,21 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
 
 @dataclass(frozen=True, eq=False)
 class StoredAudio:
-    """A whole audio file's samples as the file stores them, for the decoded-media cache of
-    :class:`mmtf.data.datasets.MediaDataset`: 16-bit PCM as int16 (half the memory of float32,
-    and ``int16 / 32768`` is exactly libsndfile's float conversion), other lossless codings as
-    float32. :meth:`clip` gives the bits :func:`load_audio` decodes from the file."""
+    """A whole audio file kept by the decoded-media cache of
+    :class:`mmtf.data.datasets.MediaDataset`. :meth:`clip` gives the bits :func:`load_audio`
+    decodes from the file. Two forms:
 
-    samples: np.ndarray            # (f, c) int16 or float32, at the file's rate
+    * the file's samples (``final=False``): 16-bit PCM as int16 (half the memory of float32, and
+      ``int16 / 32768`` is exactly libsndfile's float conversion), other lossless codings as
+      float32; cropped, mixed down and resampled on every call;
+    * the waveform ``load_audio`` returns (``final=True``, :meth:`finalized`): for a file never
+      cropped at these settings whose rate is not the model's, so resampling runs once (and a
+      44.1 kHz file takes less memory as float32 at 16 kHz than as its own int16 samples).
+    """
+
+    samples: np.ndarray            # (f, c) int16 or float32 at sample_rate; final: (s, 1) float32
     sample_rate: int
+    final: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -240,14 +248,30 @@ class StoredAudio:
 
     def clip(self, *, sample_rate: int | None = 16000, max_seconds: float | None = None,
              crop: Crop = "center", rng: np.random.Generator | None = None) -> Tensor:
-        """The waveform :func:`load_audio` returns for these arguments, (s,) float32."""
+        """The waveform :func:`load_audio` returns for these arguments, (s,) float32 (for the
+        final form: the arguments it was made with)."""
+        if self.final:    # a copy: the caller may change it in place, the cache stays
+            return torch.from_numpy(self.samples[:, 0].copy())                # (s,)
         info = AudioInfo(frames=self.samples.shape[0], sample_rate=self.sample_rate,
                          channels=self.samples.shape[1])
         start, count = crop_window(info.frames, _frames_wanted(max_seconds, info), crop, rng)
         part = self.samples[start:start + count]                            # (f', c)
-        if part.dtype == np.int16:
-            part = part.astype(np.float32) * np.float32(1 / 0x8000)
+        # A new array either way: the caller may change the waveform in place.
+        part = (part.astype(np.float32) * np.float32(1 / 0x8000) if part.dtype == np.int16
+                else part.copy())
         return _mono_at_rate(part, self.sample_rate, sample_rate)
+
+    def finalized(self, *, sample_rate: int | None, max_seconds: float | None,
+                  crop: Crop) -> StoredAudio:
+        """The final form when it applies (the file is never cropped at these settings and
+        needs resampling to ``sample_rate``), else this one."""
+        frames = self.samples.shape[0]
+        want = _frames_wanted(max_seconds, AudioInfo(frames, self.sample_rate, 1))
+        cropped = want is not None and crop != "full" and frames > want   # as crop_window
+        if self.final or cropped or sample_rate in (None, self.sample_rate):
+            return self
+        wave = self.clip(sample_rate=sample_rate, max_seconds=max_seconds, crop=crop)  # (s,)
+        return StoredAudio(samples=wave.numpy()[:, None], sample_rate=sample_rate, final=True)
 
 
 # Subtypes whose decoding is exact and seekable sample by sample: a window read from the file

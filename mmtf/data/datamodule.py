@@ -95,8 +95,9 @@ class MediaDataModule(L.LightningDataModule):
         media_cache_mb: decoded media kept in memory per split, up to this many MiB each, so
             epochs after the first skip reading and decoding them: images as uint8 before the
             transforms, audio as the file's samples before crop and resampling (16-bit PCM as
-            int16; MP3/Vorbis/Opus are decoded every time). Examples are the same bits as
-            without it. 0 = off. Per process: with workers, set ``persistent_workers``.
+            int16), or, for a clip never cropped, as the resampled waveform (resampled once);
+            MP3/Vorbis/Opus are decoded every time. Examples are the same bits as without it.
+            0 = off. Per process: with workers, set ``persistent_workers``.
         image_cache_mb: the name of ``media_cache_mb`` until 2026-12-03, still read from the
             configs stored with earlier runs.
         augment: audio only, training split only: ``{speed, noise, gain, mixup}`` (see

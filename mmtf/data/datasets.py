@@ -99,9 +99,10 @@ class MediaDataset(Dataset):
         max_retries: how many following items to try before giving up under ``skip``.
         cache_bytes: keep decoded media in memory up to this many bytes, so later epochs skip
             the file read and the decode: images as uint8 before the transform, audio as the
-            whole file's samples before crop, resampling and augmentation (16-bit PCM as int16;
-            lossy codings such as MP3 are decoded every time). Every example is the same bits as
-            without the cache. 0 = decode every time. The cache belongs to the process that
+            whole file's samples before crop, resampling and augmentation (16-bit PCM as int16),
+            or as the resampled waveform when the clip is never cropped
+            (:class:`mmtf.data.audio.StoredAudio`); lossy codings such as MP3 are decoded every
+            time. Every example is the same bits as without the cache. 0 = decode every time. The cache belongs to the process that
             decodes (the main process, or each worker while it lives: use persistent workers).
         augment: audio only: speed / noise / gain of each decoded clip (training), drawn from
             :func:`mmtf.data.augment.augment_stream` ``(seed, epoch, item)``; None = off.
@@ -194,6 +195,10 @@ class MediaDataset(Dataset):
         if stored is None:
             self._not_cached.add(index)
             return None
+        final = stored.finalized(sample_rate=self.sample_rate, max_seconds=self.max_seconds,
+                                 crop=self.crop)
+        if final.nbytes <= self._cache_left:   # an upsampled file may outgrow its samples
+            stored = final
         self._cache[index] = stored
         self._cache_left -= stored.nbytes
         return stored

@@ -224,13 +224,22 @@ def test_decoded_audio_cache_reads_once_and_changes_no_sample(tmp_path, monkeypa
     # from the file, every epoch.
     assert whole == ["0." + ext, "1." + ext, "2." + ext]
     assert windows == ["2." + ext] * 3
-    assert sorted(cached._cache) == [0, 1] and cached._cache_left == 100
+    assert sorted(cached._cache) == [0, 1]
+    assert cached._cache_left == room - sum(s.nbytes for s in cached._cache.values()) >= 100
+    # The 0.7 s file is never cropped to 1 s: it is kept as the resampled mono waveform when its
+    # rate is not the model's (resampled once); the cropped 1.3 s file as the file's samples.
+    assert cached._cache[1].final == (rate != 16000) and not cached._cache[0].final
     windows.clear()
     plain = datasets.LabelDataset(items, **kw)
     for key, wave in zip(keys, got):   # libsndfile's own seek and float decode, each time
         torch.testing.assert_close(wave, plain[key]["audio"], rtol=0, atol=0)
     # Random crops still move with the epoch (the 1.3 s file, cropped to 1 s).
     assert not torch.equal(got[0], got[3])
+    # A caller changing a waveform in place leaves the cache as decoded.
+    for index in (0, 1):
+        cached[(index, 0, 0)]["audio"].zero_()
+        torch.testing.assert_close(cached[(index, 0, 0)]["audio"], plain[(index, 0, 0)]["audio"],
+                                   rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("ext,subtype", [("ogg", "VORBIS"), ("mp3", "MPEG_LAYER_III")])
@@ -254,29 +263,57 @@ def test_lossy_audio_is_decoded_from_the_file_every_time(tmp_path, monkeypatch, 
     assert opened == [f"a.{ext}"] and not cached._cache
 
 
-def test_audio_data_module_caches_with_media_cache_mb(tiny_audio_captions, caplog):
+@pytest.fixture(scope="module")
+def tiny_audio_captions_22k(tmp_path_factory):
+    """The tiny caption set written at 22.05 kHz: the model's 16 kHz needs resampling."""
+    from mmtf.synthetic import ensure_synthetic
+    from tests.unit.data.conftest import TINY_AUDIO
+
+    return ensure_synthetic(tmp_path_factory.mktemp("synth22k") / "audio_captions",
+                            "audio_captions", **TINY_AUDIO, sample_rate=22050)
+
+
+def _two_epochs(root, max_seconds=1.5, **kw):
+    """The training batches' waveforms over two epochs, and the training dataset."""
     from mmtf.data import CaptionDataModule
+    from mmtf.text import build_tokenizer
 
-    def batches(**kw):
-        dm = CaptionDataModule(format="clotho", root=str(tiny_audio_captions), batch_size=3,
-                               max_seconds=1.5, seed=0, **kw)
-        dm.setup("fit")
-        from mmtf.text import build_tokenizer
-        dm.connect(build_tokenizer({"kind": "char"}, dm.train_captions))
-        loader = dm.train_dataloader()
-        out = []
-        for epoch in range(2):
-            loader.batch_sampler.set_epoch(epoch)
-            out += [b["audio"] for b in loader]
-        return out, loader.dataset
+    dm = CaptionDataModule(format="clotho", root=str(root), batch_size=3,
+                           max_seconds=max_seconds, seed=0, **kw)
+    dm.setup("fit")
+    dm.connect(build_tokenizer({"kind": "char"}, dm.train_captions))
+    loader = dm.train_dataloader()
+    out = []
+    for epoch in range(2):
+        loader.batch_sampler.set_epoch(epoch)
+        out += [b["audio"] for b in loader]
+    return out, loader.dataset
 
+
+def test_audio_data_module_caches_with_media_cache_mb(tiny_audio_captions, caplog):
     with caplog.at_level(logging.INFO, logger="mmtf.data"):
-        cached, dataset = batches(media_cache_mb=1)
+        cached, dataset = _two_epochs(tiny_audio_captions, media_cache_mb=1)
     # The epoch's line says what the cache holds (six 1-2 s clips of 16-bit samples).
     held = sum(s.nbytes for s in dataset._cache.values()) / 2 ** 20
     assert f"kept decoded: 6 of 6 items, {held:.1f} of 1.0 MiB" in caplog.text
-    plain, _ = batches()
+    plain, _ = _two_epochs(tiny_audio_captions)
     assert len(dataset._cache) == 6       # the six training clips, 16-bit PCM kept as int16
     assert all(s.samples.dtype == np.int16 for s in dataset._cache.values())
+    for a, b in zip(cached, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_resampled_clips_are_kept_resampled_when_never_cropped(tiny_audio_captions_22k):
+    # The clips last 1.7-2.0 s: those under max_seconds are never cropped.
+    cached, dataset = _two_epochs(tiny_audio_captions_22k, max_seconds=1.9, media_cache_mb=1)
+    plain, _ = _two_epochs(tiny_audio_captions_22k, max_seconds=1.9)
+    kept = dataset._cache.values()
+    # Clips of at most max_seconds as 16 kHz waveforms, longer ones as their 22.05 kHz samples
+    # (cropped, then resampled, each epoch).
+    short = [s for s in kept if s.final]
+    long = [s for s in kept if not s.final]
+    assert short and long and len(dataset._cache) == 6
+    assert all(s.sample_rate == 16000 and s.samples.dtype == np.float32 for s in short)
+    assert all(s.sample_rate == 22050 and s.samples.shape[0] > 1.9 * 22050 for s in long)
     for a, b in zip(cached, plain, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
