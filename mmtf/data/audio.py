@@ -163,6 +163,11 @@ def resample(wave: Tensor, orig: int, new: int) -> Tensor:
             torch.set_num_threads(threads)
 
 
+def is_cropped(frames: int, want: int | None, crop: Crop) -> bool:
+    """Whether :func:`crop_window` keeps less than the whole ``frames``-long file."""
+    return want is not None and crop != "full" and frames > want
+
+
 def crop_window(frames: int, want: int | None, crop: Crop,
                 rng: np.random.Generator | None = None) -> tuple[int, int]:
     """Start and length (in frames) of the part of a ``frames``-long file to decode.
@@ -175,7 +180,7 @@ def crop_window(frames: int, want: int | None, crop: Crop,
     """
     if crop not in CROP_CHOICES:
         raise UserError(f"crop ({crop!r}) must be one of {CROP_CHOICES}.")
-    if want is None or crop == "full" or frames <= want:
+    if not is_cropped(frames, want, crop):
         return 0, frames
     slack = frames - want
     if crop == "random":
@@ -267,8 +272,8 @@ class StoredAudio:
         needs resampling to ``sample_rate``), else this one."""
         frames = self.samples.shape[0]
         want = _frames_wanted(max_seconds, AudioInfo(frames, self.sample_rate, 1))
-        cropped = want is not None and crop != "full" and frames > want   # as crop_window
-        if self.final or cropped or sample_rate in (None, self.sample_rate):
+        if (self.final or is_cropped(frames, want, crop)
+                or sample_rate in (None, self.sample_rate)):
             return self
         wave = self.clip(sample_rate=sample_rate, max_seconds=max_seconds, crop=crop)  # (s,)
         return StoredAudio(samples=wave.numpy()[:, None], sample_rate=sample_rate, final=True)
