@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from mmtf.data import CaptionDataModule, padding_fraction
-from mmtf.data.formats.shards import write_shards
 from mmtf.data.mixture import MixtureDataModule
-from mmtf.data.shards import ShardDataModule
+from mmtf.data.shards.reader import ShardDataModule
+from mmtf.data.shards.writer import write_shards
 from mmtf.synthetic import SyntheticCaptionDataModule, ensure_synthetic
 from mmtf.text import BPETokenizer
 

@@ -22,7 +22,7 @@ from mmtf.data.errors import ErrorCounter
 from mmtf.data.image import build_eval_image_transform, build_transform, load_image
 from mmtf.data.loader import make_loader
 from mmtf.data.sampler import BucketBatchSampler, SamplerState, padding_fraction, sample_rng
-from mmtf.data.shards import ShardDataModule, ShardStreamSampler
+from mmtf.data.shards.reader import ShardDataModule, ShardStreamSampler
 from mmtf.errors import DataError
 
 __all__ = [

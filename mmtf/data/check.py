@@ -29,9 +29,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmtf.data.audio import load_audio
 from mmtf.data.errors import ErrorCounter
-from mmtf.data.formats.shards import ShardItem, read_member
 from mmtf.data.image import load_image
 from mmtf.data.mixture import MixtureDataModule
+from mmtf.data.shards.index import ShardItem
+from mmtf.data.shards.reader import read_member
 from mmtf.errors import DataError
 from mmtf.text import build_tokenizer
 from mmtf.utils.config_dir import CONF_DIR

@@ -15,7 +15,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from mmtf.data import CaptionDataModule
 from mmtf.data.formats import write_coco_json
-from mmtf.data.formats.shards import write_shards
+from mmtf.data.shards.writer import write_shards
 from mmtf.synthetic import caption_parser, ensure_synthetic
 from mmtf.text import build_tokenizer
 from tests.unit.data.conftest import TINY_AUDIO, TINY_IMAGE, sine, write_audio

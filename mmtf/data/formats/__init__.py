@@ -15,7 +15,7 @@ from mmtf.data.formats.esc50 import read_esc50, write_esc50_csv
 from mmtf.data.formats.image_folder import read_image_folder
 from mmtf.data.formats.librispeech import read_librispeech
 from mmtf.data.formats.manifest import read_manifest
-from mmtf.data.formats.shards import ShardItem, read_shards
+from mmtf.data.shards.index import ShardItem, read_shards
 
 # format -> (reader, modality); manifest's modality comes from config.
 CAPTION_FORMATS = {

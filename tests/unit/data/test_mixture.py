@@ -292,7 +292,7 @@ def test_modules_can_be_given_directly(tiny_audio_captions):
 def test_a_shards_source_mixes_in_its_stream_order_and_decodes(two_sources, tmp_path):
     """A ShardDataModule source: its draws follow its own ShardStreamSampler's walking order
     across its epochs, and its items decode to the audio of the files they were written from."""
-    from mmtf.data.formats.shards import write_shards
+    from mmtf.data.shards.writer import write_shards
 
     spec = {k: v for k, v in clotho_source(Path(two_sources["clotho"]["root"])).items()
             if k != "_target_"}

@@ -1,4 +1,4 @@
-"""Tar shards (mmtf.data.formats.shards, mmtf.data.shards): brace patterns, the writer's
+"""Tar shards (mmtf.data.shards: index, reader, writer): brace patterns, the writer's
 round trip of every built-in caption layout, indexes (sidecar, cache, foreign shards), the
 stream sampler (disjoint and covering over ranks x workers, resumable), fsspec URLs, bad input.
 
@@ -18,21 +18,17 @@ import fsspec
 import numpy as np
 import pytest
 import torch
+from hydra.utils import get_class
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mmtf.data import CaptionDataModule, DataError
 from mmtf.data.errors import ErrorPolicy
-from mmtf.data.formats import shards as shards_format
-from mmtf.data.formats.shards import (
-    INDEX_SUFFIX,
-    expand_braces,
-    load_index,
-    read_shards,
-    write_shards,
-)
-from mmtf.data.shards import ShardDataModule, ShardStreamSampler, shuffle_buffer
+from mmtf.data.shards import index as shards_index
+from mmtf.data.shards.index import INDEX_SUFFIX, expand_braces, load_index, read_shards
+from mmtf.data.shards.reader import ShardDataModule, ShardStreamSampler, shuffle_buffer
+from mmtf.data.shards.writer import write_shards
 from mmtf.errors import ConfigError, UserError
 from mmtf.text import BPETokenizer, CharTokenizer
 from tests.unit.data.conftest import sine, write_audio
@@ -98,6 +94,20 @@ def _png_bytes(color=(255, 0, 0), size=(8, 6)) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, format="PNG")
     return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------- the package
+def test_the_package_names_resolve_to_their_modules_and_old_targets_still_load():
+    """Stored configs name ``mmtf.data.shards.ShardDataModule``: it is the reader's class; every
+    exported name loads from its module; a wrong one is an AttributeError, not an ImportError."""
+    import mmtf.data.shards as pkg
+    from mmtf.data.shards import index, reader, writer
+
+    assert get_class("mmtf.data.shards.ShardDataModule") is reader.ShardDataModule
+    for name in pkg.__all__:
+        assert any(getattr(m, name, None) is getattr(pkg, name) for m in (index, reader, writer))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        pkg.nope  # noqa: B018
 
 
 # ---------------------------------------------------------------------------- shard lists
@@ -205,14 +215,14 @@ def test_a_foreign_shard_is_scanned_once_and_its_index_cached(tmp_path, monkeypa
 
     ro = tmp_path / "ro"                     # a folder the index cannot be written to
     _tar(ro / "s.tar", members)
-    real = shards_format._write_json
+    real = shards_index._write_json
 
     def refuse(path, obj):
         if Path(path).parent == ro:
             raise PermissionError(13, "Permission denied", str(path))
         real(path, obj)
 
-    monkeypatch.setattr(shards_format, "_write_json", refuse)
+    monkeypatch.setattr(shards_index, "_write_json", refuse)
     assert load_index(str(ro / "s.tar"), cache_dir=tmp_path / "cache")[1] == "scanned"
     assert load_index(str(ro / "s.tar"), cache_dir=tmp_path / "cache")[1] == "cache"
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1 and len(list(ro.iterdir())) == 1

@@ -1,31 +1,13 @@
-"""Sharded streaming sets (``data=shards``): tar shards read as streams, resumable mid-epoch.
-
-The shards and their indexes are :mod:`mmtf.data.formats.shards`' (``format: shards``); here
-is what turns them into a training stream that keeps mmtf's promises (equal batch counts on
-every DDP rank, per-item randomness from ``(seed, epoch, item)``, bit-exact mid-epoch resume):
-
-* :class:`ShardStreamSampler`: a :class:`~mmtf.data.sampler.BucketBatchSampler` whose examples
-  come in stream order. Per pass over the data: the shards permuted by ``(seed, pass)``, their
-  samples concatenated, cut into one contiguous run per rank and that into one per *stream*
-  (``streams`` = the loader's workers, at least 1), each stream's run shuffled through an
-  in-memory buffer of ``shuffle_buffer`` samples (``(seed, pass, rank, stream)``). Every stream
-  is then cut into (length-bucketed) batches by the shared code and the streams' batches are
-  dealt in turn, so that loader worker ``w`` (a map-style loader hands batch ``i`` to worker
-  ``i % num_workers``) reads the shards of stream ``w`` only: sequential reads. The batch order
-  is not shuffled further (that would undo the dealing). ``epoch_samples`` makes an epoch that
-  many examples of the endless sequence of passes (each stream continues where the last epoch
-  stopped); null = one pass.
-* :class:`ShardCaptionDataset`: reads a sample's bytes by ``(shard, offset, size)``.
-* :class:`ShardDataModule`: :class:`~mmtf.data.CaptionDataModule` over shards; val/test keep
-  the map-style sampler (sorted by length; any order reads correctly).
-
-Why indexed shards and not an ``IterableDataset``: docs/design/shards.md.
-"""
+"""Reading shards for training: members by ``(shard, offset, size)``, the stream order, the
+data module (``data=shards``; the design: :mod:`mmtf.data.shards`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,16 +15,94 @@ import numpy as np
 
 from mmtf.data.datamodule import CaptionDataModule, to_plain
 from mmtf.data.datasets import CaptionDataset
-from mmtf.data.formats.shards import ShardItem, read_member
 from mmtf.data.sampler import BucketBatchSampler, Key, refuse_other_settings
+from mmtf.data.shards.index import _FIX_SHARD, INDEX_SUFFIX, ShardItem, _fs, _is_url
 from mmtf.errors import ConfigError, DataError, UserError
 
-__all__ = ["ShardCaptionDataset", "ShardDataModule", "ShardStreamSampler"]
+__all__ = ["MemberReader", "ShardCaptionDataset", "ShardDataModule", "ShardStreamSampler",
+           "read_member", "shuffle_buffer"]
 
 log = logging.getLogger("mmtf.data")
 
+
+class MemberReader:
+    """Reads members by ``(shard, offset, size)``, keeping up to ``max_open`` shards open.
+
+    One per process: a forked worker drops the handles it inherited (an fsspec file's buffer
+    and connection belong to the parent) and opens its own. Local shards are read with
+    ``os.pread`` (no shared file position); other URLs through fsspec's read-ahead cache, so
+    members read in order are sequential reads.
+    """
+
+    def __init__(self, max_open: int = 16, block_size: int = 4 * 2 ** 20) -> None:
+        self.max_open, self.block_size = max_open, block_size
+        self._files: OrderedDict[str, Any] = OrderedDict()
+        self._pid = os.getpid()
+
+    def _open(self, url: str) -> Any:
+        if not _is_url(url) or url.startswith("file://"):
+            return os.open(url.removeprefix("file://"), os.O_RDONLY)
+        fs, path = _fs(url)
+        try:
+            return fs.open(path, "rb", block_size=self.block_size, cache_type="readahead")
+        except TypeError:           # a file system without block caches (memory://)
+            return fs.open(path, "rb")
+
+    def _close(self, f: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.close(f) if isinstance(f, int) else f.close()
+
+    def read(self, url: str, offset: int, size: int, *, where: str | None = None) -> bytes:
+        """The ``size`` bytes at ``offset`` of shard ``url``.
+
+        Raises:
+            DataError: the shard is gone (``missing_file``) or shorter than the index says
+                (``truncated``), naming it.
+        """
+        if os.getpid() != self._pid:
+            self._files, self._pid = OrderedDict(), os.getpid()
+        f = self._files.get(url)
+        try:
+            if f is None:
+                f = self._files[url] = self._open(url)
+                while len(self._files) > self.max_open:
+                    self._close(self._files.popitem(last=False)[1])
+            else:
+                self._files.move_to_end(url)
+            if isinstance(f, int):
+                data = os.pread(f, size, offset)
+            else:
+                f.seek(offset)
+                data = f.read(size)
+        except FileNotFoundError:
+            self._files.pop(url, None)
+            raise DataError.make("missing_file", url, "shard not found (it was indexed before)",
+                                 _FIX_SHARD, where) from None
+        if len(data) != size:
+            raise DataError.make("truncated", url, f"holds {len(data)} of the {size} bytes the "
+                                 f"index promises at offset {offset}", "re-copy the shard, or "
+                                 f"delete its {INDEX_SUFFIX} to index it again", where)
+        return data
+
+
+_READER = MemberReader()
+
+
+def read_member(item: ShardItem) -> bytes:
+    """The media bytes of one shard sample (this process's :class:`MemberReader`)."""
+    return _READER.read(item.shard, item.offset, item.size, where=item.where)
+
+
 # The stream's own settings that fix the order, checked on resume with the base sampler's.
 _STREAM_SETTINGS = ("streams", "shuffle_buffer", "epoch_samples", "num_shards")
+
+
+def _check_stream(shuffle_buffer: int, epoch_samples: int | None) -> None:
+    if shuffle_buffer < 0:
+        raise ConfigError(f"data.shuffle_buffer ({shuffle_buffer}) must be >= 0.")
+    if epoch_samples is not None and (isinstance(epoch_samples, bool) or epoch_samples < 1):
+        raise ConfigError(f"data.epoch_samples ({epoch_samples!r}) must be >= 1, or null for "
+                          f"one pass over the shards.")
 
 
 def _split_sizes(n: int, parts: int) -> list[int]:
@@ -78,7 +138,17 @@ def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> n
 
 
 class ShardStreamSampler(BucketBatchSampler):
-    """Batches of ``(item, caption, epoch)`` keys in shard-stream order (see the module doc).
+    """Batches of ``(item, caption, epoch)`` keys in shard-stream order.
+
+    Per pass over the data: the shards permuted by ``(seed, pass)``, their samples concatenated,
+    cut into one contiguous run per rank and that into one per *stream* (the loader's workers),
+    each stream's run shuffled through a buffer of ``shuffle_buffer`` samples (``(seed, pass,
+    rank, stream)``). Each stream is cut into (length-bucketed) batches by the shared code and
+    the streams' batches are dealt in turn, so that loader worker ``w`` (a map-style loader
+    hands batch ``i`` to worker ``i % num_workers``) reads the shards of stream ``w`` only. The
+    batch order is not shuffled further (that would undo the dealing). ``epoch_samples`` makes
+    an epoch that many examples of the endless sequence of passes (each stream continues where
+    the last epoch stopped).
 
     Args:
         shard_of: the shard number of every item; items come shard by shard (non-decreasing).
@@ -98,42 +168,26 @@ class ShardStreamSampler(BucketBatchSampler):
                              f"each of the {len(self.lengths)} items.")
         if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
             raise UserError(f"{name}: streams ({streams!r}) must be a positive int.")
-        if shuffle_buffer < 0:
-            raise UserError(f"{name}: shuffle_buffer ({shuffle_buffer}) must be >= 0; set "
-                            f"data.shuffle_buffer.")
-        if epoch_samples is not None and (isinstance(epoch_samples, bool) or epoch_samples < 1):
-            raise UserError(f"{name}: epoch_samples ({epoch_samples!r}) must be >= 1, or null "
-                            f"for one pass over the shards; set data.epoch_samples.")
-        starts = np.flatnonzero(np.r_[True, np.diff(shard_of) != 0])
-        self.shard_starts = starts
-        self.shard_counts = np.diff(np.r_[starts, len(shard_of)])
+        _check_stream(shuffle_buffer, epoch_samples)
+        self.shard_starts = np.flatnonzero(np.r_[True, np.diff(shard_of) != 0])
         self.streams, self.shuffle_buffer = streams, int(shuffle_buffer)
         self.epoch_samples = None if epoch_samples is None else int(epoch_samples)
-        per_stream = self._pass_rank_size() // streams
-        if per_stream < 1:
-            raise UserError(f"{name}: {self.num_pass_examples()} examples cannot fill "
+        if self._pass_rank_size() < streams:
+            raise UserError(f"{name}: {super().num_examples()} examples cannot fill "
                             f"{self.num_replicas} rank(s) x {streams} stream(s); use fewer "
                             f"data.num_workers (streams) or more data.")
         self._passes: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
         self._batches: tuple[int, list[list[Key]]] | None = None
 
     # ------------------------------------------------------------------ sizes
-    def num_pass_examples(self) -> int:
-        """Examples in one pass over the data (all ranks)."""
-        return super().num_examples()
-
     def num_examples(self) -> int:
         """Examples per epoch over all ranks (``epoch_samples``, else one pass)."""
-        return self.epoch_samples or self.num_pass_examples()
-
-    def _per_rank(self, n: int) -> int:
-        return n // self.num_replicas if self.drop_last else math.ceil(n / self.num_replicas)
+        return self.epoch_samples or super().num_examples()
 
     def _pass_rank_size(self) -> int:
-        return self._per_rank(self.num_pass_examples())
-
-    def _rank_size(self) -> int:
-        return self._per_rank(self.num_examples())
+        """Examples of one pass per rank (the base's ``_rank_size`` of one pass)."""
+        n = super().num_examples()
+        return n // self.num_replicas if self.drop_last else math.ceil(n / self.num_replicas)
 
     def _stream_sizes(self) -> list[int]:
         """Examples of each stream of this rank per epoch."""
@@ -149,22 +203,14 @@ class ShardStreamSampler(BucketBatchSampler):
         """``rank``'s streams of pass ``p``: (items, caps) per stream, buffer-shuffled."""
         if (p, rank) in self._passes:
             return self._passes[(p, rank)]
-        n = len(self.lengths)
         perm = (np.random.default_rng([self.seed, p, 4]).permutation(len(self.shard_starts))
                 if self.shuffle else np.arange(len(self.shard_starts)))
-        items = np.concatenate([np.arange(self.shard_starts[s],
-                                          self.shard_starts[s] + self.shard_counts[s])
-                                for s in perm])
-        if self.caption_policy == "all":
-            counts = self.num_captions[items]
-            starts = np.cumsum(counts) - counts
-            caps = np.arange(int(counts.sum())) - np.repeat(starts, counts)
-            items = np.repeat(items, counts)
-        elif self.caption_policy == "random":      # drawn per item: the same whatever its place
-            draw = np.random.default_rng([self.seed, p, 1]).random(n)
-            caps = (draw[items] * self.num_captions[items]).astype(np.int64)
-        else:
-            caps = np.zeros(len(items), dtype=np.int64)
+        # The base's examples of "epoch" p (item-major: captions drawn per item, the same
+        # whatever its place), taken shard by shard in the permuted order.
+        items, caps = self._examples(p)
+        bounds = np.searchsorted(items, np.r_[self.shard_starts, len(self.lengths)])
+        pos = np.concatenate([np.arange(bounds[s], bounds[s + 1]) for s in perm])
+        items, caps = items[pos], caps[pos]
         size = self._pass_rank_size()
         order = np.arange(len(items))
         if size * self.num_replicas > len(order):  # the short ranks repeat the pass's start
@@ -237,11 +283,6 @@ class ShardStreamSampler(BucketBatchSampler):
         """Kept as dealt: stream ``w``'s batches reach loader worker ``w``."""
         return batches
 
-    def stream_of_batch(self, position: int) -> int:
-        """Which stream batch ``position`` of an epoch comes from (the dealing of :meth:`_cut`;
-        exact while every stream still has batches)."""
-        return position % self.streams
-
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "streams": self.streams,
@@ -257,7 +298,7 @@ class ShardStreamSampler(BucketBatchSampler):
 
 class ShardCaptionDataset(CaptionDataset):
     """:class:`~mmtf.data.datasets.CaptionDataset` over shard samples: media bytes are read by
-    ``(shard, offset, size)`` (:func:`~mmtf.data.formats.shards.read_member`)."""
+    ``(shard, offset, size)`` (:func:`read_member`)."""
 
     def read_bytes(self, index: int) -> bytes:
         return read_member(self.items[index])
@@ -296,10 +337,7 @@ class ShardDataModule(CaptionDataModule):
         unknown = sorted(set(shards) - {"train", "val", "test"})
         if unknown:
             raise ConfigError(f"data.shards has unknown split(s) {unknown}; use train, val, test.")
-        if shuffle_buffer < 0:
-            raise ConfigError(f"data.shuffle_buffer ({shuffle_buffer}) must be >= 0.")
-        if epoch_samples is not None and epoch_samples < 1:
-            raise ConfigError(f"data.epoch_samples ({epoch_samples}) must be >= 1 or null.")
+        _check_stream(shuffle_buffer, epoch_samples)
         self.shards = dict(shards)
         self.shuffle_buffer, self.epoch_samples = shuffle_buffer, epoch_samples
         self.index_cache = index_cache

@@ -1,40 +1,11 @@
-"""WebDataset-convention tar shards, read by member offset: shard lists, indexes, members, writer.
+"""The shard index: naming shards, scanning a tar into its index, caching it, items from it.
 
-A shard is an uncompressed tar whose members are grouped into samples by key (the member name
-up to the first dot of its file name, WebDataset's convention)::
-
-    000017.flac  000017.json          {"captions": ["a dog barks", ...], "id": "dog_17"}
-    000018.png   000018.txt           a red circle left of a blue square
-
-Media: ``.wav .flac .mp3 .ogg .opus`` (audio) or ``.png .jpg .jpeg .webp ...`` (images).
-Captions: ``.json`` with ``captions`` or ``caption`` (a string or a list) or ``text``
-(speech), optional ``id`` / ``language`` / ``task``; or a ``.txt`` member (one caption).
-
-Shards are named by a brace pattern (``/data/wavcaps/{000000..000127}.tar``, ``{a,b}``), a
-glob (``train/*.tar``) or a list of either; relative paths resolve against ``data.root``; any
-fsspec URL (``s3://``, ``gs://``, ``https://``, ``memory://``) works wherever a path does.
-
-Every shard is read through an **index** (one JSON per shard): per sample its key, captions, and
-per media kind the member's name, byte offset and size of its data, and its header (duration,
-sample rate, channels; image width and height). :func:`write_shards` writes the index beside
-each shard (``<shard>.idx.json``); a shard without one is scanned once (tar headers, the small
-caption members, the media headers) and its index cached: beside the shard when that is a
-writable local folder, else under ``data.index_cache`` (default ``$MMTF_CACHE_DIR`` or
-``~/.cache/mmtf``, ``shard-index/``), keyed by URL and checked against the shard's size and
-modification time. A sample is then read by ``(shard, offset, size)`` (:func:`read_member`),
-so any process can read any sample, and the order is the sampler's
-(:class:`mmtf.data.shards.ShardStreamSampler`). Why: docs/design/shards.md.
-
-Problems (always named by shard and key): a missing shard (``missing_file``), a sample without
-captions or media (``bad_row``), an undecodable header (``undecodable`` / ``unreadable_image``)
-are found at setup and raised or, under ``data.on_error=skip``, counted; a member corrupt past
-its header fails when it is decoded (the dataset's skip-and-count).
+The one place that knows the on-disk format (:mod:`mmtf.data.shards`): the reader and the
+writer both go through it, so an index is the same whoever made it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import hashlib
 import io
 import json
@@ -44,15 +15,13 @@ import posixpath
 import re
 import tarfile
 import tempfile
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fsspec
-import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from mmtf.data.audio import AUDIO_EXTENSIONS, audio_info
@@ -60,8 +29,8 @@ from mmtf.data.formats.base import CaptionItem, Report, clean_captions
 from mmtf.data.image import IMAGE_EXTENSIONS
 from mmtf.errors import ConfigError, DataError
 
-__all__ = ["INDEX_SUFFIX", "ShardItem", "expand_braces", "load_index", "read_member",
-           "read_shards", "scan_shard", "shard_urls", "write_shards"]
+__all__ = ["INDEX_SUFFIX", "ShardItem", "expand_braces", "load_index", "read_shards",
+           "scan_shard", "shard_urls"]
 
 log = logging.getLogger("mmtf.data")
 
@@ -73,25 +42,16 @@ _FIX_SHARD = "check data.shards and data.root"
 
 @dataclass(frozen=True)
 class ShardItem(CaptionItem):
-    """One sample of a shard: a :class:`CaptionItem` whose media is a tar member.
+    """One sample of a shard: a :class:`CaptionItem` whose media is a tar member (the header
+    fields come from the index: nothing is read to probe it)."""
 
-    Attributes:
-        path: ``<shard url>:<member name>`` (a str: what messages name; not a file).
-        shard: the shard's URL or absolute path.
-        offset: byte offset of the member's data in the shard.
-        size: the member's size in bytes.
-        duration: seconds (audio, from the index); 1.0 for images.
-        channels: audio channel count from the index (None for images).
-        image_size: images: ``(width, height)`` from the index (None for audio).
-    """
-
-    path: str  # type: ignore[assignment]
-    shard: str = ""
-    offset: int = 0
-    size: int = 0
-    duration: float = 1.0
-    channels: int | None = None
-    image_size: tuple[int, int] | None = None
+    path: str  # type: ignore[assignment]  # <shard url>:<member>, what messages name; no file
+    shard: str = ""                         # the shard's URL or absolute path
+    offset: int = 0                         # of the member's data in the shard
+    size: int = 0                           # of the member's data, bytes
+    duration: float = 1.0                   # seconds (audio); 1.0 for images
+    channels: int | None = None             # audio only
+    image_size: tuple[int, int] | None = None   # images only: (width, height)
 
 
 # ---------------------------------------------------------------------------- shard lists
@@ -291,12 +251,6 @@ def scan_shard(url: str) -> dict[str, Any]:
     return {"version": INDEX_VERSION, "shard": url, **fingerprint, "samples": samples}
 
 
-def default_index_cache() -> Path:
-    """Where indexes of shards without a writable folder go (``$MMTF_CACHE_DIR`` or
-    ``~/.cache/mmtf``, then ``shard-index/``)."""
-    return Path(os.environ.get("MMTF_CACHE_DIR", "~/.cache/mmtf")).expanduser() / "shard-index"
-
-
 def _write_json(path: Path, obj: Any) -> None:
     """Atomic: a reader (another rank) sees the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -310,12 +264,15 @@ def _write_json(path: Path, obj: Any) -> None:
         raise
 
 
-def _read_json(fs: Any, path: str) -> Any:
+def _read_index(fs: Any, path: str, **want: Any) -> dict | None:
+    """The index at ``path`` if it exists, parses and has ``want``'s values (and this version)."""
     try:
         with fs.open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
+            index = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError):
         return None
+    ok = isinstance(index, dict) and all(index.get(k) == v for k, v in want.items())
+    return index if ok and index.get("version") == INDEX_VERSION else None
 
 
 def load_index(url: str, *, cache_dir: str | os.PathLike | None = None) -> tuple[dict, str]:
@@ -332,18 +289,15 @@ def load_index(url: str, *, cache_dir: str | os.PathLike | None = None) -> tuple
         fingerprint = _fingerprint(fs, path)
     except FileNotFoundError:
         raise DataError.make("missing_file", url, "shard not found", _FIX_SHARD) from None
-    sidecar = _read_json(fs, path + INDEX_SUFFIX) if fs.exists(path + INDEX_SUFFIX) else None
     # A sidecar travels with its shard (copies change the modification time): the size checks it.
-    if (isinstance(sidecar, dict) and sidecar.get("version") == INDEX_VERSION
-            and sidecar.get("size") == fingerprint["size"]):
+    sidecar = _read_index(fs, path + INDEX_SUFFIX, size=fingerprint["size"])
+    if sidecar is not None:
         return sidecar, "sidecar"
-    cache = Path(cache_dir).expanduser() if cache_dir else default_index_cache()
+    cache = Path(cache_dir or Path(os.environ.get("MMTF_CACHE_DIR", "~/.cache/mmtf"))
+                 / "shard-index").expanduser()
     cached_path = cache / f"{hashlib.sha1(url.encode()).hexdigest()}.json"
-    cached = _read_json(fsspec.filesystem("file"), str(cached_path)) \
-        if cached_path.is_file() else None
-    if (isinstance(cached, dict) and cached.get("version") == INDEX_VERSION
-            and cached.get("shard") == url and cached.get("size") == fingerprint["size"]
-            and cached.get("stamp") == fingerprint["stamp"]):
+    cached = _read_index(fsspec.filesystem("file"), str(cached_path), shard=url, **fingerprint)
+    if cached is not None:
         return cached, "cache"
     index = scan_shard(url)
     if not _is_url(url) or url.startswith("file://"):
@@ -362,10 +316,10 @@ def load_index(url: str, *, cache_dir: str | os.PathLike | None = None) -> tuple
 
 # ---------------------------------------------------------------------------- reading
 def read_shards(root: Path, split: str, *, report: Report, modality: str = "audio",
-                shards: Mapping[str, Any] | None = None, index_cache: str | None = None,
-                threads: int = 8) -> list[ShardItem]:
+                shards: Mapping[str, Any] | None = None,
+                index_cache: str | None = None) -> list[ShardItem]:
     """Read one split of a sharded set: its shards' indexes -> one item per usable sample,
-    shard by shard, in member order (see the module docstring).
+    shard by shard, in member order (``format: shards``).
 
     Args:
         root: what relative shard paths resolve against (``data.root``).
@@ -374,7 +328,6 @@ def read_shards(root: Path, split: str, *, report: Report, modality: str = "audi
         modality: ``audio`` | ``image``: which media member a sample is read by.
         shards: ``{split: pattern or list}`` (``data.shards``).
         index_cache: the folder for indexes that cannot sit beside their shard.
-        threads: shards whose indexes are read (or scanned) at the same time.
     """
     if not shards:
         raise ConfigError("format 'shards' needs data.shards ({train: pattern, val: ..., test: "
@@ -394,11 +347,8 @@ def read_shards(root: Path, split: str, *, report: Report, modality: str = "audi
             return e
 
     # I/O bound (an index read, or a scan, per shard; remote ones have latency): threads.
-    if len(urls) > 1 and threads > 1:
-        with ThreadPoolExecutor(min(threads, len(urls))) as ex:
-            loaded = list(ex.map(load, urls))
-    else:
-        loaded = [load(url) for url in urls]
+    with ThreadPoolExecutor(min(8, len(urls))) as ex:
+        loaded = list(ex.map(load, urls))
     items: list[ShardItem] = []
     how: dict[str, int] = {}
     for url, result in zip(urls, loaded):
@@ -437,166 +387,3 @@ def read_shards(root: Path, split: str, *, report: Report, modality: str = "audi
              sum(how.values()), len(urls), ", ".join(f"{n} {k}" for k, n in sorted(how.items()))
              or "none")
     return items
-
-
-class MemberReader:
-    """Reads members by ``(shard, offset, size)``, keeping up to ``max_open`` shards open.
-
-    One per process: a forked worker drops the handles it inherited (an fsspec file's buffer
-    and connection belong to the parent) and opens its own. Local shards are read with
-    ``os.pread`` (no shared file position); other URLs through fsspec's read-ahead cache, so
-    members read in order are sequential reads.
-    """
-
-    def __init__(self, max_open: int = 16, block_size: int = 4 * 2 ** 20) -> None:
-        self.max_open, self.block_size = max_open, block_size
-        self._files: OrderedDict[str, Any] = OrderedDict()
-        self._pid = os.getpid()
-
-    def _open(self, url: str) -> Any:
-        if not _is_url(url) or url.startswith("file://"):
-            return os.open(url.removeprefix("file://"), os.O_RDONLY)
-        fs, path = _fs(url)
-        try:
-            return fs.open(path, "rb", block_size=self.block_size, cache_type="readahead")
-        except TypeError:           # a file system without block caches (memory://)
-            return fs.open(path, "rb")
-
-    def _close(self, f: Any) -> None:
-        with contextlib.suppress(OSError):
-            os.close(f) if isinstance(f, int) else f.close()
-
-    def read(self, url: str, offset: int, size: int, *, where: str | None = None) -> bytes:
-        """The ``size`` bytes at ``offset`` of shard ``url``.
-
-        Raises:
-            DataError: the shard is gone (``missing_file``) or shorter than the index says
-                (``truncated``), naming it.
-        """
-        if os.getpid() != self._pid:
-            self._files, self._pid = OrderedDict(), os.getpid()
-        f = self._files.get(url)
-        try:
-            if f is None:
-                f = self._files[url] = self._open(url)
-                while len(self._files) > self.max_open:
-                    self._close(self._files.popitem(last=False)[1])
-            else:
-                self._files.move_to_end(url)
-            if isinstance(f, int):
-                data = os.pread(f, size, offset)
-            else:
-                f.seek(offset)
-                data = f.read(size)
-        except FileNotFoundError:
-            self._files.pop(url, None)
-            raise DataError.make("missing_file", url, "shard not found (it was indexed before)",
-                                 _FIX_SHARD, where) from None
-        if len(data) != size:
-            raise DataError.make("truncated", url, f"holds {len(data)} of the {size} bytes the "
-                                 f"index promises at offset {offset}", "re-copy the shard, or "
-                                 f"delete its {INDEX_SUFFIX} to index it again", where)
-        return data
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"max_open": self.max_open, "block_size": self.block_size}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)
-
-
-_READER = MemberReader()
-
-
-def read_member(item: ShardItem) -> bytes:
-    """The media bytes of one shard sample (this process's :class:`MemberReader`)."""
-    return _READER.read(item.shard, item.offset, item.size, where=item.where)
-
-
-# ---------------------------------------------------------------------------- writing
-def _key(item_id: str, seen: set[str]) -> str:
-    """A WebDataset key for ``item_id``: no dots (they start the extension) or slashes."""
-    key = re.sub(r"[^A-Za-z0-9_-]+", "_", item_id).strip("_") or "sample"
-    base, n = key, 1
-    while key in seen:
-        key, n = f"{base}_{n}", n + 1
-    seen.add(key)
-    return key
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), 0, 0o644   # the same bytes on every run
-    tar.addfile(info, io.BytesIO(data))
-
-
-def write_shards(items: Sequence[CaptionItem], out_dir: str | os.PathLike, *, prefix: str,
-                 shard_size: int = 1000, shard_bytes: int | None = None,
-                 shuffle_seed: int | None = 0,
-                 read: Callable[[CaptionItem], bytes] | None = None) -> list[Path]:
-    """Write ``items`` as WebDataset shards ``<out_dir>/<prefix>-000000.tar`` ... plus the index
-    of each (``.idx.json``, so nothing needs scanning). Media bytes are copied as they are (no
-    re-encoding: the decoded media stay the same); captions, id, language and task go to
-    ``<key>.json``.
-
-    Args:
-        items: any caption items (files, or members of other shards).
-        out_dir: the folder (created).
-        prefix: the shard file names' prefix (the split).
-        shard_size: samples per shard.
-        shard_bytes: also start a new shard before one would pass this many bytes.
-        shuffle_seed: write the items in an order shuffled by this seed (so each shard mixes
-            the whole set, as a sorted source would not); None keeps their order.
-        read: an item -> its media bytes (default: :func:`read_member` for shard items, the
-            file for the others).
-
-    Returns:
-        The shard paths.
-    """
-    if shard_size < 1 or (shard_bytes is not None and shard_bytes < 1):
-        raise ConfigError(f"shard_size ({shard_size}) and shard_bytes ({shard_bytes}) must be "
-                          f">= 1 (shard_bytes may be null).")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in glob.glob(str(out / f"{glob.escape(prefix)}-*.tar*")):
-        os.remove(stale)            # a shorter rewrite must not leave old shards behind
-
-    def default_read(item: CaptionItem) -> bytes:
-        return read_member(item) if isinstance(item, ShardItem) else Path(item.path).read_bytes()
-
-    def nbytes(item: CaptionItem) -> int:
-        return item.size if isinstance(item, ShardItem) else Path(item.path).stat().st_size
-
-    read = read or default_read
-    order = list(range(len(items)))
-    if shuffle_seed is not None:
-        order = [int(k) for k in np.random.default_rng(shuffle_seed).permutation(len(items))]
-    groups: list[list[int]] = []
-    size = 0
-    for k in order:                 # which items go to which shard (headers: ~3 blocks each)
-        grow = nbytes(items[k]) + 4 * 512
-        if not groups or len(groups[-1]) >= shard_size or (
-                shard_bytes and size + grow > shard_bytes and groups[-1]):
-            groups.append([])
-            size = 0
-        groups[-1].append(k)
-        size += grow
-    seen: set[str] = set()
-    paths: list[Path] = []
-    for group in groups:
-        path = out / f"{prefix}-{len(paths):06d}.tar"
-        tmp = path.with_suffix(".tar.tmp")
-        with tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
-            for k in group:
-                item = items[k]
-                key = _key(item.id, seen)
-                meta: dict[str, Any] = {"id": item.id, "captions": list(item.captions)}
-                meta.update({n: v for n, v in (("language", item.language),
-                                               ("task", item.task)) if v})
-                ext = Path(str(item.path)).suffix.lower() or ".bin"
-                _add(tar, f"{key}{ext}", read(item))
-                _add(tar, f"{key}.json", json.dumps(meta, ensure_ascii=False).encode("utf-8"))
-        os.replace(tmp, path)
-        _write_json(Path(str(path) + INDEX_SUFFIX), scan_shard(str(path)))
-        paths.append(path)
-    return paths
