@@ -5,7 +5,9 @@
 
 Reads ``<run>/csv/metrics.csv`` (Lightning's CSVLogger) and draws the training/validation loss
 and the validation caption metrics against the optimizer step. Prints the per-epoch validation
-table and, last, one JSON object with the final validation and test metrics.
+table and, last, one JSON object with the final validation and test metrics; ``--record
+experiments/audio_captioning_synth`` also appends that object, with the run's own command and
+commit from its ``run_info.json``, to the experiment's ``results.jsonl``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from mmtf.perf.results import append_result  # noqa: E402
 
 PANELS = (("loss", ("train/loss", "val/loss")),
           ("event-sequence accuracy", ("val/event_accuracy",)),
@@ -50,6 +54,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--record", type=Path, default=None,
+                        help="experiment folder whose results.jsonl gets this run's metrics")
     args = parser.parse_args()
     series = read_metrics(args.run_dir)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
@@ -81,6 +87,12 @@ def main() -> None:
     final = {k: v[-1][1] for k, v in series.items() if k.startswith(("val/", "test/"))}
     print(f"saved {out}")
     print(json.dumps(final))
+    if args.record is not None:
+        info = args.run_dir / "run_info.json"
+        start = json.loads(info.read_text())["starts"][-1] if info.is_file() else {}
+        append_result(args.record, {"run_dir": str(args.run_dir), "run_command": start.get("command"),
+                                    "run_commit": start.get("git", {}).get("mmtf", {}).get("commit"),
+                                    **final})
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmtf.nn import Attention
+from mmtf.perf.results import append_result
 
 DIM, HEADS = 512, 8
 TIME_CONFIGS = ((128, 8), (512, 8), (2048, 2))                 # (T, B)
@@ -399,6 +400,7 @@ def main() -> None:
         "repeats": repeats,
     }
     print(json.dumps(summary))
+    append_result(__file__, summary)
 
 if __name__ == "__main__":
     main()

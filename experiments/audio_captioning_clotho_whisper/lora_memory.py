@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mmtf.nn.lora import LoRAConfig, add_lora  # noqa: E402
+from mmtf.perf.results import append_result  # noqa: E402
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder  # noqa: E402
 
 # config.json of openai/whisper-* (d_model, layers, heads, ffn, mel bins, vocabulary).
@@ -111,7 +112,7 @@ def measure() -> None:
     for mode in ("full", "lora"):
         done = subprocess.run([sys.executable, __file__, "_steps", mode], env=env,
                               capture_output=True, text=True, check=True)
-        print(done.stdout.strip().splitlines()[-1])
+        print(json.dumps(append_result(__file__, json.loads(done.stdout.strip().splitlines()[-1]))))
 
 
 if __name__ == "__main__":

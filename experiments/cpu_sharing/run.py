@@ -184,6 +184,7 @@ def main() -> None:
 
     sys.path.insert(0, str(REPO))
     from mmtf.perf.device import describe_cpu
+    from mmtf.perf.results import append_result
     from mmtf.utils.threads import available_cores
 
     load = os.getloadavg()
@@ -230,6 +231,7 @@ def main() -> None:
             summary["mmtf_beside_1_torch_later_vs_idle"] = round(
                 ours["1 torch later"] / ours["idle"], 3)
     print(json.dumps(summary))
+    append_result(__file__, summary)
 
 
 if __name__ == "__main__":

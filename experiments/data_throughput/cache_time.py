@@ -26,6 +26,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from mmtf.perf.device import cpu_flags, describe_cpu, quantity_table
+from mmtf.perf.results import append_result
 from mmtf.tasks import resolve_tokenizer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -91,14 +92,14 @@ def main() -> None:
                      "; ".join(", ".join(f"{s:.2f}" for s in run) for run in seconds)))
     print(quantity_table(rows))
     later = {c: statistics.median(s for run in v for s in run[1:]) for c, v in runs.items()}
-    print(json.dumps({"experiment": args.experiment, "overrides": args.overrides,
+    print(json.dumps(append_result(__file__, {"experiment": args.experiment, "overrides": args.overrides,
                       "media_cache_mb": cache_mb,
                       "uncached_epoch_s": round(later[0.0], 3),
                       "cached_epoch_s_after_first": round(later[cache_mb], 3),
                       "runs": {f"{c:g}": [[round(s, 3) for s in run] for run in v]
                                for c, v in runs.items()},
                       "threads": args.threads, "cpu_flags": cpu_flags(),
-                      "cpu_capability": torch.backends.cpu.get_cpu_capability()}))
+                      "cpu_capability": torch.backends.cpu.get_cpu_capability()})))
 
 
 if __name__ == "__main__":

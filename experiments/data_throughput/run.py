@@ -40,6 +40,7 @@ from mmtf.data import CaptionDataModule, padding_fraction
 from mmtf.data.mixture import MixtureDataModule
 from mmtf.data.shards.reader import ShardDataModule
 from mmtf.data.shards.writer import write_shards
+from mmtf.perf.results import append_result
 from mmtf.synthetic import SyntheticCaptionDataModule, ensure_synthetic
 from mmtf.text import BPETokenizer
 
@@ -197,6 +198,7 @@ def main() -> None:
         "padding_reduction": round(reduction, 2),
     })
     print(json.dumps(result))
+    append_result(__file__, result)
 
 
 if __name__ == "__main__":

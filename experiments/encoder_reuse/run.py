@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from mmtf.perf.results import append_result
+
 
 def best_checkpoint(run: Path) -> Path:
     ckpts = sorted((run / "checkpoints").glob("epoch_*.ckpt"))
@@ -65,7 +67,7 @@ def main() -> None:
     for r in rows.values():
         print(f"| {r['label']} | {r['test_accuracy']:.3f} | {r['test_macro_f1']:.3f} | "
               f"{r['val_accuracy']:.3f} | {r['seconds']} |")
-    print(json.dumps({"epochs": args.epochs, **rows}))
+    print(json.dumps(append_result(__file__, {"epochs": args.epochs, **rows})))
 
 
 if __name__ == "__main__":

@@ -182,6 +182,7 @@ def main() -> None:
         args.size, args.steps, args.batch = "quick", 2, 2
 
     from mmtf.perf.device import cpu_flags, describe_cpu
+    from mmtf.perf.results import append_result
 
     rows: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
@@ -211,10 +212,10 @@ def main() -> None:
               f"{ratio} | {r['step_s']:.2f} |")
     for name, why in failed.items():
         print(f"| {name} | not measured: {why} | | | | | | |")
-    print(json.dumps({"size": args.size, "batch": args.batch, "steps": args.steps,
+    print(json.dumps(append_result(__file__, {"size": args.size, "batch": args.batch, "steps": args.steps,
                       "device": args.device, "omp_num_threads": threads,
                       "malloc": args.malloc, "rows": rows,
-                      "not_measured": failed, "cpu_flags": cpu_flags()}))
+                      "not_measured": failed, "cpu_flags": cpu_flags()})))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from hydra.utils import instantiate
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import CONF, CONFIGS, SIZES, write_whisper  # noqa: E402
 
+from mmtf.perf.results import append_result
+
 
 def saved_bytes(folder: Path, name: str) -> int:
     with initialize_config_dir(str(CONF), version_base="1.3"):
@@ -57,7 +59,7 @@ def main() -> None:
         for name in CONFIGS:
             rows[name] = saved_bytes(folder, name) / 2**20
             print(f"{name}: {rows[name]:.0f} MiB saved for backward (1 clip)", flush=True)
-    print(json.dumps({"size": args.size, "saved_mib_per_clip": rows}))
+    print(json.dumps(append_result(__file__, {"size": args.size, "saved_mib_per_clip": rows})))
 
 
 if __name__ == "__main__":

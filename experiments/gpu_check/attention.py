@@ -22,6 +22,7 @@ from einops import rearrange
 
 from mmtf.nn import Attention
 from mmtf.perf.device import sdpa_backends
+from mmtf.perf.results import append_result
 
 DIM, HEADS = 1024, 16                               # head_dim 64
 
@@ -72,8 +73,8 @@ def main() -> None:
         print(f"T={n} B={b}: core {statistics.median(c for c, _ in pair):.2f} ms, sdpa "
               f"{statistics.median(s for _, s in pair):.2f} ms (fwd+bwd, {args.dtype})")
     print(f"kernels: {kernels}")
-    print(json.dumps({"kernels": kernels, "core_over_sdpa": ratios, "dtype": args.dtype,
-                      "device": torch.cuda.get_device_name()}))
+    print(json.dumps(append_result(__file__, {"kernels": kernels, "core_over_sdpa": ratios, "dtype": args.dtype,
+                      "device": torch.cuda.get_device_name()})))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import json
 from collections import Counter
 
 from mmtf.perf.device import quantity_table
+from mmtf.perf.results import append_result
 from mmtf.synthetic.image import parse_caption
 
 
@@ -56,10 +57,10 @@ def main() -> None:
     rows += [(f"wrong: {kind}", str(k)) for kind, k in errors.most_common()]
     print(quantity_table(rows))
     total = sum(by_count.values())
-    print(json.dumps({"accuracy": round(sum(v for (_, ok), v in by_count.items() if ok) / total, 4),
+    print(json.dumps(append_result(__file__, {"accuracy": round(sum(v for (_, ok), v in by_count.items() if ok) / total, 4),
                       "right_wrong_by_objects": {str(n): [by_count[(n, True)], by_count[(n, False)]]
                                                  for n in sorted({n for n, _ in by_count})},
-                      "errors": dict(errors)}))
+                      "errors": dict(errors)})))
 
 
 if __name__ == "__main__":

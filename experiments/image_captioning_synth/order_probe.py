@@ -22,6 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mmtf.checkpoint_io import load_checkpoint
+from mmtf.perf.results import append_result
 from mmtf.synthetic.image import parse_caption
 from mmtf.tasks.rebuild import build_task
 
@@ -71,4 +72,4 @@ def probe(ckpt_path: str) -> dict[str, float]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint")
-    print(json.dumps(probe(parser.parse_args().checkpoint)))
+    print(json.dumps(append_result(__file__, probe(parser.parse_args().checkpoint))))

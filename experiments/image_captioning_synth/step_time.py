@@ -32,6 +32,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from mmtf.perf.device import cpu_flags, describe_cpu
+from mmtf.perf.results import append_result
 from mmtf.tasks.captioning import batch_inputs
 from mmtf.tasks.optim import build_optimizer
 from mmtf.train import connect_tokenizer
@@ -114,13 +115,13 @@ def main() -> None:
         per_repeat = ", ".join(f"{t:.1f}" for t in ms[name])
         print(f"| {name:<{width}} | {built[name].parameters / 1e6:.2f} M | {per_repeat} | "
               f"{ratio[name]:.2f}x |")
-    print(json.dumps({"step_ms": {n: round(statistics.median(v), 2) for n, v in ms.items()},
+    print(json.dumps(append_result(__file__, {"step_ms": {n: round(statistics.median(v), 2) for n, v in ms.items()},
                       "speedup_vs_experiment": {n: round(r, 3) for n, r in ratio.items()},
                       "parameters": {n: built[n].parameters for n in names},
                       "threads": args.threads, "cpu_flags": cpu_flags(),
                       "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                       "load_avg_start_end": [round(load_start, 2),
-                                             round(os.getloadavg()[0], 2)]}))
+                                             round(os.getloadavg()[0], 2)]})))
 
 
 if __name__ == "__main__":

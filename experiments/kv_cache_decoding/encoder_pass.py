@@ -27,6 +27,7 @@ from hydra.utils import instantiate
 
 from mmtf.nn.linear import packed_linear_weights
 from mmtf.perf.device import cpu_flags, describe_cpu, median_call_ms
+from mmtf.perf.results import append_result
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 ENCODERS = {   # name: (overrides, batch, seconds)
@@ -89,10 +90,10 @@ def main() -> None:
     for name, r in results.items():
         print(f"| {name} | {r['plain_ms']} | {r['packed_ms']} | {r['speedup']:.2f}x | "
               f"{r['max_abs_difference']:.1e} |")
-    print(json.dumps({"encoders": results, "threads": args.threads, "cpu_flags": cpu_flags(),
+    print(json.dumps(append_result(__file__, {"encoders": results, "threads": args.threads, "cpu_flags": cpu_flags(),
                       "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                       "load_avg_start_end": [round(load_start, 2),
-                                             round(os.getloadavg()[0], 2)]}))
+                                             round(os.getloadavg()[0], 2)]})))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch
 
 from mmtf.nn.linear import Linear, packed_linear_weights
 from mmtf.perf.device import cpu_flags, describe_cpu
+from mmtf.perf.results import append_result
 
 SHAPES = [(8, 512, 512), (8, 512, 1024), (8, 512, 2048), (8, 2048, 512), (8, 512, 8000),
           (2048, 512, 2048), (2048, 2048, 512)]
@@ -78,8 +79,8 @@ def main() -> None:
     print("| rows x in -> out | us: F.linear / packed | weight GB/s | GFLOP/s | speedup |")
     print("|---|---|---|---|---|")
     print("\n".join(rows_out))
-    print(json.dumps({"shapes": results, "threads": args.threads, "cpu_flags": cpu_flags(),
-                      "cpu_capability": torch.backends.cpu.get_cpu_capability()}))
+    print(json.dumps(append_result(__file__, {"shapes": results, "threads": args.threads, "cpu_flags": cpu_flags(),
+                      "cpu_capability": torch.backends.cpu.get_cpu_capability()})))
 
 
 if __name__ == "__main__":

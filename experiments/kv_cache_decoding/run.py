@@ -39,6 +39,7 @@ import torch
 
 from mmtf.decoders import GenerationConfig, TextDecoder, generate
 from mmtf.perf.device import cpu_flags, describe_cpu, quantity_table
+from mmtf.perf.results import append_result
 
 BOS, EOS, PAD = 1, 2, 0
 
@@ -298,7 +299,7 @@ def main() -> None:
                                   f"read bandwidth"),
     ]
     print(quantity_table(rows))
-    print(json.dumps({**result, "eager_vs_peer_tokens_per_s": round(eager_paired, 2),
+    print(json.dumps(append_result(__file__, {**result, "eager_vs_peer_tokens_per_s": round(eager_paired, 2),
                       "eager_onednn_off_vs_peer": round(unpacked_paired, 2),
                       "paired_min": round(min(per_repeat), 2),
                       "paired_max": round(max(per_repeat), 2),
@@ -307,7 +308,7 @@ def main() -> None:
                       "threads": args.threads, "load_avg_before": round(load_before, 2),
                       "load_avg_after": round(load_after, 2), "cpu_flags": cpu_flags(),
                       "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                      "device": args.device}))
+                      "device": args.device})))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import run as bench  # noqa: E402
 from profile_step import shapes  # noqa: E402
 
 from mmtf.perf.device import describe_cpu, quantity_table  # noqa: E402
+from mmtf.perf.results import append_result  # noqa: E402
 from mmtf.utils.compat import dispatched_ops  # noqa: E402
 
 
@@ -89,6 +90,7 @@ def main() -> None:
     rows.append(("load average (1 min) before / after", f"{load:.2f} / {os.getloadavg()[0]:.2f}"))
     print(quantity_table(rows))
     print(json.dumps(result))
+    append_result(__file__, result)
 
 
 if __name__ == "__main__":

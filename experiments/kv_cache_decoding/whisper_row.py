@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from mmtf.decoders import GenerationConfig, generate
+from mmtf.perf.results import append_result
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 
 PROMPT = ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
@@ -124,6 +125,7 @@ def main() -> None:
     print(f"tokens/s ratio mmtf / HF (median of paired ratios): "
           f"{row['whisper_tokens_per_s_ratio']:.2f}; equal tokens: True")
     print(json.dumps(row))
+    append_result(__file__, row)
 
 
 if __name__ == "__main__":

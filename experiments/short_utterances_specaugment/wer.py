@@ -13,6 +13,8 @@ import sys
 
 import jiwer
 
+from mmtf.perf.results import append_result
+
 
 def main(path: str) -> None:
     with open(path, encoding="utf-8") as f:
@@ -21,11 +23,11 @@ def main(path: str) -> None:
     hyps = [r["prediction"].lower().strip() or "<empty>" for r in rows]
     out = jiwer.process_words(refs, hyps)
     words = sum(len(r.split()) for r in refs)
-    print(json.dumps({"wer": round(out.wer, 4), "substitutions": out.substitutions,
+    print(json.dumps(append_result(__file__, {"wer": round(out.wer, 4), "substitutions": out.substitutions,
                       "deletions": out.deletions, "insertions": out.insertions, "words": words,
                       "utterances": len(rows),
                       "sentence_error_rate": round(sum(r != h for r, h in zip(refs, hyps))
-                                                   / len(rows), 4)}))
+                                                   / len(rows), 4)})))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from mmtf.perf.device import cpu_flags, describe_cpu, median_call_ms, quantity_table
+from mmtf.perf.results import append_result
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -80,13 +81,13 @@ def main() -> None:
     rows += [("speed-up of re² + im²", f"{speedup:.2f}x"),
              ("largest relative difference of the energies", f"{rel:.1e}")]
     print(quantity_table(rows))
-    print(json.dumps({"torchaudio_ms": round(ms[names[0]], 3),
+    print(json.dumps(append_result(__file__, {"torchaudio_ms": round(ms[names[0]], 3),
                       "squares_ms": round(ms[names[1]], 3),
                       "stft_ms": round(ms[names[2]], 3), "speedup": round(speedup, 3),
                       "max_rel_diff": rel, "threads": args.threads, "cpu_flags": cpu_flags(),
                       "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                       "load_avg_start_end": [round(load_start, 2),
-                                             round(os.getloadavg()[0], 2)]}))
+                                             round(os.getloadavg()[0], 2)]})))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from hydra.utils import instantiate
 
 from mmtf.perf.device import cpu_flags, describe_cpu, has_native_bf16, quantity_table
 from mmtf.perf.flops import FlopCounter, matmul_flops_per_s
+from mmtf.perf.results import append_result
 from mmtf.tasks.optim import build_optimizer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -411,6 +412,7 @@ def main() -> None:
     if not math.isfinite(fp32_loss) or not math.isfinite(bf16_loss):
         summary["error"] = "non-finite loss in the short run"
     print(json.dumps(summary))
+    append_result(__file__, summary)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""The experiments' record of every run: one JSON line appended to ``<folder>/results.jsonl``.
+
+A benchmark script ends by printing its result as one JSON object; it then calls
+:func:`append_result` with that object, which adds what makes the figures comparable later
+(UTC time, git commit, this CPU's description, the command line) and appends the line. The
+experiment's README holds only the current table; this file holds every measurement.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from mmtf.perf.device import describe_cpu
+from mmtf.utils.run_info import git_state
+
+RESULTS_FILE = "results.jsonl"
+
+
+def append_result(folder: str | Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Append ``result`` plus ``date``, ``commit``, ``dirty``, ``cpu`` and ``command`` to
+    ``folder/results.jsonl`` (``folder``: the experiment's directory or a file inside it, e.g.
+    ``__file__``); returns ``result`` unchanged, so ``print(json.dumps(append_result(...)))``
+    prints what the script printed before."""
+    folder = Path(folder).resolve()
+    if folder.is_file():
+        folder = folder.parent
+    git = git_state(folder)
+    record = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "commit": git.get("commit", git.get("error")), "dirty": git.get("dirty"),
+              "cpu": describe_cpu(), "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+              **result}
+    with (folder / RESULTS_FILE).open("a") as out:
+        out.write(json.dumps(record) + "\n")
+    return result
