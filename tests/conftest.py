@@ -11,14 +11,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-# Before torch: mmtf's OpenMP wait setting (mmtf/utils/threads.py) must reach libgomp here and in
-# the workers and interpreters the suite starts (it is inherited through the environment).
-import mmtf  # noqa: F401
-
-# isort: split
 import numpy as np
 import pytest
 import torch
+
+from mmtf.utils.cpu_sharing import share_cpu
 
 # pytester: the tests of tests/ci_skips.py run a small pytest session of their own.
 pytest_plugins = ["pytester", "tests.ci_skips"]
@@ -30,6 +27,9 @@ os.environ.setdefault("HYDRA_FULL_ERROR", "1")
 _THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1)
 os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 torch.set_num_threads(_THREADS)
+# What mmtf's CLIs start (docs/design/cpu-sharing.md), here too: the xdist workers govern their
+# OpenMP waits beside each other and keep freed memory; the thread count is the suite's (above).
+share_cpu({"threads": "off"})
 
 
 @pytest.fixture(autouse=True)
