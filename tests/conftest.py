@@ -22,7 +22,7 @@ pytest_plugins = ["pytester", "tests.ci_skips"]
 
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
 # Under xdist each worker gets one core; alone, use both. In the environment too: the CLIs and
-# the DDP ranks a test starts keep the count (mmtf.utils.threads.set_threads respects it) rather
+# the DDP ranks a test starts keep the count (mmtf.utils.cpu_sharing.set_threads respects it) rather
 # than each taking every core beside the other worker.
 _THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1)
 os.environ["OMP_NUM_THREADS"] = str(_THREADS)
