@@ -3,6 +3,7 @@ threads bounded by the usable CPUs; a failure is logged once and undone."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -116,7 +117,8 @@ def fresh(monkeypatch):
     monkeypatch.setattr(cpu_sharing, "SpinGovernor", FakeGovernor)
     FakeGovernor.started = []
     mallopt = RecordingMallopt()
-    monkeypatch.setattr(cpu_sharing, "_glibc_mallopt", lambda: mallopt)
+    monkeypatch.setattr(cpu_sharing, "keep_freed_memory",
+                        functools.partial(keep_freed_memory, mallopt=mallopt))
     monkeypatch.setattr(cpu_sharing, "usable_cores", lambda: 4)
     threads = torch.get_num_threads()
     yield mallopt
@@ -423,7 +425,8 @@ def test_a_library_that_is_no_libgomp_fails_once_and_changes_nothing(caplog):
 
 
 def test_a_failing_part_is_logged_and_the_others_still_start(fresh, monkeypatch, caplog):
-    monkeypatch.setattr(cpu_sharing, "_glibc_mallopt", lambda: RecordingMallopt(answer=0))
+    monkeypatch.setattr(cpu_sharing, "keep_freed_memory",
+                        functools.partial(keep_freed_memory, mallopt=RecordingMallopt(answer=0)))
     with caplog.at_level(logging.WARNING, logger=cpu_sharing.__name__):
         how = share_cpu()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
