@@ -72,6 +72,7 @@ print(json.dumps({"before": before, "after": state(),
 """
 
 
+@pytest.mark.slow
 def test_importing_mmtf_changes_nothing_in_the_process():
     out = subprocess.run([sys.executable, "-c", INERT], env=clean_env(), capture_output=True,
                          text=True, timeout=300)
