@@ -1,19 +1,13 @@
 """mmtf: multimodal encoder-decoder transformers.
 
-``mmtf.load(ckpt_path) -> (model, tokenizer)`` is the notebook API (:mod:`mmtf.api`).
+``mmtf.load(ckpt_path) -> (model, tokenizer)`` is the notebook API (:mod:`mmtf.api`). Importing
+mmtf changes nothing in the process (no thread, no allocator or OpenMP setting, no warning
+filter); the CLIs start :func:`mmtf.utils.cpu_sharing.share_cpu`, and a notebook may.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from mmtf.utils.allocator import keep_freed_memory as _keep_freed_memory
-from mmtf.utils.threads import share_cpu as _share_cpu
-
-# Before torch loads libgomp, which reads its wait policy once: see mmtf/utils/threads.py.
-_share_cpu()
-# A step's freed tensors stay with the process instead of faulting in again: mmtf/utils/allocator.py.
-_keep_freed_memory()
 
 
 def __getattr__(name: str) -> Any:

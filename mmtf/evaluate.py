@@ -31,6 +31,7 @@ from mmtf.tasks import CaptioningTask, Task
 from mmtf.tasks.rebuild import build_task
 from mmtf.utils.config import generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
+from mmtf.utils.cpu_sharing import share_cpu
 
 log = logging.getLogger("mmtf.evaluate")
 SPLITS = ("val", "test")
@@ -83,6 +84,7 @@ def dump_predictions(path: str | Path, rows: list[dict]) -> None:
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Score ``cfg.ckpt_path`` on ``cfg.split``; return the metrics (keys ``<split>/<name>``)."""
     require_values(cfg)
+    share_cpu(cfg.get("cpu_sharing"))
     if cfg.split not in SPLITS:
         raise ConfigError(f"split ({cfg.split!r}) must be one of {SPLITS}; set split=test or "
                           f"split=val.")

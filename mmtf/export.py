@@ -39,6 +39,7 @@ from mmtf.pretrained import export_hf, export_peft
 from mmtf.tasks.rebuild import build_task
 from mmtf.utils.config import require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
+from mmtf.utils.cpu_sharing import share_cpu
 
 PARTS = ("encoder", "decoder")
 FORMATS = ("mmtf", "hf", "peft")
@@ -150,6 +151,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def _export(cfg: DictConfig) -> Path:
     require_values(cfg)
+    share_cpu(cfg.get("cpu_sharing"))
     if cfg.format not in FORMATS:
         raise ConfigError(f"format ({cfg.format!r}) must be one of {FORMATS}: mmtf (one part, "
                           f"safetensors + config.yaml), hf (the whole model for transformers) "

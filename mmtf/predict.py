@@ -31,6 +31,7 @@ from mmtf.data.subtitles import subtitles
 from mmtf.errors import UserError, require_file
 from mmtf.utils.config import generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
+from mmtf.utils.cpu_sharing import share_cpu
 
 OUTPUT_FORMATS = ("tsv", "json", *SUBTITLE_FORMATS)
 
@@ -98,6 +99,7 @@ def write_subtitles(rows: list[dict[str, Any]], fmt: str, output_dir: str | None
 def print_predictions(cfg: DictConfig) -> None:
     """The CLI: predict ``cfg.inputs`` and print one line per prediction."""
     require_values(cfg)
+    share_cpu(cfg.get("cpu_sharing"))
     fmt = cfg.get("format", "tsv")
     if fmt not in OUTPUT_FORMATS:
         raise UserError(f"format={fmt!r} must be one of {', '.join(OUTPUT_FORMATS)}.")

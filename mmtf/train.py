@@ -43,9 +43,9 @@ from mmtf.reliability import resolve_resume
 from mmtf.tasks import CaptioningTask, Task, resolve_tokenizer
 from mmtf.utils.config import check_target_signatures, print_config_tree, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
+from mmtf.utils.cpu_sharing import parallel_jobs, share_cpu
 from mmtf.utils.distributed import is_distributed
 from mmtf.utils.run_info import write_run_info
-from mmtf.utils.threads import parallel_jobs, set_threads
 
 log = logging.getLogger("mmtf.train")
 
@@ -103,7 +103,7 @@ def train(cfg: DictConfig) -> float | None:
     loggers = instantiate_group(cfg.get("logger"))
     _pin_ddp_children_to_this_run(str(output_dir))
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-    share_cores(cfg, trainer)
+    start_cpu_sharing(cfg, trainer)
     if trainer.is_global_zero:                 # the loggers write on rank 0 only
         write_run_info(output_dir)
         record_tracker_runs(loggers, output_dir)
@@ -140,20 +140,16 @@ def train(cfg: DictConfig) -> float | None:
     return value
 
 
-def share_cores(cfg: DictConfig, trainer: L.Trainer) -> None:
-    """Give this process its share of the machine's cores: the ranks this node runs, the jobs a
-    parallel sweep launcher runs at once and this rank's loader workers all compute beside it.
-    ``cpu_threads`` (or the user's ``OMP_NUM_THREADS``) overrides. Why: docs/design/cpu-sharing.md
-    """
+def start_cpu_sharing(cfg: DictConfig, trainer: L.Trainer) -> None:
+    """Start ``cfg.cpu_sharing`` (:func:`mmtf.utils.cpu_sharing.share_cpu`) in this process:
+    its thread share counts the ranks this node runs, the jobs a parallel sweep launcher runs at
+    once and this rank's loader workers, which all compute beside it."""
     ranks = trainer.num_devices if trainer.world_size > 1 else 1
     jobs = 1
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         jobs = parallel_jobs(HydraConfig.get().launcher)
     workers = int((cfg.get("data") or {}).get("num_workers") or 0)
-    try:
-        set_threads(cfg.get("cpu_threads"), processes=ranks * jobs, loader_workers=workers)
-    except ValueError as err:
-        raise ConfigError(f"{err}.") from None
+    share_cpu(cfg.get("cpu_sharing"), processes=ranks * jobs, loader_workers=workers)
 
 
 def optimized_value(trainer: L.Trainer, metrics: dict[str, float], name: str, mode: str, *,
@@ -295,10 +291,17 @@ def _resume_in_its_run_dir(argv: list[str]) -> list[str]:
     return argv
 
 
+def renamed_keys(argv: list[str]) -> list[str]:
+    """``argv`` with the overrides of renamed keys under their new names: ``cpu_threads=N`` is
+    ``cpu_sharing.threads=N`` (``null``: ``share``)."""
+    return [f"cpu_sharing.threads={a[12:] if a[12:] not in ('', 'null') else 'share'}"
+            if a.startswith("cpu_threads=") else a for a in argv]
+
+
 def main() -> None:
     """Console entry point (``mmtf-train``)."""
     torch.set_float32_matmul_precision("high")
-    sys.argv = _resume_in_its_run_dir(sys.argv)
+    sys.argv = _resume_in_its_run_dir(renamed_keys(sys.argv))
     _hydra_main()
 
 

@@ -11,25 +11,25 @@ import re
 from pathlib import Path
 from typing import Any
 
-# Before torch: mmtf's OpenMP wait setting (mmtf/utils/threads.py) must reach libgomp here and in
-# the workers and interpreters the suite starts (it is inherited through the environment).
-import mmtf  # noqa: F401
-
-# isort: split
 import numpy as np
 import pytest
 import torch
+
+from mmtf.utils.cpu_sharing import share_cpu
 
 # pytester: the tests of tests/ci_skips.py run a small pytest session of their own.
 pytest_plugins = ["pytester", "tests.ci_skips"]
 
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
 # Under xdist each worker gets one core; alone, use both. In the environment too: the CLIs and
-# the DDP ranks a test starts keep the count (mmtf.utils.threads.set_threads respects it) rather
+# the DDP ranks a test starts keep the count (mmtf.utils.cpu_sharing.set_threads respects it) rather
 # than each taking every core beside the other worker.
 _THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1)
 os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 torch.set_num_threads(_THREADS)
+# What mmtf's CLIs start (docs/design/cpu-sharing.md), here too: the xdist workers govern their
+# OpenMP waits beside each other and keep freed memory; the thread count is the suite's (above).
+share_cpu({"threads": "off"})
 
 
 @pytest.fixture(autouse=True)

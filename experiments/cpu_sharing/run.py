@@ -6,12 +6,14 @@ audio captioner ran ~10x slower, not the fair ~2x. Which setting of how OpenMP t
 governor, the default) gives
 about the fair share next to other work and loses little alone?
 
-Per setting and condition a fresh measuring process (the setting in its environment before
-torch loads, as for every CLI: ``mmtf`` is ``import mmtf``'s default, the spin governor of
-``mmtf/utils/spin_governor.py``; ``auto`` its choice from
-the load it sees at start under ``MMTF_CPU_SHARING=auto``) builds the default experiment's model and AdamW exactly as
-``experiments/training_throughput`` does and times ``--steps`` training steps on batches of the
-experiment's batch size (4 s clips). Conditions: idle; started beside one and two competing
+Per setting and condition a fresh measuring process builds the default experiment's model and
+AdamW exactly as ``experiments/training_throughput`` does, starts mmtf's CPU sharing as
+``mmtf.train`` does (``share_cpu(cfg.cpu_sharing)`` of the composed config, after the model is
+built), and times ``--steps`` training steps on batches of the experiment's batch size (4 s
+clips). Settings: ``mmtf`` = the config's default (the spin governor of
+``mmtf/utils/cpu_sharing.py``); ``off`` = ``cpu_sharing.wait=off`` (libgomp's default spin);
+``passive`` = ``OMP_WAIT_POLICY=PASSIVE`` and ``spin<N>`` = ``GOMP_SPINCOUNT=N`` in the
+environment before torch loads (the user's setting: no governor). Conditions: idle; started beside one and two competing
 2-thread torch processes (a matmul loop with libgomp's default spin: other people's work, not
 mmtf's); started beside a competing mmtf process (the same step in a loop under the same
 setting, started first on the idle machine: a second experiment on one workstation); and one
@@ -19,7 +21,7 @@ torch process that starts *after* the measuring process (work that arrives durin
 choice made at start cannot see it). Conditions run in the same order for every setting, and
 the idle condition is measured first and again last (its spread is the noise).
 
-    python experiments/cpu_sharing/run.py                  # every setting (~10 min on 2 cores)
+    python experiments/cpu_sharing/run.py                  # the default settings (~10 min on 2 cores)
     python experiments/cpu_sharing/run.py --steps 10 --settings off mmtf
     python experiments/cpu_sharing/run.py --settings off mmtf --repeats 3 \
         --conditions idle "1 torch" "1 torch later" "idle again"
@@ -46,42 +48,40 @@ WAIT_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MMTF_CPU_SHARING", "OMP_NUM_T
 CONDITIONS = ("idle", "1 torch", "2 torch", "1 mmtf", "1 torch later", "idle again")
 
 
-def setting_env(name: str) -> dict[str, str]:
-    """The environment of one setting: the user's wait keys removed, this setting's added."""
+def setting_env(name: str) -> tuple[dict[str, str], list[str]]:
+    """The environment of one setting (the user's wait keys removed, this setting's added) and
+    the config overrides of its measuring process."""
     env = {k: v for k, v in os.environ.items() if k not in WAIT_KEYS}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    overrides = []
     if name == "off":
-        env["MMTF_CPU_SHARING"] = "0"                 # libgomp's default: 300,000 spins
+        overrides = ["cpu_sharing.wait=off"]          # libgomp's default: 300,000 spins
     elif name == "passive":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
-    elif name == "auto":
-        env["MMTF_CPU_SHARING"] = "auto"              # chosen from the load at start
     elif name.startswith("spin"):
         env["GOMP_SPINCOUNT"] = name.removeprefix("spin")
-    elif name != "mmtf":                              # mmtf: what `import mmtf` chooses
-        raise SystemExit(f"unknown setting {name!r}: off, mmtf, auto, passive or spin<N>")
-    env.pop("MMTF_OMP_WAIT", None)
-    return env
+    elif name != "mmtf":                              # mmtf: the config's default
+        raise SystemExit(f"unknown setting {name!r}: off, mmtf, passive or spin<N>")
+    return env, overrides
 
 
 # ---------------------------------------------------------------------------- the workload
-def worker(steps: int, loop: bool) -> None:
-    """Build the model, then time ``steps`` steps per line read from stdin (or loop forever)."""
+def worker(steps: int, loop: bool, overrides: list[str]) -> None:
+    """Build the model, start CPU sharing as ``mmtf.train`` does, then time ``steps`` steps per
+    line read from stdin (or loop forever)."""
     import importlib.util
 
-    import mmtf  # noqa: F401  (before torch: the wait setting of this process)
-
-    # isort: split
     import torch
 
-    from mmtf.utils.threads import describe_threads
+    from mmtf.utils.cpu_sharing import share_cpu
 
     spec = importlib.util.spec_from_file_location(
         "training_throughput", REPO / "experiments" / "training_throughput" / "run.py")
     tt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tt)
     device = torch.device("cpu")
-    model, opt, cfg = tt.build_mmtf([], device)
+    model, opt, cfg = tt.build_mmtf(overrides, device)
+    ready = share_cpu(cfg.cpu_sharing)                # one process, no loader workers
     batches = tt.make_batches(cfg, 4, int(cfg.data.batch_size), 4.0, device)
 
     def run(n: int) -> float:
@@ -94,7 +94,7 @@ def worker(steps: int, loop: bool) -> None:
     if loop:
         while True:
             run(1)
-    print(json.dumps({"ready": describe_threads(), "batch": int(cfg.data.batch_size)}),
+    print(json.dumps({"ready": ready, "batch": int(cfg.data.batch_size)}),
           flush=True)
     for _ in sys.stdin:
         print(json.dumps({"seconds": run(steps)}), flush=True)
@@ -118,9 +118,10 @@ def start(args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
                             **kw)
 
 
-def _worker(env: dict[str, str], steps: int) -> tuple[subprocess.Popen, str]:
-    proc = start(["--worker", "--steps", str(steps)], env, stdin=subprocess.PIPE,
-                 stdout=subprocess.PIPE)
+def _worker(env: dict[str, str], overrides: list[str], steps: int,
+            ) -> tuple[subprocess.Popen, str]:
+    proc = start(["--worker", "--steps", str(steps), "--overrides", *overrides], env,
+                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     return proc, json.loads(proc.stdout.readline())["ready"]
 
 
@@ -136,8 +137,8 @@ def _go(proc: subprocess.Popen) -> float:
 def measure(setting: str, steps: int, conditions: tuple[str, ...] = CONDITIONS,
             ) -> tuple[dict[str, float], dict[str, str]]:
     """Seconds per condition, and how the measuring process's threads waited in each."""
-    env = setting_env(setting)
-    plain = {k: v for k, v in os.environ.items() if k not in WAIT_KEYS and k != "MMTF_OMP_WAIT"}
+    env, overrides = setting_env(setting)
+    plain = {k: v for k, v in os.environ.items() if k not in WAIT_KEYS}
     out: dict[str, float] = {}
     waits: dict[str, str] = {}
     for condition in conditions:
@@ -146,10 +147,11 @@ def measure(setting: str, steps: int, conditions: tuple[str, ...] = CONDITIONS,
             others = [start(["--compete"], plain, stdout=subprocess.DEVNULL)
                       for _ in range(int(condition[0]))]
         elif condition == "1 mmtf":
-            others = [start(["--worker", "--loop"], env, stdout=subprocess.DEVNULL)]
+            others = [start(["--worker", "--loop", "--overrides", *overrides], env,
+                            stdout=subprocess.DEVNULL)]
         if others:
             time.sleep(20 if condition == "1 mmtf" else 3)   # past their start-up
-        proc, ready = _worker(env, steps)
+        proc, ready = _worker(env, overrides, steps)
         if condition == "1 torch later":
             others = [start(["--compete"], plain, stdout=subprocess.DEVNULL)]
             time.sleep(3)
@@ -176,25 +178,25 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--loop", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--compete", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--overrides", nargs="*", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(args.steps, args.loop)
+        return worker(args.steps, args.loop, args.overrides)
     if args.compete:
         return torch_competitor()
 
     sys.path.insert(0, str(REPO))
     from mmtf.perf.device import describe_cpu
     from mmtf.perf.results import append_result
-    from mmtf.utils.threads import available_cores
+    from mmtf.utils.cpu_sharing import usable_cores
 
     load = os.getloadavg()
-    print(f"cores {available_cores()}; {describe_cpu()}; load average {load[0]:.2f} "
+    print(f"cores {usable_cores()}; {describe_cpu()}; load average {load[0]:.2f} "
           f"(before); {args.steps} steps per cell")
     conditions = tuple(c for c in CONDITIONS if c in args.conditions)
     # Rounds interleave the settings, so a drift of the machine reaches every setting alike.
     rounds = [{s: measure(s, args.steps, conditions) for s in args.settings}
               for _ in range(args.repeats)]
-    measured = rounds[-1]
     runs = {s: {c: [r[s][0][c] for r in rounds] for c in conditions} for s in args.settings}
     results = {s: {c: float(np.median(v)) for c, v in row.items()} for s, row in runs.items()}
 
@@ -211,15 +213,10 @@ def main() -> None:
         for setting, row in runs.items():
             print(f"{setting:<{width}}  " + "  ".join(
                 f"{min(v):6.2f}-{max(v):<6.2f}".rjust(16) for v in row.values()))
-    if "auto" in measured:
-        print("\nauto's choice at the start of each cell:")
-        for condition, wait in measured["auto"][1].items():
-            print(f"  {condition:<14} {wait}")
-    summary: dict[str, object] = {"cores": available_cores(), "cpu": describe_cpu(),
+    summary: dict[str, object] = {"cores": usable_cores(), "cpu": describe_cpu(),
                                   "load_before": round(load[0], 2), "steps": args.steps,
                                   "seconds": results, "repeats": args.repeats,
-                                  "all_seconds": runs if args.repeats > 1 else None,
-                                  "auto_chose": measured["auto"][1] if "auto" in measured else None}
+                                  "all_seconds": runs if args.repeats > 1 else None}
     if "off" in results and "mmtf" in results and {"idle", "1 torch"} <= set(conditions):
         off, ours = results["off"], results["mmtf"]
         idle = [c for c in ("idle", "idle again") if c in conditions]

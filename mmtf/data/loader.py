@@ -38,11 +38,6 @@ from mmtf.utils.distributed import world
 
 log = logging.getLogger("mmtf.data")
 
-# torchdata 0.11 calls the deprecated torch.set_vital on every iterator: a UserWarning per epoch
-# that tells the user nothing they can act on.
-warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated", category=UserWarning,
-                        module=r"torchdata\.stateful_dataloader")
-
 __all__ = ["DataLoader", "StatefulDataLoader", "make_loader"]
 
 
@@ -94,7 +89,12 @@ class _Reporting:
 
     def __init__(self, dataset: Any, *, counter: ErrorCounter | None = None, split: str = "",
                  **kwargs: Any) -> None:
-        super().__init__(dataset, **kwargs)  # type: ignore[call-arg]
+        with warnings.catch_warnings():
+            # torchdata 0.11's constructor calls the deprecated torch.set_vital: a UserWarning
+            # per loader that tells the user nothing they can act on.
+            warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated",
+                                    category=UserWarning)
+            super().__init__(dataset, **kwargs)  # type: ignore[call-arg]
         self.counter = counter if counter is not None else ErrorCounter()
         self.split = split
         self.last_epoch: dict[str, Any] = {}

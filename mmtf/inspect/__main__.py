@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from mmtf.errors import UserError
 from mmtf.utils.config import run_cli
 from mmtf.utils.config_dir import CONF_DIR
+from mmtf.utils.cpu_sharing import share_cpu
 
 
 def _list(value) -> list[int] | None:
@@ -29,6 +30,7 @@ def _list(value) -> list[int] | None:
 def _inspect(cfg: DictConfig) -> None:
     from mmtf.inspect.core import inspect_input, load_input, load_task, spans_table
 
+    share_cpu(cfg.get("cpu_sharing"))
     if (cfg.input is None) == (cfg.synthetic_split is None):
         raise UserError("give exactly one of input=<audio or image file> and "
                         "synthetic_split=<train|val|test>.")

@@ -36,7 +36,7 @@ from lightning.pytorch.callbacks import Callback
 from mmtf.perf.device import bf16_warning, describe_cpu, sdpa_backends
 from mmtf.perf.flops import FlopCounter, matmul_flops_per_s
 from mmtf.tasks.base import batch_inputs
-from mmtf.utils.threads import describe_threads
+from mmtf.utils.cpu_sharing import describe as describe_cpu_sharing
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class EfficiencyMonitor(Callback):
                  if self._device.type == "cuda" else str(self._device))
         tf32 = torch.get_float32_matmul_precision() != "highest"
         log.info("[perf] %s; %s; precision %s (compute %s)%s; SDPA kernels: %s; dense %s matmul "
-                 "%.1f GFLOP/s (the MFU denominator)", where, describe_threads(), precision,
+                 "%.1f GFLOP/s (the MFU denominator)", where, describe_cpu_sharing(), precision,
                  str(dtype).removeprefix("torch."),
                  f", TF32 matmuls {'on' if tf32 else 'off'}" if self._device.type == "cuda" else "",
                  ", ".join(f"{k}={v}" for k, v in kernels.items()) or "none",
