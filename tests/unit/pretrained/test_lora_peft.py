@@ -225,3 +225,26 @@ def test_a_bug_in_a_name_table_is_no_other_base(whisper, monkeypatch):
     monkeypatch.setattr(whisper_module, "encoder_links", broken)
     with pytest.raises(AttributeError, match="no attribute 'ours'"):
         part_tables("encoder", encoder)
+
+
+@pytest.mark.parametrize("target_modules, targets", [(ALL, ["q", "k", "v", "o", "mlp"]),
+                                                     (["k_proj"], ["k"]), (["v_proj"], ["v"])],
+                         ids=["all", "k", "v"])
+def test_bias_lora_only_trains_the_biases_peft_trains(whisper, target_modules, targets):
+    """PEFT trains the bias of each adapted module: Whisper's v_proj.bias (mmtf's v_bias, apart
+    from the fused to_kv), none for k_proj (no bias)."""
+    folder, tokenizer = whisper[:2]
+    model = peft.get_peft_model(_base(folder), peft.LoraConfig(
+        r=4, target_modules=target_modules, bias="lora_only"))
+    theirs = {n.removeprefix("base_model.model.").replace(".base_layer.", ".")
+              for n, p in model.named_parameters() if p.requires_grad and n.endswith("bias")}
+    task = _task(folder, tokenizer, {"r": 4, "alpha": 8, "parts": ["encoder", "decoder"],
+                                     "targets": targets, "bias": "lora_only"})
+    ours = set()
+    for part in ("encoder", "decoder"):
+        module = getattr(task.model, part)
+        names = {w: row.theirs for row in whisper_module.part_links(part, module, "model.")
+                 for w in row.ours}
+        ours |= {t for n, p in module.named_parameters() if p.requires_grad and "lora_" not in n
+                 for t in names[n]}
+    assert ours == theirs and bool(theirs) == (targets != ["k"])
