@@ -9,7 +9,8 @@ into pools of ``bucket_size`` batches, sorts each pool by length (``bucketing=Tr
 it into batches; (5) shuffles the batch order. Every rank therefore yields the same number of
 batches (under DDP each rank reads its own item list: a sampler whose ranks read different
 lists refuses in one line instead of hanging at the epoch's end), and a batch's items have
-similar lengths, which cuts padding (measured by :func:`padding_fraction`). Evaluation (``shuffle=False``) sorts the whole shard by length.
+similar lengths, which cuts padding (measured by :func:`padding_fraction`). Evaluation
+(``shuffle=False``) sorts the whole shard by length.
 
 Batches cut by a ``budget`` (``data.max_seconds_per_batch`` / ``data.max_pixels_per_batch``)
 instead of a ``batch_size``: each sorted pool is cut greedily so that a batch's padded size

@@ -146,6 +146,7 @@ def _plain_lora(key: str, value: Any) -> bool:
         return check is None or check(value)
     return value is None or value is False or value in ({}, [], "")
 
+
 def read_adapter(folder: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """``adapter_config.json`` and the tensors of a PEFT folder, checked to be plain LoRA.
 
