@@ -7,8 +7,10 @@ equal-sized shard (the last few examples are repeated from the start when the co
 divide, as ``DistributedSampler`` does; ``drop_last`` drops them instead); (4) cuts the shard
 into pools of ``bucket_size`` batches, sorts each pool by length (``bucketing=True``) and cuts
 it into batches; (5) shuffles the batch order. Every rank therefore yields the same number of
-batches, and a batch's items have similar lengths, which cuts padding (measured by
-:func:`padding_fraction`). Evaluation (``shuffle=False``) sorts the whole shard by length.
+batches (under DDP each rank reads its own item list: a sampler whose ranks read different
+lists refuses in one line instead of hanging at the epoch's end), and a batch's items have
+similar lengths, which cuts padding (measured by :func:`padding_fraction`). Evaluation
+(``shuffle=False``) sorts the whole shard by length.
 
 Batches cut by a ``budget`` (``data.max_seconds_per_batch`` / ``data.max_pixels_per_batch``)
 instead of a ``batch_size``: each sorted pool is cut greedily so that a batch's padded size
@@ -39,6 +41,7 @@ Shapes: none (keys only).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import math
@@ -49,7 +52,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mmtf.errors import UserError
-from mmtf.utils.distributed import world
+from mmtf.utils.distributed import gather_objects, is_distributed, world
 
 log = logging.getLogger("mmtf.data")
 
@@ -133,7 +136,8 @@ class BucketBatchSampler:
             raise UserError(f"{name}: lengths is empty; the dataset has no items.")
         if seed < 0:
             raise UserError(f"{name}: seed ({seed}) must be >= 0; set data.seed.")
-        if num_replicas is None:
+        from_world = num_replicas is None
+        if from_world:
             num_replicas, rank = world() if rank is None else (world()[0], rank)
         rank = 0 if rank is None else rank
         if not 0 <= rank < num_replicas:
@@ -151,6 +155,28 @@ class BucketBatchSampler:
         self.bucketing, self.bucket_size = bucketing, bucket_size
         self.num_replicas, self.rank = num_replicas, rank
         self.state = SamplerState()
+        if from_world and num_replicas > 1 and is_distributed():
+            self._refuse_other_items_on_other_ranks()
+
+    def _refuse_other_items_on_other_ranks(self) -> None:
+        """Each rank cuts its share out of the item list it read itself: ranks with other
+        lists (a shard or file skipped on one node only) would get other batch counts, and DDP
+        waits forever in the all-reduce of the rank with more batches. Collective (every rank
+        builds its samplers in the same order)."""
+        caps = b"" if self.num_captions is None else self.num_captions.tobytes()
+        lists = gather_objects((len(self.lengths),
+                                hashlib.sha1(self.lengths.tobytes() + caps).hexdigest()))
+        if all(other == lists[0] for other in lists):
+            return
+        said = [f"rank {r} has {n} items" + (" with other lengths or caption counts"
+                                              if n == lists[0][0] and h != lists[0][1] else "")
+                for r, (n, h) in enumerate(lists)]
+        raise UserError(f"{type(self).__name__}: the ranks read different item lists "
+                        f"({'; '.join(said)}), so they would cut different numbers of batches "
+                        f"and DDP would hang at the epoch's end. Give every rank the same data "
+                        f"(a shard or file missing or unreadable on one node is skipped there "
+                        f"under data.on_error=skip: run python -m mmtf.data.check on each node, "
+                        f"or set data.on_error=raise to see the item).")
 
     def world(self) -> tuple[int, int]:
         """``(num_replicas, rank)`` in effect (fixed when the sampler is built)."""

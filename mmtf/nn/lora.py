@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from mmtf.errors import ConfigError
 from mmtf.nn.linear import Linear
@@ -45,6 +46,8 @@ TARGETS: dict[str, tuple[tuple[str, str], ...]] = {
 SLICES = {"to_q": ("q",), "to_kv": ("k", "v"), "to_out": ("o",), "fc_in": ("fc_in",),
           "fc_out": ("fc_out",)}
 BIAS_MODES = ("none", "all", "lora_only")
+# The state-dict key (under a LoRALinear's prefix) that says its weight holds the adapters.
+MERGED = "lora_merged"
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,9 @@ class _DroppedLowRank(torch.autograd.Function):
     which the producer of ``x`` or the next projection reading it often keeps anyway (one
     storage, counted once); backward rebuilds ``dropout(x)`` from ``x`` and the mask. Under
     autocast the GEMMs run in the dtype forward's ran in (that of the rank-sized result), as
-    the plain path's autocast casts would. Why: docs/design/lora.md, "Memory".
+    the plain path's autocast casts would. Backward is not itself differentiable (a double
+    backward raises): it is written from saved values, not as autograd ops of the inputs.
+    Why: docs/design/lora.md, "Memory".
     """
 
     @staticmethod
@@ -106,6 +111,7 @@ class _DroppedLowRank(torch.autograd.Function):
         return F.linear(u, b).mul_(scale)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, keep, u, a, b = ctx.saved_tensors
         dtype, keep_scale = u.dtype, 1.0 / (1.0 - ctx.p)
@@ -156,6 +162,8 @@ class LoRALinear(nn.Linear):
                 self.lora_A[name] = nn.Parameter(torch.empty(r, in_features, **kw))
                 self.lora_B[name] = nn.Parameter(torch.zeros(self.width, r, **kw))
         self.merged = False
+        # merge's copy of the base weight, which unmerge restores bit for bit (not saved)
+        self.register_buffer("unmerged_weight", None, persistent=False)
         self.reset_lora()
 
     @classmethod
@@ -216,17 +224,44 @@ class LoRALinear(nn.Linear):
 
     @torch.no_grad()
     def merge(self) -> None:
-        """Fold the adapters into ``weight`` (inference: one GEMM, as the base)."""
+        """Fold the adapters into ``weight`` (inference: one GEMM, as the base). A copy of the
+        base weight is kept until :meth:`unmerge` (memory: one more weight per projection;
+        :func:`strip_lora` keeps none)."""
         if not self.merged:
+            self.unmerged_weight = self.weight.detach().clone()
             self.weight.add_(self.delta().to(self.weight.dtype))
             self.merged = True
 
     @torch.no_grad()
     def unmerge(self) -> None:
-        """Take the adapters back out of ``weight``."""
+        """Take the adapters back out of ``weight``: the base weight bit for bit (in bf16 too,
+        where subtracting them again would not give it back), or, after loading a state saved
+        merged (no copy), ``weight - B A * alpha / r``, exact up to rounding."""
         if self.merged:
-            self.weight.sub_(self.delta().to(self.weight.dtype))
+            if self.unmerged_weight is not None:
+                self.weight.copy_(self.unmerged_weight)
+            else:
+                self.weight.sub_(self.delta().to(self.weight.dtype))
+            self.unmerged_weight = None
             self.merged = False
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str,
+                            keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.merged:          # the weight holds the adapters: a loader must not add them again
+            destination[prefix + MERGED] = torch.tensor(True)
+
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str,
+                              local_metadata: dict[str, Any], strict: bool,
+                              missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if prefix + MERGED in unexpected_keys:   # the flag is a key of ours
+            unexpected_keys.remove(prefix + MERGED)
+        if prefix + "weight" in state_dict:      # the flag goes with the weight it describes
+            self.merged = bool(state_dict.get(prefix + MERGED, False))
+            self.unmerged_weight = None
 
     def to_linear(self) -> Linear:
         """A plain :class:`~mmtf.nn.linear.Linear` with the merged weight (the adapters
@@ -306,13 +341,17 @@ def has_lora(module: nn.Module) -> bool:
 
 def lora_trainable(module: nn.Module, bias: str = "none") -> list[nn.Parameter]:
     """The parameters LoRA trains in ``module``: every adapter, and the biases ``bias`` asks for
-    (:class:`LoRAConfig`)."""
+    (:class:`LoRAConfig`; ``lora_only``: PEFT's, the bias of each adapted module, Whisper's
+    ``v_bias`` kept apart from the fused ``to_kv`` included)."""
     params = []
     for m in module.modules():
         if isinstance(m, LoRALinear):
             params += [*m.lora_A.values(), *m.lora_B.values()]
             if bias == "lora_only" and m.bias is not None:
                 params.append(m.bias)
+        kv = getattr(m, "to_kv", None)
+        if bias == "lora_only" and isinstance(kv, LoRALinear):
+            params += [b for s in kv.lora_A if (b := getattr(m, f"{s}_bias", None)) is not None]
     if bias == "all":
         params += [p for name, p in module.named_parameters() if name.endswith("bias")]
     return params

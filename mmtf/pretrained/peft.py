@@ -19,6 +19,7 @@ Why: see docs/design/lora.md
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ from torch import Tensor, nn
 
 from mmtf.errors import ConfigError, UserError, require_file
 from mmtf.nn.lora import (
+    BIAS_MODES,
     SLICES,
     TARGETS,
     LoRAConfig,
@@ -94,9 +96,16 @@ def part_tables(part: str, module: nn.Module, prefix: str = "",
     for family, entry in FAMILIES.items():
         if part not in entry.builders:
             continue
+        family_code = family_module(family)
+        # Only for the class the family's builder returns: an error in its table's code on
+        # that class is a bug to see, never "the adapter was trained on another base".
+        built = inspect.signature(getattr(family_code, entry.builders[part])).return_annotation
+        built = getattr(built, "__name__", built)       # a class, or its name (a string)
+        if built not in {c.__name__ for c in type(module).__mro__}:
+            continue
         try:
-            tables[family] = family_module(family).part_links(part, module, prefix)
-        except (UserError, AttributeError, KeyError):     # not in that family's configuration
+            tables[family] = family_code.part_links(part, module, prefix)
+        except UserError:                          # not in that family's configuration
             continue
     return tables
 
@@ -111,11 +120,39 @@ def pattern_value(pattern: Mapping[str, Any], module: str, default: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------- reading
+# The adapter_config.json keys of plain LoRA and the values mmtf computes (None: any value).
+# Any other key, set to anything but an empty value (peft's default of every other option), is
+# a method mmtf does not compute (DoRA, rsLoRA, aLoRA, layer_replication, an init that also
+# changes the base weights: PiSSA, OLoRA, CorDA, LoftQ), whose tensors would load as plain
+# LoRA and give other outputs than PeftModel.
+_PLAIN_LORA: dict[str, Callable[[Any], bool] | None] = {
+    "peft_type": lambda v: v == "LORA", "bias": lambda v: v in (None, *BIAS_MODES),
+    # only how A and B were drawn before training
+    "init_lora_weights": lambda v: v is True or v is False or v == "gaussian",
+    # read from the folder or its tensors: rank, scale, and which layers hold adapters
+    **dict.fromkeys(("r", "lora_alpha", "lora_dropout", "rank_pattern", "alpha_pattern",
+                     "target_modules", "exclude_modules", "layers_to_transform",
+                     "layers_pattern", "fan_in_fan_out")),
+    # metadata, or settings of options refused here when they are on
+    **dict.fromkeys(("base_model_name_or_path", "revision", "task_type", "inference_mode",
+                     "auto_mapping", "peft_version", "library_name", "megatron_core",
+                     "qalora_group_size", "ensure_weight_tying")),
+}
+
+
+def _plain_lora(key: str, value: Any) -> bool:
+    if key in _PLAIN_LORA:
+        check = _PLAIN_LORA[key]
+        return check is None or check(value)
+    return value is None or value is False or value in ({}, [], "")
+
+
 def read_adapter(folder: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """``adapter_config.json`` and the tensors of a PEFT folder, checked to be plain LoRA.
 
     Raises:
-        UserError: a missing file, or a PEFT method mmtf does not compute (DoRA, rsLoRA, ...).
+        UserError: a missing file, or an option mmtf does not compute (anything but plain
+            LoRA: DoRA, rsLoRA, PiSSA, ..., or an option newer than this list), each named.
     """
     folder = Path(folder)
     key = "model.lora.pretrained"
@@ -125,14 +162,13 @@ def read_adapter(folder: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]
                            fix=f"point {key} at a folder saved by PeftModel.save_pretrained "
                                f"(safetensors; pickled adapter_model.bin is never read)")
     config = json.loads(config_file.read_text())
-    unsupported = [f"{k}={config[k]!r}" for k, ok in (
-        ("peft_type", "LORA"), ("use_dora", False), ("use_rslora", False)) if
-        k in config and config[k] not in (ok, None)]
-    if config.get("modules_to_save"):
-        unsupported.append(f"modules_to_save={config['modules_to_save']!r}")
+    unsupported = [f"{k}={v!r}" for k, v in config.items() if not _plain_lora(k, v)]
     if unsupported:
         raise UserError(f"{key}: {config_file} has {', '.join(unsupported)}; mmtf loads plain "
-                        f"LoRA adapters (peft_type LORA, no DoRA / rsLoRA / modules_to_save).")
+                        f"LoRA adapters only (peft_type LORA, init_lora_weights true, false or "
+                        f"gaussian, no DoRA / rsLoRA / PiSSA / OLoRA / CorDA / LoftQ / aLoRA / "
+                        f"layer_replication / modules_to_save): load it with PeftModel, or "
+                        f"train a plain LoRA adapter.")
     return config, load_file(str(weights))
 
 

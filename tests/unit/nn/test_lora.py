@@ -85,6 +85,52 @@ def test_merge_and_unmerge_keep_the_outputs_and_strip_gives_the_base_architectur
     torch.testing.assert_close(stack(x, context=ctx), ref, rtol=0, atol=1e-5)
 
 
+def _kv_layer(dtype: torch.dtype = torch.float32, dropout: float = 0.0) -> LoRALinear:
+    layer = LoRALinear.wrap(nn.Linear(16, 32).to(dtype), slices=("k", "v"), adapted=("k", "v"),
+                            r=4, alpha=8.0, dropout=dropout)
+    _randomize_b(layer)
+    return layer
+
+
+def test_a_state_dict_saved_merged_loads_merged_not_with_the_adapters_twice():
+    torch.manual_seed(0)
+    layer, x = _kv_layer().eval(), torch.randn(3, 16)
+    ref = layer(x)
+    plain = set(layer.state_dict())
+    layer.merge()
+    merged_state = layer.state_dict()
+    fresh = _kv_layer().eval()
+    fresh.load_state_dict(merged_state)                   # strict: the flag is a known key
+    assert fresh.merged
+    torch.testing.assert_close(fresh(x), ref, rtol=0, atol=1e-5)
+    fresh.unmerge()
+    torch.testing.assert_close(fresh(x), ref, rtol=0, atol=1e-5)
+    layer.unmerge()
+    assert set(layer.state_dict()) == plain               # unmerged: the keys of before
+    layer.merge()
+    layer.load_state_dict(fresh.state_dict())             # an unmerged state into a merged layer
+    assert not layer.merged
+    torch.testing.assert_close(layer(x), ref, rtol=0, atol=1e-5)
+
+
+def test_unmerge_restores_the_base_weights_bit_for_bit_in_bfloat16():
+    torch.manual_seed(0)
+    layer = _kv_layer(torch.bfloat16)
+    base = layer.weight.detach().clone()
+    layer.merge()
+    assert not torch.equal(layer.weight, base)
+    layer.unmerge()
+    assert torch.equal(layer.weight, base)
+
+
+def test_a_double_backward_through_adapter_dropout_raises_instead_of_dropping_terms():
+    torch.manual_seed(0)
+    layer, x = _kv_layer(dropout=0.5).train(), torch.randn(3, 16, requires_grad=True)
+    (grad,) = torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.sum().backward()
+
+
 def test_adapter_count_is_the_formula():
     """Per adapted slice r * (in + out): q (d+d), k and v (c+kv) each, o (d+d), fc_in (d+h),
     fc_out (h+d); self-attention (c = d) and cross-attention (c = 12) of each block."""

@@ -7,6 +7,7 @@ for another base is a one-line error naming it and the shapes."""
 from __future__ import annotations
 
 import json
+import re
 from functools import partial
 
 import pytest
@@ -16,6 +17,8 @@ from mmtf.errors import ConfigError, UserError
 from mmtf.export import export_hf_model, export_peft_adapter
 from mmtf.nn.lora import lora_layers
 from mmtf.pretrained import resolved_sizes
+from mmtf.pretrained import whisper as whisper_module
+from mmtf.pretrained.peft import part_tables, read_adapter
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 from mmtf.tasks import CaptioningTask
 from mmtf.text import PretrainedTokenizer
@@ -169,3 +172,79 @@ def test_an_adapter_for_another_base_names_it_and_the_shapes(whisper, tmp_path):
                                           r"\['q'\] name in the decoder"):
         _task(folder, tokenizer, {**lora, "parts": ["decoder"],
                                   "pretrained": str(tmp_path / "dec_only")})
+
+
+@pytest.fixture(scope="module")
+def plain_peft(tmp_path_factory):
+    """A plain LoRA folder as peft saves it (every key at peft's default) and its config."""
+    folder = tmp_path_factory.mktemp("plain_peft")
+    model = peft.get_peft_model(torch.nn.Sequential(torch.nn.Linear(4, 4)),
+                                peft.LoraConfig(r=2, target_modules=["0"]))
+    model.save_pretrained(folder)
+    return folder, json.loads((folder / "adapter_config.json").read_text())
+
+
+@pytest.mark.parametrize("change", [{}, {"init_lora_weights": False},
+                                    {"init_lora_weights": "gaussian"},
+                                    {"fan_in_fan_out": True, "bias": "all", "lora_dropout": 0.1,
+                                     "layers_to_transform": [0], "future_option": None}],
+                         ids=["defaults", "zero_init", "gaussian", "others"])
+def test_plain_lora_options_are_read(plain_peft, change):
+    folder, config = plain_peft
+    (folder / "adapter_config.json").write_text(json.dumps({**config, **change}))
+    assert read_adapter(folder)[0] == {**config, **change}
+
+
+@pytest.mark.parametrize("option, value", [
+    ("init_lora_weights", "pissa"), ("init_lora_weights", "pissa_niter_4"),
+    ("init_lora_weights", "olora"), ("init_lora_weights", "corda"),
+    ("init_lora_weights", "loftq"), ("loftq_config", {"loftq_bits": 4}),
+    ("layer_replication", [[0, 1], [0, 1]]), ("alora_invocation_tokens", [5, 6]),
+    ("use_dora", True), ("use_rslora", True), ("modules_to_save", ["classifier"]),
+    ("peft_type", "IA3"), ("lora_bias", True), ("future_option", 3)])
+def test_options_mmtf_does_not_compute_are_refused_in_one_line(plain_peft, option, value):
+    """Each of these gives other outputs than plain LoRA on the same tensors (PiSSA, OLoRA,
+    CorDA and LoftQ also change the base weights), so loading must stop and say which."""
+    folder, config = plain_peft
+    (folder / "adapter_config.json").write_text(json.dumps({**config, option: value}))
+    with pytest.raises(UserError, match=rf"model.lora.pretrained: .*adapter_config.json has "
+                                        rf"{option}={re.escape(repr(value))}; mmtf loads plain "
+                                        rf"LoRA"):
+        read_adapter(folder)
+
+
+def test_a_bug_in_a_name_table_is_no_other_base(whisper, monkeypatch):
+    """part_tables skips families of another configuration, never an error of the table's
+    own code: that would read as "the adapter was trained on another base"."""
+    encoder = whisper_encoder(pretrained=whisper[0])
+    assert set(part_tables("encoder", encoder)) == {"whisper"}
+
+    def broken(prefix: str, depth: int):
+        raise AttributeError("'Link' object has no attribute 'ours'")
+
+    monkeypatch.setattr(whisper_module, "encoder_links", broken)
+    with pytest.raises(AttributeError, match="no attribute 'ours'"):
+        part_tables("encoder", encoder)
+
+
+@pytest.mark.parametrize("target_modules, targets", [(ALL, ["q", "k", "v", "o", "mlp"]),
+                                                     (["k_proj"], ["k"]), (["v_proj"], ["v"])],
+                         ids=["all", "k", "v"])
+def test_bias_lora_only_trains_the_biases_peft_trains(whisper, target_modules, targets):
+    """PEFT trains the bias of each adapted module: Whisper's v_proj.bias (mmtf's v_bias, apart
+    from the fused to_kv), none for k_proj (no bias)."""
+    folder, tokenizer = whisper[:2]
+    model = peft.get_peft_model(_base(folder), peft.LoraConfig(
+        r=4, target_modules=target_modules, bias="lora_only"))
+    theirs = {n.removeprefix("base_model.model.").replace(".base_layer.", ".")
+              for n, p in model.named_parameters() if p.requires_grad and n.endswith("bias")}
+    task = _task(folder, tokenizer, {"r": 4, "alpha": 8, "parts": ["encoder", "decoder"],
+                                     "targets": targets, "bias": "lora_only"})
+    ours = set()
+    for part in ("encoder", "decoder"):
+        module = getattr(task.model, part)
+        names = {w: row.theirs for row in whisper_module.part_links(part, module, "model.")
+                 for w in row.ours}
+        ours |= {t for n, p in module.named_parameters() if p.requires_grad and "lora_" not in n
+                 for t in names[n]}
+    assert ours == theirs and bool(theirs) == (targets != ["k"])
