@@ -145,21 +145,18 @@ def _restore(state: dict[str, Any]) -> None:
 def _no_global_state_leaked(request: pytest.FixtureRequest):
     """Each test ends with the logging, torch flags and Lightning seed variables it started
     with, put back with a warning naming the test and what it changed, so that no outcome
-    depends on test order. Loggers created during the test (a library's first import) keep
-    their level; handlers they got are removed."""
+    depends on test order. Loggers created during the test are a library's first import and
+    keep what the library gave them."""
     before = _global_state()
     yield
     after = _global_state()
     changed = [key for key in ("matmul_precision", "deterministic", "env")
                if after[key] != before[key]]
-    changed += [f"logger {name or 'root'!r}" for name, value in after["loggers"].items()
-                if (name in before["loggers"] and value != before["loggers"][name])
-                or (name not in before["loggers"] and value[1])]
+    changed += [f"logger {name or 'root'!r}" for name, value in before["loggers"].items()
+                if after["loggers"].get(name) != value]
     if changed:
         import warnings
 
-        for name, (level, _, propagate, disabled) in after["loggers"].items():
-            before["loggers"].setdefault(name, (level, [], propagate, disabled))
         _restore(before)
         warnings.warn(f"{request.node.nodeid} left global state changed: {', '.join(changed)}; "
                       f"put back", stacklevel=1)
