@@ -15,10 +15,11 @@ Contract:
   compiler specialises a length of 1), so the compiled step is first traced at length 2.
 * Weights are baked into the compiled code. A fingerprint of every parameter (storage, version
   counter, dtype, device) and of the packing switch is checked once per ``generate`` call; when
-  it changed the step is compiled again, so stale weights are never used. The step owns the
-  packed copies it was compiled with and ``generate`` attaches exactly those objects for each
-  call: dynamo guards on their identity, so copies made per call would recompile every call. Compiling takes tens of seconds on a CPU:
-  use ``compile=True`` for inference on fixed weights, not for validation during training.
+  it changed the step is compiled again, so stale weights are never used. Compiling takes tens
+  of seconds on a CPU: use ``compile=True`` for inference on fixed weights, not for validation
+  during training.
+* The step owns the packed copies it was compiled with, and ``generate`` attaches exactly those
+  objects for each call: dynamo guards on their identity, so new copies would recompile.
 * Once inductor has compiled in a process, children forked after its next backward pass cannot
   run autograd: train before compiling, or in a fresh process.
 
