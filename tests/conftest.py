@@ -5,6 +5,7 @@ CI. How the suite is organised: tests/README.md."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import random
 import re
@@ -93,6 +94,72 @@ def _no_loader_workers_left(request: pytest.FixtureRequest):
             warnings.warn(f"{request.node.nodeid} left {stopped} DataLoader worker process(es) "
                           f"running (an iterator neither exhausted nor closed); shut down in "
                           f"{seconds:.1f} s", stacklevel=1)
+
+
+def _own_handlers(logger: logging.Logger) -> list[logging.Handler]:
+    # pytest's logging plugin swaps its capture handlers on root around every phase: not state.
+    return [h for h in logger.handlers if not type(h).__module__.startswith("_pytest")]
+
+
+def _global_state() -> dict[str, Any]:
+    """What a test can leave behind that changes later tests' outcome: every logger's level,
+    handlers, propagation and disabled flag (Hydra's job logging puts a console handler on root
+    with the stream of the moment, pytest's capture, which it closes after the test: later log
+    lines print "--- Logging error --- ... I/O operation on closed file"), torch's matmul
+    precision (mmtf.train sets it) and deterministic-algorithm flags, Lightning's seed variables
+    (``seed_everything`` exports them; a later ``seed_everything(None)`` reads them)."""
+    loggers = {"": logging.getLogger(), **{name: logger for name, logger
+                                           in logging.Logger.manager.loggerDict.items()
+                                           if isinstance(logger, logging.Logger)}}
+    return {
+        "loggers": {name: (logger.level, _own_handlers(logger), logger.propagate,
+                           logger.disabled) for name, logger in loggers.items()},
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic": (torch.are_deterministic_algorithms_enabled(),
+                          torch.is_deterministic_algorithms_warn_only_enabled()),
+        "env": {k: v for k, v in os.environ.items() if k.startswith("PL_")},
+    }
+
+
+def _restore(state: dict[str, Any]) -> None:
+    for name, (level, handlers, propagate, disabled) in state["loggers"].items():
+        logger = logging.getLogger(name or None)
+        for handler in _own_handlers(logger):
+            if handler not in handlers:
+                logger.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in logger.handlers:
+                logger.addHandler(handler)
+        logger.setLevel(level)
+        logger.propagate, logger.disabled = propagate, disabled
+    torch.set_float32_matmul_precision(state["matmul_precision"])
+    enabled, warn_only = state["deterministic"]
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    for key in {k for k in os.environ if k.startswith("PL_")} - set(state["env"]):
+        del os.environ[key]
+    os.environ.update(state["env"])
+
+
+@pytest.fixture(autouse=True)
+def _no_global_state_leaked(request: pytest.FixtureRequest):
+    """Each test ends with the logging, torch flags and Lightning seed variables it started
+    with, put back with a warning naming the test and what it changed, so that no outcome
+    depends on test order. Loggers created during the test are a library's first import and
+    keep what the library gave them."""
+    before = _global_state()
+    yield
+    after = _global_state()
+    changed = [key for key in ("matmul_precision", "deterministic", "env")
+               if after[key] != before[key]]
+    changed += [f"logger {name or 'root'!r}" for name, value in before["loggers"].items()
+                if after["loggers"].get(name) != value]
+    if changed:
+        import warnings
+
+        _restore(before)
+        warnings.warn(f"{request.node.nodeid} left global state changed: {', '.join(changed)}; "
+                      f"put back", stacklevel=1)
 
 
 @pytest.fixture(autouse=True)

@@ -2,9 +2,9 @@
 
 ``torch.compile`` (inductor, ``freezing`` on) fuses the many small ops of a cached decode step
 and turns each single-query attention into one pass over the cached K/V
-(:func:`mmtf.nn.attention.single_query_attention`); the linear layers run on the oneDNN-packed
-weights that ``generate`` attaches (:mod:`mmtf.nn.linear`), frozen as constants of the graph.
-The tokens are the eager step's. Why and how much: see docs/design/compiled-decoding.md.
+(:func:`mmtf.nn.attention.single_query_attention`); the linear layers run on oneDNN-packed
+copies of the weights (:mod:`mmtf.nn.linear`), frozen as constants of the graph. The tokens are
+the eager step's. Why and how much: see docs/design/compiled-decoding.md.
 
 Contract:
 
@@ -14,9 +14,12 @@ Contract:
 * The first two steps of a call run eagerly (the first fills the cross-attention cache; the
   compiler specialises a length of 1), so the compiled step is first traced at length 2.
 * Weights are baked into the compiled code. A fingerprint of every parameter (storage, version
-  counter, dtype, device) is checked once per ``generate`` call; when it changed the step is
-  compiled again, so stale weights are never used. Compiling takes tens of seconds on a CPU:
-  use ``compile=True`` for inference on fixed weights, not for validation during training.
+  counter, dtype, device) and of the packing switch is checked once per ``generate`` call; when
+  it changed the step is compiled again, so stale weights are never used. Compiling takes tens
+  of seconds on a CPU: use ``compile=True`` for inference on fixed weights, not for validation
+  during training.
+* The step owns the packed copies it was compiled with, and ``generate`` attaches exactly those
+  objects for each call: dynamo guards on their identity, so new copies would recompile.
 * Once inductor has compiled in a process, children forked after its next backward pass cannot
   run autograd: train before compiling, or in a fresh process.
 
@@ -32,7 +35,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mmtf.nn.linear import weight_state
+from mmtf.nn.linear import Packs, pack_linear_weights, weight_state
 from mmtf.utils.compat import check_cpu_compiler, inductor_freezing, is_compiler_failure
 
 # Trace the step with a cache holding at least this many positions (see the module docstring).
@@ -61,6 +64,8 @@ class CompiledDecodeStep:
 
     Attributes:
         compilations: how many times the step was built (1, plus one per weight change seen).
+        packs: the packed weight copies the step was built with (empty when packing is off),
+            for :func:`~mmtf.nn.linear.packed_linear_weights` to attach during a call.
     """
 
     def __init__(self, decoder: nn.Module) -> None:
@@ -69,12 +74,18 @@ class CompiledDecodeStep:
         self._weights: tuple | None = None
         self._toolchain_checked = False
         self.compilations = 0
+        self.packs: Packs = {}
 
-    def refresh(self) -> None:
-        """Build the compiled function, again if the weights changed since it was built."""
-        weights = _fingerprint(self._decoder())
+    def refresh(self, *, pack: bool, rows: int) -> None:
+        """Build the compiled function, again if the weights or the packing switch (``pack``,
+        and ``torch.backends.mkldnn.enabled``) changed since it was built; ``rows``: the packed
+        copies' layout, as in :func:`~mmtf.nn.linear.pack_linear_weights`."""
+        decoder = self._decoder()
+        pack = pack and torch.backends.mkldnn.enabled
+        weights = (_fingerprint(decoder), pack)
         if self._fn is None or weights != self._weights:
             self._fn = torch.compile(_fresh_copy(_decode_step), fullgraph=True, dynamic=True)
+            self.packs = pack_linear_weights(decoder, rows=rows) if pack else {}
             self._weights = weights
             self.compilations += 1
 
@@ -93,8 +104,6 @@ class CompiledDecodeStep:
             raise ValueError(f"CompiledDecodeStep: the cache holds {cache.length} positions; run "
                              f"the first {MIN_COMPILED_LENGTH} steps with decoder.step (the first "
                              f"fills the cross-attention cache).")
-        if self._fn is None:
-            self.refresh()
         try:
             if not self._toolchain_checked and tokens.device.type == "cpu":
                 check_cpu_compiler()
@@ -118,10 +127,12 @@ class CompiledDecodeStep:
 _STEPS: weakref.WeakKeyDictionary[nn.Module, CompiledDecodeStep] = weakref.WeakKeyDictionary()
 
 
-def compiled_decode_step(decoder: nn.Module) -> CompiledDecodeStep:
-    """The compiled step of ``decoder``, checked against its current weights."""
+def compiled_decode_step(decoder: nn.Module, *, pack: bool = True, rows: int = 1,
+                         ) -> CompiledDecodeStep:
+    """The compiled step of ``decoder``, checked against its current weights and the packing
+    switch (see :meth:`CompiledDecodeStep.refresh`)."""
     step = _STEPS.get(decoder)
     if step is None:
         step = _STEPS[decoder] = CompiledDecodeStep(decoder)
-    step.refresh()
+    step.refresh(pack=pack, rows=rows)
     return step

@@ -30,7 +30,6 @@ from mmtf.decoders.generation import (
 )
 from mmtf.decoders.text import TextDecoder
 from mmtf.errors import UserError
-from mmtf.nn.linear import packed_linear_weights
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -235,7 +234,7 @@ class EncoderDecoder(nn.Module):
             inputs, lengths: encoder inputs, as in :meth:`encode`.
             config: a :class:`GenerationConfig`; ``options`` override its fields (strategy,
                 max_new_tokens, min_new_tokens, num_beams, length_penalty, early_stopping,
-                num_return_sequences, temperature, top_k, top_p, use_cache, compile), so
+                num_return_sequences, temperature, top_k, top_p, use_cache, compile, ...), so
                 ``generate(x, lengths, **asdict(cfg))`` and ``generate(x, config=cfg)`` agree.
             generator: random generator for sampling.
             callback: ``callback(step, tokens, logits)`` after every step.
@@ -249,10 +248,7 @@ class EncoderDecoder(nn.Module):
             eos-terminated then pad; scores (b,) or (b, n); lengths likewise.
         """
         cfg = GenerationConfig.build(config, **options)
-        # The encoder runs once per call: its layers on oneDNN-packed copies too (1.0-1.3x an
-        # encoder pass on CPU, packing included). Why: see docs/design/packed-linear.md
-        with packed_linear_weights(self.encoder, rows=inputs.shape[0]):
-            memory, mask = self.encode(inputs, lengths)
+        memory, mask = self.encode(inputs, lengths)
         prompt = self.prompt_ids if prompt_ids is None else prompt_ids
         return generate(self.decoder, memory, mask, cfg, prompt_ids=prompt,
                         eos_id=self.eos_id, pad_id=self.pad_id, generator=generator,

@@ -5,7 +5,9 @@ allocated once per call (``decoder.make_cache``), the cross-attention K/V are pr
 memory on the first step and reused, and every new token costs one decoder step (one position
 through the stack). ``compile=True`` runs that step compiled (:mod:`mmtf.decoders.compiled`).
 ``use_cache=False`` recomputes the whole prefix every step; it exists only as the reference for
-tests and benchmarks.
+tests and benchmarks. On a CPU the cached steps run the decoder's linear layers on oneDNN-packed
+copies of the weights (``pack_weights``; :mod:`mmtf.nn.linear`), made for the call and dropped
+after it; this is the one place mmtf packs weights (docs/design/packed-linear.md).
 
 Conventions: every row starts from the prompt (``[bos]`` for mmtf's tokenizers, Whisper's
 ``<|startoftranscript|> .. <|notimestamps|>``), fed whole on the first step; ``pad`` and the
@@ -47,7 +49,7 @@ from torch import Tensor, nn
 
 from mmtf.decoders.compiled import MIN_COMPILED_LENGTH, compiled_decode_step
 from mmtf.errors import UserError
-from mmtf.nn.linear import packed_linear_weights
+from mmtf.nn.linear import Packs, packed_linear_weights
 
 Strategy = Literal["greedy", "beam", "sample"]
 StepCallback = Callable[[int, Tensor, Tensor], None]
@@ -95,6 +97,10 @@ class GenerationConfig:
             0 = off.
         begin_suppress_tokens: ids never generated first (Whisper's option: a space or eos
             right after the prompt).
+        pack_weights: run the cached steps' linear layers on oneDNN-packed copies of the
+            decoder's weights where the CPU can (:func:`mmtf.nn.linear.can_pack`): faster
+            small-row GEMMs, logits within ~1e-5 of ``F.linear``'s (not bit-equal). False:
+            ``F.linear`` throughout, as does ``torch.backends.mkldnn.flags(enabled=False)``.
     """
 
     strategy: Strategy = "greedy"
@@ -113,6 +119,7 @@ class GenerationConfig:
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
     begin_suppress_tokens: tuple[int, ...] = ()
+    pack_weights: bool = True
 
     def __post_init__(self) -> None:
         if self.strategy not in ("greedy", "beam", "sample"):
@@ -209,10 +216,11 @@ class _Stepper:
 
     def __init__(self, decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None, *,
                  max_new_tokens: int, prompt: Tensor, use_cache: bool,
-                 compile: bool = False) -> None:
+                 compile: bool = False, pack: bool = False) -> None:
         self.decoder, self.memory, self.memory_mask = decoder, memory, memory_mask
         self.cache = None
-        self.compiled = compiled_decode_step(decoder) if compile else None
+        self.compiled = (compiled_decode_step(decoder, pack=pack, rows=memory.shape[0])
+                         if compile else None)
         self.compiled_steps = 0       # of this generation: only after one are guards skipped
         self.prompt = prompt                                                     # (r, p)
         # (r, p) ids banned per row (the rows' prompts differ), or None; see ban_rows.
@@ -347,8 +355,11 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
         if memory_mask is not None:
             memory_mask = repeat(memory_mask, "b m -> (b k) m", k=rows)
         prompt = repeat(prompt, "b p -> (b k) p", k=rows)
+    # The one switch for oneDNN-packed weights; only cached steps of an nn.Module pack.
+    pack = config.pack_weights and config.use_cache and isinstance(decoder, nn.Module)
     stepper = _Stepper(decoder, memory, memory_mask, max_new_tokens=config.max_new_tokens,
-                       prompt=prompt, use_cache=config.use_cache, compile=config.compile)
+                       prompt=prompt, use_cache=config.use_cache, compile=config.compile,
+                       pack=pack)
     # Never generated: pad and the prompt's ids unless they are eos, suppress_tokens, and eos in
     # the first min_new_tokens steps. Built once; step t masks banned[t >= min_new_tokens] in
     # place (a few elements, no full-vocab pass). Ids in every row's prompt go there; the ids
@@ -363,11 +374,10 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
     if any(set(r) - shared for r in prompt.tolist()):
         stepper.row_banned = prompt
     ids = dict(start_id=int(prompt[0, -1]), eos_id=eos_id, pad_id=pad_id)
-    # Cached steps run the decoder's linear layers on oneDNN-packed weights (CPU); the compiled
-    # step freezes them into its graph, so it keeps them. Why: see docs/design/packed-linear.md
-    packing = (packed_linear_weights(decoder, rows=memory.shape[0], keep=config.compile)
-               if config.use_cache and isinstance(decoder, nn.Module) else nullcontext())
-    with packing:
+    # The compiled step's graph holds its own copies by identity: attach those, never new ones.
+    packs: Packs | None = stepper.compiled.packs if stepper.compiled is not None else None
+    with (packed_linear_weights(decoder, rows=memory.shape[0], packs=packs) if pack
+          else nullcontext()):
         if config.strategy == "beam":
             return _beam_search(stepper, config, b, banned, callback=callback, **ids)
         out = _greedy_or_sample(stepper, config, b * rows, banned, generator=generator,

@@ -1,13 +1,9 @@
-"""The linear layer of every mmtf block, and oneDNN-prepacked weights for decoding on a CPU.
+"""The linear layer of every mmtf block, and oneDNN-packed weights for decoding on a CPU.
 
 A cached decode step multiplies a few rows (batch x beams) by every weight matrix of the
-decoder, so each linear layer is a pass over its weight. ``F.linear`` on a CPU calls MKL's
-SGEMM; oneDNN's inner product over a weight reordered once into its blocked layout ran the
-decoder-base layers 1.8-5.2x faster at 8 rows on the AMD CPU measured (where MKL ran at AVX2
-rates even with AVX-512 present), 1.4-3.0x with oneDNN capped at AVX2, and 1.1-2.4x at 2048
-rows (experiments/kv_cache_decoding/linear_kernels.py, docs/design/packed-linear.md).
-Inductor's freezing pass emits the same op, so the compiled decode step and the eager one share
-it.
+decoder; on a CPU oneDNN's inner product over a weight reordered once into its blocked layout
+runs those small-row GEMMs faster than ``F.linear`` (MKL). ``generate`` is the one caller: it
+packs the decoder for a call (docs/design/packed-linear.md).
 
 :class:`Linear` is an ``nn.Linear`` (same parameters, names and init; state dicts, LoRA, FSDP
 and the pretrained name tables see no difference). Only inside :func:`packed_linear_weights`
@@ -21,7 +17,7 @@ Shapes: r input rows (any leading dims), i in_features, o out_features.
 
 from __future__ import annotations
 
-import logging
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -30,16 +26,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmtf.utils.compat import (
+    onednn_bf16_supported,
     onednn_linear,
     onednn_linear_available,
     onednn_pack_linear_weight,
     tensor_version,
 )
 
-log = logging.getLogger(__name__)
-
-# oneDNN's inner product packs these; float16 and float64 stay on F.linear.
-PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+# A layer's packed copy and the weight_state it was made from.
+Packs = dict["Linear", tuple[Tensor, tuple]]
 
 
 class Linear(nn.Linear):
@@ -51,7 +46,6 @@ class Linear(nn.Linear):
 
     packed_weight: Tensor | None = None            # opaque oneDNN tensor, (o, i) reordered
     _packed_key: tuple | None = None               # the weight it was packed from
-    _keep_packed = False                           # asked for by a compiled decode step
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., i) -> (..., o)."""
@@ -69,61 +63,26 @@ class Linear(nn.Linear):
                 return onednn_linear(x, packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
-    def can_pack(self) -> bool:
-        """Whether this layer's weight can get a packed copy where oneDNN is available: a plain
-        CPU tensor (not a tensor subclass such as FSDP's sharded ``DTensor``, gathered only
-        inside the forward), fp32 or bf16, not an inference-mode tensor (whose in-place version
-        is not tracked)."""
-        weight = self.weight
-        return (type(weight) in (nn.Parameter, torch.Tensor) and weight.device.type == "cpu"
-                and weight.dtype in PACKABLE_DTYPES and not weight.is_inference())
-
-    def pack(self, rows: int) -> bool:
-        """Attach a packed copy of the current weight, laid out for about ``rows`` input rows;
-        an attached copy of the same weight is kept.
-
-        Returns:
-            Whether a copy is attached. False where oneDNN refuses a weight that
-            :meth:`can_pack` let through; the layer then runs ``F.linear``, and the reason is
-            logged once.
-        """
-        try:
-            key = weight_state(self.weight)
-            if self.packed_weight is None or self._packed_key != key:
-                with torch.no_grad():
-                    self.packed_weight = onednn_pack_linear_weight(self.weight, max(1, rows))
-                self._packed_key = key
-        except RuntimeError as error:
-            self.release()
-            _log_unpackable(error)
-            return False
-        return True
-
     def __getstate__(self) -> dict:
         # The copy is an opaque oneDNN tensor, which neither deepcopy nor pickle can read (the
         # EMA callback copies the model); a copy of the layer packs again when it decodes.
         state = self.__dict__.copy()
-        for name in ("packed_weight", "_packed_key", "_keep_packed"):
-            state.pop(name, None)
+        state.pop("packed_weight", None)
+        state.pop("_packed_key", None)
         return state
 
-    def release(self) -> None:
-        """Drop the packed copy (its memory is the weight's size)."""
-        self.packed_weight = None
-        self._packed_key = None
-        self._keep_packed = False
 
+@functools.cache
+def can_pack(dtype: torch.dtype) -> bool:
+    """Whether oneDNN can pack a CPU weight of ``dtype`` on this machine, decided once.
 
-_logged_unpackable = False
-
-
-def _log_unpackable(error: RuntimeError) -> None:
-    global _logged_unpackable
-    if not _logged_unpackable:
-        _logged_unpackable = True
-        log.info("mmtf.nn.Linear: a weight could not be packed for oneDNN (%s); such layers "
-                 "run F.linear (MKL on a CPU) instead of a packed copy.",
-                 (str(error).strip() or type(error).__name__).splitlines()[0])
+    fp32 wherever torch has oneDNN's two ops; bf16 only where oneDNN's bf16 inner product runs
+    (AVX512BW+VL+DQ or AVX-NE-CONVERT, as capped by ``ONEDNN_MAX_CPU_ISA``): elsewhere oneDNN
+    refuses the weight. float16 and float64 stay on ``F.linear``.
+    """
+    if dtype == torch.float32:
+        return onednn_linear_available()
+    return dtype == torch.bfloat16 and onednn_linear_available() and onednn_bf16_supported()
 
 
 def weight_state(weight: Tensor) -> tuple:
@@ -133,40 +92,45 @@ def weight_state(weight: Tensor) -> tuple:
     return weight.data_ptr(), tensor_version(weight), weight.dtype, weight.device
 
 
+def _packable(weight: Tensor) -> bool:
+    # A plain CPU tensor (not a subclass such as FSDP's sharded DTensor, gathered only inside
+    # the forward), not an inference-mode tensor (whose in-place version is not tracked).
+    return (type(weight) in (nn.Parameter, torch.Tensor) and weight.device.type == "cpu"
+            and not weight.is_inference() and can_pack(weight.dtype))
+
+
+def pack_linear_weights(module: nn.Module, *, rows: int) -> Packs:
+    """A oneDNN-packed copy of the weight of every :class:`Linear` of ``module`` that can have
+    one (none while ``torch.backends.mkldnn`` is off), laid out for about ``rows`` input rows;
+    any row count is computed correctly."""
+    if not torch.backends.mkldnn.enabled:
+        return {}
+    with torch.no_grad():
+        return {layer: (onednn_pack_linear_weight(layer.weight, max(1, rows)),
+                        weight_state(layer.weight))
+                for layer in module.modules()
+                if isinstance(layer, Linear) and _packable(layer.weight)}
+
+
 @contextmanager
-def packed_linear_weights(module: nn.Module, *, rows: int, keep: bool = False,
+def packed_linear_weights(module: nn.Module, *, rows: int, packs: Packs | None = None,
                           ) -> Iterator[int]:
     """Within the block, every :class:`Linear` of ``module`` that can runs a packed weight.
 
     Args:
         module: e.g. a :class:`~mmtf.decoders.TextDecoder` about to generate.
-        rows: input rows the layers will see (batch x beams); the layout is tuned for it, any
-            row count is computed correctly.
-        keep: leave the copies attached afterwards (the compiled decode step holds them as
-            constants of its graph; they are repacked only when a weight changes), also when
-            an enclosing block attached them. By default the copies this block attached are
-            released on exit, unless a block inside it asked to keep them; those attached
-            before it stay.
+        rows: input rows the layers will see (batch x beams); the layout is tuned for it.
+        packs: copies made before (the compiled decode step's, which its graph holds by
+            identity); default: packed now, for this block.
 
     Yields:
         How many layers run packed (0 on a GPU, for float16 weights, or without oneDNN).
     """
-    layers = []
-    available = onednn_linear_available()
-    for layer in (m for m in module.modules() if isinstance(m, Linear)):
-        if available and layer.can_pack():
-            layers.append(layer)
-        else:
-            layer.release()     # a copy kept from before .to(device / dtype) is stale
-    attached_before = {id(m) for m in layers if m.packed_weight is not None}
+    packs = pack_linear_weights(module, rows=rows) if packs is None else packs
+    for layer, (packed, key) in packs.items():
+        layer.packed_weight, layer._packed_key = packed, key
     try:
-        count = 0
-        for layer in layers:
-            if layer.pack(rows):
-                count += 1
-                layer._keep_packed = layer._keep_packed or keep
-        yield count
+        yield len(packs)
     finally:
-        for layer in layers:
-            if id(layer) not in attached_before and not layer._keep_packed:
-                layer.release()
+        for layer in packs:
+            layer.packed_weight = layer._packed_key = None

@@ -38,7 +38,6 @@ from mmtf.decoders.speech import (
     transcribe_long,
 )
 from mmtf.errors import UserError
-from mmtf.nn.linear import packed_linear_weights
 from mmtf.text import Tokenizer
 
 LONG_FORMS = ("sequential", "chunked")
@@ -126,10 +125,7 @@ def decode_speech(model: EncoderDecoder, tokenizer, inputs: Tensor, lengths: Ten
             30 s follow ``options.long_form``.
         options: the speech options; config: the decoding options.
     """
-    # Every encode and generate below on oneDNN-packed copies, packed once for the whole call
-    # (long-form audio decodes window after window). Why: see docs/design/packed-linear.md
-    with packed_linear_weights(model, rows=inputs.shape[0]):
-        return _decode_speech(model, tokenizer, inputs, lengths, options, config)
+    return _decode_speech(model, tokenizer, inputs, lengths, options, config)
 
 
 def _decode_speech(model: EncoderDecoder, tokenizer, inputs: Tensor, lengths: Tensor | None,

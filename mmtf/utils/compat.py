@@ -70,17 +70,29 @@ def check_cpu_compiler() -> None:
 
 
 def onednn_linear_available() -> bool:
-    """Whether oneDNN's packed inner product can run here: torch built with oneDNN, oneDNN not
-    switched off (``torch.backends.mkldnn.flags(enabled=False)``), and the two private ops of
-    :func:`onednn_pack_linear_weight` and :func:`onednn_linear` present.
+    """Whether torch has oneDNN's packed inner product: built with oneDNN and the two private
+    ops of :func:`onednn_pack_linear_weight` and :func:`onednn_linear` present.
     Checked: torch 2.14.1 (2.11: not run there; where the ops are missing this says False and
     mmtf keeps ``F.linear``).
     """
     import torch
 
-    return (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    return (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def onednn_bf16_supported() -> bool:
+    """Whether oneDNN's bf16 kernels run on this CPU (``torch.ops.mkldnn._is_mkldnn_bf16_supported``:
+    AVX512BW+VL+DQ or AVX-NE-CONVERT, within ``ONEDNN_MAX_CPU_ISA``), the condition under which
+    ``_reorder_linear_weight`` accepts a bf16 weight; inductor asks the same op before it packs
+    bf16 weights. No public API says it. Checked: torch 2.14.1 (2.11: not run there; where the
+    op is missing this says False).
+    """
+    import torch
+
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return check is not None and bool(check())
 
 
 def onednn_pack_linear_weight(weight: Tensor, rows: int) -> Tensor:

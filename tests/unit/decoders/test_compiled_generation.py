@@ -88,6 +88,7 @@ def compiled_results() -> dict[str, str]:
                         "greedy_and_beam": _greedy_and_beam_case,
                         "weight_change": _weight_change_case,
                         "lora": _lora_case,
+                        "alternating": _alternating_case,
                         "prompt": compiled_prompt_case})
 
 
@@ -107,11 +108,13 @@ def _greedy_and_beam_case() -> None:
     before = graphs_compiled()
     compiled = gqa_model.generate(*batch, max_new_tokens=12, min_new_tokens=12, compile=True)
     assert graphs_compiled() - before == 1                  # 10 compiled positions, one graph
-    # Its linear layers ran oneDNN-packed copies, kept as constants of the graph (inductor lowers
-    # the packed op only for a constant weight, so this compiles only with freezing on).
-    packed = [m.packed_weight is not None for m in gqa_model.decoder.modules()
-              if isinstance(m, Linear)]
-    assert (packed and all(packed)) or not onednn_linear_available()
+    # Its linear layers ran oneDNN-packed copies, which the step owns as constants of its graph
+    # (inductor lowers the packed op only for a constant weight, so this compiles only with
+    # freezing on); generate attached them for the call only.
+    layers = [m for m in gqa_model.decoder.modules() if isinstance(m, Linear)]
+    assert (set(compiled_decode_step(gqa_model.decoder).packs) == set(layers)
+            or not onednn_linear_available())
+    assert all(m.packed_weight is None for m in layers)
     assert torch.equal(compiled.tokens, eager.tokens)
     assert torch.equal(compiled.lengths, eager.lengths)
     torch.testing.assert_close(compiled.scores, eager.scores, atol=1e-5, rtol=1e-5)
@@ -167,6 +170,34 @@ def _weight_change_case() -> None:
 @needs_cxx
 def test_weight_change_compiles_again(compiled_results):
     _check(compiled_results, "weight_change")
+
+
+def _alternating_case() -> None:
+    """Compiled, eager, and unpacked eager calls (packing switched off, which once dropped the
+    copies the step's graph guards on by identity) alternate 12 times: one compilation. Before
+    the step owned its copies, every compiled call after such an eager one compiled again and
+    the 9th hit dynamo's recompile limit (FailOnRecompileLimitHit under fullgraph)."""
+    model = make_model(7, depth=1)
+    x, lengths = torch.randn(2, 5, IN_DIM), torch.tensor([5, 3])
+    options = dict(max_new_tokens=6, min_new_tokens=6)
+    before = graphs_compiled()
+    for _ in range(12):
+        compiled = model.generate(x, lengths, compile=True, **options)
+        eager = model.generate(x, lengths, **options)
+        unpacked = model.generate(x, lengths, pack_weights=False, **options)
+        with torch.backends.mkldnn.flags(enabled=False):
+            model.generate(x, lengths, **options)
+        assert torch.equal(compiled.tokens, eager.tokens)
+        assert torch.equal(unpacked.tokens, eager.tokens)
+    assert graphs_compiled() - before == 1
+    assert compiled_decode_step(model.decoder).compilations == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@needs_cxx
+def test_alternating_compiled_and_eager_calls_compile_once(compiled_results):
+    _check(compiled_results, "alternating")
 
 
 def _lora_case() -> None:

@@ -1,7 +1,8 @@
 """mmtf.nn.linear: the oneDNN-packed weight computes F.linear's output (against a float64
 reference), runs only inside packed_linear_weights and only where it cannot be stale or change
-what is computed (a weight changed in place, autograd recording, autocast, another dtype), and
-generate() packs the decoder's layers for its steps and releases them afterwards."""
+what is computed (a weight changed in place, autograd recording, autocast, another dtype); which
+dtypes pack follows the CPU (both branches faked on every machine); generate() packs the
+decoder's layers (never the encoder's) for its steps and releases them afterwards."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmtf.nn.linear import Linear, packed_linear_weights
-from mmtf.utils.compat import dispatched_ops, onednn_linear_available
+from mmtf.nn.linear import Linear, pack_linear_weights, packed_linear_weights
+from mmtf.utils.compat import dispatched_ops, onednn_bf16_supported, onednn_linear_available
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(),
                                 reason="torch built without oneDNN: Linear is nn.Linear")
@@ -46,15 +47,67 @@ def test_packed_output_is_the_linear_map(shape, bias):
     torch.testing.assert_close(out.double(), reference(layer, x), atol=1e-5, rtol=1e-5)
 
 
-def test_bfloat16_weights_pack_too():
+def _fake_onednn(monkeypatch) -> list[str]:
+    """Stand oneDNN's two ops in with F.linear (a pack is the weight itself); the ops called."""
+    import mmtf.nn.linear as linear
+
+    calls: list[str] = []
+
+    def pack(weight, rows):
+        calls.append("pack")
+        return weight.detach().clone()
+
+    def run(x, packed, bias):
+        calls.append("linear")
+        return F.linear(x, packed, bias)
+
+    monkeypatch.setattr(linear, "onednn_pack_linear_weight", pack)
+    monkeypatch.setattr(linear, "onednn_linear", run)
+    return calls
+
+
+@pytest.mark.parametrize("capable", [True, False], ids=["bf16-cpu", "no-bf16-cpu"])
+def test_bfloat16_weights_pack_where_the_cpu_can(monkeypatch, capable):
+    """Both branches of can_pack on every machine: the capability is faked, and where the real
+    CPU lacks it (AVX2-only) oneDNN's ops are faked too, since it would refuse the weight."""
+    import mmtf.nn.linear as linear
+
     torch.manual_seed(0)
     layer = Linear(64, 48).to(torch.bfloat16)
     x = torch.randn(8, 64).to(torch.bfloat16)
+    monkeypatch.setattr(linear, "can_pack", lambda dtype: capable)
+    real = capable and onednn_bf16_supported()
+    calls = [] if real or not capable else _fake_onednn(monkeypatch)
     with torch.no_grad(), packed_linear_weights(layer, rows=8) as count:
-        assert count == 1 and ran_packed(lambda: layer(x))
+        assert count == int(capable)
+        if real:
+            assert ran_packed(lambda: layer(x))
         out = layer(x)
+    if capable and not real:
+        assert calls == ["pack", "linear"]
+    if not capable:
+        assert layer.packed_weight is None and not ran_packed(lambda: layer(x))
+        assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
     # bf16 inputs and weights, fp32 accumulation, one bf16 rounding of the output.
     torch.testing.assert_close(out.double(), reference(layer, x), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_can_pack_agrees_with_onednn(dtype):
+    """The capability check against oneDNN itself: it packs exactly the dtypes it accepts here
+    (on an AVX2-only CPU, or under ONEDNN_MAX_CPU_ISA=AVX2, bf16 is refused)."""
+    from mmtf.nn.linear import can_pack
+    from mmtf.utils.compat import onednn_pack_linear_weight
+
+    try:
+        onednn_pack_linear_weight(torch.randn(8, 16).to(dtype), 4)
+        accepted = True
+    except RuntimeError:
+        accepted = False
+    if dtype in (torch.float32, torch.bfloat16):
+        assert can_pack(dtype) == accepted
+    else:
+        assert not can_pack(dtype)                  # never packed, whatever oneDNN would do
 
 
 def test_outside_the_block_nothing_is_attached_and_mkl_runs():
@@ -107,43 +160,41 @@ def test_autocast_and_other_dtypes_keep_their_own_path():
 
 
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
-def test_keep_leaves_the_copies_and_a_later_block_does_not_drop_them():
+def test_given_copies_are_attached_as_they_are_and_never_read_stale():
+    """The compiled step's way: the same copy objects every block (its graph guards on them)."""
     layer = Linear(16, 8)
+    x = torch.randn(4, 16)
+    packs = pack_linear_weights(layer, rows=4)
+    copy = packs[layer][0]
     with torch.no_grad():
-        with packed_linear_weights(layer, rows=4, keep=True):
-            kept = layer.packed_weight
-        assert layer.packed_weight is kept            # the compiled step's constant
-        with packed_linear_weights(layer, rows=4):
-            assert layer.packed_weight is kept        # same weight: not packed again
-        assert layer.packed_weight is kept            # attached before the block: stays
-        x = torch.randn(4, 16)
-        assert ran_packed(lambda: layer(x))           # kept copies serve later calls
+        for _ in range(2):
+            with packed_linear_weights(layer, rows=4, packs=packs) as count:
+                assert count == 1 and layer.packed_weight is copy
+                assert ran_packed(lambda: layer(x))
+                with torch.backends.mkldnn.flags(enabled=False):
+                    assert not ran_packed(lambda: layer(x))   # the user switched oneDNN off
+            assert layer.packed_weight is None
+        layer.weight.add_(1.0)                        # changed weight: the copy is stale
+        with packed_linear_weights(layer, rows=4, packs=packs):
+            assert not ran_packed(lambda: layer(x))
+            torch.testing.assert_close(layer(x).double(), reference(layer, x), atol=1e-5,
+                                       rtol=1e-5)
         with torch.backends.mkldnn.flags(enabled=False):
-            assert not ran_packed(lambda: layer(x))   # unless the user switched oneDNN off
-        layer.weight.add_(1.0)
-        with packed_linear_weights(layer, rows=4):
-            assert layer.packed_weight is not kept    # changed weight: packed again
-        layer.release()
-        assert layer.packed_weight is None
-        # A compiled step inside an enclosing block (Whisper's long-form loop) keeps its copies.
-        with (packed_linear_weights(layer, rows=4),
-              packed_linear_weights(layer, rows=4, keep=True)):
-            kept = layer.packed_weight
-        assert layer.packed_weight is kept
-        layer.release()
-        with packed_linear_weights(layer, rows=4):
-            with packed_linear_weights(layer, rows=4):
-                pass
-            assert layer.packed_weight is not None    # the inner block did not attach it
-        assert layer.packed_weight is None
+            assert pack_linear_weights(layer, rows=4) == {}
 
 
 # mkldnn.flags() also sets oneDNN's TF32 switch, which warns on a build without Intel GPUs.
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
-def test_generate_packs_the_decoder_and_matches_the_unpacked_decode():
+def test_generate_packs_the_decoder_only_and_matches_the_unpacked_decode():
     from tests.unit.decoders.conftest import IN_DIM, make_model
 
     model = make_model(3)
+    old = model.encoder.proj                          # the stub's per-frame nn.Linear
+    model.encoder.proj = Linear(old.in_features, old.out_features)
+    model.encoder.proj.load_state_dict(old.state_dict())
+    encoder_packed: list[bool] = []
+    model.encoder.proj.register_forward_hook(
+        lambda layer, args, out: encoder_packed.append(layer.packed_weight is not None))
     x, lengths = torch.randn(3, 7, IN_DIM), torch.tensor([7, 4, 2])
     seen: list[bool] = []
 
@@ -151,11 +202,16 @@ def test_generate_packs_the_decoder_and_matches_the_unpacked_decode():
         seen.append(all(m.packed_weight is not None for m in model.decoder.modules()
                         if isinstance(m, Linear)))
 
-    packed = model.generate(x, lengths, max_new_tokens=10, min_new_tokens=10, callback=record)
+    options = dict(max_new_tokens=10, min_new_tokens=10)
+    packed = model.generate(x, lengths, callback=record, **options)
     assert seen and all(seen)                         # every step ran with the copies
+    assert encoder_packed == [False]                  # the encoder's one pass: F.linear
     assert all(m.packed_weight is None for m in model.modules() if isinstance(m, Linear))
-    with torch.backends.mkldnn.flags(enabled=False):  # the user's switch turns packing off
-        plain = model.generate(x, lengths, max_new_tokens=10, min_new_tokens=10)
+    seen.clear()
+    plain = model.generate(x, lengths, callback=record, pack_weights=False, **options)
+    assert seen and not any(seen)                     # the switch
+    with torch.backends.mkldnn.flags(enabled=False):  # torch's own switch too
+        assert torch.equal(model.generate(x, lengths, **options).tokens, plain.tokens)
     assert torch.equal(packed.tokens, plain.tokens)
     torch.testing.assert_close(packed.scores, plain.scores, atol=1e-5, rtol=1e-5)
 
@@ -171,74 +227,34 @@ def test_tensor_subclass_weights_are_not_packed():
         assert count == 0 and layer.packed_weight is None
 
 
-def test_a_refused_weight_runs_f_linear_and_says_so_once(monkeypatch, caplog):
-    import mmtf.nn.linear as linear
-
-    def refuse(weight, rows):
-        raise RuntimeError("Sharding propagation failed for mkldnn._reorder_linear_weight")
-
-    monkeypatch.setattr(linear, "onednn_pack_linear_weight", refuse)
-    monkeypatch.setattr(linear, "_logged_unpackable", False)
-    layers = nn.Sequential(Linear(16, 8), Linear(8, 4))
-    x = torch.randn(3, 16)
-    with (caplog.at_level("INFO", logger="mmtf.nn.linear"), torch.no_grad(),
-          packed_linear_weights(layers, rows=3) as count):
-        assert count == 0
-        assert not ran_packed(lambda: layers(x))
-        hidden = F.linear(x, layers[0].weight, layers[0].bias)
-        torch.testing.assert_close(layers(x), F.linear(hidden, layers[1].weight, layers[1].bias))
-    messages = [r.getMessage() for r in caplog.records if "could not be packed" in r.getMessage()]
-    assert len(messages) == 1 and "Sharding propagation failed" in messages[0]
-
-
-@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
-def test_encoder_decoder_generate_packs_the_encoder_for_its_one_pass():
-    from tests.unit.decoders.conftest import IN_DIM, make_model
-
-    model = make_model(4)
-    old = model.encoder.proj                          # the stub's per-frame nn.Linear
-    model.encoder.proj = Linear(old.in_features, old.out_features)
-    model.encoder.proj.load_state_dict(old.state_dict())
-    seen: list[bool] = []
-    model.encoder.proj.register_forward_hook(
-        lambda layer, args, out: seen.append(layer.packed_weight is not None))
-    x, lengths = torch.randn(2, 5, IN_DIM), torch.tensor([5, 3])
-    packed = model.generate(x, lengths, max_new_tokens=6, min_new_tokens=6)
-    assert seen == [True] and model.encoder.proj.packed_weight is None
-    with torch.backends.mkldnn.flags(enabled=False):
-        plain = model.generate(x, lengths, max_new_tokens=6, min_new_tokens=6)
-    assert seen == [True, False]
-    assert torch.equal(packed.tokens, plain.tokens)
-
-
-def test_a_layer_holding_a_kept_copy_deepcopies_and_pickles_without_it():
+def test_a_layer_holding_a_copy_deepcopies_and_pickles_without_it():
     import copy
     import io
 
     layer = Linear(8, 4)
     x = torch.randn(2, 8)
-    with torch.no_grad(), packed_linear_weights(layer, rows=2, keep=True):
-        pass
-    kept = layer.packed_weight
-    twin = copy.deepcopy(nn.Sequential(layer))[0]       # what the EMA callback does
-    buffer = io.BytesIO()
-    torch.save(layer, buffer)
+    with torch.no_grad(), packed_linear_weights(layer, rows=2):
+        attached = layer.packed_weight
+        twin = copy.deepcopy(nn.Sequential(layer))[0]       # what the EMA callback does
+        buffer = io.BytesIO()
+        torch.save(layer, buffer)
+        assert layer.packed_weight is attached              # the original keeps its copy
     buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=False)     # the test's own file
-    assert layer.packed_weight is kept                  # the original keeps its copy
+    loaded = torch.load(buffer, weights_only=False)         # the test's own file
     for other in (twin, loaded):
-        assert other.packed_weight is None and not other._keep_packed
+        assert other.packed_weight is None
         torch.testing.assert_close(other(x), layer(x))
         with torch.no_grad(), packed_linear_weights(other, rows=2) as count:
             assert count == 1 and ran_packed(lambda o=other: o(x))
 
 
-def test_a_kept_copy_is_dropped_when_the_layer_moves_to_an_unpackable_dtype():
+def test_a_copy_made_before_the_layer_moved_to_another_dtype_is_not_read():
     layer = Linear(8, 4)
-    with torch.no_grad(), packed_linear_weights(layer, rows=2, keep=True):
-        pass
+    packs = pack_linear_weights(layer, rows=2)
     layer.double()                                      # the copy stays fp32 and stale
     x = torch.randn(2, 8, dtype=torch.float64)
-    with torch.no_grad(), packed_linear_weights(layer, rows=2) as count:
-        assert count == 0 and layer.packed_weight is None
-        torch.testing.assert_close(layer(x), reference(layer, x))
+    with torch.no_grad():
+        with packed_linear_weights(layer, rows=2) as count:
+            assert count == 0 and layer.packed_weight is None
+        with packed_linear_weights(layer, rows=2, packs=packs):
+            torch.testing.assert_close(layer(x), reference(layer, x))

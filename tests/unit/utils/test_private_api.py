@@ -115,7 +115,7 @@ def test_private_names_behind_compat_still_exist():
     assert hasattr(inductor_config, "freezing"), "inductor lost config.freezing"
     assert callable(torch._dynamo.mark_static)
     if torch.backends.mkldnn.is_available():
-        for name in ("_reorder_linear_weight", "_linear_pointwise"):
+        for name in ("_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported"):
             assert hasattr(torch.ops.mkldnn, name), f"torch.ops.mkldnn lost {name}"
     for cls in (torch.utils.data.DataLoader, stateful.StatefulDataLoader):
         loader = cls(torch.arange(8.0), batch_size=4, num_workers=1)
