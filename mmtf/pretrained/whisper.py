@@ -147,7 +147,7 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
         vocab_size, dim, depth, num_heads, mlp_ratio, context_dim, max_len, pad_id: sizes and
             the pad id; None = from ``config.json``; a disagreeing value is an error.
         freeze: no trainable parameters, eval mode (after loading), for
-            :func:`mmtf.export.load_exported`; in a task use ``model.freeze_decoder``.
+            :func:`mmtf.export.load_exported`; in a task use ``model.finetuning.freeze_decoder``.
         **options: other :class:`TextDecoder` arguments (dropout, attn_dropout).
 
     Raises:

@@ -88,7 +88,7 @@ class ClassificationTask(Task):
         return self.head(self.features(inputs, lengths))
 
     def configure_optimizers(self) -> dict[str, Any]:
-        from mmtf.tasks.optim import configure_adamw_cosine    # training only
+        from mmtf.tasks.optim import configure_adamw_cosine  # training only
 
         hp = self.hparams
         # A frozen encoder that unfreezes later is already in the optimizer (optim_parts); until
