@@ -46,8 +46,6 @@ MODEL_TYPES = frozenset({"whisper"})
 # Whisper's fixed front end (whisper/audio.py): 16 kHz, 25 ms window, 10 ms hop, 30 s windows.
 SAMPLE_RATE, N_FFT, HOP_LENGTH = 16000, 400, 160
 STEM_STRIDES = (1, 2)
-# The default decoder prompt of the whisper experiment: English transcription, no timestamps.
-DEFAULT_PROMPT = ("<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>")
 # Architecture settings every Whisper size shares.
 BLOCK = {"bias": "qvo", "mlp": "gelu", "norm": "layernorm", "norm_eps": 1e-5}
 # The original module of each role of a block (mmtf.pretrained.names.block_links); the cross_* roles
