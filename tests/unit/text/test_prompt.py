@@ -84,7 +84,7 @@ def test_speech_keys_are_the_speech_options():
     from mmtf.tasks.captioning import SPEECH_KEYS
     from mmtf.tasks.speech import SpeechOptions
 
-    assert SPEECH_KEYS == {f.name for f in dataclasses.fields(SpeechOptions)}
+    assert {f.name for f in dataclasses.fields(SpeechOptions)} == SPEECH_KEYS
 
 
 def test_old_flat_finetuning_keys_move_under_finetuning():
