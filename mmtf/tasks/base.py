@@ -50,18 +50,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Finetuning:
-    """The fine-tuning controls of an encoder-decoder task (``model.finetuning``), as
-    :meth:`Task.init_finetuning` takes them. Why: see docs/design/finetuning-controls.md
-
-    Args:
-        freeze_decoder: no trainable decoder parameters, decoder pinned in eval mode (the
-            encoder has its own ``model.encoder.freeze``).
-        unfreeze_encoder_at_epoch, unfreeze_decoder_at_epoch: unfreeze that frozen part at the
-            start of this epoch, also when a run resumes past it (None = keep it as built).
-        encoder_lr_scale, decoder_lr_scale: multipliers of the optimizer's lr for each part.
-        layer_decay: layer-wise lr decay inside each part (None = off); see
-            :mod:`mmtf.tasks.optim`.
-    """
+    """The fine-tuning controls of an encoder-decoder task (``model.finetuning``): the decoder
+    frozen, each part unfrozen at an epoch, its lr scale, layer-wise decay; see
+    :meth:`Task.init_finetuning` and docs/design/finetuning-controls.md."""
 
     freeze_decoder: bool = False
     unfreeze_encoder_at_epoch: int | None = None

@@ -1,20 +1,11 @@
-"""The prefix a decoder starts from: the one place mmtf builds prompts.
+"""The prefix a decoder starts from, built here only: training targets, generation, predict
+and the zero-shot Whisper ask a :class:`Prompt` for the ids of an item's speech ``job``
+(``transcribe`` | ``translate``), ``language``, mixture ``source`` and ``timestamps``.
 
-Training (the ids every target starts with), generation, ``predict`` and the zero-shot
-Whisper all ask a :class:`Prompt` for the prefix ids of what an item asks for: its speech
-``job`` (``transcribe`` | ``translate``), its ``language``, its mixture ``source`` and
-``timestamps``. A kind of prompt is one class:
-
-* :class:`Prompt`: the tokenizer's own prompt (``[<bos>]`` for mmtf's tokenizers, the folder's
-  ``decoder_start_token_id`` for GPT-2), whatever is asked;
-* :class:`WhisperPrompt`: ``<|startoftranscript|> <|lang|> <|job|>``, then
-  ``<|notimestamps|>`` unless timestamps are generated; English-only models prompt with
-  ``<|startoftranscript|>`` (and ``<|notimestamps|>``) alone, as Whisper's ``.en`` models were
-  trained;
-* :class:`SourcePrompt`: a mixture's: another prompt whose last place holds the source's token.
-
-A chat template (an LLM decoder's ``tokenizer_config.json``) is one more subclass of
-:class:`Prompt`. :func:`prompt_for` picks the kind a tokenizer calls for.
+Kinds: :class:`Prompt` (the tokenizer's own, whatever is asked), :class:`WhisperPrompt`
+(``<|startoftranscript|> <|lang|> <|job|> [<|notimestamps|>]``; English-only models without
+language and job), :class:`SourcePrompt` (a mixture: the source's token in the last place). A
+chat template is one more subclass; :func:`prompt_for` picks the kind a tokenizer calls for.
 Why: see docs/design/prompt-and-special-tokens.md
 
 Shapes: ids are python ``list[int]``.
@@ -36,11 +27,7 @@ FIRST_TIMESTAMP = "<|0.00|>"
 
 
 class Prompt:
-    """The tokenizer's own prompt (:attr:`Tokenizer.prompt_ids`), whatever an item asks for.
-
-    Args:
-        tokenizer: the tokenizer whose ids the prompt is made of.
-    """
+    """The tokenizer's own prompt (:attr:`Tokenizer.prompt_ids`), whatever an item asks for."""
 
     speech = False      # whether ``job`` and ``language`` change the ids
 
@@ -49,7 +36,7 @@ class Prompt:
 
     @property
     def default(self) -> list[int]:
-        """The prefix of an item that asks for nothing; the tokenizer's encoding starts with it."""
+        """The prefix of an item that asks for nothing; every encoding starts with it."""
         return self.tokenizer.prompt_ids
 
     def ids(self, *, job: str | None = None, language: str | None = None,
@@ -88,11 +75,7 @@ class Prompt:
 
 
 class WhisperPrompt(Prompt):
-    """Whisper's prompt of a (language, job, timestamps); see the module docstring.
-
-    The vocabulary facts (:attr:`~mmtf.text.PretrainedTokenizer.languages`, ``task_ids``,
-    ``start_of_transcript_id``, ``no_timestamps_id``, ``timestamp_begin``) are the tokenizer's.
-    """
+    """Whisper's prompt, from the vocabulary facts of a :class:`PretrainedTokenizer`."""
 
     speech = True
 
@@ -180,12 +163,8 @@ class WhisperPrompt(Prompt):
 
 
 class SourcePrompt(Prompt):
-    """A mixture's prompt: ``inner``'s ids with the last place holding the source's token.
-
-    Args:
-        inner: the prompt of the sources' own items.
-        tokens: source name -> its prompt token's id (sources without one keep ``inner``'s).
-    """
+    """A mixture's prompt: ``inner``'s ids with the last place holding the source's token
+    (``tokens``: source name -> id; sources without one keep ``inner``'s)."""
 
     def __init__(self, inner: Prompt, tokens: Mapping[str, int]) -> None:
         super().__init__(inner.tokenizer)
