@@ -46,7 +46,9 @@ class Model:
         self.task = task
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["task"], name)
+        if name == "task":          # not set yet (copy, pickle): no attribute to read through
+            raise AttributeError(name)
+        return getattr(self.task, name)
 
     def caption(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
                 **generation: Any) -> list[str]:
@@ -54,6 +56,10 @@ class Model:
         preprocessed as the checkpoint's data (:mod:`mmtf.predict.inputs`; longer audio is
         cropped to ``model.encoder.max_seconds``). ``generation`` overrides the settings for
         this call."""
+        if not hasattr(self.task, "generate_captions"):
+            raise UserError(f"caption: a {type(self.task).__name__} writes no captions; use "
+                            f"mmtf.predict.inputs.predict_inputs(model.task, inputs) for its "
+                            f"rows.")
         return [row["caption"] for row in self._predict(inputs, batch_size, "crop", generation)]
 
     def transcribe(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 # Training-only modules: the built-in set generators, shards, the data modules and their
@@ -58,3 +60,20 @@ loss.backward()
 def test_the_check_names_a_banned_module_and_its_submodules():
     assert hits(["mmtf.tasks.speech", "mmtf.synthetic.audio", "mmtf.synthetics", "mmtf.text"],
                 TRAINING_ONLY + SPEECH) == ["mmtf.tasks.speech", "mmtf.synthetic.audio"]
+
+
+def test_the_notebook_model_reads_through_to_its_task_and_copies():
+    import copy
+
+    from mmtf.errors import UserError
+    from mmtf.predict.model import Model
+    from tests.unit.tasks.conftest import captioner, classifier
+
+    task = captioner()
+    model = Model(task)
+    assert model.generation is task.generation and model.modality == "audio"
+    assert copy.deepcopy(model).task is not task
+    with pytest.raises(UserError, match=r"caption: a ClassificationTask writes no captions"):
+        Model(classifier()).caption([])
+    with pytest.raises(UserError, match=r"transcribe: a CaptioningTask decodes no speech"):
+        model.transcribe([])
