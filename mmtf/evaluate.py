@@ -24,9 +24,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mmtf.checkpoint_io import check_targets, load_checkpoint
-from mmtf.data.inputs import WHOLE
 from mmtf.errors import ConfigError
 from mmtf.metrics.wer import write_errors_csv
+from mmtf.predict.inputs import WHOLE
 from mmtf.tasks import CaptioningTask, Task
 from mmtf.tasks.rebuild import build_task
 from mmtf.utils.config import generation_overrides, require_values, run_cli
@@ -99,7 +99,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                               f"remove metrics_backend.")
         task.set_metrics_backend(cfg.metrics_backend)
     if cfg.get("wer_normalizer") is not None:
-        if not isinstance(task, CaptioningTask):
+        if not hasattr(task, "set_wer_normalizer"):        # a SpeechTask's
             raise ConfigError(f"wer_normalizer ({cfg.wer_normalizer!r}) is set but a "
                               f"{type(task).__name__} checkpoint scores no transcripts; remove "
                               f"wer_normalizer.")

@@ -15,15 +15,32 @@ The built-in (generated) sets and their data modules live one layer up, in :mod:
 they write the formats read here; nothing here imports them.
 """
 
-from mmtf.data.audio import audio_info, load_audio, resample
-from mmtf.data.collate import Collate
-from mmtf.data.datamodule import CaptionDataModule, ClassificationDataModule
-from mmtf.data.errors import ErrorCounter
-from mmtf.data.image import build_eval_image_transform, build_transform, load_image
-from mmtf.data.loader import make_loader
-from mmtf.data.sampler import BucketBatchSampler, SamplerState, padding_fraction, sample_rng
-from mmtf.data.shards.reader import ShardDataModule, ShardStreamSampler
-from mmtf.errors import DataError
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Imported on first use (PEP 562): predicting reads audio and images through mmtf.data and
+# must not load the data modules, the shard reader and the loaders with them.
+_LAZY = {
+    "audio_info": "mmtf.data.audio", "load_audio": "mmtf.data.audio",
+    "resample": "mmtf.data.audio", "Collate": "mmtf.data.collate",
+    "CaptionDataModule": "mmtf.data.datamodule",
+    "ClassificationDataModule": "mmtf.data.datamodule", "ErrorCounter": "mmtf.data.errors",
+    "build_eval_image_transform": "mmtf.data.image", "build_transform": "mmtf.data.image",
+    "load_image": "mmtf.data.image", "make_loader": "mmtf.data.loader",
+    "BucketBatchSampler": "mmtf.data.sampler", "SamplerState": "mmtf.data.sampler",
+    "padding_fraction": "mmtf.data.sampler", "sample_rng": "mmtf.data.sampler",
+    "ShardDataModule": "mmtf.data.shards", "ShardStreamSampler": "mmtf.data.shards",
+    "DataError": "mmtf.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mmtf.data' has no attribute {name!r}")
+
 
 __all__ = [
     "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",

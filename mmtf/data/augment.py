@@ -201,7 +201,7 @@ def _range(key: str, value: Any, low: float = -math.inf) -> tuple[float, float]:
 
 
 def build_augment(spec: Mapping[str, Any] | None, *, sample_rate: int,
-                  max_seconds: float | None, seed: int, task: str,
+                  max_seconds: float | None, seed: int, targets: str,
                   ) -> tuple[WaveAugment | None, Mixup | None]:
     """The per-item and per-batch augmentations of ``data.augment`` (checked).
 
@@ -210,7 +210,7 @@ def build_augment(spec: Mapping[str, Any] | None, *, sample_rate: int,
             None = no augmentation.
         sample_rate, max_seconds: the data's (a sped-up clip is cut to ``max_seconds``).
         seed: the data seed.
-        task: ``caption`` | ``label``; mixup needs captions.
+        targets: ``caption`` | ``label``; mixup needs captions.
 
     Returns:
         ``(WaveAugment or None, Mixup or None)``: None where nothing is switched on.
@@ -262,7 +262,7 @@ def build_augment(spec: Mapping[str, Any] | None, *, sample_rate: int,
     alpha = cfg["mixup"]["alpha"]
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha <= 0:
         raise _fail("mixup.alpha", alpha, "must be > 0 (the Beta(alpha, alpha) parameter)")
-    if p["mixup"] > 0 and task != "caption":
+    if p["mixup"] > 0 and targets != "caption":
         raise _fail("mixup.p", p["mixup"], "must be 0 for label data: mixup here weights two "
                     "captions' losses")
     wave = None

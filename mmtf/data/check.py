@@ -119,7 +119,7 @@ def run_check(cfg: DictConfig) -> int:
 def _check_module(cfg: DictConfig, dm: Any, splits: list[str]) -> int:
     """The report of one data module (a mixture's source: one of them)."""
     collector = _Collector()
-    kind = "captions" if dm.task == "caption" else "labels"
+    kind = "captions" if dm.targets == "caption" else "labels"
     print(f"mmtf data check: {dm.format} ({dm.modality}, {kind}) at {dm.root}")
     try:
         dm.prepare_data()

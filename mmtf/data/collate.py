@@ -54,23 +54,23 @@ def pad_1d(seqs: Sequence[Tensor | Sequence[int]], pad_value: float = 0.0,
 Modality = Literal["audio", "image"]
 
 class Collate:
-    """Batch examples of one modality and task (picklable, for DataLoader workers).
+    """Batch examples of one modality and kind of targets (picklable, for DataLoader workers).
 
     Args:
         modality: ``audio`` | ``image``.
-        task: ``caption`` | ``label``.
+        targets: ``caption`` | ``label``.
         pad_id: token padding id (the tokenizer's; 0 in mmtf's own).
         mixup: audio captioning, training only: mix pairs of the batch's waveforms, seeded by
             the examples' ``_key`` (item, epoch), so the pairs do not depend on the worker.
     """
 
-    def __init__(self, *, modality: Modality, task: str, pad_id: int = 0,
+    def __init__(self, *, modality: Modality, targets: str, pad_id: int = 0,
                  mixup: Mixup | None = None) -> None:
-        if task not in ("caption", "label"):
-            raise UserError(f"task ({task!r}) must be 'caption' or 'label'.")
-        if mixup is not None and (modality, task) != ("audio", "caption"):
-            raise UserError(f"mixup needs audio captions, not {modality} {task}s.")
-        self.modality, self.task, self.pad_id, self.mixup = modality, task, pad_id, mixup
+        if targets not in ("caption", "label"):
+            raise UserError(f"targets ({targets!r}) must be 'caption' or 'label'.")
+        if mixup is not None and (modality, targets) != ("audio", "caption"):
+            raise UserError(f"mixup needs audio captions, not {modality} {targets}s.")
+        self.modality, self.targets, self.pad_id, self.mixup = modality, targets, pad_id, mixup
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         batch: dict[str, Any] = {}
@@ -89,7 +89,7 @@ class Collate:
                     f"and crop to a fixed size to data.train_transforms and data.eval_transforms "
                     f"(e.g. Resize(64) + CenterCrop(64)).")
             batch["image"] = torch.stack([e["image"] for e in examples])  # (b, 3, h, w)
-        if self.task == "caption":
+        if self.targets == "caption":
             # Several training captions per item (data.captions_per_item) come as a list of
             # id sequences each and are laid out item-major: rows i*k .. i*k+k-1 are item i's.
             captions = [t for e in examples

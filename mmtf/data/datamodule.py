@@ -29,12 +29,12 @@ from mmtf.data.collate import Collate
 from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
 from mmtf.data.errors import ErrorCounter, ErrorPolicy
 from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS, CaptionItem
-from mmtf.data.formats.manifest import TASKS
 from mmtf.data.image import build_transform, header_sizes, transformed_pixels
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.errors import ConfigError, DataError, UserError
-from mmtf.text import PretrainedTokenizer, Tokenizer
+from mmtf.text import Tokenizer
+from mmtf.text.prompt import JOBS, Prompt, prompt_for
 
 log = logging.getLogger("mmtf.data")
 
@@ -104,7 +104,7 @@ class MediaDataModule(L.LightningDataModule):
             :mod:`mmtf.data.augment` for every key); None or all ``p: 0`` = off.
     """
 
-    task = "label"
+    targets = "label"      # what items are labelled with: "caption" | "label"
 
     def __init__(self, *, format: str, root: str, modality: str | None = None,
                  splits: Mapping[str, str] | None = None, sample_rate: int = 16000,
@@ -164,7 +164,7 @@ class MediaDataModule(L.LightningDataModule):
         self.cache_bytes = int(media_cache_mb * 2 ** 20)
         self.augment, self.mixup = build_augment(
             to_plain(augment), sample_rate=sample_rate, max_seconds=max_seconds, seed=seed,
-            task=self.task)
+            targets=self.targets)
         if modality != "audio" and (self.augment or self.mixup):
             raise ConfigError(f"data.augment is for audio; this data is {modality} (image "
                               f"augmentation: data.train_transforms); remove data.augment.")
@@ -193,7 +193,7 @@ class MediaDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ reading
     def _formats(self) -> Mapping[str, tuple[Any, str | None]]:
         """The formats this module reads: name -> (reader, the modality it fixes or None)."""
-        return CAPTION_FORMATS if self.task == "caption" else LABEL_FORMATS
+        return CAPTION_FORMATS if self.targets == "caption" else LABEL_FORMATS
 
     def prepare_data(self) -> None:
         """Nothing to prepare for data on disk; the built-in sets generate themselves here
@@ -341,7 +341,7 @@ class MediaDataModule(L.LightningDataModule):
         return loader
 
     def _collate(self, split: str) -> Collate:
-        return Collate(modality=self.modality, task=self.task)
+        return Collate(modality=self.modality, targets=self.targets)
 
     def _pin_memory(self) -> bool:
         if self.pin_memory is not None:
@@ -393,12 +393,13 @@ class CaptionDataModule(MediaDataModule):
             item keeps the same weight. Only with ``caption_policy: random``.
         language: speech: the language code of items that name none (``en``, ``de``); None =
             the tokenizer's prompt as configured.
-        task: speech: ``transcribe`` | ``translate`` for items that name none; None = the
-            tokenizer's prompt as configured.
+        speech_job: speech: ``transcribe`` | ``translate`` for items that name none; None =
+            the tokenizer's prompt as configured. ``task``, its name until 2026-12-03, is still
+            read (with a warning) from the configs stored with earlier runs.
         **kwargs: see :class:`MediaDataModule`.
 
     Speech items (a format that reads a ``language`` / ``task`` per item, or ``language`` /
-    ``task`` set here) start their token ids with their own prompt (Whisper's
+    ``speech_job`` set here) start their token ids with their own prompt (Whisper's
     ``<|startoftranscript|> <|de|> <|transcribe|> <|notimestamps|>``) in place of the
     tokenizer's, so one multilingual set trains one model and the task generates each item from
     its own prompt (:meth:`tokens`). A tokenizer without language tokens (mmtf's own BPE)
@@ -412,14 +413,15 @@ class CaptionDataModule(MediaDataModule):
         tokenizer: the ``mmtf.text.Tokenizer`` the ids are built with (None until connected).
     """
 
-    task = "caption"
+    targets = "caption"
     # A mixture's sources that are validated and tested, each metric logged under its name
     # (mmtf.data.mixture); none here.
     source_names: tuple[str, ...] = ()
 
     def __init__(self, *, max_caption_tokens: int = 64,
                  caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
-                 language: str | None = None, task: str | None = None, **kwargs: Any) -> None:
+                 language: str | None = None, speech_job: str | None = None,
+                 task: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.max_caption_tokens = int(max_caption_tokens)
         if self.max_caption_tokens < 2:
@@ -432,10 +434,16 @@ class CaptionDataModule(MediaDataModule):
                               f"only with caption_policy=random (caption_policy "
                               f"{caption_policy!r} already visits every pair); fix "
                               f"data.captions_per_item or data.caption_policy.")
-        if task is not None and task not in TASKS:
-            raise ConfigError(f"data.task ({task!r}) must be one of {list(TASKS)} or null.")
-        # Not self.task: that is the data module's kind ("caption" | "label").
-        self.language, self.speech_task = language, task
+        if task is not None:
+            if speech_job is not None and speech_job != task:
+                raise ConfigError(f"data.task ({task!r}) is the old name of data.speech_job "
+                                  f"({speech_job!r}); keep only data.speech_job.")
+            log.warning("[data] data.task is now data.speech_job; read data.task=%s as it", task)
+            speech_job = task
+        if speech_job is not None and speech_job not in JOBS:
+            raise ConfigError(f"data.speech_job ({speech_job!r}) must be one of {list(JOBS)} "
+                              f"or null.")
+        self.language, self.speech_job = language, speech_job
         self.captions_per_item = captions_per_item
         self.caption_policy = caption_policy
         self.tokenizer: Tokenizer | None = None
@@ -497,41 +505,49 @@ class CaptionDataModule(MediaDataModule):
                             "were truncated (e.g. %s); raise data.max_caption_tokens to keep "
                             "them whole", self.format, split, truncated.total, len(flat), limit,
                             truncated.examples["caption_truncated"][0])
-            out, k = [], 0
+            out, k, prompt = [], 0, self.prompt()
             for item in items:
-                prompt = self.item_prompt(item)
                 per_item = ids[k:k + len(item.captions)]
-                if prompt is not None:
-                    default = len(self.tokenizer.prompt_ids)
-                    per_item = [[*prompt, *t[default:]] for t in per_item]
-                out.append(per_item)
+                prefix = self.item_prompt(item, prompt)
+                out.append(per_item if prefix is None else
+                           prompt.start(per_item, prefix, where=item.where))
                 k += len(item.captions)
             self._tokens[split] = out
         return self._tokens[split]
 
-    def item_prompt(self, item: CaptionItem) -> list[int] | None:
-        """The prompt ids of one speech item (its language and task, else ``data.language`` /
-        ``data.task``), or None for the tokenizer's own prompt.
+    def prompt(self) -> Prompt:
+        """The prompt the targets start with (:func:`mmtf.text.prompt.prompt_for`)."""
+        return prompt_for(self.tokenizer)
+
+    def item_prompt(self, item: CaptionItem, prompt: Prompt) -> list[int] | None:
+        """The prefix ids of one speech item (its language and job, else ``data.language`` /
+        ``data.speech_job``), or None for the tokenizer's own prompt.
 
         Raises:
             ConfigError: an unknown language code (the message lists the tokenizer's), or
-                ``data.language`` / ``data.task`` set with a tokenizer that has no language
-                tokens.
+                ``data.language`` / ``data.speech_job`` set with a tokenizer whose prompt is
+                not Whisper's.
         """
         language = item.language or self.language
-        task = item.task or self.speech_task
-        if language is None and task is None:
+        job = item.task or self.speech_job
+        if language is None and job is None:
             return None
-        return speech_prompt(self.tokenizer, language=language, task=task,
-                             explicit=self.language is not None or self.speech_task is not None,
-                             where=item.where)
+        if not prompt.speech:
+            if self.language is not None or self.speech_job is not None:
+                tok = self.tokenizer
+                raise ConfigError(f"data.language / data.speech_job are set but the tokenizer's "
+                                  f"prompt {[tok.id_to_token(i) for i in prompt.default]} is not "
+                                  f"Whisper's (no language or job tokens); set "
+                                  f"data.language=null data.speech_job=null.")
+            return None
+        return prompt.ids(job=job, language=language, where=item.where)
 
     def _num_captions(self, split: str) -> list[int] | None:
         return [len(item.captions) for item in self.items(split)]
 
     def _collate(self, split: str) -> Collate:
         # Built after _dataset, which refuses to run without a tokenizer.
-        return Collate(modality=self.modality, task=self.task, pad_id=self.tokenizer.pad_id,
+        return Collate(modality=self.modality, targets=self.targets, pad_id=self.tokenizer.pad_id,
                        mixup=self.mixup if split == "train" else None)
 
     def _policy(self, split: str) -> str:
@@ -629,45 +645,3 @@ def _budgets(modality: str, batch_size: int | None, eval_batch_size: int | None,
                           f"data.eval_max_{mine}_per_batch ({eval_budget!r}) are both set; set "
                           f"one of them to null.")
     return budget, eval_budget
-
-
-def speech_prompt(tokenizer: Tokenizer, *, language: str | None, task: str | None,
-                  explicit: bool, where: str) -> list[int] | None:
-    """The Whisper prompt of one item (:meth:`PretrainedTokenizer.speech_prompt`), timestamps
-    as in the tokenizer's own prompt; None when the tokenizer is not a Whisper vocabulary and
-    nothing was asked for explicitly.
-
-    Raises:
-        ConfigError: an unknown language (the message lists the model's), a prompt of another
-            length than the tokenizer's (the loss skips that many positions), or ``explicit``
-            (``data.language`` / ``data.task`` set) with a tokenizer that is not Whisper's.
-    """
-    default = tokenizer.prompt_ids
-    whisper = isinstance(tokenizer, PretrainedTokenizer) and \
-        tokenizer.start_of_transcript_id is not None
-    if not whisper:
-        if explicit:
-            raise ConfigError(f"data.language / data.task are set but the tokenizer's prompt "
-                              f"{[tokenizer.id_to_token(i) for i in default]} is not Whisper's "
-                              f"(no language or task tokens); set data.language=null "
-                              f"data.task=null.")
-        return None
-    if tokenizer.multilingual:
-        if language is None:            # the language of the configured prompt, else English
-            language = next((code for code, i in tokenizer.languages.items() if i in default),
-                            "en")
-        if language not in tokenizer.languages:
-            raise ConfigError(f"{where}: unknown language code {language!r}; the model's "
-                              f"languages are {sorted(tokenizer.languages)}.")
-    # Timestamps as the configured prompt has them: no <|notimestamps|> in it (and a vocabulary
-    # with timestamp tokens) means the targets carry timestamps.
-    timestamps = tokenizer.no_timestamps_id not in default and \
-        tokenizer.timestamp_begin is not None
-    prompt = tokenizer.speech_prompt(language, task or "transcribe", timestamps=timestamps)
-    if len(prompt) != len(default):
-        raise ConfigError(f"{where}: the item's prompt {[tokenizer.id_to_token(i) for i in prompt]}"
-                          f" is not as long as tokenizer.prompt "
-                          f"{[tokenizer.id_to_token(i) for i in default]}; write tokenizer.prompt "
-                          f"in the same form (e.g. <|startoftranscript|> <|en|> <|transcribe|> "
-                          f"<|notimestamps|>).")
-    return prompt

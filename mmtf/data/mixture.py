@@ -62,6 +62,7 @@ from mmtf.data.formats import SPLITS
 from mmtf.data.sampler import BucketBatchSampler, Key, refuse_other_settings
 from mmtf.errors import ConfigError, UserError
 from mmtf.text import Tokenizer
+from mmtf.text.prompt import SourcePrompt
 
 log = logging.getLogger("mmtf.data")
 
@@ -71,7 +72,7 @@ __all__ = ["MixtureDataModule", "MixtureDataset", "MixtureSampler", "Source"]
 PER_SOURCE = ("format", "root", "modality", "splits", "sample_rate", "max_seconds", "eval_crop",
               "train_crop", "channels", "train_transforms", "eval_transforms", "media_cache_mb",
               "image_cache_mb", "augment", "max_caption_tokens", "caption_policy",
-              "captions_per_item", "language", "task", "on_error")
+              "captions_per_item", "language", "speech_job", "task", "on_error")
 
 
 class MixtureSampler(BucketBatchSampler):
@@ -495,22 +496,23 @@ class MixtureDataModule(CaptionDataModule):
         return {s.name: tokenizer.token_to_id(s.prompt_token) for s in self.sources
                 if s.prompt_token}
 
-    def _source_tokens(self, s: Source, split: str) -> list[list[list[int]]]:
+    def prompt(self) -> SourcePrompt:
+        """Each source's prompt: its items' own, with its token in the prompt's last place."""
+        return SourcePrompt(super().prompt(), self._token_ids(self.tokenizer))
+
+    def _source_tokens(self, s: Source, split: str, prompt: SourcePrompt,
+                       ) -> list[list[list[int]]]:
         """The source's token ids, its prompt token in the prompt's last place."""
-        ids = s.module.tokens(split)
-        if s.prompt_token is None:
-            return ids
-        token = self.tokenizer.token_to_id(s.prompt_token)
-        p = len(self.tokenizer.prompt_ids)
-        return [[[*t[:p - 1], token, *t[p:]] for t in per] for per in ids]
+        return [[prompt.mark(t, s.name) for t in per] for per in s.module.tokens(split)]
 
     def tokens(self, split: str) -> list[list[list[int]]]:
         if split not in self._tokens:
             if self.tokenizer is None:
                 super().tokens(split)        # its error: connect a tokenizer first
             self.items(split)
+            prompt = self.prompt()
             self._tokens[split] = [per for s in self.members(split)
-                                   for per in self._source_tokens(s, split)]
+                                   for per in self._source_tokens(s, split, prompt)]
         return self._tokens[split]
 
     # ------------------------------------------------------------------ loading
@@ -543,7 +545,7 @@ class MixtureDataModule(CaptionDataModule):
                               else None)
 
     def _collate(self, split: str) -> MixtureCollate:
-        return MixtureCollate(modality=self.modality, task=self.task,
+        return MixtureCollate(modality=self.modality, targets=self.targets,
                               pad_id=self.tokenizer.pad_id)
 
     @property

@@ -89,7 +89,7 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
         pad_id: padding id (GPT-2 pads with its ``<|endoftext|>``, 50256); None: the folder's
             ``pad_token_id``, else its ``eos_token_id``.
         freeze: no trainable parameters, eval mode (after loading), for
-            :func:`mmtf.export.load_exported`; in a task use ``model.freeze_decoder``.
+            :func:`mmtf.export.load_exported`; in a task use ``model.finetuning.freeze_decoder``.
 
     Raises:
         UserError: a missing file, a folder of another architecture, a setting that differs

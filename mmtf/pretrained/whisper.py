@@ -46,8 +46,6 @@ MODEL_TYPES = frozenset({"whisper"})
 # Whisper's fixed front end (whisper/audio.py): 16 kHz, 25 ms window, 10 ms hop, 30 s windows.
 SAMPLE_RATE, N_FFT, HOP_LENGTH = 16000, 400, 160
 STEM_STRIDES = (1, 2)
-# The default decoder prompt of the whisper experiment: English transcription, no timestamps.
-DEFAULT_PROMPT = ("<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>")
 # Architecture settings every Whisper size shares.
 BLOCK = {"bias": "qvo", "mlp": "gelu", "norm": "layernorm", "norm_eps": 1e-5}
 # The original module of each role of a block (mmtf.pretrained.names.block_links); the cross_* roles
@@ -147,7 +145,7 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
         vocab_size, dim, depth, num_heads, mlp_ratio, context_dim, max_len, pad_id: sizes and
             the pad id; None = from ``config.json``; a disagreeing value is an error.
         freeze: no trainable parameters, eval mode (after loading), for
-            :func:`mmtf.export.load_exported`; in a task use ``model.freeze_decoder``.
+            :func:`mmtf.export.load_exported`; in a task use ``model.finetuning.freeze_decoder``.
         **options: other :class:`TextDecoder` arguments (dropout, attn_dropout).
 
     Raises:

@@ -27,7 +27,8 @@ Why one interface instead of ``hasattr`` probes: see docs/design/task-interface.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -38,9 +39,27 @@ from torch.nn.parallel import DistributedDataParallel
 from mmtf.data.collate import Modality
 from mmtf.encoders import AudioEncoder, Encoder
 from mmtf.errors import ConfigError, UserError
-from mmtf.nn.lora import LoRAConfig, add_lora, lora_trainable, new_parameter_names
-from mmtf.tasks.fsdp import shard_model
-from mmtf.tasks.optim import PartOptim
+
+if TYPE_CHECKING:
+    from mmtf.nn.lora import LoRAConfig
+    from mmtf.tasks.optim import PartOptim
+
+# LoRA, FSDP and the optimizer groups are imported where they are used, so that rebuilding a
+# task to predict (``import mmtf.predict``) loads none of the training machinery.
+
+
+@dataclass(frozen=True)
+class Finetuning:
+    """The fine-tuning controls of an encoder-decoder task (``model.finetuning``): the decoder
+    frozen, each part unfrozen at an epoch, its lr scale, layer-wise decay; see
+    :meth:`Task.init_finetuning` and docs/design/finetuning-controls.md."""
+
+    freeze_decoder: bool = False
+    unfreeze_encoder_at_epoch: int | None = None
+    unfreeze_decoder_at_epoch: int | None = None
+    encoder_lr_scale: float = 1.0
+    decoder_lr_scale: float = 1.0
+    layer_decay: float | None = None
 
 
 class Task(L.LightningModule):
@@ -60,6 +79,7 @@ class Task(L.LightningModule):
         self.lr_scale: dict[str, float] = {}
         self.layer_decay: float | None = None
         self._pinned_eval: set[str] = set()
+        self.finetuning_key = "model"         # where the controls' keys live in the config
         # LoRA (init_lora): its config and the parts that carry adapters.
         self.lora: LoRAConfig | None = None
         self.lora_parts: tuple[str, ...] = ()
@@ -80,6 +100,8 @@ class Task(L.LightningModule):
 
     def configure_model(self) -> None:
         # trainer=fsdp: one FSDP2 shard unit per transformer block; other strategies: nothing.
+        from mmtf.tasks.fsdp import shard_model
+
         shard_model(self)
 
     def setup(self, stage: str) -> None:
@@ -102,6 +124,8 @@ class Task(L.LightningModule):
         """
         if lora is None:
             return
+        from mmtf.nn.lora import LoRAConfig, add_lora
+
         spec = dict(lora)
         parts = self.export_parts()
         names = spec.pop("parts", None)
@@ -146,6 +170,8 @@ class Task(L.LightningModule):
 
     def set_lora_trainable(self, name: str) -> None:
         """In part ``name`` under LoRA, only adapters, the chosen biases and new layers train."""
+        from mmtf.nn.lora import lora_trainable, new_parameter_names
+
         part = self.export_parts()[name]
         new = new_parameter_names(part)
         part.requires_grad_(False)
@@ -159,6 +185,8 @@ class Task(L.LightningModule):
         """ids of the parameters of part ``name`` that can ever train (None: all of them)."""
         if name not in self.lora_parts:
             return None
+        from mmtf.nn.lora import lora_trainable, new_parameter_names
+
         part = self.export_parts()[name]
         new = new_parameter_names(part)
         return frozenset({id(p) for p in lora_trainable(part, self.lora.bias)}
@@ -188,25 +216,25 @@ class Task(L.LightningModule):
                 self.set_part_frozen(name, True)
         for name, scale in lr_scale.items():
             if not scale > 0:
-                raise UserError(f"model.{name}_lr_scale ({scale}) must be > 0; freeze the "
+                raise UserError(f"{self.finetuning_key}.{name}_lr_scale ({scale}) must be > 0; freeze the "
                                 f"{name} ({self.freeze_key(name)}=true) to keep it fixed.")
         if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
-            raise UserError(f"model.layer_decay ({layer_decay}) must be in (0, 1] (e.g. 0.75), "
+            raise UserError(f"{self.finetuning_key}.layer_decay ({layer_decay}) must be in (0, 1] (e.g. 0.75), "
                             f"or null for none.")
         for name, epoch in unfreeze_at.items():
             if epoch is None:
                 continue
             if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-                raise UserError(f"model.unfreeze_{name}_at_epoch ({epoch!r}) must be an epoch "
+                raise UserError(f"{self.finetuning_key}.unfreeze_{name}_at_epoch ({epoch!r}) must be an epoch "
                                 f">= 0 or null.")
             if not self.part_frozen(name):
-                raise UserError(f"model.unfreeze_{name}_at_epoch ({epoch}) is set but the {name} "
+                raise UserError(f"{self.finetuning_key}.unfreeze_{name}_at_epoch ({epoch}) is set but the {name} "
                                 f"is not frozen; set {self.freeze_key(name)}=true or "
-                                f"model.unfreeze_{name}_at_epoch=null.")
+                                f"{self.finetuning_key}.unfreeze_{name}_at_epoch=null.")
         if not any(p.requires_grad for p in self.parameters()):
             raise UserError(f"every part is frozen ({', '.join(self.freeze_key(n) for n in parts)})"
                             f": nothing trains in epoch 0; leave one part trainable and unfreeze "
-                            f"the other later with model.unfreeze_<part>_at_epoch.")
+                            f"the other later with {self.finetuning_key}.unfreeze_<part>_at_epoch.")
         self.unfreeze_at = {k: v for k, v in unfreeze_at.items() if v is not None}
         self.lr_scale = dict(lr_scale)
         self.layer_decay = layer_decay
@@ -214,7 +242,7 @@ class Task(L.LightningModule):
     def freeze_key(self, name: str) -> str:
         """The config key that freezes part ``name``."""
         return (f"model.{name}.freeze" if isinstance(self.export_parts()[name], Encoder)
-                else f"model.freeze_{name}")
+                else f"{self.finetuning_key}.freeze_{name}")
 
     def part_frozen(self, name: str) -> bool:
         """Whether part ``name`` is frozen (no trainable parameters, pinned in eval mode)."""
@@ -256,6 +284,8 @@ class Task(L.LightningModule):
 
     def optim_parts(self) -> dict[str, PartOptim]:
         """The parts with their lr scale, frozen parameters kept when they unfreeze later."""
+        from mmtf.tasks.optim import PartOptim
+
         return {name: PartOptim(part, self.lr_scale.get(name, 1.0), name in self.unfreeze_at,
                                 self.lora_trainable_ids(name))
                 for name, part in self.export_parts().items()}
@@ -278,7 +308,7 @@ class Task(L.LightningModule):
         strategy = self.trainer.strategy
         if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
             name = next(iter(self.unfreeze_at))
-            raise UserError(f"model.unfreeze_{name}_at_epoch is set but the trainer's strategy "
+            raise UserError(f"{self.finetuning_key}.unfreeze_{name}_at_epoch is set but the trainer's strategy "
                             f"is {type(strategy).__name__}; unfreezing at an epoch works on one "
                             f"device and under DDP only: use trainer=gpu, ddp or ddp_cpu, or "
                             f"train the {name} from the start ({self.freeze_key(name)}=false).")
@@ -305,6 +335,14 @@ class Task(L.LightningModule):
                       ) -> list[dict[str, Any]]:
         """One result dict per input of the batch (inputs as in a training batch)."""
         raise NotImplementedError
+
+    def generation_state(self) -> Any:
+        """The generation settings, to put back with :meth:`restore_generation` after a call
+        with its own (:class:`mmtf.predict.model.Model`); None for tasks without any."""
+        return None
+
+    def restore_generation(self, state: Any) -> None:
+        """Put back settings :meth:`generation_state` returned."""
 
     def update_generation(self, overrides: dict[str, Any]) -> None:
         """Merge generation settings; only tasks that generate text take any."""

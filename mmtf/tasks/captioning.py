@@ -3,9 +3,8 @@ generation-based validation scored with captioning metrics against all reference
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,22 +12,42 @@ import torch
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 from torch import nn
 
-from mmtf.data.inputs import Input, predict_inputs
 from mmtf.decoders import EncoderDecoder
 from mmtf.decoders.generation import GenerationConfig
 from mmtf.errors import CheckpointError, ConfigError, UserError
 from mmtf.metrics import CaptionMetrics
 from mmtf.metrics.caption import check_backend
-from mmtf.metrics.wer import write_errors_csv
-from mmtf.synthetic import caption_parser
-from mmtf.tasks.base import Task, batch_inputs
-from mmtf.tasks.optim import configure_adamw_cosine
+from mmtf.tasks.base import Finetuning, Task, batch_inputs
 from mmtf.tasks.resolve import check_same_tokenizer_on_every_rank, stored_tokenizer
-from mmtf.tasks.speech import SpeechOptions, check_speech, decode_speech, split_generation
 from mmtf.text import Tokenizer
-from mmtf.text.normalize import get_normalizer
 
 log = logging.getLogger(__name__)
+
+# The model keys that were flat before they became model.finetuning.*: old configs still load.
+FINETUNING_KEYS = tuple(Finetuning.__dataclass_fields__)
+# The generation keys of speech decoding (mmtf.tasks.speech.SpeechOptions): SpeechTask's only.
+SPEECH_KEYS = frozenset({"language", "task", "timestamps", "long_form", "chunk_overlap"})
+
+
+def finetuning_controls(value: Finetuning | Mapping[str, Any] | None) -> Finetuning:
+    """``model.finetuning`` as a :class:`Finetuning`; a one-line error naming a wrong key."""
+    if value is None or isinstance(value, Finetuning):
+        return value or Finetuning()
+    unknown = sorted(set(value) - set(FINETUNING_KEYS))
+    if unknown:
+        raise ConfigError(f"model.finetuning.{unknown[0]} is not a fine-tuning control; the keys "
+                          f"are {list(FINETUNING_KEYS)}.")
+    return Finetuning(**value)
+
+
+def upgrade_config(model_cfg: dict[str, Any]) -> dict[str, Any]:
+    """A stored ``model`` config written before ``model.finetuning``, in today's keys: the
+    flat fine-tuning keys moved under ``finetuning``."""
+    cfg = dict(model_cfg)
+    flat = {k: cfg.pop(k) for k in FINETUNING_KEYS if k in cfg}
+    if flat:
+        cfg["finetuning"] = {**flat, **(cfg.get("finetuning") or {})}
+    return cfg
 
 
 class CaptioningTask(Task):
@@ -47,26 +66,19 @@ class CaptioningTask(Task):
         warmup_steps, min_lr_ratio: warmup + cosine schedule, stepped per optimizer step.
         label_smoothing: of the teacher-forced cross-entropy.
         generation: keyword arguments of ``EncoderDecoder.generate`` for validation and test
-            (``strategy: greedy | beam | sample`` ...), and with a Whisper tokenizer the speech
-            options ``language`` (a code or auto), ``task``, ``timestamps``, ``long_form``
-            (:mod:`mmtf.tasks.speech`).
+            (``strategy: greedy | beam | sample`` ...); speech options (``language``, ``task``,
+            ...) are :class:`~mmtf.tasks.speech.SpeechTask`'s.
         val_generate: generate and score captions in validation (loss only when False).
         val_metrics, test_metrics: metric names for ``mmtf.metrics.caption_metrics`` (None = every
             available metric). METEOR starts a JVM (10-50 s), so validation defaults to the fast
             ones (BLEU, ROUGE-L, CIDEr-D) and test to all.
         metrics_backend: "mmtf" (built-in metrics) or "aac" (aac-metrics: SPICE, SPIDEr and
             SPIDEr-FL where its downloaded files are present; see :mod:`mmtf.metrics.aac`).
-            ``wer`` / ``cer`` in the metric lists score transcripts (speech recognition).
-        wer_normalizer: the text normalizer both sides go through before WER / CER:
-            ``whisper_english`` | ``whisper_basic`` | ``none`` (:mod:`mmtf.text.normalize`).
+            ``wer`` / ``cer`` in the metric lists score transcripts (speech recognition; the
+            normaliser is :class:`~mmtf.tasks.speech.SpeechTask`'s ``wer_normalizer``).
         num_logged_samples: reference-vs-prediction rows logged per validation epoch.
-        freeze_decoder: no trainable decoder parameters, decoder pinned in eval mode (the
-            encoder has its own ``freeze``).
-        unfreeze_encoder_at_epoch, unfreeze_decoder_at_epoch: unfreeze that frozen part at the
-            start of this epoch, also when a run resumes past it (None = keep it as built).
-        encoder_lr_scale, decoder_lr_scale: multipliers of the optimizer's lr for each part.
-        layer_decay: layer-wise lr decay inside each part (None = off); see
-            :mod:`mmtf.tasks.optim`.
+        finetuning: the fine-tuning controls (:class:`~mmtf.tasks.base.Finetuning`, or its
+            keys as a mapping; None = all trainable, one learning rate).
         lora: LoRA adapters (``{r, alpha, dropout, parts, targets, bias, pretrained}``, None =
             off): only adapters and new layers of those parts train (:meth:`Task.init_lora`).
     """
@@ -77,34 +89,32 @@ class CaptioningTask(Task):
                  val_generate: bool = True, num_logged_samples: int = 8,
                  val_metrics: list[str] | None = ("bleu", "rouge_l", "cider_d"),
                  test_metrics: list[str] | None = None, metrics_backend: str = "mmtf",
-                 wer_normalizer: str = "whisper_english", freeze_decoder: bool = False, unfreeze_encoder_at_epoch: int | None = None,
-                 unfreeze_decoder_at_epoch: int | None = None, encoder_lr_scale: float = 1.0,
-                 decoder_lr_scale: float = 1.0, layer_decay: float | None = None,
+                 finetuning: Finetuning | Mapping[str, Any] | None = None,
                  lora: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["encoder", "decoder", "optimizer"])
         self.model = EncoderDecoder(encoder=encoder, decoder=decoder,
                                     label_smoothing=label_smoothing)
         self.optimizer = optimizer
-        decoding, speech = split_generation(dict(generation or {"strategy": "greedy"}))
-        self.generation = decoding
-        self.speech = SpeechOptions(**speech)
+        self.generation = dict(generation or {"strategy": "greedy"})
         self.user_suppress_tokens = tuple(self.generation.get("suppress_tokens", ()))
         self.check_generation()
         self.caption_metrics = {
             split: CaptionMetrics(metrics=None if names is None else list(names),
-                                  backend=metrics_backend, normalizer=wer_normalizer)
+                                  backend=metrics_backend)
             for split, names in (("val", val_metrics), ("test", test_metrics))
         }
         # A mixture's sources (datamodule.source_names): the same metrics per source.
         self.source_metrics: dict[str, dict[str, CaptionMetrics]] = {"val": {}, "test": {}}
         self.init_lora(lora)
+        ft = finetuning_controls(finetuning)
+        self.finetuning_key = "model.finetuning"
         self.init_finetuning(
-            freeze={"decoder": freeze_decoder},
-            unfreeze_at={"encoder": unfreeze_encoder_at_epoch,
-                         "decoder": unfreeze_decoder_at_epoch},
-            lr_scale={"encoder": encoder_lr_scale, "decoder": decoder_lr_scale},
-            layer_decay=layer_decay)
+            freeze={"decoder": ft.freeze_decoder},
+            unfreeze_at={"encoder": ft.unfreeze_encoder_at_epoch,
+                         "decoder": ft.unfreeze_decoder_at_epoch},
+            lr_scale={"encoder": ft.encoder_lr_scale, "decoder": ft.decoder_lr_scale},
+            layer_decay=ft.layer_decay)
 
     def _all_metrics(self) -> list[CaptionMetrics]:
         return [*self.caption_metrics.values(),
@@ -114,12 +124,6 @@ class CaptioningTask(Task):
         """Score with ``backend`` ("mmtf" | "aac") from now on (``evaluate metrics_backend=``)."""
         for metrics in self._all_metrics():
             metrics.backend = check_backend(backend)
-
-    def set_wer_normalizer(self, name: str) -> None:
-        """Normalise WER / CER text with ``name`` from now on (``evaluate wer_normalizer=``)."""
-        get_normalizer(name)
-        for metrics in self._all_metrics():
-            metrics.normalizer = name
 
     def use_sources(self, names: Sequence[str]) -> None:
         """Score val/test per source too (a mixture's ``source_names``): every metric also
@@ -138,9 +142,7 @@ class CaptioningTask(Task):
 
     def update_generation(self, overrides: dict[str, Any]) -> None:
         """Merge ``overrides`` into the generation settings (``evaluate``, ``predict``)."""
-        decoding, speech = split_generation(overrides)
-        self.generation.update(decoding)
-        self.speech = dataclasses.replace(self.speech, **speech)
+        self.generation.update(overrides)
         self.user_suppress_tokens = tuple(self.generation.get("suppress_tokens", ()))
         self.suppress_undecodable_ids()
         self.check_generation()
@@ -156,9 +158,20 @@ class CaptioningTask(Task):
         extra = range(self.tokenizer.vocab_size, self.model.decoder.vocab_size)
         self.generation["suppress_tokens"] = tuple(sorted({*self.user_suppress_tokens, *extra}))
 
+    def generation_state(self) -> Any:
+        return dict(self.generation), self.user_suppress_tokens
+
+    def restore_generation(self, state: Any) -> None:
+        self.generation, self.user_suppress_tokens = state
+
     def check_generation(self) -> None:
         """The generation settings are valid options (:class:`GenerationConfig`), and
         ``max_new_tokens`` plus the prompt fits the decoder's positions."""
+        speech = sorted(SPEECH_KEYS & set(self.generation))
+        if speech:
+            raise ConfigError(f"generation.{speech[0]} is a speech decoding setting; it needs "
+                              f"model._target_=mmtf.tasks.SpeechTask (model=whisper) and a "
+                              f"Whisper tokenizer.")
         GenerationConfig.build(**self.generation)
         max_new = self.generation.get("max_new_tokens")
         max_len = self.model.decoder.max_len
@@ -167,8 +180,6 @@ class CaptioningTask(Task):
             raise ConfigError(f"model.generation.max_new_tokens ({max_new}) + the prompt "
                               f"({prompt} token{'s' if prompt > 1 else ''}) exceeds "
                               f"model.decoder.max_len ({max_len}); lower max_new_tokens.")
-        if self.tokenizer is not None:
-            check_speech(self.speech, self.tokenizer)
 
     # ------------------------------------------------------------------ wiring
     def setup(self, stage: str) -> None:
@@ -230,6 +241,8 @@ class CaptioningTask(Task):
         self.check_generation()
 
     def configure_optimizers(self) -> dict[str, Any]:
+        from mmtf.tasks.optim import configure_adamw_cosine  # training only
+
         hp = self.hparams
         return configure_adamw_cosine(self.optimizer, [self.model], weight_decay=hp.weight_decay,
                                       warmup_steps=hp.warmup_steps, min_lr_ratio=hp.min_lr_ratio,
@@ -300,64 +313,14 @@ class CaptioningTask(Task):
         self._eval_step(batch, "test")
 
     def too_long(self, lengths: torch.Tensor | None) -> bool:
-        """Whether an audio batch holds clips longer than the encoder takes (handed over whole
-        for long-form speech decoding)."""
-        limit = getattr(self.encoder, "max_samples", None) if self.modality == "audio" else None
-        return limit is not None and lengths is not None and int(lengths.max()) > limit
-
-    def decode_speech(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
-                      ) -> list[dict[str, Any]]:
-        """Speech decoding of a batch of waveforms under the speech options
-        (:func:`mmtf.tasks.speech.decode_speech`): caption, language, segments."""
-        config = GenerationConfig.build(**self.generation)
-        return decode_speech(self.model, self.require_tokenizer(), inputs, lengths, self.speech,
-                             config)
+        """Whether a batch is scored without its teacher-forced loss (whole long clips of
+        :class:`~mmtf.tasks.speech.SpeechTask`); never for captions."""
+        return False
 
     def predict_batch(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
                       ) -> list[dict[str, Any]]:
-        """``{"caption": str}`` per input, with the configured generation strategy; with speech
-        options (or audio longer than the encoder takes, from ``long_audio=sequential|chunked``)
-        also ``language`` and ``segments``."""
-        if self.speech.active or self.too_long(lengths):
-            return self.decode_speech(inputs, lengths)
+        """``{"caption": str}`` per input, with the configured generation strategy."""
         return [{"caption": c} for c in self.generate_captions(inputs, lengths)]
-
-    def caption(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
-                **generation: Any) -> list[str]:
-        """One caption per input: audio files or waveforms, image files, PIL images or tensors,
-        preprocessed as the checkpoint's data (:mod:`mmtf.data.inputs`; longer audio is cropped to
-        ``model.encoder.max_seconds``). ``generation`` overrides the settings for this call."""
-        return [row["caption"] for row in self._predict(inputs, batch_size, "crop", generation)]
-
-    def transcribe(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
-                   long_form: str = "sequential", **generation: Any) -> list[dict[str, Any]]:
-        """Transcribe speech with a Whisper vocabulary, long files whole: one dict per input
-        with ``text``, and ``language`` / ``segments`` (``[{start, end, text}]``) when asked
-        for or decoded sequentially.
-
-        Args:
-            inputs: audio files or waveforms (:mod:`mmtf.data.inputs`).
-            long_form: ``sequential`` (Whisper's windows that move by the last complete
-                timestamp) or ``chunked`` (overlapping 30 s chunks, merged text), for audio
-                longer than 30 s.
-            **generation: overrides for this call: ``language="auto"``, ``task="translate"``,
-                ``timestamps=True``, ``strategy="beam"``, ...
-        """
-        rows = self._predict(inputs, batch_size, long_form,
-                             {"long_form": long_form, "task": self.speech.task or "transcribe",
-                              **generation})
-        return [{"path": row["path"], "text": row["caption"],
-                 **{k: row[k] for k in ("language", "segments") if k in row}} for row in rows]
-
-    def _predict(self, inputs, batch_size: int, long_audio: str,
-                 generation: dict[str, Any]) -> list[dict[str, Any]]:
-        """predict_inputs with ``generation`` over the settings for this call only."""
-        saved = dict(self.generation), self.user_suppress_tokens, self.speech
-        self.update_generation(generation)
-        try:
-            return predict_inputs(self, inputs, batch_size=batch_size, long_audio=long_audio)
-        finally:
-            self.generation, self.user_suppress_tokens, self.speech = saved
 
     @torch.no_grad()
     def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None, *,
@@ -367,12 +330,8 @@ class CaptioningTask(Task):
         Args:
             inputs, lengths: the encoder inputs.
             prompt_ids: (b, p) each item's prompt (its language and task), or None for the
-                model's prompt. Speech decoding settings (``generation.language`` / ``task`` /
-                ``timestamps``, or clips longer than the encoder's window) decode by those
-                instead.
+                model's prompt.
         """
-        if self.speech.active or self.too_long(lengths):
-            return [row["caption"] for row in self.decode_speech(inputs, lengths)]
         tokenizer = self.require_tokenizer()
         extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
         gen = self.model.generate(inputs, lengths, **extra, **self.generation)
@@ -414,6 +373,8 @@ class CaptioningTask(Task):
         if self.global_rank == 0:
             self._log_samples(split, rows)
             if metrics.errors:
+                from mmtf.metrics.wer import write_errors_csv  # transcripts only
+
                 write_errors_csv(Path(self.trainer.default_root_dir) / "errors" /
                                  f"{split}_{self._epoch_step()}.csv", metrics.errors)
 
@@ -437,6 +398,8 @@ class CaptioningTask(Task):
         ``data.synthetic.kind`` in :attr:`run_config`), None for other data: found by the data
         set's name where the metric is computed, not handed over by the data module.
         Why: see docs/design/synthetic-package.md"""
+        from mmtf.synthetic import caption_parser  # at scoring: predicting never loads it
+
         data = (self.run_config or {}).get("data") or {}
         return caption_parser((data.get("synthetic") or {}).get("kind"))
 

@@ -12,7 +12,6 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from mmtf.errors import ConfigError
 from mmtf.tasks.base import Task, batch_inputs
-from mmtf.tasks.optim import configure_adamw_cosine
 
 
 class ClassificationTask(Task):
@@ -89,6 +88,8 @@ class ClassificationTask(Task):
         return self.head(self.features(inputs, lengths))
 
     def configure_optimizers(self) -> dict[str, Any]:
+        from mmtf.tasks.optim import configure_adamw_cosine  # training only
+
         hp = self.hparams
         # A frozen encoder that unfreezes later is already in the optimizer (optim_parts); until
         # then its parameters get no gradient and AdamW leaves them untouched.

@@ -1,28 +1,33 @@
 """Rebuild a task module from the config and weights an mmtf checkpoint carries, or build one
-zero-shot from a pretrained Hugging Face Whisper folder (:func:`build_pretrained_task`)."""
+zero-shot from a pretrained Hugging Face Whisper folder (:func:`build_pretrained_task`) through
+the same family registry and ``conf/model/whisper.yaml`` that training composes."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mmtf.checkpoint_io import model_state, stored_config
 from mmtf.hub import open_hf_model
-from mmtf.pretrained.whisper import DEFAULT_PROMPT, MODEL_TYPES, whisper_decoder, whisper_encoder
-from mmtf.tasks.captioning import CaptioningTask
+from mmtf.tasks.captioning import upgrade_config
 from mmtf.tasks.resolve import stored_tokenizer
-from mmtf.text import PretrainedTokenizer
+from mmtf.text import build_tokenizer
+from mmtf.text.prompt import WhisperPrompt, is_whisper
 
 if TYPE_CHECKING:
     from mmtf.tasks.base import Task
+
+log = logging.getLogger("mmtf.tasks")
+CAPTIONING = "mmtf.tasks.CaptioningTask"
+# The tasks a Hugging Face family is used zero-shot as: family -> its conf/model config.
+ZERO_SHOT = {"whisper": "whisper"}
 
 
 def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
@@ -47,12 +52,23 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
             # The checkpoint already holds the trained weights; do not re-read the export or
             # the pretrained model (its sizes are in the stored config).
             model_cfg[name] = {**part, "pretrained": None}
+    tokenizer = stored_tokenizer(checkpoint)
+    if str(model_cfg.get("_target_", "")).endswith(("CaptioningTask", "SpeechTask")):
+        model_cfg = upgrade_config(model_cfg)
+    if model_cfg.get("_target_") in (CAPTIONING, "mmtf.tasks.captioning.CaptioningTask"):
+        # Written before SpeechTask: with a Whisper vocabulary or transcript metrics, the
+        # checkpoint may decode speech and scores with its wer_normalizer.
+        speech = is_whisper(tokenizer) if tokenizer is not None else False
+        metrics = [*(model_cfg.get("val_metrics") or ()), *(model_cfg.get("test_metrics") or ())]
+        if speech or {"wer", "cer"} & set(metrics):
+            model_cfg["_target_"] = "mmtf.tasks.speech.SpeechTask"
+        else:
+            model_cfg.pop("wer_normalizer", None)
     lora = model_cfg.get("lora")
     if isinstance(lora, dict) and lora.get("pretrained"):
         # Adapters are in the checkpoint too (train stores a PEFT folder's rank and targets).
         model_cfg["lora"] = {**lora, "pretrained": None}
     task = instantiate(OmegaConf.create(model_cfg))
-    tokenizer = stored_tokenizer(checkpoint)
     if tokenizer is not None:       # handed over here; on_load_checkpoint only checks it
         task.use_tokenizer(tokenizer)
     task.on_load_checkpoint(checkpoint)
@@ -62,27 +78,46 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
 
 
 def build_pretrained_task(source: str | os.PathLike) -> Task:
-    """A captioning task straight from a Hugging Face Whisper folder or hub id, before any
-    training: Whisper's encoder, decoder and tokenizer (prompt: English transcription without
-    timestamps; ``<|startoftranscript|>`` alone for English-only models), Whisper's
-    ``suppress_tokens`` / ``begin_suppress_tokens`` from ``generation_config.json`` and at most
-    half the decoder's positions per window (openai/whisper's ``sample_len``).
+    """A task straight from a Hugging Face folder or hub id, before any training: the
+    ``conf/model`` config of its family (:data:`ZERO_SHOT`; Whisper: ``model=whisper``, a
+    :class:`~mmtf.tasks.speech.SpeechTask`) composed as ``mmtf.train`` composes it, with the
+    folder's tokenizer and its zero-shot prompt (English transcription without timestamps,
+    :meth:`WhisperPrompt.token_strings`), greedy decoding of at most half the decoder's
+    positions per window (openai/whisper's ``sample_len``) and the folder's ``suppress_tokens``
+    / ``begin_suppress_tokens`` (``generation_config.json``).
 
     Raises:
-        UserError: the folder is no Whisper model (its ``model_type``) or is incomplete.
+        UserError: the folder is of no family used zero-shot (its ``model_type``), or is
+            incomplete.
     """
-    owner = f"ckpt_path={source} (a pretrained Whisper folder)"
-    hf = open_hf_model(source, model_types=MODEL_TYPES, owner=owner)
-    tokenizer = PretrainedTokenizer.from_folder(hf.folder)
-    prompt = DEFAULT_PROMPT if tokenizer.multilingual else (DEFAULT_PROMPT[0], DEFAULT_PROMPT[-1])
-    tokenizer = PretrainedTokenizer.from_folder(hf.folder, prompt=prompt)
-    decoder = whisper_decoder(pretrained=hf.folder)
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from mmtf.pretrained import FAMILIES
+    from mmtf.utils.config_dir import CONF_DIR
+
+    owner = f"ckpt_path={source} (a pretrained model folder)"
+    families = {f: FAMILIES[f] for f in ZERO_SHOT}
+    hf = open_hf_model(source, owner=owner,
+                       model_types=frozenset().union(*(f.model_types for f in families.values())))
+    family = next(f for f, entry in families.items() if hf.model_type in entry.model_types)
+    overrides = [f"model={ZERO_SHOT[family]}", "tokenizer=pretrained"]
+    if GlobalHydra.instance().is_initialized():          # inside a CLI's @hydra.main
+        cfg = compose("train", overrides=overrides)
+    else:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("train", overrides=overrides)
+    OmegaConf.set_struct(cfg, False)
+    cfg.pretrained = str(hf.folder)
+    tokenizer = build_tokenizer(OmegaConf.to_container(cfg.tokenizer, resolve=True))
+    cfg.tokenizer.prompt = WhisperPrompt(tokenizer).token_strings()
+    tokenizer = build_tokenizer(OmegaConf.to_container(cfg.tokenizer, resolve=True))
     rules = _generation_json(hf.folder)
-    generation = {"strategy": "greedy", "max_new_tokens": decoder.max_len // 2,
-                  "suppress_tokens": list(rules.get("suppress_tokens") or ()),
-                  "begin_suppress_tokens": list(rules.get("begin_suppress_tokens") or ())}
-    task = CaptioningTask(encoder=whisper_encoder(pretrained=hf.folder), decoder=decoder,
-                          optimizer=partial(torch.optim.AdamW, lr=1e-5), generation=generation)
+    cfg.model.generation = {
+        "strategy": "greedy", "max_new_tokens": hf.field("max_target_positions", owner=owner) // 2,
+        "suppress_tokens": list(rules.get("suppress_tokens") or ()),
+        "begin_suppress_tokens": list(rules.get("begin_suppress_tokens") or ())}
+    task = instantiate(OmegaConf.create(OmegaConf.to_container(cfg.model, resolve=True)))
     task.use_tokenizer(tokenizer)
     task.run_config = {"pretrained": str(source)}
     return task

@@ -1,5 +1,7 @@
-"""Speech decoding options of a captioning task with a Whisper vocabulary, and the batch decoder
-that applies them (:mod:`mmtf.decoders.speech` holds Whisper's rules).
+"""Speech recognition and translation as a task: :class:`SpeechTask` is a
+:class:`~mmtf.tasks.captioning.CaptioningTask` with a Whisper vocabulary that also decodes by
+language, job (transcribe / translate), timestamps and long-form audio, and scores WER / CER
+after a text normaliser (:mod:`mmtf.decoders.speech` holds Whisper's rules).
 
 Generation settings (``model.generation``, ``generation.*`` of evaluate/predict, keyword
 arguments of ``caption``/``transcribe``) may hold, besides :class:`GenerationConfig`'s fields:
@@ -38,10 +40,12 @@ from mmtf.decoders.speech import (
     transcribe_long,
 )
 from mmtf.errors import UserError
+from mmtf.tasks.captioning import SPEECH_KEYS, CaptioningTask
 from mmtf.text import Tokenizer
+from mmtf.text.normalize import get_normalizer
+from mmtf.text.prompt import JOBS, WhisperPrompt, is_whisper
 
 LONG_FORMS = ("sequential", "chunked")
-TASKS = ("transcribe", "translate")
 
 
 @dataclass
@@ -55,7 +59,7 @@ class SpeechOptions:
     chunk_overlap: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.task is not None and self.task not in TASKS:
+        if self.task is not None and self.task not in JOBS:
             raise UserError(f"generation.task={self.task!r} must be transcribe or translate "
                             f"(or null: the prompt's own).")
         if self.long_form not in LONG_FORMS:
@@ -73,9 +77,6 @@ class SpeechOptions:
         return self.language is not None or self.task is not None or self.timestamps
 
 
-SPEECH_KEYS = frozenset(f.name for f in dataclasses.fields(SpeechOptions))
-
-
 def split_generation(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(``GenerationConfig`` keys, speech keys) of generation settings."""
     decoding = {k: v for k, v in settings.items() if k not in SPEECH_KEYS}
@@ -83,32 +84,21 @@ def split_generation(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 
 def check_speech(options: SpeechOptions, tokenizer: Tokenizer | None) -> None:
-    """The options fit the tokenizer: known language and task, timestamp tokens if asked."""
+    """The options fit the tokenizer: known language and job, timestamp tokens if asked."""
     if not options.active:
         return
-    if tokenizer is None or not hasattr(tokenizer, "speech_prompt"):
+    if tokenizer is None or not is_whisper(tokenizer):
         raise UserError("generation.language / task / timestamps need a Whisper tokenizer "
                         "(tokenizer=pretrained with a Whisper folder).")
+    prompt = WhisperPrompt(tokenizer)
     if options.language == "auto":
         if not tokenizer.languages:
             raise UserError(f"generation.language=auto: the tokenizer ({tokenizer.source}) has "
                             f"no language tokens to detect.")
         language = next(iter(tokenizer.languages)) if tokenizer.multilingual else None
     else:
-        language = _language(options, tokenizer)
-    tokenizer.speech_prompt(language, options.task or "transcribe",
-                            timestamps=options.timestamps)
-
-
-def _language(options: SpeechOptions, tokenizer) -> str | None:
-    """The configured language, else the one in the tokenizer's prompt, else English."""
-    if options.language is not None:
-        return options.language
-    codes = {i: code for code, i in tokenizer.languages.items()}
-    found = [codes[i] for i in tokenizer.prompt_ids if i in codes]
-    if found:
-        return found[0]
-    return "en" if tokenizer.multilingual else None
+        language = options.language or prompt.default_language()
+    prompt.build(language, options.task or "transcribe", timestamps=options.timestamps)
 
 
 @torch.no_grad()
@@ -137,6 +127,7 @@ def _decode_speech(model: EncoderDecoder, tokenizer, inputs: Tensor, lengths: Te
     first = inputs[:, :window]
     first_lengths = lengths.clamp(max=first.shape[1])
     task = options.task or "transcribe"
+    prompt = WhisperPrompt(tokenizer)
     long = [int(length) > window for length in lengths]
     memory = mask = None
     if options.language == "auto" and tokenizer.multilingual:
@@ -159,14 +150,14 @@ def _decode_speech(model: EncoderDecoder, tokenizer, inputs: Tensor, lengths: Te
     elif options.language == "auto":
         languages = [None] * b                  # English-only: nothing to detect
     else:
-        languages = [_language(options, tokenizer)] * b
+        languages = [options.language or prompt.default_language()] * b
     sequential = [options.timestamps or (is_long and options.long_form == "sequential")
                   for is_long in long]
     results: list[dict[str, Any]] = [{} for _ in range(b)]
     # Short items without timestamps: one batched call with a prompt per item.
     plain = [i for i in range(b) if not sequential[i] and not long[i]]
     if plain:
-        prompts = torch.tensor([tokenizer.speech_prompt(languages[i], task) for i in plain])
+        prompts = torch.tensor([prompt.build(languages[i], task) for i in plain])
         if memory is None or len(plain) != b:
             index = torch.tensor(plain, device=inputs.device)
             memory, mask = model.encode(first[index], first_lengths[plain].to(inputs.device))
@@ -186,9 +177,8 @@ def _decode_speech(model: EncoderDecoder, tokenizer, inputs: Tensor, lengths: Te
                 features = encoder.whisper_features(wave)                   # (f, n // hop)
             else:
                 features = encoder.frontend(wave[None], lengths[i:i + 1].to(wave.device))[0][0]
-            prompt = tokenizer.speech_prompt(languages[i], task, timestamps=True)
-            segments = transcribe_long(model, features, prompt=prompt, config=config,
-                                       rules=rules)
+            segments = transcribe_long(model, features, config=config, rules=rules,
+                                       prompt=prompt.build(languages[i], task, timestamps=True))
             for segment in segments:
                 segment.text = tokenizer.decode(segment.tokens)
             results[i]["caption"] = tokenizer.decode([t for s in segments for t in s.tokens])
@@ -214,9 +204,8 @@ def _chunked(model: EncoderDecoder, tokenizer, wave: Tensor, window: int,
         chunks[k, : z - a] = wave[a:z]
     sizes = torch.tensor([z - a for a, z in bounds], device=wave.device)
     memory, mask = model.encode(chunks, sizes)
-    prompt = tokenizer.speech_prompt(language, task)
-    out = generate(model.decoder, memory, mask, config, prompt_ids=prompt, eos_id=model.eos_id,
-                   pad_id=model.pad_id)
+    out = generate(model.decoder, memory, mask, config, eos_id=model.eos_id, pad_id=model.pad_id,
+                   prompt_ids=WhisperPrompt(tokenizer).build(language, task))
     tokens = out.tokens if out.tokens.dim() == 2 else out.tokens[:, 0]
     special = tokenizer.special_ids
     texts = [[t for t in row if t not in special] for row in tokens.tolist()]
@@ -231,5 +220,85 @@ def overlap_reach(texts: list[list[int]], overlap: float, chunk: float) -> int:
     return max(4, int(longest * 2 * overlap / chunk) + 2)
 
 
-__all__ = ["LONG_FORMS", "overlap_reach", "SPEECH_KEYS", "SpeechOptions", "check_speech",
-           "decode_speech", "split_generation"]
+class SpeechTask(CaptioningTask):
+    """A captioner with a Whisper vocabulary that transcribes and translates speech.
+
+    Besides :class:`CaptioningTask`'s arguments:
+
+    Args:
+        generation: also the speech options (module docstring): ``language`` (a code or
+            ``auto``), ``task`` (``transcribe`` | ``translate``), ``timestamps``, ``long_form``,
+            ``chunk_overlap``.
+        wer_normalizer: the text normaliser both sides go through before WER / CER:
+            ``whisper_english`` | ``whisper_basic`` | ``none`` (:mod:`mmtf.text.normalize`).
+        **kwargs: see :class:`CaptioningTask`.
+    """
+
+    def __init__(self, *, generation: dict | None = None,
+                 wer_normalizer: str = "whisper_english", **kwargs: Any) -> None:
+        decoding, speech = split_generation(dict(generation or {"strategy": "greedy"}))
+        self.speech = SpeechOptions(**speech)
+        super().__init__(generation=decoding, **kwargs)
+        self.set_wer_normalizer(wer_normalizer)
+
+    def set_wer_normalizer(self, name: str) -> None:
+        """Normalise WER / CER text with ``name`` from now on (``evaluate wer_normalizer=``)."""
+        get_normalizer(name)
+        for metrics in self._all_metrics():
+            metrics.normalizer = name
+
+    def update_generation(self, overrides: dict[str, Any]) -> None:
+        decoding, speech = split_generation(overrides)
+        self.speech = dataclasses.replace(self.speech, **speech)
+        super().update_generation(decoding)
+
+    def generation_state(self) -> Any:
+        return super().generation_state(), self.speech
+
+    def restore_generation(self, state: Any) -> None:
+        super().restore_generation(state[0])
+        self.speech = state[1]
+
+    def check_generation(self) -> None:
+        super().check_generation()
+        if self.tokenizer is not None:
+            check_speech(self.speech, self.tokenizer)
+
+    def too_long(self, lengths: Tensor | None) -> bool:
+        """Whether an audio batch holds clips longer than the encoder takes (handed over whole
+        for long-form speech decoding)."""
+        limit = getattr(self.encoder, "max_samples", None) if self.modality == "audio" else None
+        return limit is not None and lengths is not None and int(lengths.max()) > limit
+
+    def decode_speech(self, inputs: Tensor, lengths: Tensor | None) -> list[dict[str, Any]]:
+        """Speech decoding of a batch of waveforms under the speech options
+        (:func:`decode_speech`): caption, language, segments."""
+        config = GenerationConfig.build(**self.generation)
+        return decode_speech(self.model, self.require_tokenizer(), inputs, lengths, self.speech,
+                             config)
+
+    def predict_batch(self, inputs: Tensor, lengths: Tensor | None) -> list[dict[str, Any]]:
+        """With speech options (or audio longer than the encoder takes, from
+        ``long_audio=sequential|chunked``) also ``language`` and ``segments``."""
+        if self.speech.active or self.too_long(lengths):
+            return self.decode_speech(inputs, lengths)
+        return super().predict_batch(inputs, lengths)
+
+    @torch.no_grad()
+    def generate_captions(self, inputs: Tensor, lengths: Tensor | None, *,
+                          prompt_ids: Tensor | None = None) -> list[str]:
+        """Speech decoding settings (``generation.language`` / ``task`` / ``timestamps``, or
+        clips longer than the encoder's window) decode by those instead of ``prompt_ids``."""
+        if self.speech.active or self.too_long(lengths):
+            return [row["caption"] for row in self.decode_speech(inputs, lengths)]
+        return super().generate_captions(inputs, lengths, prompt_ids=prompt_ids)
+
+
+def task_class(tokenizer: Tokenizer | None) -> type[CaptioningTask]:
+    """The task a checkpoint of ``mmtf.tasks.CaptioningTask`` written before SpeechTask existed
+    is rebuilt as: SpeechTask with a Whisper vocabulary (it may decode speech), else itself."""
+    return SpeechTask if tokenizer is not None and is_whisper(tokenizer) else CaptioningTask
+
+
+__all__ = ["LONG_FORMS", "SpeechOptions", "SpeechTask", "check_speech", "decode_speech",
+           "overlap_reach", "split_generation", "task_class"]

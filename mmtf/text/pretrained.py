@@ -19,8 +19,8 @@ multilingual and English-only vocabularies both work: :attr:`PretrainedTokenizer
 (code -> id of every ``<|xx|>`` token), :attr:`~PretrainedTokenizer.task_ids`
 (``<|transcribe|>``, ``<|translate|>``), :attr:`~PretrainedTokenizer.no_timestamps_id`,
 :attr:`~PretrainedTokenizer.timestamp_begin` (``<|0.00|>``; timestamp ``k`` is
-``timestamp_begin + k``, ``k * 0.02`` s) and :meth:`~PretrainedTokenizer.speech_prompt`, the
-prompt of a (language, task, timestamps). ``multilingual`` comes from the folder's
+``timestamp_begin + k``, ``k * 0.02`` s); :class:`mmtf.text.prompt.WhisperPrompt` builds the
+prompt of a (language, job, timestamps) from them. ``multilingual`` comes from the folder's
 ``generation_config.json`` (``is_multilingual``; English-only models prompt with
 ``<|startoftranscript|>`` alone, as Whisper's ``.en`` models were trained).
 
@@ -45,17 +45,14 @@ from tokenizers import Tokenizer as HFTokenizer
 from mmtf.errors import UserError, require_file
 from mmtf.hub import resolve_source
 from mmtf.text.base import BackedTokenizer
+from mmtf.text.prompt import FIRST_TIMESTAMP, JOBS, NO_TIMESTAMPS, START_OF_TRANSCRIPT
 
 TOKENIZER_FILE = "tokenizer.json"
 # Read in this order; a later file fills only what the earlier ones left unset.
 _TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 _ID_FILES = ("generation_config.json", "config.json")
-# Whisper's speech tokens (whisper/tokenizer.py): a language is <|code|> with a 2-3 letter code
-# (haw, yue), which no other special token matches.
-START_OF_TRANSCRIPT = "<|startoftranscript|>"
-NO_TIMESTAMPS = "<|notimestamps|>"
-FIRST_TIMESTAMP = "<|0.00|>"
-TASKS = ("transcribe", "translate")
+# A Whisper language token is <|code|> with a 2-3 letter code (haw, yue), which no other special
+# token matches.
 _LANGUAGE = re.compile(r"<\|([a-z]{2,3})\|>")
 _TIMESTAMP = re.compile(r"<\|\d+\.\d\d\|>")
 
@@ -167,7 +164,7 @@ class PretrainedTokenizer(BackedTokenizer):
     @cached_property
     def languages(self) -> dict[str, int]:
         """Language code -> token id, in vocabulary order (Whisper's order: most data first).
-        English-only models keep the tokens but read none (:meth:`speech_prompt`)."""
+        English-only models keep the tokens but read none (:class:`~mmtf.text.prompt.WhisperPrompt`)."""
         found = {}
         for i, token in sorted(self._tok.get_added_tokens_decoder().items()):
             match = _LANGUAGE.fullmatch(token.content)
@@ -178,7 +175,7 @@ class PretrainedTokenizer(BackedTokenizer):
     @cached_property
     def task_ids(self) -> dict[str, int]:
         """``transcribe`` / ``translate`` -> token id (those in the vocabulary)."""
-        ids = {task: self._tok.token_to_id(f"<|{task}|>") for task in TASKS}
+        ids = {task: self._tok.token_to_id(f"<|{task}|>") for task in JOBS}
         return {task: i for task, i in ids.items() if i is not None}
 
     @property
@@ -194,60 +191,6 @@ class PretrainedTokenizer(BackedTokenizer):
         """Id of ``<|0.00|>``; every id from it on is a timestamp (0.02 s apart), or None when
         the vocabulary has no timestamp tokens."""
         return self._tok.token_to_id(FIRST_TIMESTAMP)
-
-    def speech_prompt(self, language: str | None = "en", task: str = "transcribe",
-                      timestamps: bool = False) -> list[int]:
-        """Whisper's decoder prompt: ``<|startoftranscript|> <|lang|> <|task|>``, then
-        ``<|notimestamps|>`` unless ``timestamps``; English-only models: no language and task.
-
-        Args:
-            language: a code of :attr:`languages` (``"en"``, ``"fr"``); None only on an
-                English-only model.
-            task: ``"transcribe"`` or ``"translate"``.
-            timestamps: leave ``<|notimestamps|>`` out, so timestamp tokens are generated.
-
-        Raises:
-            UserError: an unknown language or task, a model without Whisper's prompt tokens,
-                or timestamps on a vocabulary without timestamp tokens.
-        """
-        sot = self.start_of_transcript_id
-        if sot is None:
-            raise UserError(f"tokenizer ({self.source}): no {START_OF_TRANSCRIPT} token; "
-                            f"generation.language and generation.task need a Whisper "
-                            f"vocabulary.")
-        prompt = [sot]
-        if self.multilingual:
-            prompt += [self.language_id(language), self.task_id(task)]
-        elif task != "transcribe" or language not in (None, "en"):
-            raise UserError(f"tokenizer ({self.source}): an English-only model transcribes "
-                            f"English only; got language={language!r}, task={task!r} "
-                            f"(use language=en, task=transcribe, or a multilingual model).")
-        if timestamps:
-            if self.timestamp_begin is None:
-                raise UserError(f"generation.timestamps=true: the tokenizer ({self.source}) has "
-                                f"no timestamp tokens ({FIRST_TIMESTAMP} ..); set "
-                                f"generation.timestamps=false.")
-        else:
-            if self.no_timestamps_id is None:
-                raise UserError(f"tokenizer ({self.source}): no {NO_TIMESTAMPS} token; not a "
-                                f"Whisper vocabulary.")
-            prompt.append(self.no_timestamps_id)
-        return prompt
-
-    def language_id(self, language: str | None) -> int:
-        """The token id of a language code; a one-line error listing the model's codes."""
-        found = self.languages.get(str(language).lower()) if language is not None else None
-        if found is None:
-            codes = " ".join(self.languages) or "none"
-            raise UserError(f"generation.language={language!r} is not a language of this model "
-                            f"({self.source}); its codes: {codes} (or auto to detect it).")
-        return found
-
-    def task_id(self, task: str) -> int:
-        if task not in self.task_ids:
-            raise UserError(f"generation.task={task!r} is not a task of this model "
-                            f"({self.source}); its tasks: {' '.join(self.task_ids) or 'none'}.")
-        return self.task_ids[task]
 
     @property
     def special_ids(self) -> frozenset[int]:

@@ -16,6 +16,7 @@ from mmtf.evaluate import build_datamodule
 from mmtf.report.summary import error_tables
 from mmtf.tasks import build_task
 from mmtf.text.normalize import get_normalizer
+from mmtf.text.prompt import WhisperPrompt
 from mmtf.train import train
 from tests.unit.data.speech_sets import write_common_voice, write_librispeech
 
@@ -98,7 +99,7 @@ def test_common_voice_mp3_trains_with_each_clips_language(tiny_whisper, tmp_path
     datamodule.setup("test")
     datamodule.connect(task.tokenizer)
     batch = next(iter(datamodule.test_dataloader()))
-    french = task.tokenizer.speech_prompt("fr", "transcribe")
+    french = WhisperPrompt(task.tokenizer).build("fr", "transcribe")
     assert batch["tokens"][:, :4].tolist() == [french] * len(batch["ids"])
     seen = []
     generate = task.model.generate

@@ -14,9 +14,9 @@ import torch
 
 import mmtf
 from mmtf.data.audio import load_audio
-from mmtf.data.subtitles import to_srt
 from mmtf.decoders.speech import merge_overlapping
 from mmtf.predict import predict
+from mmtf.predict.subtitles import to_srt
 from mmtf.tasks.speech import overlap_reach
 from tests.unit.pretrained.tiny_hf import write_whisper
 
@@ -165,6 +165,8 @@ def test_evaluation_scores_whole_long_clips_with_long_form_decoding(whisper, cli
     from mmtf.tasks.rebuild import build_pretrained_task
 
     folder, _ = whisper
+    from mmtf.predict.model import Model
+
     task = build_pretrained_task(str(folder)).eval()
     task.update_generation({"max_new_tokens": MAX_NEW, "long_form": "sequential"})
     wave = load_audio(clips["long"], sample_rate=RATE)
@@ -174,5 +176,5 @@ def test_evaluation_scores_whole_long_clips_with_long_form_decoding(whisper, cli
     with torch.no_grad():
         task.test_step(batch, 0)
     scored = [row.prediction for row in task.caption_metrics["test"]._items]
-    expected = [r["text"] for r in task.transcribe([wave, wave[: 40 * RATE]])]
+    expected = [r["text"] for r in Model(task).transcribe([wave, wave[: 40 * RATE]])]
     assert scored == expected

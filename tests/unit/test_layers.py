@@ -245,3 +245,166 @@ def test_the_table_refuses_a_module_in_two_layers(tmp_path):
     doc.write_text("```layers\n0 mmtf.a\n1 mmtf.b mmtf.a\n```\n")
     with pytest.raises(AssertionError, match=r"mmtf.a is listed in layers 0 and 1"):
         read_layers(doc)
+
+
+# --------------------------------------------------------------- file cycles, type-only imports
+def file_cycles(package_root: Path, table: dict[str, int]) -> list[list[str]]:
+    """Groups of modules (files, not ``__init__``) of one row of the table that import each
+    other, directly or not. Imports inside functions count, as for the layers: two files that
+    need each other hold one idea (or one of them is half-initialised when the other runs)."""
+    modules = {module_name(p, package_root) for p in package_root.rglob("*.py")
+               if p.name != "__init__.py"}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for edge in imports_of(package_root):
+        src = edge.importer
+        if (src in modules and edge.target in modules and edge.target != src
+                and layer_of(src, table) == layer_of(edge.target, table)):
+            graph[src].add(edge.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
+def _annotation_nodes(tree: ast.AST) -> set[int]:
+    """ids of every node inside an annotation (arguments, returns, annotated assignments)."""
+    roots: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            roots.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
+            roots.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            roots.append(node.annotation)
+    return {id(n) for root in roots for n in ast.walk(root)}
+
+
+def type_only_uses(package_root: Path, table: dict[str, int]) -> list[str]:
+    """One line per name imported only under ``if TYPE_CHECKING:`` that the module uses at run
+    time: the name itself outside annotations with no import that runs (a NameError), or,
+    for a name from a higher layer, a parameter annotated with it that is called or whose
+    attributes are read (the module runs that layer's code, which the layer check cannot
+    see: a type-only import hides the upward dependency)."""
+    problems = []
+    for path in sorted(package_root.rglob("*.py")):
+        importer = module_name(path, package_root)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        skip = _type_checking_nodes(tree)
+        names: dict[str, str] = {}
+        upward: set[str] = set()
+        bound_at_run_time: set[str] = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom | ast.Import):
+                continue
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                if id(node) not in skip:
+                    bound_at_run_time.add(bound)
+                    continue
+                module = getattr(node, "module", None) or alias.name
+                names[bound] = f"{module}.{alias.name}" if module != alias.name else module
+                src, dst = layer_of(importer, table), layer_of(module, table)
+                if src and dst and dst[1] > src[1]:
+                    upward.add(bound)
+        if not names:
+            continue
+        annotations = _annotation_nodes(tree)
+        where = path.relative_to(package_root.parent)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Name) and node.id in names and id(node) not in skip
+                    and node.id not in bound_at_run_time
+                    and id(node) not in annotations and isinstance(node.ctx, ast.Load)):
+                problems.append(f"{where}:{node.lineno}: {node.id} ({names[node.id]}) is "
+                                f"imported under TYPE_CHECKING but used at run time")
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            typed = {a.arg: name for a in [*node.args.args, *node.args.kwonlyargs]
+                     if a.annotation is not None
+                     for name in upward
+                     if any(isinstance(n, ast.Name) and n.id == name
+                            for n in ast.walk(a.annotation))}
+            for use in ast.walk(node):
+                target = use.value if isinstance(use, ast.Attribute) else \
+                    use.func if isinstance(use, ast.Call) else None
+                if isinstance(target, ast.Name) and target.id in typed:
+                    name = typed[target.id]
+                    problems.append(f"{where}:{use.lineno}: {node.name}() runs {target.id} "
+                                    f"({name}: {names[name]}, imported under TYPE_CHECKING); "
+                                    f"import it for real (a layer below) or move the code up")
+                    break
+    return problems
+
+
+def test_no_import_cycle_between_files_of_a_package():
+    cycles = file_cycles(ROOT / "mmtf", read_layers())
+    assert cycles == [], f"file import cycles: {cycles}"
+
+
+def test_no_type_only_import_is_used_at_run_time():
+    problems = type_only_uses(ROOT / "mmtf", read_layers())
+    assert not problems, "\n".join(problems)
+
+
+def test_planted_file_cycles_are_reported_also_through_functions(tmp_path):
+    root = _plant(tmp_path, {"__init__.py": "", "low/__init__.py": "from pkg.low import a\n",
+                             "low/a.py": "from pkg.low.b import y\nx = 1\n",
+                             "low/b.py": "import pkg.low.a\ny = 2\n",
+                             "low/c.py": "from pkg.low.a import x\nfrom pkg.low import d\n",
+                             "low/d.py": "def f():\n    from pkg.low.c import x\n",
+                             "low/e.py": "from pkg.low import a\n",
+                             "high/__init__.py": "", "high/top.py": "from pkg.low.e import a\n"})
+    assert file_cycles(root, TABLE) == [["pkg.low.a", "pkg.low.b"], ["pkg.low.c", "pkg.low.d"]]
+
+
+def test_a_planted_type_only_import_used_at_run_time_is_reported(tmp_path):
+    body = """\
+        from __future__ import annotations
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from pkg.high.top import Task, Other
+
+
+        def annotated_only(task: Task | None) -> Other:
+            return None
+
+
+        def calls(task: Task, n: int) -> list:
+            return task.predict_batch(n)
+
+
+        def builds() -> Other:
+            return Other()
+        """
+    root = _plant(tmp_path, {"__init__.py": "", "low/__init__.py": "", "low/leaf.py": body,
+                             "low/down.py": body.replace("pkg.high.top", "pkg.low.leaf")
+                                                .replace("return Other()", "return None"),
+                             "high/__init__.py": "", "high/top.py": ""})
+    assert type_only_uses(root, TABLE) == [
+        "pkg/low/leaf.py:12: calls() runs task (Task: pkg.high.top.Task, imported under "
+        "TYPE_CHECKING); import it for real (a layer below) or move the code up",
+        "pkg/low/leaf.py:16: Other (pkg.high.top.Other) is imported under TYPE_CHECKING but "
+        "used at run time"]

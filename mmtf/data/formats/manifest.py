@@ -11,7 +11,7 @@ The media key is ``audio`` or ``image`` (``path`` is accepted too, for DESIGN.md
 optional (default: the path without extension). Blank lines are ignored. Speech items may name
 their ``language`` (a code such as ``en`` or ``de``) and ``task`` (``transcribe`` or
 ``translate``), so one manifest can mix languages and tasks; a line without them takes
-``data.language`` / ``data.task``::
+``data.language`` / ``data.speech_job``::
 
     {"audio": "clips/c.flac", "text": "guten Morgen", "language": "de"}
     {"audio": "clips/d.flac", "text": "good morning", "language": "de", "task": "translate"}

@@ -119,9 +119,9 @@ def shard_dataset(cfg: DictConfig) -> dict[str, list[Path]]:
         The shard paths per split.
     """
     dm: Any = instantiate(cfg.data)
-    if dm.task != "caption":
+    if dm.targets != "caption":
         raise ConfigError(f"python -m mmtf.data.shard writes caption sets; format {dm.format} is "
-                          f"a {dm.task} set.")
+                          f"a {dm.targets} set.")
     out = Path(str(cfg.out)).expanduser().resolve()
     written: dict[str, list[Path]] = {}
     print(f"mmtf shard: {dm.format} ({dm.modality}) at {dm.root} -> {out}")

@@ -81,9 +81,9 @@ def test_mixup_pairs_are_a_pure_function_of_seed_epoch_and_items():
 def test_collate_seeds_mixup_from_the_examples_keys():
     examples = [{"audio": torch.randn(50 + 10 * i), "tokens": np.array([1, 5, 2]),
                  "references": ["x"], "id": str(i), "_key": (i + 10, 4)} for i in range(4)]
-    collate = Collate(modality="audio", task="caption", mixup=Mixup(p=1.0, alpha=1.0, seed=1))
+    collate = Collate(modality="audio", targets="caption", mixup=Mixup(p=1.0, alpha=1.0, seed=1))
     batch = collate(examples)
-    plain = Collate(modality="audio", task="caption")(examples)
+    plain = Collate(modality="audio", targets="caption")(examples)
     reference = Mixup(p=1.0, alpha=1.0, seed=1)(plain["audio"], plain["audio_lengths"],
                                                 epoch=4, items=[10, 11, 12, 13])
     assert all(torch.equal(batch[k], reference[k]) for k in reference)
@@ -101,7 +101,7 @@ def test_speed_matches_torchaudio_and_the_encoder_mask_follows_the_new_length():
         assert fast.shape[0] == pytest.approx(wave.shape[0] / factor, abs=1)
     aug = WaveAugment(sample_rate=sr, speed_p=1.0, speed_factors=(0.9,))
     slow = aug(wave, np.random.default_rng(0))
-    batch = Collate(modality="audio", task="label")(
+    batch = Collate(modality="audio", targets="label")(
         [{"audio": slow, "label": 0, "id": "a"}, {"audio": torch.randn(16000), "label": 0,
                                                   "id": "b"}])
     assert int(batch["audio_lengths"][0]) == slow.shape[0] == math.ceil(wave.shape[0] / 0.9)
@@ -139,7 +139,7 @@ def test_noise_hits_the_drawn_snr_and_gain_the_drawn_db(tmp_path):
     write_audio(folder / "a.wav", (0.1 * np.random.default_rng(0).standard_normal(4000))
                 .astype(np.float32), sr=8000)
     from_files, _ = build_augment({"noise": {"p": 1.0, "folder": str(folder)}},
-                                  sample_rate=16000, max_seconds=None, seed=0, task="caption")
+                                  sample_rate=16000, max_seconds=None, seed=0, targets="caption")
     assert from_files.noise_files == (folder / "a.wav",)
     drawn = from_files.noise(24000, np.random.default_rng(0))   # 1 s of 0.5 s file: repeated
     assert drawn.shape == (24000,) and torch.equal(drawn[:8000], drawn[8000:16000])
@@ -208,7 +208,7 @@ def test_bad_augment_values_are_one_line_config_errors(spec, match, tmp_path):
     elif noise.get("folder") == "MISSING":
         noise["folder"] = str(tmp_path / "missing")
     with pytest.raises(ConfigError, match=match) as err:
-        build_augment(spec, sample_rate=16000, max_seconds=None, seed=0, task="caption")
+        build_augment(spec, sample_rate=16000, max_seconds=None, seed=0, targets="caption")
     assert "\n" not in str(err.value)
 
 
@@ -225,7 +225,7 @@ def test_mixup_on_label_data_and_augment_on_images_are_config_errors(tiny_audio_
                           augment={"gain": {"p": 0.5}})
     # All p = 0 (the configs' default): nothing is built, on any data.
     assert build_augment(EVERYTHING | {k: {"p": 0.0} for k in EVERYTHING}, sample_rate=16000,
-                         max_seconds=None, seed=0, task="label") == (None, None)
+                         max_seconds=None, seed=0, targets="label") == (None, None)
 
 
 def test_noise_draws_one_stream_whatever_else_is_switched_on():

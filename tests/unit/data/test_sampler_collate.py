@@ -18,7 +18,7 @@ def test_audio_caption_collate_pads_and_reports_lengths():
                  "id": "a", "_skipped": [("non_finite", "b.wav")]},
                 {"audio": torch.full((5,), 2.0), "tokens": [1, 2], "references": ("z",),
                  "id": "c", "_skipped": []}]
-    batch = Collate(modality="audio", task="caption")(examples)
+    batch = Collate(modality="audio", targets="caption")(examples)
     assert batch["audio"].tolist() == [[1, 1, 1, 0, 0], [2, 2, 2, 2, 2]]
     assert batch["audio"].dtype == torch.float32 and batch["audio_lengths"].tolist() == [3, 5]
     assert batch["tokens"].tolist() == [[1, 7, 2], [1, 2, 0]]
@@ -32,7 +32,7 @@ def test_collate_lays_out_several_captions_per_item_item_major():
                  "references": ("x", "y"), "id": "a"},
                 {"image": torch.ones(3, 2, 2), "tokens": [[1, 2], np.array([1, 5, 2])],
                  "references": ("z", "w"), "id": "c"}]
-    batch = Collate(modality="image", task="caption")(examples)
+    batch = Collate(modality="image", targets="caption")(examples)
     assert batch["image"].shape == (2, 3, 2, 2)
     assert batch["tokens"].tolist() == [[1, 7, 2, 0], [1, 8, 9, 2], [1, 2, 0, 0], [1, 5, 2, 0]]
     assert batch["token_lengths"].tolist() == [3, 4, 2, 3]
@@ -41,12 +41,12 @@ def test_collate_lays_out_several_captions_per_item_item_major():
 def test_image_label_collate():
     examples = [{"image": torch.zeros(3, 4, 4), "label": 2, "id": "a"},
                 {"image": torch.ones(3, 4, 4), "label": 0, "id": "b"}]
-    batch = Collate(modality="image", task="label")(examples)
+    batch = Collate(modality="image", targets="label")(examples)
     assert batch["image"].shape == (2, 3, 4, 4) and batch["label"].tolist() == [2, 0]
     assert batch["label"].dtype == torch.long
     examples[1]["image"] = torch.ones(3, 5, 4)
     with pytest.raises(ValueError, match=r"different sizes .* add a resize and crop"):
-        Collate(modality="image", task="label")(examples)
+        Collate(modality="image", targets="label")(examples)
 
 
 def test_padding_fraction_by_hand():

@@ -173,6 +173,6 @@ def test_language_with_a_tokenizer_without_language_tokens(tmp_path):
     assert dm.tokens("train")[0][0][0] == 1            # [bos]: a language from the data is
     dm = _manifest_module(tmp_path, [{"audio": "a.flac", "text": "a dog"}], language="fr")
     dm.connect(BPETokenizer.train(["a dog barks"] * 4, vocab_size=40))   # ignored; asked: error
-    with pytest.raises(ConfigError, match=r"data.language / data.task are set but the "
+    with pytest.raises(ConfigError, match=r"data.language / data.speech_job are set but the "
                                           r"tokenizer's prompt \['<bos>'\] is not Whisper's"):
         dm.tokens("train")

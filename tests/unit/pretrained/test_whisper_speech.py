@@ -29,6 +29,7 @@ from mmtf.decoders.speech import (
 )
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 from mmtf.text import PretrainedTokenizer
+from mmtf.text.prompt import WhisperPrompt
 from tests.unit.pretrained.tiny_hf import padded_batch, write_whisper
 
 transformers = pytest.importorskip("transformers")
@@ -46,7 +47,7 @@ def speech(tmp_path_factory):
     model = EncoderDecoder(encoder=whisper_encoder(pretrained=folder),
                            decoder=whisper_decoder(pretrained=folder), pad_id=tokenizer.pad_id,
                            eos_id=tokenizer.eos_id,
-                           prompt_ids=tokenizer.speech_prompt("en")).eval()
+                           prompt_ids=WhisperPrompt(tokenizer).build("en")).eval()
     return hf, model, tokenizer
 
 
@@ -103,7 +104,7 @@ def test_detected_language_equals_transformers_detect_language(speech):
 def test_timestamp_rules_equal_whisper_timestamp_logits_processor(speech):
     hf, _, tokenizer = speech
     tb, eos, vocab = tokenizer.timestamp_begin, tokenizer.eos_id, tokenizer.vocab_size
-    prompt = tokenizer.speech_prompt("en", timestamps=True)
+    prompt = WhisperPrompt(tokenizer).build("en", timestamps=True)
     theirs = transformers.WhisperTimeStampLogitsProcessor(hf.generation_config,
                                                           begin_index=len(prompt))
     rules = TimestampRules(timestamp_begin=tb, no_timestamps_id=tokenizer.no_timestamps_id,
@@ -130,7 +131,7 @@ def test_timestamp_rules_equal_whisper_timestamp_logits_processor(speech):
 def test_short_clips_with_timestamps_equal_transformers_generate(speech):
     hf, model, tokenizer = speech
     waves = [scene(2.3, 0), scene(12.0, 3)]
-    prompt = tokenizer.speech_prompt("en", timestamps=True)
+    prompt = WhisperPrompt(tokenizer).build("en", timestamps=True)
     out = hf.generate(hf_features(waves).input_features, return_timestamps=True,
                       return_segments=True, language="en", task="transcribe",
                       max_new_tokens=MAX_NEW, suppress_tokens=sorted(set(prompt)),
@@ -158,8 +159,8 @@ def test_english_only_model_prompts_with_start_of_transcript_alone_as_transforme
     model = EncoderDecoder(encoder=whisper_encoder(pretrained=tmp_path),
                            decoder=whisper_decoder(pretrained=tmp_path),
                            pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id,
-                           prompt_ids=tokenizer.speech_prompt(None)).eval()
-    prompt = tokenizer.speech_prompt(None, timestamps=True)
+                           prompt_ids=WhisperPrompt(tokenizer).build(None)).eval()
+    prompt = WhisperPrompt(tokenizer).build(None, timestamps=True)
     assert prompt == [tokenizer.start_of_transcript_id]
     waves = [scene(5.0, 4)]
     out = hf.generate(hf_features(waves).input_features, return_timestamps=True,
@@ -180,7 +181,7 @@ def test_english_only_model_prompts_with_start_of_transcript_alone_as_transforme
 def test_long_form_equals_transformers_sequential_long_form_generate(speech):
     hf, model, tokenizer = speech
     wave = scene(150.0, 5)
-    prompt = tokenizer.speech_prompt("en", timestamps=True)
+    prompt = WhisperPrompt(tokenizer).build("en", timestamps=True)
     features = hf_features(wave, truncation=False, padding="longest",
                            return_attention_mask=True)
     out = hf.generate(features.input_features, attention_mask=features.attention_mask,

@@ -16,6 +16,7 @@ from mmtf.decoders import TextDecoder
 from mmtf.errors import UserError
 from mmtf.reliability import ResumeState
 from mmtf.tasks import CaptioningTask
+from mmtf.tasks.base import Finetuning
 from mmtf.tasks.fsdp import FSDP2Strategy
 from mmtf.tasks.optim import PartOptim, build_optimizer, warmup_cosine
 
@@ -71,7 +72,7 @@ def test_captioner_parts_get_their_own_scales_and_decay():
     """Encoder (2 blocks) at 0.1, decoder (2 blocks, tied embedding) at 1, decay 0.5."""
     decoder = TextDecoder(vocab_size=64, dim=32, depth=2, num_heads=4, context_dim=32, max_len=64)
     task = CaptioningTask(encoder=audio_encoder(depth=2), decoder=decoder, optimizer=ADAMW,
-                          encoder_lr_scale=0.1, layer_decay=0.5)
+                          finetuning={"encoder_lr_scale": 0.1, "layer_decay": 0.5})
     opt = build_optimizer(ADAMW, [task.model], 0.05, parts=task.optim_parts(),
                           layer_decay=task.layer_decay)
     by_layer = {"stem.": 0.125, "embed.": 0.125, "stack.blocks.0.": 0.25,
@@ -123,7 +124,7 @@ def _audio_batch(b: int = 3, n: int = 6, seed: int = 0) -> dict:
 
 
 def test_frozen_decoder_gets_no_update_and_no_optimizer_state_until_it_unfreezes():
-    task = captioner(freeze_decoder=True, unfreeze_decoder_at_epoch=3).train()
+    task = captioner(finetuning={"freeze_decoder": True, "unfreeze_decoder_at_epoch": 3}).train()
     assert not task.model.decoder.training and task.model.encoder.training
     opt = build_optimizer(ADAMW, [task.model], 0.05, parts=task.optim_parts())
     decoder = list(task.model.decoder.parameters())
@@ -169,7 +170,7 @@ class Record(Callback):
 
 
 def test_captioner_decoder_unfreezes_at_the_given_epoch():
-    task = captioner(freeze_decoder=True, unfreeze_decoder_at_epoch=1)
+    task = captioner(finetuning={"freeze_decoder": True, "unfreeze_decoder_at_epoch": 1})
     before = {k: v.clone() for k, v in task.model.decoder.state_dict().items()}
     rec = Record("decoder")
     batches = [_audio_batch(seed=s) for s in range(2)]
@@ -248,27 +249,30 @@ def test_resume_before_or_past_the_unfreeze_epoch_is_bit_exact(tmp_path, stop_af
 
 # ---------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("kwargs, message", [
-    ({"encoder_lr_scale": 0.0}, r"model.encoder_lr_scale \(0.0\) must be > 0; freeze the "
-                                r"encoder \(model.encoder.freeze=true\)"),
-    ({"decoder_lr_scale": -1.0}, r"model.decoder_lr_scale \(-1.0\) must be > 0; .*"
-                                 r"model.freeze_decoder=true"),
-    ({"layer_decay": 1.5}, r"model.layer_decay \(1.5\) must be in \(0, 1\]"),
-    ({"unfreeze_decoder_at_epoch": 2}, r"model.unfreeze_decoder_at_epoch \(2\) is set but the "
-                                       r"decoder is not frozen; set model.freeze_decoder=true"),
+    ({"encoder_lr_scale": 0.0}, r"model.finetuning.encoder_lr_scale \(0.0\) must be > 0; "
+                                r"freeze the encoder \(model.encoder.freeze=true\)"),
+    ({"decoder_lr_scale": -1.0}, r"model.finetuning.decoder_lr_scale \(-1.0\) must be > 0; .*"
+                                 r"model.finetuning.freeze_decoder=true"),
+    ({"layer_decay": 1.5}, r"model.finetuning.layer_decay \(1.5\) must be in \(0, 1\]"),
+    ({"unfreeze_decoder_at_epoch": 2}, r"model.finetuning.unfreeze_decoder_at_epoch \(2\) is set "
+                                       r"but the decoder is not frozen; set "
+                                       r"model.finetuning.freeze_decoder=true"),
     ({"freeze_decoder": True, "unfreeze_decoder_at_epoch": -1},
-     r"model.unfreeze_decoder_at_epoch \(-1\) must be an epoch >= 0"),
+     r"model.finetuning.unfreeze_decoder_at_epoch \(-1\) must be an epoch >= 0"),
+    ({"freeze_encoder": True}, r"model.finetuning.freeze_encoder is not a fine-tuning control"),
 ])
 def test_bad_controls_name_the_key_and_the_fix(kwargs, message):
     with pytest.raises(UserError, match=message):
-        captioner(**kwargs)
+        captioner(finetuning=kwargs)
 
 
 def test_freezing_every_part_is_refused():
     decoder = TextDecoder(vocab_size=64, dim=32, depth=1, num_heads=4, context_dim=32)
     with pytest.raises(UserError, match=r"every part is frozen \(model.encoder.freeze, "
-                                        r"model.freeze_decoder\): nothing trains in epoch 0"):
+                                        r"model.finetuning.freeze_decoder\): nothing trains in "
+                                        r"epoch 0"):
         CaptioningTask(encoder=audio_encoder(freeze=True), decoder=decoder, optimizer=ADAMW,
-                       freeze_decoder=True, unfreeze_decoder_at_epoch=1)
+                       finetuning=Finetuning(freeze_decoder=True, unfreeze_decoder_at_epoch=1))
 
 
 def test_unfreezing_under_fsdp_is_refused_with_the_trainers_that_work():

@@ -75,7 +75,7 @@ def test_peft_bias_options(bias, expected):
 
 
 def test_a_frozen_part_unfreezes_to_its_adapters_only():
-    task = captioner(lora=LORA, freeze_decoder=True, unfreeze_decoder_at_epoch=1)
+    task = captioner(lora=LORA, finetuning={"freeze_decoder": True, "unfreeze_decoder_at_epoch": 1})
     decoder = task.model.decoder
     assert not any(p.requires_grad for p in decoder.parameters())
     opt = build_optimizer(ADAMW, [task.model], 0.05, parts=task.optim_parts())

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from mmtf.errors import UserError
 from mmtf.tasks import stored_tokenizer
 from mmtf.text import PretrainedTokenizer, Tokenizer, build_tokenizer
+from mmtf.text.prompt import WhisperPrompt
 from tests.unit.pretrained.tiny_hf import ENDOFTEXT, WHISPER_PROMPT, write_tokenizer
 from tests.unit.tasks.conftest import captioner
 
@@ -104,24 +105,24 @@ def test_whisper_speech_tokens_come_from_the_vocabulary(tmp_path):
     assert hf.token_to_id(TIMESTAMPS[-1]) == tok.timestamp_begin + 1500   # <|30.00|>
     sot = hf.token_to_id("<|startoftranscript|>")
     fr, translate = tok.languages["fr"], tok.task_ids["translate"]
-    assert tok.speech_prompt("fr", "translate") == [sot, fr, translate, tok.no_timestamps_id]
-    assert tok.speech_prompt("fr", "translate", timestamps=True) == [sot, fr, translate]
+    assert WhisperPrompt(tok).build("fr", "translate") == [sot, fr, translate, tok.no_timestamps_id]
+    assert WhisperPrompt(tok).build("fr", "translate", timestamps=True) == [sot, fr, translate]
     # Timestamps are never text, though the hub's tokenizer.json adds them as non-special.
     words = hf.encode("rain falls", add_special_tokens=False).ids
     assert tok.decode([tok.timestamp_begin, *words, tok.timestamp_begin + 50]) == "rain falls"
     with pytest.raises(UserError, match=r"generation.language='xx' is not a language of this "
                                         r"model .*; its codes: en zh de es ru ko fr ja \(or auto"):
-        tok.speech_prompt("xx")
+        WhisperPrompt(tok).build("xx")
     with pytest.raises(UserError, match=r"generation.task='summarize' is not a task"):
-        tok.speech_prompt("en", "summarize")
+        WhisperPrompt(tok).build("en", "summarize")
     # English-only models (generation_config.json is_multilingual: false): <|sot|> alone.
     (tmp_path / "generation_config.json").write_text(json.dumps({"is_multilingual": False}))
     english = PretrainedTokenizer.from_folder(tmp_path)
-    assert english.speech_prompt("en") == [sot, english.no_timestamps_id]
-    assert english.speech_prompt(None, timestamps=True) == [sot]
+    assert WhisperPrompt(english).build("en") == [sot, english.no_timestamps_id]
+    assert WhisperPrompt(english).build(None, timestamps=True) == [sot]
     with pytest.raises(UserError, match=r"English-only model transcribes English only; got "
                                         r"language='fr'"):
-        english.speech_prompt("fr")
+        WhisperPrompt(english).build("fr")
     restored = Tokenizer.from_json_str(english.to_json_str())
     assert restored == english and not restored.multilingual
     # A checkpoint written before the flag existed reads as multilingual.
@@ -136,4 +137,4 @@ def test_timestamps_on_a_vocabulary_without_timestamp_tokens_is_a_one_line_error
     assert tok.timestamp_begin is None
     with pytest.raises(UserError, match=r"generation.timestamps=true: the tokenizer .* has no "
                                         r"timestamp tokens .*; set generation.timestamps=false"):
-        tok.speech_prompt("en", timestamps=True)
+        WhisperPrompt(tok).build("en", timestamps=True)

@@ -1,4 +1,4 @@
-"""mmtf.data.inputs: inputs -> encoder inputs, and the long-audio policy (crop / window)."""
+"""mmtf.predict.inputs: inputs -> encoder inputs, and the long-audio policy (crop / window)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torchaudio
 from PIL import Image
 
 from mmtf.data.image import build_transform
-from mmtf.data.inputs import audio_segments, check_long_audio, image_segment
 from mmtf.errors import UserError
+from mmtf.predict.inputs import audio_segments, check_long_audio, image_segment
 
 RATE = 16000
 

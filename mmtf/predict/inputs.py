@@ -14,7 +14,7 @@ Audio longer than ``model.encoder.max_seconds`` follows ``long_audio``:
   by at most one sample) and predict each; every row carries its window's ``start`` and ``end``
   in seconds.
 * ``sequential`` / ``chunked``: hand the whole input to the task, whose speech decoding
-  (``generation.long_form``, :mod:`mmtf.tasks.speech`) covers it with Whisper's sequential
+  (``generation.long_form``, :class:`mmtf.tasks.speech.SpeechTask`) covers it with Whisper's sequential
   windows or with overlapping chunks and a merge of their text. One prediction per input.
 
 Why these two and not a refusal: see docs/design/long-audio.md
@@ -29,7 +29,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -41,9 +41,7 @@ from mmtf.data.audio import audio_info, load_audio, resample
 from mmtf.data.collate import pad_1d
 from mmtf.data.image import build_eval_image_transform, load_image, to_rgb
 from mmtf.errors import UserError
-
-if TYPE_CHECKING:
-    from mmtf.tasks.base import Task
+from mmtf.tasks.base import Task
 
 log = logging.getLogger(__name__)
 

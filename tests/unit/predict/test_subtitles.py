@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mmtf.data.subtitles import subtitles, timestamp
+from mmtf.predict.subtitles import subtitles, timestamp
 
 EXPECTED = Path(__file__).parent / "expected"
 # Rounding to the millisecond (65.0405 -> .041 would be .040 by truncation), a blank text, and

@@ -7,7 +7,7 @@ Audio is decoded with soundfile and resampled to the encoder's rate; images go t
 checkpoint's evaluation transforms. Audio longer than ``model.encoder.max_seconds`` is cropped
 (``long_audio=crop``, a warning per file), captioned per window (``long_audio=window``:
 ``path<TAB>start-end<TAB>caption``) or decoded whole by Whisper's long-form decoding
-(``long_audio=sequential|chunked``); see :mod:`mmtf.data.inputs`. ``ckpt_path`` may be a Hugging
+(``long_audio=sequential|chunked``); see :mod:`mmtf.predict.inputs`. ``ckpt_path`` may be a Hugging
 Face Whisper folder or hub id (zero-shot, :func:`mmtf.load`).
 """
 
@@ -22,13 +22,13 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mmtf.api import load
 from mmtf.data.audio import AUDIO_EXTENSIONS
 from mmtf.data.image import IMAGE_EXTENSIONS
-from mmtf.data.inputs import WHOLE, LongAudio, check_long_audio, predict_inputs
-from mmtf.data.subtitles import FORMATS as SUBTITLE_FORMATS
-from mmtf.data.subtitles import subtitles
 from mmtf.errors import UserError, require_file
+from mmtf.predict.inputs import WHOLE, LongAudio, check_long_audio, predict_inputs
+from mmtf.predict.model import load
+from mmtf.predict.subtitles import FORMATS as SUBTITLE_FORMATS
+from mmtf.predict.subtitles import subtitles
 from mmtf.utils.config import generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.cpu_sharing import share_cpu
@@ -57,16 +57,16 @@ def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = Non
             use_ema: bool = False) -> list[dict[str, Any]]:
     """Caption (or classify) ``inputs`` with a checkpoint; one dict per input file (per window
     with ``long_audio="window"``): ``path`` plus the task's
-    :meth:`~mmtf.tasks.Task.predict_batch` keys (see :func:`mmtf.data.inputs.predict_inputs`).
+    :meth:`~mmtf.tasks.Task.predict_batch` keys (see :func:`mmtf.predict.inputs.predict_inputs`).
     ``use_ema``: the EMA of the weights (``callbacks=ema``)."""
     check_long_audio(long_audio)
     generation = dict(generation or {})
     if long_audio in WHOLE:
         generation["long_form"] = long_audio
-    task, _ = load(ckpt_path, device=device, use_ema=use_ema, **generation)
-    extensions = AUDIO_EXTENSIONS if task.modality == "audio" else IMAGE_EXTENSIONS
+    model, _ = load(ckpt_path, device=device, use_ema=use_ema, **generation)
+    extensions = AUDIO_EXTENSIONS if model.task.modality == "audio" else IMAGE_EXTENSIONS
     files = expand_inputs(inputs, extensions)
-    return predict_inputs(task, files, batch_size=batch_size, long_audio=long_audio)
+    return predict_inputs(model.task, files, batch_size=batch_size, long_audio=long_audio)
 
 
 def format_row(row: dict[str, Any]) -> str:

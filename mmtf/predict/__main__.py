@@ -1,0 +1,5 @@
+"""``python -m mmtf.predict``: see :mod:`mmtf.predict`."""
+
+from mmtf.predict import main
+
+main()

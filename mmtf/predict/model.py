@@ -1,0 +1,134 @@
+"""The notebook API: a checkpoint in, predictions out, no Hydra.
+
+.. code-block:: python
+
+    import mmtf
+    model, tokenizer = mmtf.load("outputs/.../checkpoints/last.ckpt")
+    model.caption(["a.wav", "b.flac"])                  # -> ["a dog barks ...", ...]
+    model.caption([waveform], strategy="beam", num_beams=4)
+    model, _ = mmtf.load("openai/whisper-small")          # a Whisper folder or hub id, zero-shot
+    model.transcribe(["talk.flac"], language="auto", timestamps=True)
+
+``model`` is a :class:`Model`: the checkpoint's task (``model.task``, a LightningModule in eval
+mode; its attributes read through, ``model.generation``, ``model.model``), with ``caption`` and
+``transcribe``, which preprocess as :mod:`mmtf.predict.inputs` says (the checkpoint's sample
+rate and image transforms) and generate with the checkpoint's settings, which keyword arguments
+override for that call. Why the task does not do this itself: see docs/design/task-interface.md
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mmtf.checkpoint_io import load_checkpoint
+from mmtf.errors import UserError
+from mmtf.hub import is_hf_source
+from mmtf.predict.inputs import Input, predict_inputs
+from mmtf.tasks.base import Task
+from mmtf.tasks.rebuild import build_pretrained_task, build_task
+
+if TYPE_CHECKING:
+    from mmtf.text import Tokenizer
+
+
+class Model:
+    """A task rebuilt for inference, with the notebook calls; every other attribute is the
+    task's.
+
+    Args:
+        task: the task (in eval mode, on its device).
+    """
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "task":          # not set yet (copy, pickle): no attribute to read through
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+    def caption(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
+                **generation: Any) -> list[str]:
+        """One caption per input: audio files or waveforms, image files, PIL images or tensors,
+        preprocessed as the checkpoint's data (:mod:`mmtf.predict.inputs`; longer audio is
+        cropped to ``model.encoder.max_seconds``). ``generation`` overrides the settings for
+        this call."""
+        if not hasattr(self.task, "generate_captions"):
+            raise UserError(f"caption: a {type(self.task).__name__} writes no captions; use "
+                            f"mmtf.predict.inputs.predict_inputs(model.task, inputs) for its "
+                            f"rows.")
+        return [row["caption"] for row in self._predict(inputs, batch_size, "crop", generation)]
+
+    def transcribe(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
+                   long_form: str = "sequential", **generation: Any) -> list[dict[str, Any]]:
+        """Transcribe speech with a Whisper model (a :class:`~mmtf.tasks.speech.SpeechTask`),
+        long files whole: one dict per input with ``text``, and ``language`` / ``segments``
+        (``[{start, end, text}]``) when asked for or decoded sequentially.
+
+        Args:
+            inputs: audio files or waveforms (:mod:`mmtf.predict.inputs`).
+            long_form: ``sequential`` (Whisper's windows that move by the last complete
+                timestamp) or ``chunked`` (overlapping 30 s chunks, merged text), for audio
+                longer than 30 s.
+            **generation: overrides for this call: ``language="auto"``, ``task="translate"``,
+                ``timestamps=True``, ``strategy="beam"``, ...
+
+        Raises:
+            UserError: the task decodes no speech.
+        """
+        speech = getattr(self.task, "speech", None)
+        if speech is None:
+            raise UserError(f"transcribe: a {type(self.task).__name__} decodes no speech; load "
+                            f"a Whisper checkpoint (model=whisper) or use caption().")
+        rows = self._predict(inputs, batch_size, long_form,
+                             {"long_form": long_form, "task": speech.task or "transcribe",
+                              **generation})
+        return [{"path": row["path"], "text": row["caption"],
+                 **{k: row[k] for k in ("language", "segments") if k in row}} for row in rows]
+
+    def _predict(self, inputs: Sequence[Input] | Input, batch_size: int, long_audio: str,
+                 generation: dict[str, Any]) -> list[dict[str, Any]]:
+        """predict_inputs with ``generation`` over the settings for this call only."""
+        saved = self.task.generation_state()
+        self.task.update_generation(generation)
+        try:
+            return predict_inputs(self.task, inputs, batch_size=batch_size,
+                                  long_audio=long_audio)
+        finally:
+            self.task.restore_generation(saved)
+
+
+def load(ckpt_path: str | os.PathLike, *, device: str = "cpu", use_ema: bool = False,
+         **generation: Any) -> tuple[Model, Tokenizer | None]:
+    """Rebuild the task of an mmtf checkpoint (or a pretrained Whisper) for inference.
+
+    Args:
+        ckpt_path: a checkpoint written by ``mmtf.train`` (read with ``weights_only=True``; its
+            config may name only allowlisted ``_target_``s), or a Hugging Face Whisper folder
+            or hub id, used zero-shot (:func:`mmtf.tasks.rebuild.build_pretrained_task`).
+        device: where the model runs (``"cpu"``, ``"cuda"``, ...).
+        use_ema: the exponential moving average of the weights (trained with
+            ``callbacks=ema``) instead of the trained weights.
+        **generation: generation settings kept for every later call (``strategy="beam"`` ...).
+
+    Returns:
+        ``(model, tokenizer)``: the :class:`Model` of the task in eval mode, and its tokenizer
+        (None for classification).
+    """
+    # A missing "runs/last.ckpt" also looks like an org/name hub id: checkpoints keep their error.
+    if is_hf_source(ckpt_path) and Path(ckpt_path).suffix != ".ckpt":
+        if use_ema:
+            raise UserError(f"use_ema=True: {ckpt_path} is a pretrained model, not an mmtf "
+                            f"checkpoint trained with callbacks=ema; drop use_ema.")
+        task = build_pretrained_task(ckpt_path)
+    else:
+        task, _ = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
+    task = task.to(device).eval()
+    task.update_generation(generation)
+    return Model(task), task.tokenizer
+
+
+__all__ = ["Model", "load"]
