@@ -1,29 +1,19 @@
 """Waveform augmentation of training audio: speed, additive noise, gain per item; mixup per batch.
 
-Configured by ``data.augment`` (every key below; all off by default) and applied to the train
-split only, never to validation or test::
+Configured by ``data.augment`` (all off by default; train split only)::
 
     augment:
-      speed: {p: 0.0, factors: [0.9, 1.0, 1.1]}   # resample by a factor drawn from the list
-      noise: {p: 0.0, snr_db: [10.0, 30.0],        # add noise at an SNR drawn in the range:
-              folder: null,                        #   from this folder's audio files, or
-              exponent: [0.0, 2.0]}                #   (null) 1/f^e noise, e drawn in the range
-      gain: {p: 0.0, db: [-6.0, 6.0]}              # scale by a gain drawn in the range
-      mixup: {p: 0.0, alpha: 0.4}                  # mix waveforms of pairs within a batch
+      speed: {p: 0.0, factors: [0.9, 1.0, 1.1]}
+      noise: {p: 0.0, snr_db: [10.0, 30.0], folder: null, exponent: [0.0, 2.0]}
+      gain: {p: 0.0, db: [-6.0, 6.0]}
+      mixup: {p: 0.0, alpha: 0.4}
 
-Every draw is a pure function of ``(seed, epoch, item)``: per-item augmentations use
-``sample_rng(seed, epoch, item, stream=AUGMENT_STREAM)``; the mixup pairs and coefficients of a
-batch use a generator seeded by the seed, the epoch and the batch's item indices. They are
-therefore the same in any DataLoader worker, on any DDP rank's batch, and again after a resume,
-with nothing to checkpoint. Order per item: speed (the crop's length changes; clips stay within
-``data.max_seconds``), noise (the SNR is relative to the sped-up clip), gain (the recording
-level of the whole). Mixup runs in :class:`~mmtf.data.collate.Collate`, after the per-item
-steps; the task weights the two captions' losses by the coefficient
-(:meth:`mmtf.decoders.EncoderDecoder.mixup_forward`). Why this mixup variant: see
-docs/design/audio-augmentation.md.
+Every draw is a pure function of ``(seed, epoch, item)`` (per item: ``sample_rng(...,
+stream=AUGMENT_STREAM)``; mixup: seeded by the batch's items), so nothing is checkpointed. Order
+per item: speed, noise, gain; mixup runs in :class:`~mmtf.data.collate.Collate`. Why this mixup
+variant: docs/design/audio-augmentation.md.
 
-Shapes: s samples; b batch.
-"""
+Shapes: s samples; b batch."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """Map-style datasets over the items a format reader returns: decode on access.
 
-An example is looked up by the key the batch sampler yields, ``(item, caption, epoch)`` (a plain
-``int`` means caption 0, epoch 0). The caption index picks the training caption; the epoch
-seeds the random audio crop and the image transform's RNG, so every example is a pure function
-of ``(seed, key)``, whatever the number of DataLoader workers.
+An example is looked up by the sampler's key ``(item, caption, epoch)`` (a plain ``int``: caption
+0, epoch 0); the epoch seeds the crop and transform RNG, so an example is a pure function of
+``(seed, key)``. Under ``on_error="skip"`` a bad item is replaced by the next good one and the
+skip recorded in ``_skipped`` (batches are never short). :func:`probe` checks headers up front.
 
-Bad files: under ``on_error="raise"`` the :class:`DataError` (file, index line, fix) propagates
-(DataLoader workers re-raise it in the main process). Under ``"skip"`` the item is replaced by the
-next good one (``item + 1``, ``item + 2``, ...) and the skip is recorded in the example's
-``_skipped`` list, so a batch is never short or empty and every DDP rank still sees the same
-number of batches; :class:`mmtf.data.loader.DataLoader` counts the records.
-
-:func:`probe` checks files up front (headers only) so missing, empty, truncated and undecodable
-audio is found at ``setup()``, not mid-epoch; it also returns the durations used for bucketing.
-
-Shapes: audio (s,) float32; images (3, h, w) float32 after the transform.
-"""
+Shapes: audio (s,) float32; images (3, h, w) float32 after the transform."""
 
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
 """Image decoding and transform pipelines shared by every mmtf image dataset.
 
-Images are decoded with PIL and converted to RGB whatever their mode: ``L``/``LA``/``P``/``RGBA``/
-``CMYK`` by PIL's own conversion (alpha is dropped, as torchvision's ``ImageFolder`` and the COCO
-loaders do), 16-bit and 32-bit integer (``I;16``, ``I``) by scaling 0..65535 to 0..255, float
-(``F``) by clipping 0..1 (or 0..255 when values exceed 1) — PIL's direct ``convert("RGB")``
-would clip 16-bit images to white. Transforms are torchvision ``transforms.v2`` pipelines given
-as lists (Hydra instantiates each entry); the output is always float32.
+Images are decoded with PIL and converted to RGB (alpha dropped; 16/32-bit integer modes scaled,
+float modes clipped, since PIL's ``convert("RGB")`` would clip 16-bit images to white).
+Transforms are torchvision ``transforms.v2`` lists; the output is float32.
+:func:`pretrained_image_transform` rebuilds a pretrained tower's ``preprocessor_config.json``
+preprocessing; :func:`record_image_processors` stores it in the run's config.
 
-A pretrained vision tower expects its own preprocessing: :func:`pretrained_image_transform`
-reads the model folder's ``preprocessor_config.json`` (``ViTImageProcessor``,
-``CLIPImageProcessor``) and builds the same resize, center crop, rescale and normalisation from
-``transforms.v2``, so the data module feeds the tower what ``transformers`` would. Training
-stores the resolved settings in the run's config (:func:`record_image_processors`): a checkpoint
-preprocesses without the folder.
-
-Shapes: (3, h, w) per image; uint8 after decoding, float32 after the pipeline.
-"""
+Shapes: (3, h, w) per image; uint8 after decoding, float32 after the pipeline."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """The loaders of every split: skip counts and padding per epoch; the train loader resumes.
 
-Items skipped under ``data.on_error=skip`` are recorded by the dataset *inside the worker*; the
-record rides back in the batch (``_skipped``), and the loader, in the main process, removes it
-before the batch reaches the model, adds it to the data module's counter
-(``datamodule.error_counts``) and logs a per-epoch summary when the pass ends::
-
-    [data] train epoch 3: 94 batches, 3000 examples, padding 4.1% of audio samples;
-    skipped 2 (non_finite=2 (e.g. a.wav (clotho_captions_development.csv line 8)))
-
-The same numbers are kept in ``loader.last_epoch`` (``padding_fraction``, ``skipped``, ...).
-
-:func:`make_loader` builds them over a :class:`~mmtf.data.sampler.BucketBatchSampler`:
-:class:`DataLoader` (val/test) is a ``torch.utils.data.DataLoader``; :class:`StatefulDataLoader`
-(train) is torchdata's, which Lightning checkpoints and resumes mid-epoch (its state holds the
-sampler's :class:`~mmtf.data.sampler.SamplerState`). The report wraps the iterator and draws no
-random numbers, so it changes neither the batches nor the loader's saved state.
-"""
+Items skipped in a worker ride back in the batch (``_skipped``); the loader removes them, adds
+them to ``datamodule.error_counts`` and logs a per-epoch summary (kept in ``loader.last_epoch``).
+:func:`make_loader` builds :class:`DataLoader` (val/test) or torchdata's
+:class:`StatefulDataLoader` (train, resumed mid-epoch by Lightning) over a
+:class:`~mmtf.data.sampler.BucketBatchSampler`; the report draws no random numbers."""
 
 from __future__ import annotations
 
