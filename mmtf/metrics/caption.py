@@ -1,28 +1,12 @@
 """Captioning metrics for a corpus: BLEU-1..4, ROUGE-L, CIDEr-D, METEOR, SPICE, SPIDEr.
 
-:func:`caption_metrics` scores candidates against references the way the COCO caption
-evaluation (pycocoevalcap) does: captions are tokenised (:func:`ptb_words`, lower-case,
-punctuation removed), then BLEU, ROUGE-L and CIDEr-D are computed in Python (bit-for-bit the
-pycocoevalcap formulas, see the modules) and METEOR / SPICE by their Java jars when present.
-
-A metric that cannot be computed here is never reported as 0: it is left out of the scores and
-listed in ``scores.unavailable`` (metric -> reason). SPIDEr = (CIDEr-D + SPICE) / 2 needs SPICE;
-SPIDEr-FL additionally needs the FENSE fluency-error detector, a downloaded neural model, so the
-``mmtf`` backend reports it unavailable. ``backend="aac"`` (config key
-``model.metrics_backend``) computes every metric with aac-metrics instead
-(:mod:`mmtf.metrics.aac`): SPICE, SPIDEr and SPIDEr-FL wherever its downloaded files are present.
-
-:class:`CaptionMetrics` accumulates (candidate, references) pairs over an epoch and gathers them
-across DDP ranks before scoring. Usage from a LightningModule::
-
-    self.val_caption_metrics = CaptionMetrics(metrics=["bleu", "rouge_l", "cider_d"])
-    # validation_step:
-    self.val_caption_metrics.update(decoded_texts, batch_references, keys=batch_ids)
-    # on_validation_epoch_end (call on every rank: compute() is collective under DDP):
-    scores = self.val_caption_metrics.compute()     # the same numbers on every rank
-    self.log_dict({f"val/{k}": v for k, v in scores.items()}, sync_dist=False)
-    self.val_caption_metrics.reset()
-"""
+:func:`caption_metrics` scores candidates the way pycocoevalcap does: captions tokenised by
+:func:`ptb_words`, BLEU / ROUGE-L / CIDEr-D in Python (bit-for-bit its formulas), METEOR / SPICE
+by their Java jars when present. A metric that cannot be computed is never reported as 0: it is
+listed in ``scores.unavailable`` (metric -> reason). ``backend="aac"``
+(``model.metrics_backend``) uses aac-metrics instead (:mod:`mmtf.metrics.aac`).
+:class:`CaptionMetrics` accumulates pairs over an epoch; its ``compute()`` is collective under
+DDP (call it on every rank) and gives the same numbers on every rank."""
 
 from __future__ import annotations
 
