@@ -1,15 +1,11 @@
-"""Word-to-time alignment from cross-attention, by dynamic time warping (as Whisper's word
-timestamps: Radford et al. 2022, arXiv:2212.04356, ``timing.find_alignment``).
+"""Word-to-time alignment from cross-attention by dynamic time warping (Whisper's
+``timing.find_alignment``, arXiv:2212.04356).
 
-The cross-attention rows of a generated caption (one per token, the eos row last) over the valid
-encoder positions are z-normalised over tokens for each position, median-filtered along time,
-averaged over the chosen layers and heads, and a monotonic path from (first token, first
-position) to (eos, last position) is found that maximises the summed attention. A token starts
-where the path first enters its row; a word spans from its first token's start to the next
-word's start (at least one position).
+Cross-attention rows (one per token, eos last) over the valid positions are z-normalised over
+tokens, median-filtered along time and averaged over layers and heads; the monotonic path of most
+attention gives each token's start, and a word spans to the next word's start.
 
-Shapes: h heads, n caption tokens (eos included), m memory positions (valid ones after trimming).
-"""
+Shapes: h heads, n caption tokens (eos included), m memory positions (valid ones after trimming)."""
 
 from __future__ import annotations
 

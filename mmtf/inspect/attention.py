@@ -1,14 +1,9 @@
 """The attention behind one generated caption, read from the model's own explicit path.
 
-:func:`caption_attention` generates a caption the normal way (fused kernels, KV cache), then
-teacher-forces ``[bos] + caption`` through the decoder once with ``attention_layers`` set, so the
-chosen layers return their probabilities. The caption decoded by that pass is the generated one
-(greedy decoding picks each token from the same logits up to float tolerance); the maps are
-those of the caption shown. Row t of a cross-attention map is the query that produced caption
-token t (the eos row last), as Whisper's word timestamps read them.
+:func:`caption_attention` generates normally, then teacher-forces ``[bos] + caption`` once with
+``attention_layers`` set; row t of a cross-attention map is the query that produced token t.
 
-Shapes: h heads, n caption tokens (eos included), m memory positions (frames or patches).
-"""
+Shapes: h heads, n caption tokens (eos included), m memory positions (frames or patches)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Reading a training run's files: config, overrides, scalar logs, final metrics, times.
 
-A run dir (``outputs/<task>/runs/<time>``, written by ``python -m mmtf.train``) holds
-``.hydra/{config,overrides,hydra}.yaml``, the resolved ``config.yaml``, ``metrics.json``, the
-job log ``<task_name>.log`` and the scalar logs: Lightning's CSVLogger (``**/metrics.csv``) and
-TensorBoard event files (``**/events.out.tfevents.*``). A multirun dir
-(``outputs/<task>/multiruns/<time>``) holds ``multirun.yaml`` and one run dir per job.
-
-Scalars are kept as ``{key: {step: value}}`` per *segment* (one process writing one file, or one
-stretch of a file); segments are merged in the order they were written by :func:`merge_segments`.
-"""
+A run dir holds ``.hydra/``, ``config.yaml``, ``metrics.json``, the job log and the scalar logs
+(``**/metrics.csv``, ``**/events.out.tfevents.*``); a multirun dir holds ``multirun.yaml`` and one
+run dir per job. Scalars are ``{key: {step: value}}`` per *segment* (one process writing one
+file), merged in write order by :func:`merge_segments`."""
 
 from __future__ import annotations
 
