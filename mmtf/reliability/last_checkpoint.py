@@ -1,17 +1,10 @@
 """``last.ckpt`` = the latest training state: every N steps, after every validation run and at
 the end of fit.
 
-``ModelCheckpoint(save_last=True)`` with a monitored metric writes ``last.ckpt`` only when the
-metric improved, so ``ckpt_path=last`` could silently throw away the epochs since the last
-improvement. :class:`LastCheckpoint` is a last-only ``ModelCheckpoint`` (same files, same
-checkpoint IO, its state in checkpoints) that also writes ``last.ckpt`` at the end of every
-validation run during fit, unless another checkpoint callback already wrote that file after this
-validation, and once more when fit ends (the steps after the last trigger, and the loops' final
-epoch counters). Step-triggered saves (``every_n_train_steps``) are Lightning's own.
-Why: see docs/design/last-checkpoint.md.
-
-Shapes: none.
-"""
+``ModelCheckpoint(save_last=True)`` with a monitor writes ``last.ckpt`` only on improvement;
+:class:`LastCheckpoint` is a last-only ``ModelCheckpoint`` that also writes it after every
+validation during fit (unless another callback just did) and when fit ends.
+Why: docs/design/last-checkpoint.md."""
 
 from __future__ import annotations
 
