@@ -1,14 +1,9 @@
 """Name tables: how an mmtf module's tensors are a Hugging Face model's, both ways.
 
-Every family (:mod:`mmtf.pretrained`) writes its names once, as a table of :class:`Link` rows:
-the mmtf tensors of a row, the original tensors they are made of, and the :class:`Rule` between
-them (the same tensor, a transpose, key and value rows fused into one projection, a CLS position
-folded into the CLS token ...). A rule is a pair of functions, so one table serves both
-directions: :func:`copy_weights` imports (originals -> mmtf, every name and shape checked before
-anything is copied, so a failed import changes nothing) and :func:`export_tensors` exports
-(mmtf -> originals, for ``python -m mmtf.export format=hf``). Reading the folders themselves is
-:mod:`mmtf.hub`'s.
-"""
+A family writes its names once, as :class:`Link` rows (mmtf tensors, original tensors, and the
+:class:`Rule` between them: same, transpose, fused rows, folded CLS position ...). A rule is a
+pair of functions, so one table serves :func:`copy_weights` (import; everything checked before
+anything is copied) and :func:`export_tensors` (``format=hf``)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
 """LoRA adapters in PEFT's folder format, both ways, through the families' name tables.
 
-A PEFT adapter folder is ``adapter_config.json`` (``peft_type: LORA``, ``r``, ``lora_alpha``,
-``target_modules`` ...) and ``adapter_model.safetensors`` holding, for every adapted module
-``M`` of the Hugging Face base, ``base_model.model.M.lora_A.weight`` (r, in) and
-``...lora_B.weight`` (out, r). mmtf's adapters sit on its own projections
-(:class:`mmtf.nn.lora.LoRALinear`); which Hugging Face module each slice of a projection is,
-is read from the same :class:`~mmtf.pretrained.names.Link` rows that import and export the base
-weights: a row ``to_kv.weight <- (k_proj.weight, v_proj.weight)`` says that slice ``k`` of
-``to_kv`` is ``k_proj`` and slice ``v`` is ``v_proj``; the row ``(to_q.weight, to_kv.weight)
-<- c_attn.weight`` says GPT-2's ``c_attn`` holds the slices q, k and v, which are one PEFT
-adapter of rank 3r with block-diagonal B. No second mapping; ``peft`` itself is never imported
-(a test extra only).
-
-:func:`write_peft_adapter` writes a folder (``python -m mmtf.export ... format=peft``);
-:func:`load_peft_adapter` reads one into a task's parts (``model.lora.pretrained=<folder>``).
-Why: see docs/design/lora.md
-"""
+A PEFT folder is ``adapter_config.json`` + ``adapter_model.safetensors``
+(``base_model.model.M.lora_A.weight`` (r, in), ``...lora_B.weight`` (out, r)). Which Hugging
+Face module each slice of an mmtf projection is comes from the same
+:class:`~mmtf.pretrained.names.Link` rows as the base weights (GPT-2's fused ``c_attn`` is one
+adapter of rank 3r with block-diagonal B); ``peft`` is never imported.
+:func:`write_peft_adapter` (``format=peft``), :func:`load_peft_adapter`
+(``model.lora.pretrained=<folder>``). Why: docs/design/lora.md"""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""What the vision families (:mod:`~mmtf.pretrained.vit`, :mod:`~mmtf.pretrained.clip`) share:
-their builder, which reads a Hugging Face folder into a ``VisionEncoder``.
-
-A vision family's module holds a config translation (``encoder_values``: the ``VisionEncoder``
-settings its ``config.json`` implies), the tensor name that locates its prefix (``ANCHOR``) and
-its name table (``links``). The builder reads the sizes from ``config.json`` (a size left null in the YAML)
-or checks them against it (a size given), fixes the settings the architecture implies (norm,
-stem, CLS token ...: not config keys), and copies every tensor after checking every name and
-shape. The folder may also be the encoder of a ``VisionEncoderDecoderModel`` (tensors under
-``encoder.``, config under ``encoder``).
-"""
+"""The builder the vision families (:mod:`~mmtf.pretrained.vit`, :mod:`~mmtf.pretrained.clip`)
+share: a Hugging Face folder (or a ``VisionEncoderDecoderModel``'s encoder) into a
+``VisionEncoder``, from the family's ``encoder_values``, ``ANCHOR`` and ``links``; sizes read
+from or checked against ``config.json``, every name and shape checked before copying."""
 
 from __future__ import annotations
 
