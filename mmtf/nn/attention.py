@@ -1,26 +1,16 @@
 """Multi-head attention shared by every mmtf encoder and decoder: the one attention core.
 
-One class covers every role: bidirectional self-attention (encoders, ``causal=False``), causal
-self-attention with RoPE and a KV cache (text decoders, ``causal=True``) and cross-attention
-(built with ``kv_dim``, called with ``context``). Grouped-query heads (``num_kv_heads``) share
-keys/values between query heads; ``num_kv_heads=1`` is multi-query attention.
+One class for bidirectional self-attention (``causal=False``), causal self-attention with RoPE
+and a KV cache (``causal=True``) and cross-attention (``kv_dim``, called with ``context``);
+``num_kv_heads`` gives grouped-query (1: multi-query) attention. The default path is
+``scaled_dot_product_attention``; the explicit softmax path runs only for ``need_weights=True``.
+Under ``torch.compile`` a single query goes through :func:`single_query_attention`.
 
-The default path is ``torch.nn.functional.scaled_dot_product_attention`` (flash /
-memory-efficient / cuDNN kernels on GPU, the fused kernel on CPU). When ``is_causal`` can express
-the mask, no mask tensor is built. The explicit softmax path runs only for ``need_weights=True``
-and agrees with the fused path to float tolerance. Under ``torch.compile`` a single query position
-(a decode step) goes through :func:`single_query_attention`, which the compiler fuses into one
-pass over the cached K/V (see :mod:`mmtf.decoders.compiled`).
+Masking: ``key_mask`` is bool, True = a real key. Causal masks are bottom-right aligned (query
+``i`` after ``p`` cached positions sees keys ``0 .. p + i``; SDPA's top-left ``is_causal`` is
+used only when the block starts at 0). A fully masked query returns zeros, never NaN.
 
-Masking rules:
-* ``key_mask`` is bool, True = a real key to attend to.
-* Causal masks are aligned bottom-right: with ``p`` cached positions, query ``i`` of the new block
-  sees keys ``0 .. p + i``. (SDPA's ``is_causal`` is top-left aligned, which is wrong when queries
-  are fewer than keys, so it is used only when the new block starts at position 0.)
-* A query whose keys are all masked returns zeros, never NaN, forward and backward.
-
-Shapes: b batch, h query heads, g kv heads, n query len, m key len, c = dim, d = head_dim.
-"""
+Shapes: b batch, h query heads, g kv heads, n query len, m key len, c = dim, d = head_dim."""
 
 from __future__ import annotations
 

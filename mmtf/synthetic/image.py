@@ -1,18 +1,11 @@
 """Built-in shapes -> captions set, written as COCO captions (and ImageFolder for labels).
 
-Each image (64x64 by default) shows 1-3 shapes (circle, square, triangle, cross) in one of six
-colours and two sizes, on a noisy grey background. Two or three shapes stand in a row (left to
-right) or a column (top to bottom), each in its own cell, so the spatial relation is never
-ambiguous. Every image gets 5 captions from a paraphrase grammar ("a small red circle to the
-left of a big blue square", "from top to bottom, ...", "... which is above ...").
+Each image (64x64 by default) shows 1-3 shapes (circle, square, triangle, cross; six colours, two
+sizes) on noisy grey, in a row or a column of cells. 5 captions per image from a paraphrase
+grammar; :func:`parse_caption` recovers ``(layout, ((size, colour, shape), ...))`` in reading
+order, the sequence event-sequence accuracy scores.
 
-Captions always state size, colour and shape of every object and their arrangement, so the
-*sequence* that :func:`parse_caption` recovers, and that event-sequence accuracy scores, is
-``(layout, ((size, colour, shape), ...))`` with layout ``single`` | ``row`` | ``column`` and
-objects in reading order (left to right, or top to bottom).
-
-Shapes: images are (h, w, 3) uint8 arrays here, h = w = ``image_size``.
-"""
+Shapes: images are (h, w, 3) uint8 arrays here, h = w = ``image_size``."""
 
 from __future__ import annotations
 
