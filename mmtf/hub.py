@@ -60,10 +60,6 @@ class HFModel:
                             f"complete (save it again with save_pretrained)?")
         return self.config[key]
 
-    def weight_files(self) -> list[Path]:
-        """The safetensors files holding the weights (one, or the shards of the index)."""
-        return list(self._files)
-
     def keys(self) -> list[str]:
         """Names of every stored tensor (nothing is read)."""
         names: list[str] = []
