@@ -190,10 +190,9 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
 
     Args:
         path: WAV, FLAC, OGG or MP3 file (with ``data``: only its name in messages).
-        sample_rate: the model's rate; other rates are resampled (None: keep the file's).
-        max_seconds: keep at most this much audio (None = all); see ``crop``.
-        crop: which part to keep when the file is longer: ``random`` | ``center`` | ``start``,
-            or ``full`` to ignore ``max_seconds``.
+        sample_rate: the model's rate (None: keep the file's).
+        max_seconds, crop: keep at most this much audio (None = all), chosen by ``crop``
+            (``random`` | ``center`` | ``start``; ``full`` ignores ``max_seconds``).
         channels: required channel count, or None to accept any (mixed down to mono).
         rng: generator for ``crop="random"``.
         where: the index entry that points to the file, for error messages.

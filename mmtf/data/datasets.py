@@ -87,15 +87,10 @@ class MediaDataset(Dataset):
         on_error: ``raise`` | ``skip`` (replace by the next good item and record it).
         seed: seeds random crops together with the key's epoch and item.
         max_retries: how many following items to try before giving up under ``skip``.
-        cache_bytes: keep decoded media in memory up to this many bytes, so later epochs skip
-            the file read and the decode: images as uint8 before the transform, audio as the
-            whole file's samples before crop, resampling and augmentation (16-bit PCM as int16),
-            or as the resampled waveform when the clip is never cropped
-            (:class:`mmtf.data.audio.StoredAudio`); lossy codings such as MP3 are decoded every
-            time. Every example is the same bits as without the cache. 0 = decode every time. The cache belongs to the process that
-            decodes (the main process, or each worker while it lives: use persistent workers).
-        augment: audio only: speed / noise / gain of each decoded clip (training), drawn from
-            :func:`mmtf.data.augment.augment_stream` ``(seed, epoch, item)``; None = off.
+        cache_bytes: keep decoded media (images as uint8, lossless audio as
+            :class:`mmtf.data.audio.StoredAudio`) in memory up to this many bytes, per decoding
+            process (use persistent workers); the same bits as without it. 0 = off.
+        augment: audio only: per-item :class:`mmtf.data.augment.WaveAugment`; None = off.
     """
 
     def __init__(self, items: Sequence[CaptionItem | LabelItem], *, modality: Modality,

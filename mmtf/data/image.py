@@ -55,10 +55,7 @@ def load_image(path: str | os.PathLike, *, where: str | None = None,
     """Decode one image file to an RGB uint8 tensor.
 
     Args:
-        path: any format PIL reads (JPEG, PNG, BMP, TIFF, WebP, ...); with ``data``: only its
-            name in messages.
-        where: the index entry that points to the file, for error messages.
-        data: the file's bytes when it is not a file of its own (a tar shard member).
+        path, where, data: as :func:`mmtf.data.audio.load_audio` (any format PIL reads).
 
     Returns:
         The image, (3, h, w) uint8.
@@ -175,20 +172,13 @@ def pretrained_image_transform(source: str | os.PathLike | None = None,
                                processor: Mapping[str, Any] | None = None) -> v2.Compose:
     """The preprocessing of a pretrained vision model, as a ``transforms.v2`` pipeline.
 
-    Resize (to ``size``: height/width, or the shortest edge keeping the aspect ratio; with the
-    processor's ``resample`` and antialiasing), center crop (``crop_size``, the processor's
-    anchor), rescale to 0..1 and normalise with ``image_mean`` / ``image_std``: the steps of
-    transformers' ``ViTImageProcessor`` and ``CLIPImageProcessor`` (their torchvision backend),
-    each only where the config's ``do_*`` flag is on.
+    Resize, center crop, rescale and normalise as transformers' ``ViTImageProcessor`` /
+    ``CLIPImageProcessor`` (torchvision backend) do, each step where its ``do_*`` flag is on.
 
     Args:
-        source: the model folder (or hub id) holding ``preprocessor_config.json``; in a config,
-            ``{_target_: mmtf.data.image.pretrained_image_transform, source:
-            ${model.encoder.pretrained}}`` as a ``data.*_transforms`` entry.
-        processor: the settings :func:`read_image_processor` resolved from that file; given,
-            the file is not read. Training records them in the run's config
-            (:func:`record_image_processors`), so a checkpoint preprocesses without the
-            folder.
+        source: the model folder (or hub id) holding ``preprocessor_config.json``.
+        processor: the settings :func:`read_image_processor` resolved (then no file is read;
+            training records them, :func:`record_image_processors`).
 
     Returns:
         A pipeline (3, h, w) uint8 -> (3, h', w') float32.

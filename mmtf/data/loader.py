@@ -139,12 +139,9 @@ def make_loader(dataset: Any, batch_sampler: BucketBatchSampler, *, resumable: b
                 ) -> DataLoader | StatefulDataLoader:
     """A reporting loader over ``batch_sampler`` that draws nothing from the global generators.
 
-    * Its own ``torch.Generator`` (seeded by ``seed``) supplies the workers' base seed: each
-      ``iter()`` of a loader without one draws from the global torch generator, which would
-      shift dropout after a resume or a validation run.
-    * Workers are seeded by Lightning's ``pl_worker_init_function`` (python, numpy and torch
-      from base seed, worker id and rank). Their global generators do not resume mid-epoch;
-      per-item randomness comes from :func:`~mmtf.data.sampler.sample_rng`.
+    Its own ``torch.Generator`` supplies the workers' base seed (a loader without one draws from
+    the global generator at each ``iter()``, shifting dropout after a resume or a validation);
+    workers are seeded by Lightning's ``pl_worker_init_function``.
 
     Args:
         dataset: map-style dataset taking the sampler's ``(item, caption, epoch)`` keys.

@@ -60,9 +60,7 @@ def read_coco(root: Path, split: str, *, report: Report,
     """Read one split of a COCO-captions-layout dataset.
 
     Args:
-        root: the dataset folder.
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         splits: our split -> COCO name (default train / val / test).
 
     Returns:

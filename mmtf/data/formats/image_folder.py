@@ -44,9 +44,7 @@ def read_image_folder(root: Path, split: str, *, report: Report,
     """Read one split of an ImageFolder-layout dataset (see the module docstring).
 
     Args:
-        root: the dataset folder.
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         splits: our split -> sub-folder name (default train / val / test).
         val_fraction: share of each class for val when there are no split folders.
         test_fraction: share of each class for test when there are no split folders.
