@@ -122,18 +122,14 @@ def caption_metrics(
         candidates: one generated caption per item.
         references: the reference captions of each item (one or more each).
         metrics: names to compute (``bleu`` or ``bleu_1..bleu_4``, ``rouge_l``, ``cider_d``,
-            ``meteor``, ``spice``, ``spider``, ``spider_fl``); None computes all. METEOR costs
-            ~10-30 s per call (a JVM loading its paraphrase table); use :data:`FAST_METRICS`
-            for per-epoch validation.
-        tokenize: run :func:`ptb_words` on every caption; False means the captions are
-            already tokenised and are split on whitespace.
+            ``meteor``, ``spice``, ``spider``, ``spider_fl``); None = all. METEOR starts a JVM
+            per call: validate per epoch with :data:`FAST_METRICS`.
+        tokenize: run :func:`ptb_words`; False splits pre-tokenised captions on whitespace.
         java_timeout_s: time limit for each Java metric.
-        backend: "mmtf" (this module's metrics) or "aac" (every metric by aac-metrics,
-            :mod:`mmtf.metrics.aac`); both read the same tokens.
+        backend: "mmtf" or "aac" (:mod:`mmtf.metrics.aac`).
 
     Returns:
-        A :class:`CaptionScores`: a dict metric -> float with ``.unavailable`` (metric ->
-        reason).
+        A :class:`CaptionScores`: metric -> float, with ``.unavailable`` (metric -> reason).
 
     Raises:
         ValueError, TypeError: malformed inputs or an unknown metric name.
@@ -204,15 +200,11 @@ class CaptionRow(NamedTuple):
 class CaptionMetrics:
     """Accumulates captions over an epoch; gathers them across DDP ranks and scores them.
 
-    A plain class rather than a ``torchmetrics.Metric``: its state is python strings, which
-    torchmetrics' tensor-only sync cannot carry, so :meth:`gather` gathers python objects
-    (:mod:`mmtf.utils.distributed`). Without an initialised process group everything is local.
+    Not a ``torchmetrics.Metric``: its state is python strings, which torchmetrics' tensor
+    sync cannot carry (:meth:`gather` gathers python objects).
 
     Args:
-        metrics: which metrics :meth:`compute` returns (see :func:`caption_metrics`); None = all.
-        tokenize: forwarded to :func:`caption_metrics`.
-        java_timeout_s: forwarded to :func:`caption_metrics`.
-        backend: forwarded to :func:`caption_metrics`.
+        metrics, tokenize, java_timeout_s, backend: as :func:`caption_metrics`.
         normalizer: the text normalizer of ``wer`` / ``cer`` (:mod:`mmtf.text.normalize`).
 
     Attributes:
