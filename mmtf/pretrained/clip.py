@@ -61,9 +61,8 @@ def clip_vision_encoder(*, pretrained: str | Path | None = None, dim: int | None
             ``intermediate_size / hidden_size``, ``hidden_act``, ``layer_norm_eps``,
             ``patch_size``, ``num_channels`` and ``image_size``: None reads them from
             ``config.json`` (``vision_config`` of a ``CLIPModel``), a value must equal it.
-        dropout, attn_dropout: fine-tuning dropout.
-        activation_checkpointing: recompute each block in backward (:class:`VisionEncoder`).
-        freeze: freeze after loading (:meth:`mmtf.encoders.Encoder.freeze`).
+        dropout, attn_dropout, activation_checkpointing, freeze: as :class:`VisionEncoder`
+            (freeze after loading).
 
     Raises:
         UserError: see :func:`mmtf.pretrained.vision.build_vision_encoder`.

@@ -73,17 +73,14 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
             ``tie_word_embeddings``: None reads them from the folder's ``config.json``, a value
             must equal it.
         context_dim: width of the encoder memory the cross-attention reads.
-        dropout, attn_dropout: fine-tuning dropout (GPT-2 trained with 0.1 for both).
-        activation_checkpointing: recompute each block in backward (:class:`TextDecoder`).
-        pad_id: padding id (GPT-2 pads with its ``<|endoftext|>``, 50256); None: the folder's
+        dropout, attn_dropout, activation_checkpointing: as :class:`TextDecoder` (GPT-2
+            trained with dropout 0.1).
+        pad_id: padding id (GPT-2's ``<|endoftext|>``, 50256); None: the folder's
             ``pad_token_id``, else its ``eos_token_id``.
-        freeze: no trainable parameters, eval mode (after loading), for
-            :func:`mmtf.export.load_exported`; in a task use ``model.freeze_decoder``.
+        freeze: frozen and in eval mode after loading (in a task: ``model.freeze_decoder``).
 
     Raises:
-        UserError: a missing file, a folder of another architecture, a setting that differs
-            from ``config.json`` (both values and the overrides that fix it), a tensor of
-            another shape (both shapes), or a null setting without a Hugging Face folder.
+        UserError: as :func:`mmtf.pretrained.vision.build_vision_encoder`.
     """
     given = dict(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
                  max_len=max_len, mlp_ratio=mlp_ratio, mlp=mlp, norm_eps=norm_eps,

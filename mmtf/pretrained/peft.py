@@ -167,15 +167,11 @@ def load_peft_adapter(folder: str | Path, parts: Mapping[str, nn.Module], config
                       ) -> tuple[LoRAConfig, list[str]]:
     """Add the adapters of a PEFT folder to ``parts`` (imported from the folder's base model).
 
-    Rank, alpha, dropout and bias come from ``adapter_config.json`` (``rank_pattern`` and
-    ``alpha_pattern`` included); ``config`` only gives the defaults of what the folder leaves
-    out. A module that holds several mmtf slices (GPT-2's ``c_attn``) is split exactly: when its
-    B is block-diagonal with blocks of the folder's rank ``r`` (what ``format=peft`` writes:
-    rank ``n r``), each slice takes its block of A's rows and of B; otherwise (an adapter PEFT
-    trained on ``c_attn``) each slice takes the whole A and its rows of B. The targets are read
-    from the adapted modules and must be whole targets (every block of the part, self- and
-    cross-attention alike), so that the returned config rebuilds the same adapters without the
-    folder.
+    Rank, alpha, dropout and bias come from ``adapter_config.json``; ``config`` gives only the
+    defaults of what it leaves out. A module holding several mmtf slices (GPT-2's ``c_attn``)
+    is split by blocks when B is block-diagonal (what ``format=peft`` writes), else each slice
+    takes the whole A and its rows of B. Targets must be whole (every block of the part), so
+    the returned config rebuilds the same adapters without the folder.
 
     Returns:
         The config the adapters have, and the parts that hold them.

@@ -35,10 +35,8 @@ def build_vision_encoder(family: str, *, pretrained: str | Path | None, sizes: d
         sizes: the builder's :data:`SIZE_KEYS`; None = from ``config.json``.
 
     Raises:
-        UserError: a missing file; a folder of another architecture (its ``model_type`` or
-            ``encoder.model_type``, and the config group that reads it); a size that differs
-            from ``config.json`` (both values and the overrides that fix it); a null size
-            without a Hugging Face folder; a missing tensor.
+        UserError: a missing file or tensor, a folder of another architecture, a size that
+            differs from ``config.json``, or a null size without a Hugging Face folder.
     """
     entry, module = FAMILIES[family], family_module(family)
     owner = f"model.encoder ({entry.builders['encoder']})"

@@ -63,9 +63,8 @@ def vit_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
             ``patch_size``, ``num_channels``, ``image_size`` (the position table's grid; other
             sizes interpolate as HF does) and ``qkv_bias`` (True, or "o" without it): None reads
             them from ``config.json``, a value must equal it.
-        dropout, attn_dropout: fine-tuning dropout.
-        activation_checkpointing: recompute each block in backward (:class:`VisionEncoder`).
-        freeze: freeze after loading (:meth:`mmtf.encoders.Encoder.freeze`).
+        dropout, attn_dropout, activation_checkpointing, freeze: as :class:`VisionEncoder`
+            (freeze after loading).
 
     Raises:
         UserError: see :func:`mmtf.pretrained.vision.build_vision_encoder`.
