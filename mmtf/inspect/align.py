@@ -119,20 +119,15 @@ def word_spans(weights: Tensor, words: Sequence[tuple[str, Sequence[int]]],
     """Align words to time from the cross-attention of one caption.
 
     Args:
-        weights: (k, n, m) maps of the chosen (layer, head) pairs over the m valid memory
-            positions; row t is the query that produced caption token t; the last row is the
-            one that produced eos (or the last token when generation hit its length limit).
-        words: ``(word, token indices)`` in caption order, indices < n (the eos row belongs to
-            no word; it closes the last one).
-        seconds_per_position: seconds between memory positions (position k is centred at
-            ``k * seconds_per_position``).
+        weights: (k, n, m) maps of the chosen (layer, head) pairs over the valid positions;
+            row t produced caption token t, the last row eos.
+        words: ``(word, token indices)`` in caption order (the eos row closes the last word).
+        seconds_per_position: seconds between memory position centres.
         duration: clip length in seconds, to clip the last end; None = the memory's extent.
         medfilt_width: median filter width along time (odd; 1 = off).
 
     Returns:
-        One :class:`WordSpan` per word, in order and never overlapping; a word covers
-        positions ``[first, next word's first)`` (at least its first), whose edges are half a
-        position around the centres.
+        One :class:`WordSpan` per word, in order, never overlapping.
     """
     if weights.dim() != 3:
         raise ValueError(f"word_spans: weights must be (maps, tokens, positions), got "

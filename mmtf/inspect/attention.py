@@ -72,8 +72,7 @@ def caption_attention(model: nn.Module, inputs: Tensor, lengths: Tensor | None, 
                       generation: dict | None = None) -> CaptionAttention:
     """Generate a caption for one input and collect the attention of the chosen layers.
 
-    The model is switched to eval mode for the call and every submodule's train/eval state is
-    restored afterwards; no random numbers are drawn (greedy or beam search).
+    Runs in eval mode (every submodule's state restored after) and draws no random numbers.
 
     Args:
         model: an :class:`mmtf.decoders.EncoderDecoder` (``encoder``, ``decoder``, ``generate``).

@@ -36,14 +36,11 @@ class Attention(nn.Module):
         num_kv_heads: key/value heads g (default ``num_heads``); must divide ``num_heads``.
         causal: mask future keys (decoder self-attention). The role sets it, not the config.
         rope: shared rotary table applied to queries and keys of self-attention.
-        kv_dim: width of the ``context`` for cross-attention. A layer built with ``kv_dim`` is a
-            cross-attention layer and must be called with ``context``; one built without it
-            rejects ``context``.
-        bias: biases of the projections: True (all four), False (none) or a string naming the
-            projections that have one, from "q", "k", "v", "o" (query, key, value, output);
-            Whisper's attention is "qvo" (no key bias). A key bias adds the same ``q . b_k`` to
-            every score of a query row, which softmax cancels, so leaving it out changes no
-            output; imported weights map one to one.
+        kv_dim: width of the ``context``; set, the layer is cross-attention and must be called
+            with ``context``, unset it rejects one.
+        bias: True (all projections), False (none) or the letters of the biased ones among
+            "qkvo" (Whisper: "qvo"; softmax cancels a key bias, so leaving it out changes
+            nothing).
         dropout: attention-probability dropout, active in training only.
     """
 
@@ -273,11 +270,9 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | N
                            ) -> Tensor:
     """Softmax attention of a single query position, as plain reductions.
 
-    Equals ``scaled_dot_product_attention`` (zeros for rows whose keys are all masked). Under
-    ``torch.compile`` these reductions fuse into one pass over K and V per layer, which reads the
-    cache faster than the fused SDPA kernel does for one query (docs/design/attention-core.md).
-    Eagerly it would materialise (b, g, r, m, d) products, so :class:`Attention` calls it only
-    while compiling.
+    Equals ``scaled_dot_product_attention`` (zeros for fully masked rows). Compiled, it fuses
+    into one pass over K and V; eagerly it would materialise (b, g, r, m, d) products, so it is
+    called only while compiling (docs/design/attention-core.md).
 
     Args:
         q: (b, h, 1, d) queries.

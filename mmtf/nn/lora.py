@@ -81,14 +81,9 @@ class _DroppedLowRank(torch.autograd.Function):
     """``B A dropout(x) * scale``, keeping for backward only ``x``, a 1-byte mask and the
     rank-sized ``A dropout(x)``.
 
-    Plain autograd would keep the dropped copy ``dropout(x)`` (for A's gradient) and the
-    dropout's float noise, two input-sized tensors per adapted projection on top of ``x``,
-    which the producer of ``x`` or the next projection reading it often keeps anyway (one
-    storage, counted once); backward rebuilds ``dropout(x)`` from ``x`` and the mask. Under
-    autocast the GEMMs run in the dtype forward's ran in (that of the rank-sized result), as
-    the plain path's autocast casts would. Backward is not itself differentiable (a double
-    backward raises): it is written from saved values, not as autograd ops of the inputs.
-    Why: docs/design/lora.md, "Memory".
+    Plain autograd would keep two more input-sized tensors per adapted projection; backward
+    rebuilds ``dropout(x)`` from ``x`` and the mask, in forward's autocast dtype. Backward is
+    not itself differentiable (a double backward raises). Why: docs/design/lora.md, "Memory".
     """
 
     @staticmethod

@@ -117,8 +117,8 @@ def sdpa_backends(model: nn.Module, device: torch.device | str, dtype: torch.dty
                   *, batch: int = 2, length: int = 64) -> dict[str, str]:
     """The SDPA kernel each attention role of ``model`` runs on ``device``.
 
-    Calls the model's own :class:`Attention` layers on random inputs (no gradient, autocast
-    to ``dtype`` when it is not float32) and reads the ATen op each call dispatched to.
+    Calls copies of the model's :class:`Attention` layers on random inputs and reads the ATen
+    op each call dispatched to.
 
     Args:
         model: a model built from mmtf's attention core (on any device; layers are copied).

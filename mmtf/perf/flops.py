@@ -60,9 +60,8 @@ def attention_flops(module: Attention, x: Tensor, context: Tensor | None,
 class FlopCounter:
     """Forward matmul FLOPs of every call inside a ``with`` block (see the module docstring).
 
-    Hooks are attached on ``__enter__`` and removed on ``__exit__``; in between, every
-    ``nn.Linear``, ``nn.Conv1d``/``nn.Conv2d`` and :class:`Attention` call inside ``model`` adds
-    to :attr:`forward_flops`. :attr:`training_flops` is three times that.
+    Hooks live from ``__enter__`` to ``__exit__``; :attr:`training_flops` is three times
+    :attr:`forward_flops`.
 
     Args:
         model: the module whose submodules are counted.
@@ -110,9 +109,8 @@ def matmul_flops_per_s(device: torch.device | str = "cpu", dtype: torch.dtype = 
                        *, size: int | None = None, repeats: int = 5) -> float:
     """Dense square-matmul rate of ``device`` in ``dtype`` (FLOP/s, best of ``repeats``).
 
-    The denominator of MFU: what this device's matmul library reaches on a large square GEMM
-    (1024 on a CPU, 4096 on a GPU), measured rather than read from a table, so that a shared,
-    throttled or AVX2-only CPU is judged by what it can do now.
+    The denominator of MFU, measured rather than read from a table, so that a shared or
+    throttled CPU is judged by what it can do now.
 
     Args:
         device: where to measure.

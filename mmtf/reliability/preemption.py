@@ -115,9 +115,8 @@ class PreemptionCheckpoint(Callback):
 class DDPFailFast(Callback):
     """When the launching rank fails, kill the DDP children Lightning started, at once.
 
-    A no-op outside Lightning's subprocess launcher (torchrun, SLURM and the spawn launchers
-    manage their own processes), for ``SIGTERMException`` (children got SIGTERM and save), and
-    for ``KeyboardInterrupt`` (Lightning kills the children itself).
+    A no-op outside Lightning's subprocess launcher, for ``SIGTERMException`` (the children
+    save) and for ``KeyboardInterrupt`` (Lightning kills them itself).
 
     Args:
         signum: signal sent to each child (SIGKILL: a process stuck in a collective ignores

@@ -374,15 +374,11 @@ def write_caption_set(root: str | Path, *, num_train: int = 3000, num_val: int =
 
     Args:
         root: output folder (created).
-        num_train: clips in development/ (train).
-        num_val: clips in validation/ (val).
-        num_test: clips in evaluation/ (test).
+        num_train, num_val, num_test: clips in development/, validation/, evaluation/.
         seed: everything is a function of (seed, split, clip index).
         sample_rate: Hz of the written WAVs.
-        min_seconds: shortest clip.
-        max_seconds: longest clip.
-        min_events: fewest events per clip.
-        max_events: most events per clip (at most 3).
+        min_seconds, max_seconds: clip length range.
+        min_events, max_events: events per clip (at most 3).
         snr_db: range of background-noise SNR, relative to the quietest event.
         captions_per_clip: references per clip (Clotho has 5).
         num_workers: processes used to render.
@@ -417,10 +413,8 @@ def write_label_set(root: str | Path, *, num_clips: int = 2000, num_folds: int =
         num_folds: folds (ESC-50 has 5).
         seed: everything is a function of (seed, clip index).
         sample_rate: Hz of the written WAVs.
-        min_seconds: shortest clip.
-        max_seconds: longest clip.
-        min_events: fewest events per clip.
-        max_events: most events per clip (the label is the first).
+        min_seconds, max_seconds: clip length range.
+        min_events, max_events: events per clip (the label is the first).
         snr_db: range of background-noise SNR.
         num_workers: processes used to render.
     """

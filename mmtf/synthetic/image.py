@@ -241,13 +241,10 @@ def write_caption_set(root: str | Path, *, num_train: int = 3000, num_val: int =
 
     Args:
         root: output folder (created).
-        num_train: images in train.
-        num_val: images in val.
-        num_test: images in test.
+        num_train, num_val, num_test: images per split.
         seed: everything is a function of (seed, split, image index).
         image_size: side of the square images in pixels (>= 32).
-        min_objects: fewest shapes per image.
-        max_objects: most shapes per image (at most 3).
+        min_objects, max_objects: shapes per image (at most 3).
         captions_per_image: references per image (COCO has about 5).
         num_workers: processes used to render.
     """
@@ -274,9 +271,7 @@ def write_label_set(root: str | Path, *, num_train: int = 2000, num_val: int = 2
 
     Args:
         root: output folder (created).
-        num_train: images in train.
-        num_val: images in val.
-        num_test: images in test.
+        num_train, num_val, num_test: images per split.
         seed: everything is a function of (seed, split, image index).
         image_size: side of the square images in pixels (>= 32).
         num_workers: processes used to render.
