@@ -50,8 +50,7 @@ class WaveAugment:
 
     Args:
         sample_rate: Hz of the clips.
-        max_samples: a sped-up clip is cut to this many samples (the data's ``max_seconds``);
-            None = never.
+        max_samples: a sped-up clip is cut to this many samples (None = never).
         speed_p, speed_factors: probability of a speed change and the factors to pick from.
         noise_p, snr_db: probability of added noise and the (low, high) SNR range in dB.
         noise_files: noise recordings to draw from; empty = generated 1/f^e noise.
@@ -127,10 +126,8 @@ def add_noise(wave: Tensor, noise: Tensor, snr_db: float) -> Tensor:
 class Mixup:
     """Mix the waveforms of pairs of a batch (Zhang et al. 2018, mixup).
 
-    Each item is mixed with probability ``p``: with a partner j drawn from a random permutation
-    of the batch and a coefficient λ ~ Beta(alpha, alpha), its waveform becomes
-    ``λ x_i + (1 - λ) x_j`` (valid up to the longer of the two); an item left alone (or paired
-    with itself) has λ = 1. The task then scores both captions, weighted λ and 1 - λ.
+    With probability ``p`` item i becomes ``λ x_i + (1 - λ) x_j`` (j from a permutation of the
+    batch, λ ~ Beta(alpha, alpha); unmixed: λ = 1); the task weights both captions' losses.
 
     Args:
         p: probability that an item is mixed.
@@ -206,8 +203,7 @@ def build_augment(spec: Mapping[str, Any] | None, *, sample_rate: int,
         ``(WaveAugment or None, Mixup or None)``: None where nothing is switched on.
 
     Raises:
-        ConfigError: an unknown key, a probability outside [0, 1], a bad range or factor, a
-            noise folder that is missing or holds no audio file, mixup on label data.
+        ConfigError: a bad key, probability, range, factor or noise folder; mixup on labels.
     """
     if not spec:
         return None, None

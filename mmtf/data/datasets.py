@@ -47,8 +47,8 @@ def probe(items: Sequence[CaptionItem | LabelItem], *, modality: str, policy: Er
 
     Args:
         items: from a format reader.
-        modality: ``audio`` (header checks of :func:`mmtf.data.audio.audio_info`) or ``image``
-            (exists and is not empty; decoding errors surface when loaded).
+        modality: ``audio`` (:func:`mmtf.data.audio.audio_info`) or ``image`` (exists, not
+            empty).
         policy: raises or counts each problem.
         channels: required audio channel count, or None for any.
         threads: parallel header reads (I/O bound).
@@ -78,10 +78,7 @@ class MediaDataset(Dataset):
     Args:
         items: from a format reader (after :func:`probe`).
         modality: ``audio`` | ``image``.
-        sample_rate: audio is resampled to this rate.
-        max_seconds: audio longer than this is cropped (None = never).
-        crop: ``random`` | ``center`` | ``start`` | ``full`` (see :func:`load_audio`).
-        channels: required audio channel count, or None for any (mixed to mono).
+        sample_rate, max_seconds, crop, channels: as :func:`mmtf.data.audio.load_audio`.
         transform: image pipeline (uint8 (3, h, w) -> float32), e.g. from
             :func:`mmtf.data.image.build_transform`.
         on_error: ``raise`` | ``skip`` (replace by the next good item and record it).

@@ -83,12 +83,10 @@ def load_image(path: str | os.PathLike, *, where: str | None = None,
 def build_transform(transforms: Sequence[Any] | None) -> Callable[[Tensor], Tensor]:
     """Compose a list of ``transforms.v2`` objects (or Hydra ``_target_`` dicts) into one.
 
-    The composed pipeline always returns float32: if the list leaves the image as uint8, it is
-    scaled to 0..1 at the end (``ToDtype(float32, scale=True)``).
+    A pipeline that leaves uint8 ends with ``ToDtype(float32, scale=True)``.
 
     Args:
-        transforms: the list from config (``data.train_transforms`` / ``eval_transforms``), or
-            None for "only convert to float".
+        transforms: ``data.train_transforms`` / ``eval_transforms``; None: only to float.
 
     Returns:
         A callable (3, h, w) uint8 -> (3, h', w') float32.
@@ -201,17 +199,15 @@ def pretrained_image_transform(source: str | os.PathLike | None = None,
 
 
 def read_image_processor(source: str | os.PathLike | None) -> dict[str, Any]:
-    """The preprocessing settings of a pretrained vision model's ``preprocessor_config.json``,
-    resolved against the processor's defaults (see :func:`pretrained_image_transform`).
+    """The settings of a pretrained vision model's ``preprocessor_config.json``, resolved
+    against the processor's defaults.
 
     Returns:
-        ``resize`` (shortest edge as an int, [height, width], or None), ``resample`` (PIL
-        code), ``crop`` ([height, width] or None), ``rescale`` (bool), ``mean`` / ``std``
-        (lists, or None for no normalisation): plain values a config stores.
+        Plain values: ``resize`` (int shortest edge, [h, w] or None), ``resample`` (PIL code),
+        ``crop`` ([h, w] or None), ``rescale`` (bool), ``mean`` / ``std`` (lists or None).
 
     Raises:
-        UserError: the file is missing or not JSON; an image processor or a setting this
-            pipeline does not reproduce (named, with its value).
+        UserError: a missing or non-JSON file, or a processor or setting not reproduced here.
     """
     owner = "pretrained_image_transform"
     if source is None:

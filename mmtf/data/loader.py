@@ -97,11 +97,9 @@ class _Reporting:
     def stop_workers(self) -> int:
         """Shut down the worker processes of the current pass now; how many it had.
 
-        A pass that is not run to its end (``max_steps``, ``limit_train_batches``) keeps its
-        workers until its iterator is garbage-collected, and Lightning's objects hold it in
-        reference cycles: idle workers outlived in-process runs (``train()`` called again, a
-        sequential sweep), and the collector later shut them down 5 s per worker.
-        The next ``iter()`` starts new workers.
+        A pass not run to its end keeps its workers until its iterator is garbage-collected,
+        which Lightning's reference cycles delay past the run. The next ``iter()`` starts new
+        ones.
         """
         inner = self._pass() if self._pass is not None else None
         return 0 if inner is None else shutdown_loader_workers(self, inner)
@@ -121,13 +119,10 @@ class DataLoader(_Reporting, torch.utils.data.DataLoader):
 class StatefulDataLoader(_Reporting, torchdata.stateful_dataloader.StatefulDataLoader):
     """torchdata's ``StatefulDataLoader`` (mid-epoch ``state_dict``) with the same reports.
 
-    ``state_dict()`` is the wrapped iterator's: it counts exactly the batches this loader
-    handed out, since the report does not read ahead.
+    ``state_dict()`` counts exactly the batches handed out (the report does not read ahead).
 
     Args:
-        dataset: the dataset.
-        counter: where skipped items are added (the data module's ``error_counts``).
-        split: for the log line.
+        dataset, counter, split: as :class:`DataLoader`.
         **kwargs: passed to ``StatefulDataLoader``.
     """
 

@@ -59,11 +59,10 @@ class BucketBatchSampler:
     Args:
         lengths: length of every item (seconds, samples or pixels; with ``budget`` in its unit).
         batch_size: examples per batch; None with ``budget``.
-        budget: cut batches by padded size instead: examples x the longest length in the batch
-            stays <= ``budget`` (seconds of audio, pixels of images); ``batch_size`` must then
-            be None. An item longer than the budget is a batch alone.
-        drop_last: drop incomplete batches (and the uneven tail of the DDP split); with a
-            ``budget`` only the tail of the DDP split (no batch is "incomplete").
+        budget: instead, cut so that examples x the longest length stays <= ``budget`` (an
+            item over it is a batch alone); ``batch_size`` must then be None.
+        drop_last: drop incomplete batches and the uneven tail of the DDP split (with a
+            ``budget``: only the tail).
         num_captions: captions per item (needed by the ``random`` and ``all`` policies).
         caption_policy: ``random`` (one caption per item per epoch), ``all`` (every pair) or
             ``first`` (caption 0: evaluation and classification).
@@ -412,9 +411,8 @@ def _merge(batches: list[list[Key]], count: int, lengths: np.ndarray) -> list[li
 def sample_rng(seed: int, epoch: int, index: int, stream: int = 0) -> np.random.Generator:
     """A numpy generator that depends only on ``(seed, epoch, index, stream)``.
 
-    Use it for per-item randomness in a Dataset (where to crop): the draw is then the same
-    whichever worker runs the item and whether or not the run was resumed, unlike a worker's
-    global generators. Different epochs give different draws.
+    Per-item randomness in a Dataset (where to crop) then depends neither on the worker nor on a
+    resume, unlike a worker's global generators.
 
     Args:
         seed: the run's data seed (non-negative).
