@@ -100,8 +100,7 @@ class Attention(nn.Module):
     def check_sizes(*, dim: int, num_heads: int, num_kv_heads: int | None = None) -> int:
         """The width rules of multi-head attention, checked here once for every caller.
 
-        A stack calls this before it derives ``head_dim`` (its RoPE table), so the first error a
-        user sees is the rule they broke, not a consequence of it.
+        Stacks call it before deriving ``head_dim``, so the first error names the broken rule.
 
         Returns:
             ``num_kv_heads``, with None resolved to ``num_heads``.
@@ -130,12 +129,9 @@ class Attention(nn.Module):
 
         Args:
             x: queries, (b, n, c).
-            context: cross-attention source, (b, m, kv_dim). With a cache that is already filled
-                it may be None: the cached projections are reused.
-            key_mask: (b, m) bool, True = a real key. For cached self-attention m counts the
-                cached keys plus the new ones.
-            cache: self-attention: the new K/V are appended and all cached keys attended.
-                Cross-attention: filled with the projected context on first use, then reused.
+            context: cross-attention source, (b, m, kv_dim); None reuses a filled cache.
+            key_mask: (b, m) bool, True = a real key (cached self-attention: m = cached + new).
+            cache: self-attention appends the new K/V; cross-attention fills it once.
             need_weights: also return the attention probabilities (explicit softmax path).
 
         Returns:

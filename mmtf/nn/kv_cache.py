@@ -17,9 +17,8 @@ class KVCache:
 
     Args:
         batch_size: rows of the batch (batch * beams for beam search).
-        num_kv_heads: key/value heads of the layer (g).
+        num_kv_heads, head_dim: g and d of the layer.
         max_len: positions the cache can hold; writing past it raises.
-        head_dim: per-head size (d).
         dtype, device: of the buffers; match the model's activations.
     """
 

@@ -177,9 +177,8 @@ def load_peft_adapter(folder: str | Path, parts: Mapping[str, nn.Module], config
         The config the adapters have, and the parts that hold them.
 
     Raises:
-        UserError: a module the parts do not have, or a tensor of another shape (the folder's
-            ``base_model_name_or_path`` and both shapes named): an adapter for another base;
-            slices of several ranks or scales (mmtf's adapters have one).
+        UserError: an adapter for another base (a module the parts lack, another shape), or
+            slices of several ranks or scales.
         ConfigError: adapters that no target list describes, or a part without any.
     """
     peft_config, tensors = read_adapter(folder)
@@ -326,11 +325,9 @@ def write_peft_adapter(parts: Mapping[str, nn.Module], tables: Mapping[str, list
     ``tables`` give (per part, in the base class's layout: ``model.`` for Whisper), renamed by
     ``renames`` (per part) to the installed transformers' module names.
 
-    A module that holds several adapted slices (GPT-2's ``c_attn``: q, k, v) gets one adapter
-    of rank ``n r``: A stacks the slices' A, B is block-diagonal, so ``B A`` is each slice's
-    ``B_i A_i`` in its rows (zero rows for a slice without one); ``rank_pattern`` and
-    ``alpha_pattern`` give that module ``n r`` and ``n alpha``, the same ``alpha / r``.
-    ``fan_in_fan_out``: the base's layers are ``Conv1D`` (GPT-2), as PEFT sets it.
+    A module holding several slices (GPT-2's ``c_attn``) gets one adapter of rank ``n r`` (A
+    stacked, B block-diagonal; ``rank_pattern`` / ``alpha_pattern`` keep ``alpha / r``);
+    ``fan_in_fan_out`` is set for ``Conv1D`` bases, as PEFT does.
 
     Raises:
         UserError: a part without adapters, or an adapted slice the table cannot name.
