@@ -78,12 +78,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     Args:
         path: the ``.ckpt`` file.
         map_location: where tensors go.
-        mmap: memory-map the file: tensors are read only when touched, so opening a large
-            checkpoint to read its small entries (``global_step``, ``mmtf``) is cheap.
+        mmap: memory-map the file (tensors are read only when touched).
 
     Raises:
-        CheckpointError: missing file, or a file that is not a weights-only checkpoint (for
-            example a pickle that would run code), with the path in the message.
+        CheckpointError: a missing file, or one that is not a weights-only checkpoint.
     """
     path = require_file(path, what="checkpoint", error=CheckpointError,
                         fix="pass ckpt_path=<file.ckpt> or ckpt_path=last inside a run dir that "

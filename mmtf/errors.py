@@ -49,8 +49,7 @@ class DataError(UserError):
         message: the full sentence shown to the user.
         reason: short key for counting (see the module docstring).
         path: the offending file.
-        where: the index entry that pointed to it, e.g. ``"clotho_captions_development.csv
-            line 17"``.
+        where: the index entry that pointed to it (``"captions.csv line 17"``).
     """
 
     def __init__(self, message: str, *, reason: str = "invalid", path: str | Path | None = None,

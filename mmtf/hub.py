@@ -103,9 +103,8 @@ def open_hf_model(source: str | Path, *, model_types: Collection[str], owner: st
         owner: the importing class or config key, named in every message.
 
     Raises:
-        UserError: the folder or hub id cannot be found; ``config.json`` is missing or not
-            JSON; only pickled weights are present (the message says how to convert); no
-            safetensors weights; ``model_type`` is not one of ``model_types``.
+        UserError: no such folder or hub id, a missing or bad ``config.json``, no safetensors
+            weights (or only pickled ones), or another ``model_type``.
     """
     folder = resolve_source(source, owner=owner)
     config_file = folder / CONFIG_FILE

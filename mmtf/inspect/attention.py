@@ -81,8 +81,7 @@ def caption_attention(model: nn.Module, inputs: Tensor, lengths: Tensor | None, 
         tokenizer: the checkpoint's tokenizer (``decode``).
         cross_layers: decoder layers whose cross-attention to return (None = all).
         decoder_self_layers, encoder_self_layers: self-attention layers to return as well.
-        generation: options of ``EncoderDecoder.generate`` (default greedy); sampling is
-            refused, since the maps must belong to a caption that can be reproduced.
+        generation: options of ``EncoderDecoder.generate`` (default greedy; no sampling).
 
     Returns:
         :class:`CaptionAttention`.

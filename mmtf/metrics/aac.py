@@ -75,8 +75,8 @@ def aac_scores(candidates: Sequence[str], references: Sequence[Sequence[str]],
     """Score space-joined token strings with aac-metrics.
 
     Args:
-        candidates: one tokenised caption per item, tokens joined by spaces.
-        references: the tokenised references of each item, joined the same way.
+        candidates, references: tokenised captions (one per item) and references, tokens
+            joined by spaces.
         names: resolved metric names (``bleu_1`` ... ``spider_fl``).
         timeout_s: time limit of each Java metric.
 

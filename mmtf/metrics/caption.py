@@ -279,15 +279,12 @@ class CaptionMetrics:
         return unique
 
     def compute(self, event_parser: Callable[[str], Any] | None = None) -> dict[str, float]:
-        """Gather, score on rank 0 (METEOR and SPICE start a JVM), return the same scores on
-        every rank.
-
-        Sets :attr:`unavailable` and :attr:`rows`. Collective under DDP.
+        """Gather, score on rank 0, return the same scores on every rank (collective under DDP);
+        sets :attr:`unavailable` and :attr:`rows`.
 
         Args:
-            event_parser: caption -> event sequence of the data set scored; when given, the
-                scores include ``event_accuracy``
-                (:func:`~mmtf.metrics.event.event_sequence_accuracy`).
+            event_parser: caption -> event sequence; given, the scores include
+                ``event_accuracy`` (:func:`~mmtf.metrics.event.event_sequence_accuracy`).
 
         Raises:
             ValueError: nothing was accumulated (on any rank).

@@ -73,8 +73,7 @@ def error_rates(hypotheses: Sequence[str], references: Sequence[str], *,
         ids: utterance ids for the rows (default: positions).
 
     Raises:
-        ValueError: the lists differ in length or are empty, or every reference is empty after
-            normalisation (there is nothing to divide by).
+        ValueError: the lists differ in length or are empty, or every normalised reference is.
         ConfigError: an unknown normalizer.
     """
     if len(hypotheses) != len(references):

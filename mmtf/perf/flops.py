@@ -113,8 +113,7 @@ def matmul_flops_per_s(device: torch.device | str = "cpu", dtype: torch.dtype = 
     throttled CPU is judged by what it can do now.
 
     Args:
-        device: where to measure.
-        dtype: float32, or the autocast dtype (bfloat16 / float16) of mixed precision.
+        device, dtype: where and in which (autocast) dtype to measure.
         size: matrix side; default 1024 (CPU) or 4096 (accelerators).
         repeats: timed matmuls after one warm-up; the fastest counts.
     """

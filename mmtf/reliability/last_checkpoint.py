@@ -34,9 +34,7 @@ class LastCheckpoint(ModelCheckpoint):
             ``ckpt_path=last`` looks); None = Lightning's default.
         every_n_train_steps: also save every this many optimizer steps (None or 0: only after
             validation runs).
-        **kwargs: other ``ModelCheckpoint`` arguments (``filename``, ``verbose`` ...); the ones
-            that make it a last-only checkpoint (``monitor``, ``save_top_k``, ``save_last``,
-            ``every_n_epochs``, ``save_on_train_epoch_end``) are fixed.
+        **kwargs: other ``ModelCheckpoint`` arguments; those that make it last-only are fixed.
     """
 
     _FIXED = ("monitor", "save_top_k", "save_last", "every_n_epochs", "train_time_interval",

@@ -52,8 +52,7 @@ def check_finite_loss(loss: Tensor, *, step: int, batch_idx: int, policy: Policy
 
     Args:
         loss: the scalar loss of this rank.
-        step: the global step (``self.global_step``), for the message.
-        batch_idx: the batch index in the epoch, for the message.
+        step, batch_idx: the global step and the batch index in the epoch, for the message.
         policy: ``raise`` (stop with :class:`NonFiniteLossError`) or ``skip`` (return False).
         batch_ids: sample ids of the batch (``batch["ids"]``), named in the error.
 

@@ -72,8 +72,8 @@ def resolve_resume(ckpt_path: str | os.PathLike | None, run_dir: str | os.PathLi
         run_dir: the run's output dir (``paths.output_dir``), holding ``checkpoints/``.
 
     Raises:
-        ResumeError: ``last`` with no checkpoint in ``run_dir``; a path that does not exist; a
-            corrupt/truncated or weights-only checkpoint (also for ``auto``).
+        ResumeError: ``last`` with nothing in ``run_dir``, a missing path, or a corrupt,
+            truncated or weights-only checkpoint.
     """
     if ckpt_path is None or str(ckpt_path) == "":
         return None

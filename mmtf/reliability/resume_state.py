@@ -40,10 +40,8 @@ class ResumeState(Callback):
 
     Args:
         restore_rng: write generator states into checkpoints and restore them on resume.
-        isolate_validation: restore the training stream's generator state after each
-            validation run during fit.
-        set_sampler_epoch: call ``batch_sampler.set_epoch(current_epoch)`` at each train epoch
-            start when the batch sampler has that method.
+        isolate_validation: restore the training generators' state after each validation.
+        set_sampler_epoch: call ``batch_sampler.set_epoch`` at each train epoch start.
     """
 
     def __init__(self, *, restore_rng: bool = True, isolate_validation: bool = True,

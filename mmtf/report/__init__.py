@@ -28,8 +28,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, *,
         run_dir: ``outputs/<task>/runs/<time>`` or ``outputs/<task>/multiruns/<time>``.
         out_dir: where to write (default: ``<run_dir>/report``).
         metric: the metric to rank by (default: the run's ``optimized_metric``).
-        mode: ``min`` or ``max`` for ``metric`` (default: the run's ``optimized_mode`` for its
-            ``optimized_metric``, else lower for losses and error rates, higher for the rest).
+        mode: ``min`` or ``max`` (default: :func:`mmtf.report.summary.metric_mode`).
         smoothing: TensorBoard-style smoothing of the training curves, 0 to < 1.
 
     Raises:

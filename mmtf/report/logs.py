@@ -54,10 +54,8 @@ class RunLogs:
     Attributes:
         run_dir: the run dir.
         config: the run's resolved config (``config.yaml``, else ``.hydra/config.yaml``).
-        overrides: the command-line overrides (``.hydra/overrides.yaml``).
-        config_name: the root config the run was composed from (``train``).
-        scalars: ``{key: [(step, value), ...]}`` over all segments, sorted by step; ``epoch`` is
-            one of the keys when the logs hold it.
+        overrides, config_name: the command-line overrides and the root config (``train``).
+        scalars: ``{key: [(step, value), ...]}`` over all segments, sorted by step.
         final_metrics: ``metrics.json`` (``{}`` when the run has not finished).
         sources: the log files read, in merge order.
         resumed_at: the first training step of each start after the first (a resumed run).

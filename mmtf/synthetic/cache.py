@@ -111,8 +111,7 @@ def ensure_synthetic(root: str | os.PathLike, kind: str, **params: Any) -> Path:
         ``root`` as an absolute path.
 
     Raises:
-        DataError: ``root`` exists, is not empty and was not written by this function (it is
-            never overwritten).
+        DataError: ``root`` is not empty and was not written here (it is never overwritten).
     """
     writer, version = synthetic_set(kind)[:2]
     root = Path(root).expanduser().resolve()
