@@ -1,31 +1,11 @@
-"""Safe checkpoint IO: weights-only loading, the ``_target_`` allowlist, atomic writes.
+"""Safe checkpoint IO: weights-only loading, the ``_target_`` allowlist, atomic writes (layer 0).
 
-The one owner of reading and writing checkpoint files (layer 0: it imports nothing of mmtf but
-:mod:`mmtf.errors`).
-
-**Loading.** Every ``torch.load`` in mmtf goes through :func:`load_checkpoint`, which passes
-``weights_only=True`` explicitly, so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` in the environment
-cannot turn unpickling of arbitrary objects back on. A config stored in a checkpoint is data: its
-``_target_`` entries are checked against an allowlist (:func:`check_targets`,
-:func:`stored_config`) before anything is instantiated.
-
-A user's own modules join the allowlist only through the loading command: the ``safe_targets``
-argument, or ``MMTF_SAFE_TARGETS=mylab.models,otherlab.nets`` in the environment of any mmtf
-CLI. A list stored in the checkpoint (the training config's ``safe_targets``) is shown in the
-refusal, never honoured on its own: a checkpoint cannot allowlist itself. Standard-library and
-builtin modules (``os``, ``subprocess``, ``builtins``...) are refused as entries.
-Why: see docs/design/safe-targets.md
-
-**Writing.** :class:`AtomicCheckpointIO` (a Lightning Trainer plugin) and
-:func:`atomic_torch_save` write ``.<name>.<host>.<pid>.<random>.tmp`` in the target's
-directory, flush and ``os.fsync`` it, ``os.replace`` it onto the target (atomic on one
-filesystem) and fsync the directory so the rename itself is durable. A reader sees the old file
-or the new one, never a mix. Temp files left by a killed writer are removed by the next
-successful save of the same target (only those of this host whose process is gone); loaders
-never look at them. Why not Lightning's ``TorchCheckpointIO``: see docs/design/atomic-checkpoints.md.
-
-Rebuilding a task from a checkpoint is the tasks' business: :func:`mmtf.tasks.build_task`.
-"""
+Every ``torch.load`` goes through :func:`load_checkpoint` (``weights_only=True`` explicitly). A
+stored config's ``_target_`` entries are checked against an allowlist (:func:`check_targets`,
+:func:`stored_config`), extended only by the loading command (``safe_targets`` /
+``MMTF_SAFE_TARGETS``), never by the checkpoint itself (docs/design/safe-targets.md).
+:class:`AtomicCheckpointIO` and :func:`atomic_torch_save` write a temp file, fsync, and
+``os.replace`` it onto the target (docs/design/atomic-checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -98,12 +78,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     Args:
         path: the ``.ckpt`` file.
         map_location: where tensors go.
-        mmap: memory-map the file: tensors are read only when touched, so opening a large
-            checkpoint to read its small entries (``global_step``, ``mmtf``) is cheap.
+        mmap: memory-map the file (tensors are read only when touched).
 
     Raises:
-        CheckpointError: missing file, or a file that is not a weights-only checkpoint (for
-            example a pickle that would run code), with the path in the message.
+        CheckpointError: a missing file, or one that is not a weights-only checkpoint.
     """
     path = require_file(path, what="checkpoint", error=CheckpointError,
                         fix="pass ckpt_path=<file.ckpt> or ckpt_path=last inside a run dir that "

@@ -1,11 +1,8 @@
 """Every user-facing error type, and the one file-exists check (layer 0: imports no mmtf code).
 
-Every error that a user can fix by changing a config value, a path or a file derives from
-:class:`UserError` and is defined here (:class:`ConfigError`, :class:`MonitorError`,
-:class:`CheckpointError`, :class:`ResumeError`, :class:`DataError`): the CLIs (:func:`mmtf.utils.config.run_cli`) print its message as one line
-and exit with status 2; anything else is a bug in mmtf and keeps its traceback.
-``HYDRA_FULL_ERROR=1`` shows the traceback of a user error too.
-"""
+An error a user fixes by changing a config, path or file derives from :class:`UserError`; the
+CLIs (:func:`mmtf.utils.config.run_cli`) print it as one line and exit 2 (``HYDRA_FULL_ERROR=1``
+shows the traceback); anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -52,8 +49,7 @@ class DataError(UserError):
         message: the full sentence shown to the user.
         reason: short key for counting (see the module docstring).
         path: the offending file.
-        where: the index entry that pointed to it, e.g. ``"clotho_captions_development.csv
-            line 17"``.
+        where: the index entry that pointed to it (``"captions.csv line 17"``).
     """
 
     def __init__(self, message: str, *, reason: str = "invalid", path: str | Path | None = None,

@@ -1,14 +1,10 @@
 """`python -m mmtf.evaluate ckpt_path=... [split=test] [generation.strategy=beam]`.
 
-Rebuilds the task from the config stored in the checkpoint (allowlisted ``_target_``s, weights
-loaded with ``weights_only=True``; ``use_ema=true``: the EMA of the weights, ``callbacks=ema``), scores it on a split with the checkpoint's data config, and
-writes ``metrics.json`` and ``predictions.jsonl`` (captioning; with WER, each row carries its
-word-alignment counts) and, when WER / CER are scored, ``errors.csv`` (per utterance:
-substitutions, deletions, insertions, hits, the normalised reference and hypothesis, worst
-first) into the run dir. Audio longer than ``model.encoder.max_seconds`` is scored on its first
-``max_seconds`` (:func:`crop_long_audio`), or whole with ``long_audio=sequential|chunked``
-(Whisper's long-form speech decoding).
-"""
+Rebuilds the task from the checkpoint's config (allowlisted, weights-only; ``use_ema=true`` for
+the EMA weights), scores a split and writes ``metrics.json``, ``predictions.jsonl`` and, with
+WER / CER, ``errors.csv`` (per utterance, worst first). Audio longer than
+``model.encoder.max_seconds`` is cropped (:func:`crop_long_audio`) unless
+``long_audio=sequential|chunked``."""
 
 from __future__ import annotations
 

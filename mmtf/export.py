@@ -1,24 +1,9 @@
 """`python -m mmtf.export ckpt_path=... part=encoder out=enc/`: reusable weights without pickle.
 
-``format=hf`` instead writes a model imported from a Hugging Face family (``model=whisper``)
-back in that layout (``config.json``, ``model.safetensors``, tokenizer files) for
-``transformers``' ``from_pretrained``; each pair of families has its writer in
-:data:`mmtf.pretrained.PAIR_WRITERS`. A model trained with LoRA adapters is written merged
-(``merge_lora=true``: the adapters folded into the weights, the base architecture again), or
-``format=peft`` writes the adapters alone as a PEFT folder (``adapter_config.json`` +
-``adapter_model.safetensors``) for ``PeftModel.from_pretrained(base, folder)``.
-
-Writes ``out/weights.safetensors`` (the part's state dict) and ``out/config.yaml`` (the part's
-``_target_`` and constructor arguments) through :func:`mmtf.hub.write_export`, the one writer of
-that layout (:func:`mmtf.hub.open_export` the one reader), then loads the folder back with :func:`load_exported`
-and checks every tensor, so a written folder is known to load. Any experiment loads an encoder
-back with ``model.encoder.pretrained=out/`` (add ``model.encoder.freeze=true`` for a frozen
-encoder); a decoder export also carries ``tokenizer.json``. In Python, :func:`load_exported`
-rebuilds either part::
-
-    from mmtf.export import load_exported
-    decoder = load_exported("dec/")
-"""
+Writes ``weights.safetensors`` + ``config.yaml`` (:func:`mmtf.hub.write_export`) and loads the
+folder back to check it; load with ``model.encoder.pretrained=out/`` or :func:`load_exported`.
+``format=hf`` writes a Hugging Face family back in its layout (:data:`mmtf.pretrained.PAIR_WRITERS`);
+LoRA is merged (``merge_lora=true``) or written alone with ``format=peft``."""
 
 from __future__ import annotations
 

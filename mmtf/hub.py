@@ -1,22 +1,10 @@
 """Model folders on disk: Hugging Face–format folders and hub ids, and mmtf export folders.
 
-The lowest layer that knows a model folder (it imports only :mod:`mmtf.errors` and third-party
-packages), so that every layer above reads folders the same way: the data pipeline (an image
-processor's ``preprocessor_config.json``), the tokenizers (``tokenizer.json``), the encoders
-(their mmtf exports) and :mod:`mmtf.pretrained` (weights and ``config.json``).
-
-A Hugging Face model is a folder with ``config.json`` and ``model.safetensors`` (or sharded
-``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json``), tokenizer and
-preprocessing files beside them; or a hub id (``openai/whisper-tiny``), resolved through
-``huggingface_hub`` into its usual cache when the machine is online (offline, a hub id already in
-the cache resolves too). Pickled weights (``pytorch_model.bin``, ``*.pt``) are refused: nothing is
-ever unpickled. :func:`open_hf_model` checks the folder and its ``config.json``.
-
-An mmtf export (``python -m mmtf.export part=...``) is a folder with ``weights.safetensors`` (one
-part's ``state_dict()``), ``config.yaml`` (its ``_target_`` and constructor arguments) and, for a
-decoder, ``tokenizer.json``. :func:`write_export` writes one and :func:`open_export` reads one;
-they are the only code that knows that layout.
-"""
+The lowest layer that knows a model folder, so every layer reads them alike. A Hugging Face
+model is ``config.json`` + ``model.safetensors`` (or its shards and index), or a hub id resolved
+through ``huggingface_hub``'s cache; pickled weights are refused. An mmtf export is
+``weights.safetensors`` + ``config.yaml`` (+ ``tokenizer.json``): :func:`write_export` and
+:func:`open_export` are the only code that knows that layout."""
 
 from __future__ import annotations
 
@@ -72,10 +60,6 @@ class HFModel:
                             f"complete (save it again with save_pretrained)?")
         return self.config[key]
 
-    def weight_files(self) -> list[Path]:
-        """The safetensors files holding the weights (one, or the shards of the index)."""
-        return list(self._files)
-
     def keys(self) -> list[str]:
         """Names of every stored tensor (nothing is read)."""
         names: list[str] = []
@@ -119,9 +103,8 @@ def open_hf_model(source: str | Path, *, model_types: Collection[str], owner: st
         owner: the importing class or config key, named in every message.
 
     Raises:
-        UserError: the folder or hub id cannot be found; ``config.json`` is missing or not
-            JSON; only pickled weights are present (the message says how to convert); no
-            safetensors weights; ``model_type`` is not one of ``model_types``.
+        UserError: no such folder or hub id, a missing or bad ``config.json``, no safetensors
+            weights (or only pickled ones), or another ``model_type``.
     """
     folder = resolve_source(source, owner=owner)
     config_file = folder / CONFIG_FILE

@@ -1,18 +1,10 @@
 """Experiment trackers: the whole config in every logger, a CSV that survives resumes, one
 W&B / MLflow run per run dir.
 
-* :func:`flat_config`: the resolved config as ``{"model.optimizer.lr": 0.0005, ...}`` (Hydra
-  override spelling), what :func:`log_config` hands to every logger's ``log_hyperparams``
-  (TensorBoard's HParams tab, CSV ``hparams.yaml``, W&B config, MLflow params), so the jobs of a
-  sweep are comparable by any key.
-* :class:`AppendingCSVLogger`: Lightning's CSVLogger, except that a new process opening the same
-  run dir (a resume) appends to ``metrics.csv`` instead of deleting it.
-* :func:`continue_tracker_runs` / :func:`record_tracker_runs`: the W&B run id and the MLflow
-  run id live in ``<run_dir>/.mmtf/tracker_runs.json``; a resume in that run dir continues the
-  same tracker run (W&B ``id=..., resume="allow"``; MLflow ``run_id=...``).
-
-Why: see docs/design/trackers-and-run-records.md
-"""
+:func:`flat_config` / :func:`log_config` (the resolved config, override spelling, to every
+logger), :class:`AppendingCSVLogger` (a resume appends to ``metrics.csv``),
+:func:`continue_tracker_runs` / :func:`record_tracker_runs` (tracker run ids in
+``<run_dir>/.mmtf/tracker_runs.json``). Why: docs/design/trackers-and-run-records.md"""
 
 from __future__ import annotations
 

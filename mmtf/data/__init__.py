@@ -1,19 +1,7 @@
-"""mmtf data: dataset formats, audio/image I/O, batching, DataModules.
+"""mmtf data: dataset formats, audio/image I/O, batching, DataModules (the names in ``__all__``).
 
-Public API::
-
-    CaptionDataModule, ClassificationDataModule      LightningDataModules (Hydra `_target_`)
-    ShardDataModule, ShardStreamSampler              tar shards read as streams (data=shards)
-    load_audio(path, sample_rate=, max_seconds=)      -> (s,) float32 mono waveform
-    load_image(path)                                  -> (3, h, w) uint8 RGB
-    build_eval_image_transform(data_cfg)              the eval image pipeline of a data config
-    DataError, ErrorCounter                           bad input: raise or skip-and-count
-    BucketBatchSampler, SamplerState, Collate         batching (one resumable sampler)
-    make_loader, sample_rng, padding_fraction         loaders, per-item randomness, padding
-
-The built-in (generated) sets and their data modules live one layer up, in :mod:`mmtf.synthetic`:
-they write the formats read here; nothing here imports them.
-"""
+The built-in (generated) sets live one layer up, in :mod:`mmtf.synthetic`; nothing here
+imports them."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """Audio decoding shared by every mmtf dataset: soundfile -> mono -> resample -> crop.
 
-WAV, FLAC, OGG/Vorbis and MP3 are decoded by ``soundfile`` (libsndfile); torchaudio is used only
-for resampling (``torchaudio.transforms.Resample``, whose sinc kernel is built once per
-``(orig, new)`` rate pair and cached). Multichannel audio is averaged to mono. What counts as a
-"wrong channel count" is a choice: ``channels=None`` (default) accepts any count and mixes it
-down; ``channels=1`` (or 2, ...) makes any other count a :class:`DataError` (reason
-``channels``), for corpora that must be mono (or stereo) by construction.
+``soundfile`` decodes; torchaudio only resamples (kernels cached per rate pair). ``channels=None``
+mixes any channel count down to mono; ``channels=k`` makes any other count a :class:`DataError`.
+Cropping happens at the file's rate before resampling (a 10-minute file decodes only the crop).
+Crop policies: ``random`` (training), ``center``, ``start``, ``full``.
 
-Cropping happens in the file's own rate before resampling, so a 10-minute file with
-``max_seconds=10`` decodes 10 s, not 10 min. Crop policies: ``random`` (training), ``center`` and
-``start`` (evaluation), ``full`` (never crop).
-
-Shapes: s samples at the model rate; f frames at the file's rate; c channels.
-"""
+Shapes: s samples at the model rate; f frames at the file's rate; c channels."""
 
 from __future__ import annotations
 
@@ -82,10 +75,7 @@ def audio_info(path: str | os.PathLike, *, channels: int | None = None,
     """Read and validate the header of one audio file (no samples are decoded).
 
     Args:
-        path: the audio file (with ``data``: only its name in messages).
-        channels: required channel count, or None to accept any.
-        where: the index entry that points to the file, for the error message.
-        data: the file's bytes when it is not a file of its own (a tar shard member).
+        path, channels, where, data: as :func:`load_audio`.
 
     Returns:
         Frames, sample rate and channel count.
@@ -200,10 +190,9 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
 
     Args:
         path: WAV, FLAC, OGG or MP3 file (with ``data``: only its name in messages).
-        sample_rate: the model's rate; other rates are resampled (None: keep the file's).
-        max_seconds: keep at most this much audio (None = all); see ``crop``.
-        crop: which part to keep when the file is longer: ``random`` | ``center`` | ``start``,
-            or ``full`` to ignore ``max_seconds``.
+        sample_rate: the model's rate (None: keep the file's).
+        max_seconds, crop: keep at most this much audio (None = all), chosen by ``crop``
+            (``random`` | ``center`` | ``start``; ``full`` ignores ``max_seconds``).
         channels: required channel count, or None to accept any (mixed down to mono).
         rng: generator for ``crop="random"``.
         where: the index entry that points to the file, for error messages.
@@ -230,17 +219,10 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
 
 @dataclass(frozen=True, eq=False)
 class StoredAudio:
-    """A whole audio file kept by the decoded-media cache of
-    :class:`mmtf.data.datasets.MediaDataset`. :meth:`clip` gives the bits :func:`load_audio`
-    decodes from the file. Two forms:
-
-    * the file's samples (``final=False``): 16-bit PCM as int16 (half the memory of float32, and
-      ``int16 / 32768`` is exactly libsndfile's float conversion), other lossless codings as
-      float32; cropped, mixed down and resampled on every call;
-    * the waveform ``load_audio`` returns (``final=True``, :meth:`finalized`): for a file never
-      cropped at these settings whose rate is not the model's, so resampling runs once (and a
-      44.1 kHz file takes less memory as float32 at 16 kHz than as its own int16 samples).
-    """
+    """A whole audio file kept by :class:`mmtf.data.datasets.MediaDataset`'s decoded-media
+    cache; :meth:`clip` gives the bits :func:`load_audio` decodes from the file. Either the file's
+    samples (``final=False``: 16-bit PCM as int16, exactly libsndfile's float after ``/ 32768``)
+    or, for a never-cropped file at another rate, the resampled waveform (``final=True``)."""
 
     samples: np.ndarray            # (f, c) int16 or float32 at sample_rate; final: (s, 1) float32
     sample_rate: int
@@ -279,9 +261,7 @@ class StoredAudio:
         return StoredAudio(samples=wave.numpy()[:, None], sample_rate=sample_rate, final=True)
 
 
-# Subtypes whose decoding is exact and seekable sample by sample: a window read from the file
-# and the same window sliced from the whole decoded file are the same samples. Lossy codecs
-# (MP3, Vorbis, Opus) are decoded from the file every time.
+# Subtypes whose windows read from the file equal the same slice of the whole decoded file.
 _LOSSLESS_SUBTYPES = ("PCM_S8", "PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT", "DOUBLE")
 
 
@@ -291,10 +271,7 @@ def read_stored_audio(path: str | os.PathLike, *, channels: int | None = None,
     """Decode a whole losslessly coded file for keeping in memory (see :class:`StoredAudio`).
 
     Args:
-        path: the audio file (with ``data``: only its name in messages).
-        channels: required channel count, or None to accept any.
-        where: the index entry that points to the file, for error messages.
-        data: the file's bytes when it is not a file of its own (a tar shard member).
+        path, channels, where, data: as :func:`load_audio`.
         max_bytes: decode only if the samples take at most this many bytes.
 
     Returns:

@@ -1,29 +1,19 @@
 """Waveform augmentation of training audio: speed, additive noise, gain per item; mixup per batch.
 
-Configured by ``data.augment`` (every key below; all off by default) and applied to the train
-split only, never to validation or test::
+Configured by ``data.augment`` (all off by default; train split only)::
 
     augment:
-      speed: {p: 0.0, factors: [0.9, 1.0, 1.1]}   # resample by a factor drawn from the list
-      noise: {p: 0.0, snr_db: [10.0, 30.0],        # add noise at an SNR drawn in the range:
-              folder: null,                        #   from this folder's audio files, or
-              exponent: [0.0, 2.0]}                #   (null) 1/f^e noise, e drawn in the range
-      gain: {p: 0.0, db: [-6.0, 6.0]}              # scale by a gain drawn in the range
-      mixup: {p: 0.0, alpha: 0.4}                  # mix waveforms of pairs within a batch
+      speed: {p: 0.0, factors: [0.9, 1.0, 1.1]}
+      noise: {p: 0.0, snr_db: [10.0, 30.0], folder: null, exponent: [0.0, 2.0]}
+      gain: {p: 0.0, db: [-6.0, 6.0]}
+      mixup: {p: 0.0, alpha: 0.4}
 
-Every draw is a pure function of ``(seed, epoch, item)``: per-item augmentations use
-``sample_rng(seed, epoch, item, stream=AUGMENT_STREAM)``; the mixup pairs and coefficients of a
-batch use a generator seeded by the seed, the epoch and the batch's item indices. They are
-therefore the same in any DataLoader worker, on any DDP rank's batch, and again after a resume,
-with nothing to checkpoint. Order per item: speed (the crop's length changes; clips stay within
-``data.max_seconds``), noise (the SNR is relative to the sped-up clip), gain (the recording
-level of the whole). Mixup runs in :class:`~mmtf.data.collate.Collate`, after the per-item
-steps; the task weights the two captions' losses by the coefficient
-(:meth:`mmtf.decoders.EncoderDecoder.mixup_forward`). Why this mixup variant: see
-docs/design/audio-augmentation.md.
+Every draw is a pure function of ``(seed, epoch, item)`` (per item: ``sample_rng(...,
+stream=AUGMENT_STREAM)``; mixup: seeded by the batch's items), so nothing is checkpointed. Order
+per item: speed, noise, gain; mixup runs in :class:`~mmtf.data.collate.Collate`. Why this mixup
+variant: docs/design/audio-augmentation.md.
 
-Shapes: s samples; b batch.
-"""
+Shapes: s samples; b batch."""
 
 from __future__ import annotations
 
@@ -60,8 +50,7 @@ class WaveAugment:
 
     Args:
         sample_rate: Hz of the clips.
-        max_samples: a sped-up clip is cut to this many samples (the data's ``max_seconds``);
-            None = never.
+        max_samples: a sped-up clip is cut to this many samples (None = never).
         speed_p, speed_factors: probability of a speed change and the factors to pick from.
         noise_p, snr_db: probability of added noise and the (low, high) SNR range in dB.
         noise_files: noise recordings to draw from; empty = generated 1/f^e noise.
@@ -137,10 +126,8 @@ def add_noise(wave: Tensor, noise: Tensor, snr_db: float) -> Tensor:
 class Mixup:
     """Mix the waveforms of pairs of a batch (Zhang et al. 2018, mixup).
 
-    Each item is mixed with probability ``p``: with a partner j drawn from a random permutation
-    of the batch and a coefficient λ ~ Beta(alpha, alpha), its waveform becomes
-    ``λ x_i + (1 - λ) x_j`` (valid up to the longer of the two); an item left alone (or paired
-    with itself) has λ = 1. The task then scores both captions, weighted λ and 1 - λ.
+    With probability ``p`` item i becomes ``λ x_i + (1 - λ) x_j`` (j from a permutation of the
+    batch, λ ~ Beta(alpha, alpha); unmixed: λ = 1); the task weights both captions' losses.
 
     Args:
         p: probability that an item is mixed.
@@ -216,8 +203,7 @@ def build_augment(spec: Mapping[str, Any] | None, *, sample_rate: int,
         ``(WaveAugment or None, Mixup or None)``: None where nothing is switched on.
 
     Raises:
-        ConfigError: an unknown key, a probability outside [0, 1], a bad range or factor, a
-            noise folder that is missing or holds no audio file, mixup on label data.
+        ConfigError: a bad key, probability, range, factor or noise folder; mixup on labels.
     """
     if not spec:
         return None, None

@@ -2,18 +2,11 @@
 
 Usage::
 
-    python -m mmtf.data.check                                  # the built-in audio set
-    python -m mmtf.data.check data=clotho data.root=/data/clotho
-    python -m mmtf.data.check data=coco_captions data.root=/data/coco splits=[val]
-    python -m mmtf.data.check data=shards data.root=/data/clotho_shards   # tar shards
+    python -m mmtf.data.check data=clotho data.root=/data/clotho [splits=[val]] [decode=true]
 
-The dataset is built from the same ``conf/data/<name>.yaml`` that training uses, then every split
-is read with the same readers, every file's header is checked and (``decode=true``) every file is
-decoded in full, whatever ``data.on_error`` says. Printed: item and caption counts, a duration
-(audio) or image-size histogram, class counts (classification), the caption vocabulary and
-tokenizer size (captioning), and every problem with its file, index line and fix. The exit status
-is 1 when anything was found (including captions longer than ``max_caption_tokens``), else 0.
-"""
+Builds the dataset from the ``conf/data/<name>.yaml`` training uses, checks every file (in full
+with ``decode=true``) whatever ``data.on_error`` says, prints counts, histograms, vocabulary and
+every problem with its fix. Exit status 1 when anything was found."""
 
 from __future__ import annotations
 

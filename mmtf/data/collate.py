@@ -1,29 +1,12 @@
 """Collate: pad a list of examples into one batch dict.
 
-Batch keys (the Lightning tasks rely on them):
+Batch keys: ``audio`` (b, s) float32 zero-padded, ``audio_lengths`` (b,); ``image`` (b, 3, h, w);
+``tokens`` (b * k, n) ``[*prompt, ..., eos]`` then pad, k = ``data.captions_per_item`` in
+training (item-major), ``token_lengths`` (b * k,), ``references`` (every caption of each item);
+``label`` (b,); ``ids``; with mixup ``mix_index`` (b,) and ``mix_lambda`` (b,) float32. Plus
+``_skipped`` (items skipped building the batch), which the loader removes.
 
-=================  =============================================================
-``audio``          float32 (b, s), zero-padded to the longest clip in the batch
-``audio_lengths``  long (b,), real samples per clip
-``image``          float32 (b, 3, h, w)
-``tokens``         long (b * k, n): ``[*prompt, ..., eos]`` then pad — captioning;
-                   k = ``data.captions_per_item`` training captions per item
-                   (item-major), 1 in evaluation
-``token_lengths``  long (b * k,) — captioning
-``references``     list[list[str]], every caption of each item — captioning
-``label``          long (b,) — classification
-``ids``            list[str]
-``mix_index``      long (b,), each item's mixup partner — training with
-                   ``data.augment.mixup`` only (:class:`mmtf.data.augment.Mixup`)
-``mix_lambda``     float32 (b,), the weight of the item's own caption (1 = unmixed)
-=================  =============================================================
-
-Plus ``_skipped``: ``(reason, where)`` of items skipped under ``data.on_error=skip`` while
-building this batch. :class:`mmtf.data.loader.DataLoader` removes it (and counts it) before the
-batch reaches the model.
-
-Shapes: b batch, s samples (longest clip), n tokens (longest caption), h/w image size.
-"""
+Shapes: b batch, s samples, n tokens, h/w image size."""
 
 from __future__ import annotations
 

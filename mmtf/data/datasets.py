@@ -1,21 +1,11 @@
 """Map-style datasets over the items a format reader returns: decode on access.
 
-An example is looked up by the key the batch sampler yields, ``(item, caption, epoch)`` (a plain
-``int`` means caption 0, epoch 0). The caption index picks the training caption; the epoch
-seeds the random audio crop and the image transform's RNG, so every example is a pure function
-of ``(seed, key)``, whatever the number of DataLoader workers.
+An example is looked up by the sampler's key ``(item, caption, epoch)`` (a plain ``int``: caption
+0, epoch 0); the epoch seeds the crop and transform RNG, so an example is a pure function of
+``(seed, key)``. Under ``on_error="skip"`` a bad item is replaced by the next good one and the
+skip recorded in ``_skipped`` (batches are never short). :func:`probe` checks headers up front.
 
-Bad files: under ``on_error="raise"`` the :class:`DataError` (file, index line, fix) propagates
-(DataLoader workers re-raise it in the main process). Under ``"skip"`` the item is replaced by the
-next good one (``item + 1``, ``item + 2``, ...) and the skip is recorded in the example's
-``_skipped`` list, so a batch is never short or empty and every DDP rank still sees the same
-number of batches; :class:`mmtf.data.loader.DataLoader` counts the records.
-
-:func:`probe` checks files up front (headers only) so missing, empty, truncated and undecodable
-audio is found at ``setup()``, not mid-epoch; it also returns the durations used for bucketing.
-
-Shapes: audio (s,) float32; images (3, h, w) float32 after the transform.
-"""
+Shapes: audio (s,) float32; images (3, h, w) float32 after the transform."""
 
 from __future__ import annotations
 
@@ -57,8 +47,8 @@ def probe(items: Sequence[CaptionItem | LabelItem], *, modality: str, policy: Er
 
     Args:
         items: from a format reader.
-        modality: ``audio`` (header checks of :func:`mmtf.data.audio.audio_info`) or ``image``
-            (exists and is not empty; decoding errors surface when loaded).
+        modality: ``audio`` (:func:`mmtf.data.audio.audio_info`) or ``image`` (exists, not
+            empty).
         policy: raises or counts each problem.
         channels: required audio channel count, or None for any.
         threads: parallel header reads (I/O bound).
@@ -88,24 +78,16 @@ class MediaDataset(Dataset):
     Args:
         items: from a format reader (after :func:`probe`).
         modality: ``audio`` | ``image``.
-        sample_rate: audio is resampled to this rate.
-        max_seconds: audio longer than this is cropped (None = never).
-        crop: ``random`` | ``center`` | ``start`` | ``full`` (see :func:`load_audio`).
-        channels: required audio channel count, or None for any (mixed to mono).
+        sample_rate, max_seconds, crop, channels: as :func:`mmtf.data.audio.load_audio`.
         transform: image pipeline (uint8 (3, h, w) -> float32), e.g. from
             :func:`mmtf.data.image.build_transform`.
         on_error: ``raise`` | ``skip`` (replace by the next good item and record it).
         seed: seeds random crops together with the key's epoch and item.
         max_retries: how many following items to try before giving up under ``skip``.
-        cache_bytes: keep decoded media in memory up to this many bytes, so later epochs skip
-            the file read and the decode: images as uint8 before the transform, audio as the
-            whole file's samples before crop, resampling and augmentation (16-bit PCM as int16),
-            or as the resampled waveform when the clip is never cropped
-            (:class:`mmtf.data.audio.StoredAudio`); lossy codings such as MP3 are decoded every
-            time. Every example is the same bits as without the cache. 0 = decode every time. The cache belongs to the process that
-            decodes (the main process, or each worker while it lives: use persistent workers).
-        augment: audio only: speed / noise / gain of each decoded clip (training), drawn from
-            :func:`mmtf.data.augment.augment_stream` ``(seed, epoch, item)``; None = off.
+        cache_bytes: keep decoded media (images as uint8, lossless audio as
+            :class:`mmtf.data.audio.StoredAudio`) in memory up to this many bytes, per decoding
+            process (use persistent workers); the same bits as without it. 0 = off.
+        augment: audio only: per-item :class:`mmtf.data.augment.WaveAugment`; None = off.
     """
 
     def __init__(self, items: Sequence[CaptionItem | LabelItem], *, modality: Modality,

@@ -1,11 +1,8 @@
 """Bad input: one exception type, and a counter for what was skipped.
 
-Every problem the data code finds in a file raises :class:`DataError` (a ``ValueError``) whose
-message names the file, the CSV line or JSON element that pointed to it, what is wrong and how to
-fix it. With ``data.on_error=skip`` the same error is caught instead, counted under its
-``reason`` in an :class:`ErrorCounter`, and the item is left out; nothing is skipped silently.
-
-Reasons (the keys of the counter):
+A bad file raises :class:`DataError` naming the file, the index row, the problem and the fix;
+under ``data.on_error=skip`` it is counted by ``reason`` in an :class:`ErrorCounter` instead.
+Reasons:
 
 ================== =========================================================================
 missing_file       the file a row points to does not exist
@@ -35,7 +32,6 @@ from mmtf.errors import DataError, UserError
 
 OnError = Literal["raise", "skip"]
 ON_ERROR_CHOICES = ("raise", "skip")
-
 
 
 def check_media_file(path: Path, where: str | None = None) -> None:

@@ -1,21 +1,12 @@
 """Image decoding and transform pipelines shared by every mmtf image dataset.
 
-Images are decoded with PIL and converted to RGB whatever their mode: ``L``/``LA``/``P``/``RGBA``/
-``CMYK`` by PIL's own conversion (alpha is dropped, as torchvision's ``ImageFolder`` and the COCO
-loaders do), 16-bit and 32-bit integer (``I;16``, ``I``) by scaling 0..65535 to 0..255, float
-(``F``) by clipping 0..1 (or 0..255 when values exceed 1) — PIL's direct ``convert("RGB")``
-would clip 16-bit images to white. Transforms are torchvision ``transforms.v2`` pipelines given
-as lists (Hydra instantiates each entry); the output is always float32.
+Images are decoded with PIL and converted to RGB (alpha dropped; 16/32-bit integer modes scaled,
+float modes clipped, since PIL's ``convert("RGB")`` would clip 16-bit images to white).
+Transforms are torchvision ``transforms.v2`` lists; the output is float32.
+:func:`pretrained_image_transform` rebuilds a pretrained tower's ``preprocessor_config.json``
+preprocessing; :func:`record_image_processors` stores it in the run's config.
 
-A pretrained vision tower expects its own preprocessing: :func:`pretrained_image_transform`
-reads the model folder's ``preprocessor_config.json`` (``ViTImageProcessor``,
-``CLIPImageProcessor``) and builds the same resize, center crop, rescale and normalisation from
-``transforms.v2``, so the data module feeds the tower what ``transformers`` would. Training
-stores the resolved settings in the run's config (:func:`record_image_processors`): a checkpoint
-preprocesses without the folder.
-
-Shapes: (3, h, w) per image; uint8 after decoding, float32 after the pipeline.
-"""
+Shapes: (3, h, w) per image; uint8 after decoding, float32 after the pipeline."""
 
 from __future__ import annotations
 
@@ -64,10 +55,7 @@ def load_image(path: str | os.PathLike, *, where: str | None = None,
     """Decode one image file to an RGB uint8 tensor.
 
     Args:
-        path: any format PIL reads (JPEG, PNG, BMP, TIFF, WebP, ...); with ``data``: only its
-            name in messages.
-        where: the index entry that points to the file, for error messages.
-        data: the file's bytes when it is not a file of its own (a tar shard member).
+        path, where, data: as :func:`mmtf.data.audio.load_audio` (any format PIL reads).
 
     Returns:
         The image, (3, h, w) uint8.
@@ -95,12 +83,10 @@ def load_image(path: str | os.PathLike, *, where: str | None = None,
 def build_transform(transforms: Sequence[Any] | None) -> Callable[[Tensor], Tensor]:
     """Compose a list of ``transforms.v2`` objects (or Hydra ``_target_`` dicts) into one.
 
-    The composed pipeline always returns float32: if the list leaves the image as uint8, it is
-    scaled to 0..1 at the end (``ToDtype(float32, scale=True)``).
+    A pipeline that leaves uint8 ends with ``ToDtype(float32, scale=True)``.
 
     Args:
-        transforms: the list from config (``data.train_transforms`` / ``eval_transforms``), or
-            None for "only convert to float".
+        transforms: ``data.train_transforms`` / ``eval_transforms``; None: only to float.
 
     Returns:
         A callable (3, h, w) uint8 -> (3, h', w') float32.
@@ -184,20 +170,13 @@ def pretrained_image_transform(source: str | os.PathLike | None = None,
                                processor: Mapping[str, Any] | None = None) -> v2.Compose:
     """The preprocessing of a pretrained vision model, as a ``transforms.v2`` pipeline.
 
-    Resize (to ``size``: height/width, or the shortest edge keeping the aspect ratio; with the
-    processor's ``resample`` and antialiasing), center crop (``crop_size``, the processor's
-    anchor), rescale to 0..1 and normalise with ``image_mean`` / ``image_std``: the steps of
-    transformers' ``ViTImageProcessor`` and ``CLIPImageProcessor`` (their torchvision backend),
-    each only where the config's ``do_*`` flag is on.
+    Resize, center crop, rescale and normalise as transformers' ``ViTImageProcessor`` /
+    ``CLIPImageProcessor`` (torchvision backend) do, each step where its ``do_*`` flag is on.
 
     Args:
-        source: the model folder (or hub id) holding ``preprocessor_config.json``; in a config,
-            ``{_target_: mmtf.data.image.pretrained_image_transform, source:
-            ${model.encoder.pretrained}}`` as a ``data.*_transforms`` entry.
-        processor: the settings :func:`read_image_processor` resolved from that file; given,
-            the file is not read. Training records them in the run's config
-            (:func:`record_image_processors`), so a checkpoint preprocesses without the
-            folder.
+        source: the model folder (or hub id) holding ``preprocessor_config.json``.
+        processor: the settings :func:`read_image_processor` resolved (then no file is read;
+            training records them, :func:`record_image_processors`).
 
     Returns:
         A pipeline (3, h, w) uint8 -> (3, h', w') float32.
@@ -220,17 +199,15 @@ def pretrained_image_transform(source: str | os.PathLike | None = None,
 
 
 def read_image_processor(source: str | os.PathLike | None) -> dict[str, Any]:
-    """The preprocessing settings of a pretrained vision model's ``preprocessor_config.json``,
-    resolved against the processor's defaults (see :func:`pretrained_image_transform`).
+    """The settings of a pretrained vision model's ``preprocessor_config.json``, resolved
+    against the processor's defaults.
 
     Returns:
-        ``resize`` (shortest edge as an int, [height, width], or None), ``resample`` (PIL
-        code), ``crop`` ([height, width] or None), ``rescale`` (bool), ``mean`` / ``std``
-        (lists, or None for no normalisation): plain values a config stores.
+        Plain values: ``resize`` (int shortest edge, [h, w] or None), ``resample`` (PIL code),
+        ``crop`` ([h, w] or None), ``rescale`` (bool), ``mean`` / ``std`` (lists or None).
 
     Raises:
-        UserError: the file is missing or not JSON; an image processor or a setting this
-            pipeline does not reproduce (named, with its value).
+        UserError: a missing or non-JSON file, or a processor or setting not reproduced here.
     """
     owner = "pretrained_image_transform"
     if source is None:

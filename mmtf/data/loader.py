@@ -1,21 +1,10 @@
 """The loaders of every split: skip counts and padding per epoch; the train loader resumes.
 
-Items skipped under ``data.on_error=skip`` are recorded by the dataset *inside the worker*; the
-record rides back in the batch (``_skipped``), and the loader, in the main process, removes it
-before the batch reaches the model, adds it to the data module's counter
-(``datamodule.error_counts``) and logs a per-epoch summary when the pass ends::
-
-    [data] train epoch 3: 94 batches, 3000 examples, padding 4.1% of audio samples;
-    skipped 2 (non_finite=2 (e.g. a.wav (clotho_captions_development.csv line 8)))
-
-The same numbers are kept in ``loader.last_epoch`` (``padding_fraction``, ``skipped``, ...).
-
-:func:`make_loader` builds them over a :class:`~mmtf.data.sampler.BucketBatchSampler`:
-:class:`DataLoader` (val/test) is a ``torch.utils.data.DataLoader``; :class:`StatefulDataLoader`
-(train) is torchdata's, which Lightning checkpoints and resumes mid-epoch (its state holds the
-sampler's :class:`~mmtf.data.sampler.SamplerState`). The report wraps the iterator and draws no
-random numbers, so it changes neither the batches nor the loader's saved state.
-"""
+Items skipped in a worker ride back in the batch (``_skipped``); the loader removes them, adds
+them to ``datamodule.error_counts`` and logs a per-epoch summary (kept in ``loader.last_epoch``).
+:func:`make_loader` builds :class:`DataLoader` (val/test) or torchdata's
+:class:`StatefulDataLoader` (train, resumed mid-epoch by Lightning) over a
+:class:`~mmtf.data.sampler.BucketBatchSampler`; the report draws no random numbers."""
 
 from __future__ import annotations
 
@@ -108,11 +97,9 @@ class _Reporting:
     def stop_workers(self) -> int:
         """Shut down the worker processes of the current pass now; how many it had.
 
-        A pass that is not run to its end (``max_steps``, ``limit_train_batches``) keeps its
-        workers until its iterator is garbage-collected, and Lightning's objects hold it in
-        reference cycles: idle workers outlived in-process runs (``train()`` called again, a
-        sequential sweep), and the collector later shut them down 5 s per worker.
-        The next ``iter()`` starts new workers.
+        A pass not run to its end keeps its workers until its iterator is garbage-collected,
+        which Lightning's reference cycles delay past the run. The next ``iter()`` starts new
+        ones.
         """
         inner = self._pass() if self._pass is not None else None
         return 0 if inner is None else shutdown_loader_workers(self, inner)
@@ -132,13 +119,10 @@ class DataLoader(_Reporting, torch.utils.data.DataLoader):
 class StatefulDataLoader(_Reporting, torchdata.stateful_dataloader.StatefulDataLoader):
     """torchdata's ``StatefulDataLoader`` (mid-epoch ``state_dict``) with the same reports.
 
-    ``state_dict()`` is the wrapped iterator's: it counts exactly the batches this loader
-    handed out, since the report does not read ahead.
+    ``state_dict()`` counts exactly the batches handed out (the report does not read ahead).
 
     Args:
-        dataset: the dataset.
-        counter: where skipped items are added (the data module's ``error_counts``).
-        split: for the log line.
+        dataset, counter, split: as :class:`DataLoader`.
         **kwargs: passed to ``StatefulDataLoader``.
     """
 
@@ -150,12 +134,9 @@ def make_loader(dataset: Any, batch_sampler: BucketBatchSampler, *, resumable: b
                 ) -> DataLoader | StatefulDataLoader:
     """A reporting loader over ``batch_sampler`` that draws nothing from the global generators.
 
-    * Its own ``torch.Generator`` (seeded by ``seed``) supplies the workers' base seed: each
-      ``iter()`` of a loader without one draws from the global torch generator, which would
-      shift dropout after a resume or a validation run.
-    * Workers are seeded by Lightning's ``pl_worker_init_function`` (python, numpy and torch
-      from base seed, worker id and rank). Their global generators do not resume mid-epoch;
-      per-item randomness comes from :func:`~mmtf.data.sampler.sample_rng`.
+    Its own ``torch.Generator`` supplies the workers' base seed (a loader without one draws from
+    the global generator at each ``iter()``, shifting dropout after a resume or a validation);
+    workers are seeded by Lightning's ``pl_worker_init_function``.
 
     Args:
         dataset: map-style dataset taking the sampler's ``(item, caption, epoch)`` keys.

@@ -1,43 +1,15 @@
 """The batch sampler of every mmtf loader: length buckets, caption policy, DDP shards, resumable.
 
-Each epoch the sampler (1) lists the epoch's examples: one per item, or per (item, caption)
-pair under ``caption_policy="all"``, with the caption drawn per item per epoch under
-``"random"``; (2) shuffles them by ``(seed, epoch)``; (3) gives each DDP rank a disjoint,
-equal-sized shard (the last few examples are repeated from the start when the count does not
-divide, as ``DistributedSampler`` does; ``drop_last`` drops them instead); (4) cuts the shard
-into pools of ``bucket_size`` batches, sorts each pool by length (``bucketing=True``) and cuts
-it into batches; (5) shuffles the batch order. Every rank therefore yields the same number of
-batches (under DDP each rank reads its own item list: a sampler whose ranks read different
-lists refuses in one line instead of hanging at the epoch's end), and a batch's items have
-similar lengths, which cuts padding (measured by :func:`padding_fraction`). Evaluation
-(``shuffle=False``) sorts the whole shard by length.
+Each epoch: list the examples (one per item, or per (item, caption) under
+``caption_policy="all"``), shuffle by ``(seed, epoch)``, give each DDP rank an equal share
+(repeating the start as ``DistributedSampler`` does), sort pools of ``bucket_size`` batches by
+length and cut them into batches (by ``batch_size`` or a padded-size ``budget``), shuffle the
+batch order. With a budget the batch count is fixed for the run (docs/design/duration-batching.md).
 
-Batches cut by a ``budget`` (``data.max_seconds_per_batch`` / ``data.max_pixels_per_batch``)
-instead of a ``batch_size``: each sorted pool is cut greedily so that a batch's padded size
-(examples x its longest length) stays within the budget (an item longer than the budget alone
-is a batch of its own). The number of batches is then fixed for the run, the same on every
-rank and in every epoch (``__len__``, what the LR schedule is built on): the largest count of
-any rank in epoch 0. An epoch that cuts fewer splits its biggest batches in two; one that cuts
-more is cut again from pools twice as big (fewer, fuller batches) until it fits; only an
-epoch whose examples are longer than epoch 0's (mixture draws) can still need more, and then
-its smallest neighbours are merged over the budget, with a warning. Why and the corner cases:
-docs/design/duration-batching.md.
-
-It yields lists of ``(item, caption, epoch)`` keys: the dataset picks the caption by index and
-draws per-item randomness (crops) from :func:`sample_rng` ``(seed, epoch, item)``, so results
-depend on neither the number of DataLoader workers nor a resume.
-
-Resuming: the order is a pure function of ``(seed, epoch, rank)``, and :class:`SamplerState`
-(epoch, position in it, and whether that position came from a checkpoint) is all the sampler
-remembers. ``state_dict`` / ``load_state_dict`` save and restore it; inside a
-:class:`~mmtf.data.loader.StatefulDataLoader` Lightning resumes the loader mid-epoch.
-``set_epoch`` (called by :class:`~mmtf.reliability.ResumeState` at each epoch start) moves to
-another epoch's start and keeps the position in the current one; a pass after a complete one
-moves to the next epoch by itself. Keep ``trainer.use_distributed_sampler=false``: the sampler
-shards by itself. Why: see docs/design/exact-resume.md.
-
-Shapes: none (keys only).
-"""
+It yields ``(item, caption, epoch)`` keys; the dataset draws per-item randomness from
+:func:`sample_rng`, so results depend neither on the worker count nor on a resume. The order is a
+pure function of ``(seed, epoch, rank)``; :class:`SamplerState` is all the sampler remembers
+(docs/design/exact-resume.md). Keep ``trainer.use_distributed_sampler=false``."""
 
 from __future__ import annotations
 
@@ -87,11 +59,10 @@ class BucketBatchSampler:
     Args:
         lengths: length of every item (seconds, samples or pixels; with ``budget`` in its unit).
         batch_size: examples per batch; None with ``budget``.
-        budget: cut batches by padded size instead: examples x the longest length in the batch
-            stays <= ``budget`` (seconds of audio, pixels of images); ``batch_size`` must then
-            be None. An item longer than the budget is a batch alone.
-        drop_last: drop incomplete batches (and the uneven tail of the DDP split); with a
-            ``budget`` only the tail of the DDP split (no batch is "incomplete").
+        budget: instead, cut so that examples x the longest length stays <= ``budget`` (an
+            item over it is a batch alone); ``batch_size`` must then be None.
+        drop_last: drop incomplete batches and the uneven tail of the DDP split (with a
+            ``budget``: only the tail).
         num_captions: captions per item (needed by the ``random`` and ``all`` policies).
         caption_policy: ``random`` (one caption per item per epoch), ``all`` (every pair) or
             ``first`` (caption 0: evaluation and classification).
@@ -372,7 +343,7 @@ class BucketBatchSampler:
             "the same data settings (data.batch_size, data.max_seconds_per_batch / "
             "max_pixels_per_batch, data.caption_policy, data.bucketing, data.bucket_size, the "
             "same dataset) and number of devices")
-        position = state["position"] if "position" in state else state["offset"]   # pre-2026-12
+        position = state["position"] if "position" in state else state["offset"]   # older checkpoints
         self.state.epoch, self.state.position = int(state["epoch"]), int(position)
         self.state.restored = True
 
@@ -440,9 +411,8 @@ def _merge(batches: list[list[Key]], count: int, lengths: np.ndarray) -> list[li
 def sample_rng(seed: int, epoch: int, index: int, stream: int = 0) -> np.random.Generator:
     """A numpy generator that depends only on ``(seed, epoch, index, stream)``.
 
-    Use it for per-item randomness in a Dataset (where to crop): the draw is then the same
-    whichever worker runs the item and whether or not the run was resumed, unlike a worker's
-    global generators. Different epochs give different draws.
+    Per-item randomness in a Dataset (where to crop) then depends neither on the worker nor on a
+    resume, unlike a worker's global generators.
 
     Args:
         seed: the run's data seed (non-negative).

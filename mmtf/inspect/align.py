@@ -1,15 +1,11 @@
-"""Word-to-time alignment from cross-attention, by dynamic time warping (as Whisper's word
-timestamps: Radford et al. 2022, arXiv:2212.04356, ``timing.find_alignment``).
+"""Word-to-time alignment from cross-attention by dynamic time warping (Whisper's
+``timing.find_alignment``, arXiv:2212.04356).
 
-The cross-attention rows of a generated caption (one per token, the eos row last) over the valid
-encoder positions are z-normalised over tokens for each position, median-filtered along time,
-averaged over the chosen layers and heads, and a monotonic path from (first token, first
-position) to (eos, last position) is found that maximises the summed attention. A token starts
-where the path first enters its row; a word spans from its first token's start to the next
-word's start (at least one position).
+Cross-attention rows (one per token, eos last) over the valid positions are z-normalised over
+tokens, median-filtered along time and averaged over layers and heads; the monotonic path of most
+attention gives each token's start, and a word spans to the next word's start.
 
-Shapes: h heads, n caption tokens (eos included), m memory positions (valid ones after trimming).
-"""
+Shapes: h heads, n caption tokens (eos included), m memory positions (valid ones after trimming)."""
 
 from __future__ import annotations
 
@@ -123,20 +119,15 @@ def word_spans(weights: Tensor, words: Sequence[tuple[str, Sequence[int]]],
     """Align words to time from the cross-attention of one caption.
 
     Args:
-        weights: (k, n, m) maps of the chosen (layer, head) pairs over the m valid memory
-            positions; row t is the query that produced caption token t; the last row is the
-            one that produced eos (or the last token when generation hit its length limit).
-        words: ``(word, token indices)`` in caption order, indices < n (the eos row belongs to
-            no word; it closes the last one).
-        seconds_per_position: seconds between memory positions (position k is centred at
-            ``k * seconds_per_position``).
+        weights: (k, n, m) maps of the chosen (layer, head) pairs over the valid positions;
+            row t produced caption token t, the last row eos.
+        words: ``(word, token indices)`` in caption order (the eos row closes the last word).
+        seconds_per_position: seconds between memory position centres.
         duration: clip length in seconds, to clip the last end; None = the memory's extent.
         medfilt_width: median filter width along time (odd; 1 = off).
 
     Returns:
-        One :class:`WordSpan` per word, in order and never overlapping; a word covers
-        positions ``[first, next word's first)`` (at least its first), whose edges are half a
-        position around the centres.
+        One :class:`WordSpan` per word, in order, never overlapping.
     """
     if weights.dim() != 3:
         raise ValueError(f"word_spans: weights must be (maps, tokens, positions), got "

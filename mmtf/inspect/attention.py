@@ -1,14 +1,9 @@
 """The attention behind one generated caption, read from the model's own explicit path.
 
-:func:`caption_attention` generates a caption the normal way (fused kernels, KV cache), then
-teacher-forces ``[bos] + caption`` through the decoder once with ``attention_layers`` set, so the
-chosen layers return their probabilities. The caption decoded by that pass is the generated one
-(greedy decoding picks each token from the same logits up to float tolerance); the maps are
-those of the caption shown. Row t of a cross-attention map is the query that produced caption
-token t (the eos row last), as Whisper's word timestamps read them.
+:func:`caption_attention` generates normally, then teacher-forces ``[bos] + caption`` once with
+``attention_layers`` set; row t of a cross-attention map is the query that produced token t.
 
-Shapes: h heads, n caption tokens (eos included), m memory positions (frames or patches).
-"""
+Shapes: h heads, n caption tokens (eos included), m memory positions (frames or patches)."""
 
 from __future__ import annotations
 
@@ -77,8 +72,7 @@ def caption_attention(model: nn.Module, inputs: Tensor, lengths: Tensor | None, 
                       generation: dict | None = None) -> CaptionAttention:
     """Generate a caption for one input and collect the attention of the chosen layers.
 
-    The model is switched to eval mode for the call and every submodule's train/eval state is
-    restored afterwards; no random numbers are drawn (greedy or beam search).
+    Runs in eval mode (every submodule's state restored after) and draws no random numbers.
 
     Args:
         model: an :class:`mmtf.decoders.EncoderDecoder` (``encoder``, ``decoder``, ``generate``).
@@ -87,8 +81,7 @@ def caption_attention(model: nn.Module, inputs: Tensor, lengths: Tensor | None, 
         tokenizer: the checkpoint's tokenizer (``decode``).
         cross_layers: decoder layers whose cross-attention to return (None = all).
         decoder_self_layers, encoder_self_layers: self-attention layers to return as well.
-        generation: options of ``EncoderDecoder.generate`` (default greedy); sampling is
-            refused, since the maps must belong to a caption that can be reproduced.
+        generation: options of ``EncoderDecoder.generate`` (default greedy; no sampling).
 
     Returns:
         :class:`CaptionAttention`.

@@ -1,13 +1,8 @@
 """A Lightning callback that draws the attention of one fixed validation example every epoch.
 
-At the end of each validation epoch (not the sanity check) it captions the first item of the
-validation set, draws the cross-attention figure (:func:`mmtf.inspect.core.inspection_figures`),
-logs it to every logger that takes images (TensorBoard's ``add_image``) and writes the PNG to
-``<run dir>/samples/`` beside the sample-caption tables. It cannot change training: the item is
-read from the dataset directly (no loader iterator, whose creation draws a seed), decoding is
-greedy, everything runs in eval mode under ``no_grad`` and every submodule's train/eval state is
-restored.
-"""
+The figure goes to every logger that takes images and to ``<run dir>/samples/``. It cannot
+change training: the item is read from the dataset directly (no loader iterator, which draws a
+seed), decoding is greedy under ``no_grad`` and every submodule's train/eval state is restored."""
 
 from __future__ import annotations
 

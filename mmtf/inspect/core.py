@@ -111,11 +111,8 @@ def align_attention(attention: CaptionAttention, tokenizer, seconds_per_position
     Args:
         attention: from :func:`caption_attention`; ``layers`` must be among its cross layers.
         tokenizer: to group tokens into words.
-        seconds_per_position: memory position spacing in seconds.
-        layers: decoder layers whose cross-attention to use.
-        heads: heads to use (None = all).
-        duration: clip length in seconds.
-        medfilt_width: median filter width along time.
+        seconds_per_position, duration, medfilt_width: as :func:`mmtf.inspect.align.word_spans`.
+        layers, heads: the cross-attention to use (heads None = all).
 
     Returns:
         The word spans, the (n, m) alignment matrix and the DTW path through it.
@@ -147,18 +144,12 @@ def align(task, audio: str | Path | Tensor, lengths: Tensor | None = None, *,
         task: a captioning task (``task.model``, ``task.tokenizer``), e.g. from :func:`load_task`.
         audio: an audio file, or a waveform (samples,) / (1, samples) at the encoder's rate.
         lengths: (1,) valid samples of a padded waveform, or None.
-        layers: decoder layers whose cross-attention to align with (None = upper half).
-        heads: heads to use (None = all).
+        layers, heads: the cross-attention to align with (None: upper half, all heads).
         medfilt_width: median filter width along time (odd; 1 = off).
         generation: options of ``EncoderDecoder.generate`` (default greedy).
 
     Returns:
         One :class:`WordSpan` per word: ``word``, ``start`` and ``end`` in seconds.
-
-    Example:
-        >>> task, _ = load_task("runs/x/checkpoints/last.ckpt")
-        >>> for w in align(task, "clip.wav"):
-        ...     print(f"{w.word:12s} {w.start:5.2f} {w.end:5.2f}")
     """
     model = task.model
     if not is_audio(model):
@@ -237,9 +228,7 @@ def inspection_figures(model, tokenizer, inputs: Tensor, lengths: Tensor | None,
         encoder_self, decoder_self: ``[layer]`` or ``[layer, head]`` of a self-attention map
             to draw as well, or None.
         with_alignment: audio only: align words to time and draw them.
-        align_layers, align_heads: cross-attention used for the alignment (None = upper half
-            of the layers, all heads).
-        medfilt_width: median filter width of the alignment.
+        align_layers, align_heads, medfilt_width: the alignment's, as :func:`align`.
         generation: options of ``EncoderDecoder.generate`` (default greedy).
         data_cfg: the checkpoint's data config, to undo the image normalisation for display.
 

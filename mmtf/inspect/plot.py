@@ -126,12 +126,10 @@ def audio_attention_figure(spec: np.ndarray, *, frame_seconds: float, duration: 
 
     Args:
         spec: (f, t) log-mel features of the valid frames.
-        frame_seconds: hop between frames in seconds.
+        frame_seconds, position_seconds: seconds between frames, between memory positions.
         duration: clip length in seconds (the x range).
         maps: panel title -> (n, m) attention of each caption token over the memory positions.
-        position_seconds: seconds between memory positions (position k centred at k times it).
-        labels: n token labels (the rows).
-        caption: the generated caption (figure title).
+        labels, caption: n token labels (the rows), the generated caption (the title).
         spans: aligned words to show under the spectrogram, or None.
     """
     n = len(labels)
@@ -169,9 +167,7 @@ def alignment_figure(spec: np.ndarray, *, frame_seconds: float, duration: float,
         frame_seconds, duration, position_seconds: as in :func:`audio_attention_figure`.
         matrix: (n, m) alignment matrix (normalised, filtered attention) of the caption tokens.
         path: (rows, cols) of the DTW path through ``matrix``.
-        labels: n token labels.
-        spans: the aligned words.
-        caption: the generated caption.
+        labels, spans, caption: token labels, aligned words, the generated caption.
     """
     n = len(labels)
     heights = [2.6, 0.7, max(1.8, 0.24 * n + 0.6)]
@@ -213,8 +209,7 @@ def image_attention_figure(image: np.ndarray, *, maps: np.ndarray, grid: tuple[i
         image: (H, W, 3) float in [0, 1].
         maps: (n, gh * gw) attention of each token over the patches (row-major grid).
         grid: (gh, gw) patch grid.
-        labels: n token labels.
-        caption: the generated caption.
+        labels, caption: as :func:`audio_attention_figure`.
         title: what the maps are (layer, heads).
         prefix_weight: (n,) attention each token gave the CLS token (not on the grid), or None.
         columns: most panels per row (rows are balanced).
@@ -261,9 +256,9 @@ def self_attention_figure(matrix: np.ndarray, *, title: str, labels: Sequence[st
     Args:
         matrix: (k, k) attention, rows = queries.
         title: what it is (encoder/decoder, layer, head).
-        labels: k token labels (decoder), or None.
-        position_seconds: seconds between positions (audio encoder: axes in seconds), or None.
-        axis_name: axis label when neither tokens nor seconds apply (e.g. "patch").
+        labels, position_seconds: token labels (decoder) or seconds between positions
+            (audio encoder) for the axes, or None; else ``axis_name`` (e.g. "patch").
+        axis_name: the axis label otherwise.
     """
     k = matrix.shape[0]
     side = 7.5 if labels is None else max(6.0, 0.24 * k + 2.5)

@@ -1,15 +1,9 @@
 """How well word-to-time alignment finds the events of the built-in synthetic audio set.
 
-Every clip of the set is a deterministic function of ``(seed, split, index)``
-(:func:`mmtf.synthetic.audio.clip_scene`, the writer's own seeding rule), so the true onset and offset of each event are recovered from the file name and the
-generator parameters stored beside the set (``.mmtf_synthetic.json``); nothing new is written to
-disk. For each caption a checkpoint generates, each phrase that names an event class (e.g. "high
--pitched beep") is aligned to time (:mod:`mmtf.inspect.align`) and paired with the clip's event
-of that class; the phrase hits when its span overlaps the event's [onset, offset].
-
-The chance rate beside it is what a span of the same length placed uniformly at random in the
-clip would score (computed exactly, no sampling).
-"""
+Each clip is a function of ``(seed, split, index)`` (:func:`mmtf.synthetic.audio.clip_scene`), so
+true event times are recovered from the set's ``.mmtf_synthetic.json``. A phrase naming an event
+class hits when its aligned span overlaps that event; the chance rate is the exact score of a
+same-length span placed uniformly at random."""
 
 from __future__ import annotations
 

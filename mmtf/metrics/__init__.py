@@ -1,11 +1,8 @@
 """Captioning metrics as in the COCO caption evaluation: BLEU, ROUGE-L, CIDEr-D, METEOR, SPICE.
 
-``caption_metrics(candidates, references)`` scores a corpus; ``CaptionMetrics`` accumulates
-captions during an epoch (DDP-aware); ``event_sequence_accuracy`` scores the event sequences of
-the synthetic sets. Metrics that need missing Java jars are reported in
-``scores.unavailable`` with the reason, never as 0. ``backend="aac"`` (``model.metrics_backend``)
-computes them with aac-metrics instead (:mod:`mmtf.metrics.aac`).
-"""
+``caption_metrics`` scores a corpus, ``CaptionMetrics`` accumulates an epoch (DDP-aware),
+``event_sequence_accuracy`` scores the synthetic sets; unavailable metrics are reported with the
+reason, never as 0 (see :mod:`mmtf.metrics.caption`)."""
 
 from mmtf.metrics.bleu import corpus_bleu
 from mmtf.metrics.caption import (

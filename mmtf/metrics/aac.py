@@ -1,17 +1,10 @@
-"""The ``aac`` metrics backend: every caption metric computed by aac-metrics (Labbé et al.),
-the package the DCASE audio-captioning challenge scores with (SPIDEr, SPIDEr-FL).
+"""The ``aac`` metrics backend: every caption metric computed by aac-metrics (Labbé et al.), the
+package the DCASE audio-captioning challenge scores with (SPIDEr, SPIDEr-FL).
 
-``pip install 'mmtf[aac]'`` installs it. BLEU, ROUGE-L and CIDEr-D are pure Python there and run
-offline; METEOR and SPICE need ``java`` and jars, SPIDEr-FL the FENSE fluency-error detector (a
-BERT checkpoint). Those files come from aac-metrics' own download step, ``aac-metrics-download``,
-run once on a machine with internet access (``AAC_METRICS_CACHE_PATH`` / ``FENSE_DATA`` point
-elsewhere). mmtf never downloads: a missing file makes the metric unavailable, with the reason,
-before aac-metrics is called.
-
-Captions arrive tokenised by :func:`mmtf.metrics.ptb.ptb_words` (the Python port of the
-PTB tokenizer aac-metrics runs through Java) and joined by spaces, so both backends score the
-same tokens. Why a second backend: see docs/design/generation-and-metrics.md
-"""
+``pip install 'mmtf[aac]'``. METEOR, SPICE and SPIDEr-FL need files from
+``aac-metrics-download``; mmtf never downloads: a missing file makes the metric unavailable,
+with the reason. Captions arrive tokenised by :func:`mmtf.metrics.ptb.ptb_words`, so both
+backends score the same tokens (docs/design/generation-and-metrics.md)."""
 
 from __future__ import annotations
 
@@ -82,8 +75,8 @@ def aac_scores(candidates: Sequence[str], references: Sequence[Sequence[str]],
     """Score space-joined token strings with aac-metrics.
 
     Args:
-        candidates: one tokenised caption per item, tokens joined by spaces.
-        references: the tokenised references of each item, joined the same way.
+        candidates, references: tokenised captions (one per item) and references, tokens
+            joined by spaces.
         names: resolved metric names (``bleu_1`` ... ``spider_fl``).
         timeout_s: time limit of each Java metric.
 

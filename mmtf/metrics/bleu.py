@@ -1,17 +1,9 @@
-"""Corpus BLEU-1..4 as computed by the COCO caption evaluation (Papineni et al., 2002).
+"""Corpus BLEU-1..4 as pycocoevalcap's ``Bleu(4)`` with ``option="closest"`` (Papineni et al., 2002).
 
-Follows pycocoevalcap's ``Bleu(4)`` with ``option="closest"``:
-
-* per candidate, clipped n-gram matches against the max count over its references, and the
-  effective reference length is the reference length closest to the candidate's (ties go to
-  the shorter reference);
-* matches, guesses and lengths are summed over the corpus, then
-  ``BLEU-k = (prod_{j<=k} (correct_j + 1e-15) / (guess_j + 1e-9)) ** (1/k)`` times the
-  corpus-level brevity penalty ``exp(1 - r/c)`` when ``c < r``. The 1e-15 / 1e-9 terms are
-  pycocoevalcap's: a zero precision gives a tiny positive score instead of a log(0) error.
-
-Inputs are tokenised captions: each caption a ``list[str]``.
-"""
+Clipped n-gram matches against the max count over references; the effective reference length is
+the closest one (ties: shorter); counts are summed over the corpus, then ``BLEU-k = (prod_{j<=k}
+(correct_j + 1e-15) / (guess_j + 1e-9)) ** (1/k)`` times the brevity penalty ``exp(1 - r/c)``
+when ``c < r`` (the epsilons are pycocoevalcap's). Inputs: each caption a ``list[str]``."""
 
 from __future__ import annotations
 

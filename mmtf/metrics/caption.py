@@ -1,28 +1,12 @@
 """Captioning metrics for a corpus: BLEU-1..4, ROUGE-L, CIDEr-D, METEOR, SPICE, SPIDEr.
 
-:func:`caption_metrics` scores candidates against references the way the COCO caption
-evaluation (pycocoevalcap) does: captions are tokenised (:func:`ptb_words`, lower-case,
-punctuation removed), then BLEU, ROUGE-L and CIDEr-D are computed in Python (bit-for-bit the
-pycocoevalcap formulas, see the modules) and METEOR / SPICE by their Java jars when present.
-
-A metric that cannot be computed here is never reported as 0: it is left out of the scores and
-listed in ``scores.unavailable`` (metric -> reason). SPIDEr = (CIDEr-D + SPICE) / 2 needs SPICE;
-SPIDEr-FL additionally needs the FENSE fluency-error detector, a downloaded neural model, so the
-``mmtf`` backend reports it unavailable. ``backend="aac"`` (config key
-``model.metrics_backend``) computes every metric with aac-metrics instead
-(:mod:`mmtf.metrics.aac`): SPICE, SPIDEr and SPIDEr-FL wherever its downloaded files are present.
-
-:class:`CaptionMetrics` accumulates (candidate, references) pairs over an epoch and gathers them
-across DDP ranks before scoring. Usage from a LightningModule::
-
-    self.val_caption_metrics = CaptionMetrics(metrics=["bleu", "rouge_l", "cider_d"])
-    # validation_step:
-    self.val_caption_metrics.update(decoded_texts, batch_references, keys=batch_ids)
-    # on_validation_epoch_end (call on every rank: compute() is collective under DDP):
-    scores = self.val_caption_metrics.compute()     # the same numbers on every rank
-    self.log_dict({f"val/{k}": v for k, v in scores.items()}, sync_dist=False)
-    self.val_caption_metrics.reset()
-"""
+:func:`caption_metrics` scores candidates the way pycocoevalcap does: captions tokenised by
+:func:`ptb_words`, BLEU / ROUGE-L / CIDEr-D in Python (bit-for-bit its formulas), METEOR / SPICE
+by their Java jars when present. A metric that cannot be computed is never reported as 0: it is
+listed in ``scores.unavailable`` (metric -> reason). ``backend="aac"``
+(``model.metrics_backend``) uses aac-metrics instead (:mod:`mmtf.metrics.aac`).
+:class:`CaptionMetrics` accumulates pairs over an epoch; its ``compute()`` is collective under
+DDP (call it on every rank) and gives the same numbers on every rank."""
 
 from __future__ import annotations
 
@@ -138,18 +122,14 @@ def caption_metrics(
         candidates: one generated caption per item.
         references: the reference captions of each item (one or more each).
         metrics: names to compute (``bleu`` or ``bleu_1..bleu_4``, ``rouge_l``, ``cider_d``,
-            ``meteor``, ``spice``, ``spider``, ``spider_fl``); None computes all. METEOR costs
-            ~10-30 s per call (a JVM loading its paraphrase table); use :data:`FAST_METRICS`
-            for per-epoch validation.
-        tokenize: run :func:`ptb_words` on every caption; False means the captions are
-            already tokenised and are split on whitespace.
+            ``meteor``, ``spice``, ``spider``, ``spider_fl``); None = all. METEOR starts a JVM
+            per call: validate per epoch with :data:`FAST_METRICS`.
+        tokenize: run :func:`ptb_words`; False splits pre-tokenised captions on whitespace.
         java_timeout_s: time limit for each Java metric.
-        backend: "mmtf" (this module's metrics) or "aac" (every metric by aac-metrics,
-            :mod:`mmtf.metrics.aac`); both read the same tokens.
+        backend: "mmtf" or "aac" (:mod:`mmtf.metrics.aac`).
 
     Returns:
-        A :class:`CaptionScores`: a dict metric -> float with ``.unavailable`` (metric ->
-        reason).
+        A :class:`CaptionScores`: metric -> float, with ``.unavailable`` (metric -> reason).
 
     Raises:
         ValueError, TypeError: malformed inputs or an unknown metric name.
@@ -220,15 +200,11 @@ class CaptionRow(NamedTuple):
 class CaptionMetrics:
     """Accumulates captions over an epoch; gathers them across DDP ranks and scores them.
 
-    A plain class rather than a ``torchmetrics.Metric``: its state is python strings, which
-    torchmetrics' tensor-only sync cannot carry, so :meth:`gather` gathers python objects
-    (:mod:`mmtf.utils.distributed`). Without an initialised process group everything is local.
+    Not a ``torchmetrics.Metric``: its state is python strings, which torchmetrics' tensor
+    sync cannot carry (:meth:`gather` gathers python objects).
 
     Args:
-        metrics: which metrics :meth:`compute` returns (see :func:`caption_metrics`); None = all.
-        tokenize: forwarded to :func:`caption_metrics`.
-        java_timeout_s: forwarded to :func:`caption_metrics`.
-        backend: forwarded to :func:`caption_metrics`.
+        metrics, tokenize, java_timeout_s, backend: as :func:`caption_metrics`.
         normalizer: the text normalizer of ``wer`` / ``cer`` (:mod:`mmtf.text.normalize`).
 
     Attributes:
@@ -303,15 +279,12 @@ class CaptionMetrics:
         return unique
 
     def compute(self, event_parser: Callable[[str], Any] | None = None) -> dict[str, float]:
-        """Gather, score on rank 0 (METEOR and SPICE start a JVM), return the same scores on
-        every rank.
-
-        Sets :attr:`unavailable` and :attr:`rows`. Collective under DDP.
+        """Gather, score on rank 0, return the same scores on every rank (collective under DDP);
+        sets :attr:`unavailable` and :attr:`rows`.
 
         Args:
-            event_parser: caption -> event sequence of the data set scored; when given, the
-                scores include ``event_accuracy``
-                (:func:`~mmtf.metrics.event.event_sequence_accuracy`).
+            event_parser: caption -> event sequence; given, the scores include
+                ``event_accuracy`` (:func:`~mmtf.metrics.event.event_sequence_accuracy`).
 
         Raises:
             ValueError: nothing was accumulated (on any rank).

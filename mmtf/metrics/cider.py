@@ -1,23 +1,12 @@
-"""CIDEr-D (Vedantam et al., 2015) as computed by the COCO caption evaluation.
+"""CIDEr-D (Vedantam et al., 2015) as pycocoevalcap's ``Cider`` scorer computes it.
 
-pycocoevalcap's ``Cider`` scorer is CIDEr-D (it carries vrama91's clipping and length penalty);
-this module reproduces it:
+n = 1..4; TF-IDF vectors with ``df`` = items whose references hold the n-gram (from the
+evaluated corpus), ``idf = log(N) - log(max(1, df))``; per n, ``sum_g min(v_c[g], v_r[g]) v_r[g]
+/ (|v_c| |v_r|)`` times ``exp(-(l_c - l_r)^2 / (2 * 6^2))``; the item score is the mean over n
+and references times 10, the corpus score the mean over items. As in the reference code, the
+length is the bigram count (words - 1, floored at 0), and a one-item corpus scores 0 (idf = 0).
 
-* n-grams n = 1..4; TF-IDF vectors with document frequency ``df`` = number of *items* whose
-  references contain the n-gram, computed from the references of the evaluated corpus, and
-  ``idf = log(N) - log(max(1, df))`` with N the number of items;
-* per n, the similarity with each reference is ``sum_g min(v_c[g], v_r[g]) v_r[g] / (|v_c| |v_r|)``
-  (the candidate's weight clipped by the reference's), times the Gaussian length penalty
-  ``exp(-(l_c - l_r)^2 / (2 sigma^2))`` with sigma = 6;
-* the item score is the mean over n, averaged over references, times 10; the corpus score is
-  the mean over items.
-
-Two consequences of these definitions: the "length" in the penalty is the number of bigrams
-(words - 1, floored at 0), as in the reference code; and a corpus of one item scores 0, since
-every reference n-gram then has idf = log(1) - log(1) = 0.
-
-Inputs are tokenised captions: each caption a ``list[str]``.
-"""
+Inputs are tokenised captions: each caption a ``list[str]``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """METEOR 1.5 and SPICE 1.0, the two Java metrics of the COCO caption evaluation.
 
-mmtf does not reimplement them: when their jars are on disk it runs them as pycocoevalcap does,
-and otherwise says why they are unavailable. Nothing is downloaded.
-
-* METEOR (Banerjee & Lavie, 2005) needs ``java`` on PATH and ``meteor-1.5.jar`` plus
-  ``data/paraphrase-en.gz``, which the ``pycocoevalcap`` wheel ships. It runs
-  ``java -jar -Xmx2G meteor-1.5.jar - - -stdio -l en -norm`` once per call (loading the
-  paraphrase table takes ~10-30 s), sends one ``SCORE`` line per item and one ``EVAL`` line,
-  and returns METEOR's corpus score (computed by METEOR from the summed statistics).
-* SPICE (Anderson et al., 2016) needs ``java``, ``spice-1.0.jar`` (shipped by pycocoevalcap)
-  and the Stanford CoreNLP 3.6.0 jars ``lib/stanford-corenlp-3.6.0.jar`` and
-  ``lib/stanford-corenlp-3.6.0-models.jar``, which pycocoevalcap downloads on first use. mmtf
-  only looks for them; put them there by hand to enable SPICE (and SPIDEr).
-
-Every subprocess gets an argument list (never a shell string) and a time limit. Each runner
-either returns a score or raises :class:`MetricUnavailable` with the reason.
-"""
+Run from their jars as pycocoevalcap does, when the jars are on disk (nothing is downloaded):
+METEOR needs ``java`` and ``meteor-1.5.jar`` + ``data/paraphrase-en.gz`` (shipped by
+pycocoevalcap; loading takes ~10-30 s per call); SPICE needs ``spice-1.0.jar`` and the Stanford
+CoreNLP 3.6.0 jars under ``lib/`` (put there by hand). Subprocesses get an argument list and a
+time limit; each runner returns a score or raises :class:`MetricUnavailable` with the reason."""
 
 from __future__ import annotations
 

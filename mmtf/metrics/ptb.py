@@ -1,32 +1,16 @@
-"""The words the COCO-style metrics compare: a pure-Python stand-in for the PTB step (text
-normalisation for scoring; the model's tokenizers are :mod:`mmtf.text`).
+"""The words the COCO-style metrics compare: a pure-Python stand-in for pycocoevalcap's Java
+``PTBTokenizer -preserveLines -lowerCase`` plus its punctuation filter (the model's tokenizers
+are :mod:`mmtf.text`).
 
-The COCO caption evaluation (pycocoevalcap) runs every caption through Stanford's Java
-``PTBTokenizer -preserveLines -lowerCase`` and then drops the punctuation tokens
-``'' ' `` ` . ? ! , : - -- ... ;``. :func:`ptb_words` reproduces that effect in Python:
+:func:`ptb_words` lower-cases, maps curly quotes to ASCII, splits clitics as PTB does (``dog 's``,
+``do n't``, ``can not``, ``gon na``), keeps inner hyphens, dots, apostrophes, slashes and the
+final dot of acronyms and ``_ABBREVIATIONS``, makes every other character a token and drops
+punctuation-only tokens (symbols such as ``& $ %`` stay).
 
-* lower-case; curly quotes/apostrophes as their ASCII forms;
-* clitics split off as PTB does: ``dog's -> dog 's``, ``don't -> do n't``, ``we'll -> we 'll``,
-  and ``cannot gonna wanna gotta lemme gimme -> can not, gon na, ...``;
-* words keep inner hyphens, dots, apostrophes and slashes (``black-and-white``, ``o'clock``,
-  ``and/or``, ``3.5``, ``1,000``, ``10:30``); acronyms and common abbreviations keep their final
-  dot (``u.s.``, ``p.m.``, ``mr.``, ``st.``);
-* every other non-space character is its own token, and tokens made only of punctuation
-  (``. , ? ! : ; - -- ... ' " `` ( ) [ ] { }`` and Unicode quotes, dashes and ellipses) are dropped.
-  Symbols such as ``& $ % * #`` are kept as tokens, as PTB keeps them.
-
-Known differences from the Java tokenizer (none arises in plain lower-case captions):
-
-* brackets: PTB turns ``(`` into ``-lrb-``, which pycocoevalcap then *keeps* (its punctuation
-  list is upper-case ``-LRB-`` but the tokens were lower-cased); here brackets are dropped;
-* a ``?`` or ``!`` inside a word (``start?end``) splits the word here, PTB keeps one token;
-* PTB's full abbreviation list is not reproduced; only acronyms (``e.g.``) and the list in
-  ``_ABBREVIATIONS`` keep their dot, so e.g. ``no. 5`` gives ``no 5`` here, ``no. 5`` in PTB;
-* ``'tis``, ``rock'n'roll`` and other rare clitics are not split here; leading-minus numbers
-  (``-5``) lose their sign.
-The test suite compares this tokenizer with the Java one on realistic captions when Java is
-installed.
-"""
+Known differences from Java (none in plain lower-case captions): brackets are dropped (PTB's
+``-lrb-`` survives pycocoevalcap's filter); ``?``/``!`` inside a word splits it; PTB's full
+abbreviation list, rare clitics (``'tis``) and a leading minus are not reproduced. A test
+compares both tokenizers when Java is installed."""
 
 from __future__ import annotations
 

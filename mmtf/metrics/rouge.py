@@ -1,13 +1,8 @@
-"""ROUGE-L as computed by the COCO caption evaluation (Lin, 2004).
+"""ROUGE-L as pycocoevalcap's ``Rouge`` computes it (Lin, 2004).
 
-Follows pycocoevalcap's ``Rouge``: for each candidate, the longest common subsequence (LCS)
-with every reference gives a precision ``lcs/len(cand)`` and a recall ``lcs/len(ref)``; the
-maximum precision and the maximum recall over the references (possibly from different
-references) combine into ``F = (1 + b^2) P R / (R + b^2 P)`` with ``b = 1.2``; the corpus score is
-the mean of F over candidates. As in pycocoevalcap, an empty caption counts as one empty token.
-
-Inputs are tokenised captions: each caption a ``list[str]``.
-"""
+Per candidate, the max LCS precision and the max LCS recall over the references give ``F = (1 +
+b^2) P R / (R + b^2 P)`` with ``b = 1.2``; the corpus score is the mean F. An empty caption counts
+as one empty token. Inputs: each caption a ``list[str]``."""
 
 from __future__ import annotations
 

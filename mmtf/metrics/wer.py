@@ -1,15 +1,9 @@
 """Word and character error rates of speech recognition, after a text normalizer.
 
-:func:`error_rates` normalises every reference and hypothesis (``whisper_english``,
-``whisper_basic`` or ``none``: :mod:`mmtf.text.normalize`), aligns them with jiwer (a
-Levenshtein alignment: the fewest substitutions + deletions + insertions) and returns the corpus
-WER / CER, ``sum(S + D + I) / sum(reference words)`` (characters for CER, spaces included, as
-jiwer and the Hugging Face recipe count them), and one :class:`UtteranceErrors` row per
-utterance: the counts and both normalised texts, the table ``mmtf.evaluate`` writes.
-
-A reference that is empty after normalisation (a clip of only "uh" or "[noise]") has no words
-to miss: its hypothesis words count as insertions.
-"""
+:func:`error_rates` normalises references and hypotheses (:mod:`mmtf.text.normalize`), aligns
+them with jiwer and returns corpus WER / CER (``sum(S + D + I) / sum(reference words)``;
+characters, spaces included, for CER) and one :class:`UtteranceErrors` row per utterance. An
+empty normalised reference counts its hypothesis words as insertions."""
 
 from __future__ import annotations
 
@@ -79,8 +73,7 @@ def error_rates(hypotheses: Sequence[str], references: Sequence[str], *,
         ids: utterance ids for the rows (default: positions).
 
     Raises:
-        ValueError: the lists differ in length or are empty, or every reference is empty after
-            normalisation (there is nothing to divide by).
+        ValueError: the lists differ in length or are empty, or every normalised reference is.
         ConfigError: an unknown normalizer.
     """
     if len(hypotheses) != len(references):

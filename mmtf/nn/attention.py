@@ -1,26 +1,16 @@
 """Multi-head attention shared by every mmtf encoder and decoder: the one attention core.
 
-One class covers every role: bidirectional self-attention (encoders, ``causal=False``), causal
-self-attention with RoPE and a KV cache (text decoders, ``causal=True``) and cross-attention
-(built with ``kv_dim``, called with ``context``). Grouped-query heads (``num_kv_heads``) share
-keys/values between query heads; ``num_kv_heads=1`` is multi-query attention.
+One class for bidirectional self-attention (``causal=False``), causal self-attention with RoPE
+and a KV cache (``causal=True``) and cross-attention (``kv_dim``, called with ``context``);
+``num_kv_heads`` gives grouped-query (1: multi-query) attention. The default path is
+``scaled_dot_product_attention``; the explicit softmax path runs only for ``need_weights=True``.
+Under ``torch.compile`` a single query goes through :func:`single_query_attention`.
 
-The default path is ``torch.nn.functional.scaled_dot_product_attention`` (flash /
-memory-efficient / cuDNN kernels on GPU, the fused kernel on CPU). When ``is_causal`` can express
-the mask, no mask tensor is built. The explicit softmax path runs only for ``need_weights=True``
-and agrees with the fused path to float tolerance. Under ``torch.compile`` a single query position
-(a decode step) goes through :func:`single_query_attention`, which the compiler fuses into one
-pass over the cached K/V (see :mod:`mmtf.decoders.compiled`).
+Masking: ``key_mask`` is bool, True = a real key. Causal masks are bottom-right aligned (query
+``i`` after ``p`` cached positions sees keys ``0 .. p + i``; SDPA's top-left ``is_causal`` is
+used only when the block starts at 0). A fully masked query returns zeros, never NaN.
 
-Masking rules:
-* ``key_mask`` is bool, True = a real key to attend to.
-* Causal masks are aligned bottom-right: with ``p`` cached positions, query ``i`` of the new block
-  sees keys ``0 .. p + i``. (SDPA's ``is_causal`` is top-left aligned, which is wrong when queries
-  are fewer than keys, so it is used only when the new block starts at position 0.)
-* A query whose keys are all masked returns zeros, never NaN, forward and backward.
-
-Shapes: b batch, h query heads, g kv heads, n query len, m key len, c = dim, d = head_dim.
-"""
+Shapes: b batch, h query heads, g kv heads, n query len, m key len, c = dim, d = head_dim."""
 
 from __future__ import annotations
 
@@ -46,14 +36,11 @@ class Attention(nn.Module):
         num_kv_heads: key/value heads g (default ``num_heads``); must divide ``num_heads``.
         causal: mask future keys (decoder self-attention). The role sets it, not the config.
         rope: shared rotary table applied to queries and keys of self-attention.
-        kv_dim: width of the ``context`` for cross-attention. A layer built with ``kv_dim`` is a
-            cross-attention layer and must be called with ``context``; one built without it
-            rejects ``context``.
-        bias: biases of the projections: True (all four), False (none) or a string naming the
-            projections that have one, from "q", "k", "v", "o" (query, key, value, output);
-            Whisper's attention is "qvo" (no key bias). A key bias adds the same ``q . b_k`` to
-            every score of a query row, which softmax cancels, so leaving it out changes no
-            output; imported weights map one to one.
+        kv_dim: width of the ``context``; set, the layer is cross-attention and must be called
+            with ``context``, unset it rejects one.
+        bias: True (all projections), False (none) or the letters of the biased ones among
+            "qkvo" (Whisper: "qvo"; softmax cancels a key bias, so leaving it out changes
+            nothing).
         dropout: attention-probability dropout, active in training only.
     """
 
@@ -113,8 +100,7 @@ class Attention(nn.Module):
     def check_sizes(*, dim: int, num_heads: int, num_kv_heads: int | None = None) -> int:
         """The width rules of multi-head attention, checked here once for every caller.
 
-        A stack calls this before it derives ``head_dim`` (its RoPE table), so the first error a
-        user sees is the rule they broke, not a consequence of it.
+        Stacks call it before deriving ``head_dim``, so the first error names the broken rule.
 
         Returns:
             ``num_kv_heads``, with None resolved to ``num_heads``.
@@ -143,12 +129,9 @@ class Attention(nn.Module):
 
         Args:
             x: queries, (b, n, c).
-            context: cross-attention source, (b, m, kv_dim). With a cache that is already filled
-                it may be None: the cached projections are reused.
-            key_mask: (b, m) bool, True = a real key. For cached self-attention m counts the
-                cached keys plus the new ones.
-            cache: self-attention: the new K/V are appended and all cached keys attended.
-                Cross-attention: filled with the projected context on first use, then reused.
+            context: cross-attention source, (b, m, kv_dim); None reuses a filled cache.
+            key_mask: (b, m) bool, True = a real key (cached self-attention: m = cached + new).
+            cache: self-attention appends the new K/V; cross-attention fills it once.
             need_weights: also return the attention probabilities (explicit softmax path).
 
         Returns:
@@ -283,11 +266,9 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | N
                            ) -> Tensor:
     """Softmax attention of a single query position, as plain reductions.
 
-    Equals ``scaled_dot_product_attention`` (zeros for rows whose keys are all masked). Under
-    ``torch.compile`` these reductions fuse into one pass over K and V per layer, which reads the
-    cache faster than the fused SDPA kernel does for one query (docs/design/attention-core.md).
-    Eagerly it would materialise (b, g, r, m, d) products, so :class:`Attention` calls it only
-    while compiling.
+    Equals ``scaled_dot_product_attention`` (zeros for fully masked rows). Compiled, it fuses
+    into one pass over K and V; eagerly it would materialise (b, g, r, m, d) products, so it is
+    called only while compiling (docs/design/attention-core.md).
 
     Args:
         q: (b, h, 1, d) queries.

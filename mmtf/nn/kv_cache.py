@@ -1,15 +1,10 @@
 """Static key/value cache for incremental decoding.
 
-Buffers are preallocated to ``max_len`` once, so a decoding step writes into them in place and
-never reallocates. The same class holds the per-layer self-attention cache (grows by one or a few
-tokens per step) and the cross-attention cache (filled once with the projected encoder memory).
+Buffers are preallocated to ``max_len`` and written in place (self-attention: grows per step;
+cross-attention: filled once). A plain object, not an ``nn.Module``, so ``torch.compile`` treats
+``length`` as symbolic: one compiled step serves every position (:mod:`mmtf.decoders.compiled`).
 
-A cache is a plain object, not an ``nn.Module``: ``torch.compile`` specialises on int attributes
-of modules (one compilation per cached length) but treats the ``length`` of a plain object as a
-symbolic size, so one compiled decode step serves every position (:mod:`mmtf.decoders.compiled`).
-
-Shapes: b batch (or batch * beams), g kv heads, m cached positions, d head_dim.
-"""
+Shapes: b batch (or batch * beams), g kv heads, m cached positions, d head_dim."""
 
 from __future__ import annotations
 
@@ -22,9 +17,8 @@ class KVCache:
 
     Args:
         batch_size: rows of the batch (batch * beams for beam search).
-        num_kv_heads: key/value heads of the layer (g).
+        num_kv_heads, head_dim: g and d of the layer.
         max_len: positions the cache can hold; writing past it raises.
-        head_dim: per-head size (d).
         dtype, device: of the buffers; match the model's activations.
     """
 

@@ -1,22 +1,11 @@
-"""LoRA (Hu et al. 2021, arXiv:2106.09685) in the one attention core: low-rank adapters on the
-linear projections of every :class:`~mmtf.nn.transformer.TransformerBlock`.
+"""LoRA (Hu et al. 2021, arXiv:2106.09685) on the linear projections of every
+:class:`~mmtf.nn.transformer.TransformerBlock`.
 
-An adapted projection computes ``y = W x + b + (B A dropout(x)) * alpha / r`` (A: (r, in),
-Kaiming-uniform as PEFT draws it; B: (out, r), zero, so an adapter starts as the identity).
-:class:`LoRALinear` *is* an ``nn.Linear`` (same ``weight`` and ``bias`` names), so name tables,
-state dicts of the base and every ``.weight`` reader keep working; the adapters are its extra
-parameters ``lora_A.<slice>`` and ``lora_B.<slice>``.
-
-A fused projection has one adapter per slice of its output: the attention's ``to_kv`` is the
-slices ``k`` and ``v`` (key rows first), each adapted or not on its own, so mmtf's fused GEMM
-holds exactly what PEFT holds on separate ``k_proj`` / ``v_proj`` modules. The slices of one
-projection read one dropout mask of its input (PEFT's forward in eval, where dropout is off),
-and the dropped copy is never kept for backward (:class:`_DroppedLowRank`).
-
-Targets are named after the core's projections (:data:`TARGETS`): ``q`` (``to_q``), ``k`` and
-``v`` (the two slices of ``to_kv``), ``o`` (``to_out``), and ``mlp`` (``mlp.fc_in`` and
-``mlp.fc_out``), in self- and cross-attention alike. Why: see docs/design/lora.md
-"""
+``y = W x + b + (B A dropout(x)) * alpha / r`` (A Kaiming-uniform as PEFT draws it, B zero).
+:class:`LoRALinear` *is* an ``nn.Linear``, so name tables and state dicts of the base keep
+working; adapters are ``lora_A.<slice>`` / ``lora_B.<slice>``, one per output slice of a fused
+projection (``to_kv``: ``k``, ``v``), sharing one dropout mask. Targets (:data:`TARGETS`): ``q``,
+``k``, ``v``, ``o``, ``mlp``. Why: docs/design/lora.md"""
 
 from __future__ import annotations
 
@@ -92,14 +81,9 @@ class _DroppedLowRank(torch.autograd.Function):
     """``B A dropout(x) * scale``, keeping for backward only ``x``, a 1-byte mask and the
     rank-sized ``A dropout(x)``.
 
-    Plain autograd would keep the dropped copy ``dropout(x)`` (for A's gradient) and the
-    dropout's float noise, two input-sized tensors per adapted projection on top of ``x``,
-    which the producer of ``x`` or the next projection reading it often keeps anyway (one
-    storage, counted once); backward rebuilds ``dropout(x)`` from ``x`` and the mask. Under
-    autocast the GEMMs run in the dtype forward's ran in (that of the rank-sized result), as
-    the plain path's autocast casts would. Backward is not itself differentiable (a double
-    backward raises): it is written from saved values, not as autograd ops of the inputs.
-    Why: docs/design/lora.md, "Memory".
+    Plain autograd would keep two more input-sized tensors per adapted projection; backward
+    rebuilds ``dropout(x)`` from ``x`` and the mask, in forward's autocast dtype. Backward is
+    not itself differentiable (a double backward raises). Why: docs/design/lora.md, "Memory".
     """
 
     @staticmethod

@@ -1,13 +1,9 @@
 """Absolute position embeddings beside RoPE: a learned table and Whisper's fixed sinusoids.
 
-mmtf's own models rotate queries and keys (:mod:`mmtf.nn.rope`); models imported from other
-frameworks add a position vector to each token before the first block instead: GPT-2 and
-Whisper's decoder learn one per position, Whisper's audio encoder uses fixed sinusoids. Both
-tables here are indexed from an ``offset`` so a cached decoding step at position ``p`` adds the
-same vector a full forward pass adds at ``p``.
+Imported models (GPT-2, Whisper) add a position vector per token; both tables are indexed from
+an ``offset`` so a cached step at ``p`` adds what a full pass adds at ``p``.
 
-Shapes: n positions, c = dim.
-"""
+Shapes: n positions, c = dim."""
 
 from __future__ import annotations
 

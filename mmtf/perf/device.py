@@ -1,16 +1,9 @@
 """What the device offers a training step: CPU flags, the SDPA kernel the core runs, bf16 speed.
 
-* :func:`cpu_flags`: the CPU features that decide fp32/bf16 matmul speed (``avx2``,
-  ``avx512f``, ``avx512_bf16``, ``amx_bf16``), read from ``/proc/cpuinfo``.
-* :func:`bf16_warning`: bf16 on a CPU without native bf16 (no ``avx512_bf16``/``amx_bf16``) is
-  emulated and slower than float32; the message a run logs once at start (it never refuses).
-* :func:`sdpa_backends`: which ``scaled_dot_product_attention`` kernel the attention core of a
-  model runs for each of its shapes (causal self-attention, padded self-attention,
-  cross-attention), read from the ATen op the call dispatches to, so it is what torch picks,
-  not a guess from flags.
-
-Why the defaults never depend on these: see docs/design/training-precision.md
-"""
+:func:`cpu_flags` (from ``/proc/cpuinfo``), :func:`bf16_warning` (bf16 without native support is
+emulated: a warning, never a refusal), :func:`sdpa_backends` (the kernel torch dispatches to for
+each attention shape of a model). Why the defaults never depend on these:
+docs/design/training-precision.md."""
 
 from __future__ import annotations
 
@@ -124,8 +117,8 @@ def sdpa_backends(model: nn.Module, device: torch.device | str, dtype: torch.dty
                   *, batch: int = 2, length: int = 64) -> dict[str, str]:
     """The SDPA kernel each attention role of ``model`` runs on ``device``.
 
-    Calls the model's own :class:`Attention` layers on random inputs (no gradient, autocast
-    to ``dtype`` when it is not float32) and reads the ATen op each call dispatched to.
+    Calls copies of the model's :class:`Attention` layers on random inputs and reads the ATen
+    op each call dispatched to.
 
     Args:
         model: a model built from mmtf's attention core (on any device; layers are copied).

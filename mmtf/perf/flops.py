@@ -1,26 +1,13 @@
 """Model FLOPs of a training step and the dense matmul rate of a device: the two halves of MFU.
 
-One count serves the training callback (:class:`mmtf.perf.EfficiencyMonitor`) and the benchmark
-(``experiments/training_throughput``). It counts the matmul work of the forward pass from the
-shapes that actually run, by forward hooks, and multiplies it by 3 for a training step (the
-backward pass computes the gradients of the inputs and of the weights: two matmuls of the same
-size per forward matmul; Kaplan et al. 2020, arXiv:2001.08361, and PaLM's MFU, arXiv:2204.02311).
+Forward hooks count the matmul work of the shapes that run, times 3 for a training step (Kaplan
+et al. 2020; PaLM's MFU). Per call (multiply-add = 2 FLOPs): ``nn.Linear`` ``2 * in * out`` per
+row; ``nn.Conv1d/2d`` ``2 * in / groups * kernel * out`` per output position;
+:class:`mmtf.nn.Attention` ``4 * h * d`` per (query, key) pair (``n (n + 1) / 2`` pairs when
+causal without a cache). Elementwise work is not counted and padding is not subtracted, as in
+nanoGPT's ``estimate_mfu``.
 
-Counted, per forward call (multiply-add = 2 FLOPs):
-
-* ``nn.Linear``: ``2 * in_features * out_features`` per output row (projections, MLPs, LM head);
-* ``nn.Conv1d`` / ``nn.Conv2d``: ``2 * in_channels / groups * kernel_size * out_channels`` per
-  output position (the audio conv stem, the vision patch stem);
-* :class:`mmtf.nn.Attention`: ``4 * heads * head_dim`` per attended (query, key) pair, i.e.
-  ``q @ k^T`` and ``weights @ v``: ``n * m`` pairs per sequence, ``n * (n + 1) / 2`` for causal
-  self-attention without a cache.
-
-Not counted: norms, activations, softmax, RoPE, embeddings lookups, the log-mel front end, the
-loss and the optimizer (elementwise work, a few percent of the FLOPs), and nothing is subtracted
-for padding: the count is what the padded batch computes, as in nanoGPT's ``estimate_mfu``.
-
-Shapes: b batch, n query length, m key length, h heads, d head dim.
-"""
+Shapes: b batch, n query length, m key length, h heads, d head dim."""
 
 from __future__ import annotations
 
@@ -73,9 +60,8 @@ def attention_flops(module: Attention, x: Tensor, context: Tensor | None,
 class FlopCounter:
     """Forward matmul FLOPs of every call inside a ``with`` block (see the module docstring).
 
-    Hooks are attached on ``__enter__`` and removed on ``__exit__``; in between, every
-    ``nn.Linear``, ``nn.Conv1d``/``nn.Conv2d`` and :class:`Attention` call inside ``model`` adds
-    to :attr:`forward_flops`. :attr:`training_flops` is three times that.
+    Hooks live from ``__enter__`` to ``__exit__``; :attr:`training_flops` is three times
+    :attr:`forward_flops`.
 
     Args:
         model: the module whose submodules are counted.
@@ -123,13 +109,11 @@ def matmul_flops_per_s(device: torch.device | str = "cpu", dtype: torch.dtype = 
                        *, size: int | None = None, repeats: int = 5) -> float:
     """Dense square-matmul rate of ``device`` in ``dtype`` (FLOP/s, best of ``repeats``).
 
-    The denominator of MFU: what this device's matmul library reaches on a large square GEMM
-    (1024 on a CPU, 4096 on a GPU), measured rather than read from a table, so that a shared,
-    throttled or AVX2-only CPU is judged by what it can do now.
+    The denominator of MFU, measured rather than read from a table, so that a shared or
+    throttled CPU is judged by what it can do now.
 
     Args:
-        device: where to measure.
-        dtype: float32, or the autocast dtype (bfloat16 / float16) of mixed precision.
+        device, dtype: where and in which (autocast) dtype to measure.
         size: matrix side; default 1024 (CPU) or 4096 (accelerators).
         repeats: timed matmuls after one warm-up; the fastest counts.
     """

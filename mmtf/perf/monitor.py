@@ -1,26 +1,12 @@
 """Training efficiency in every run: samples/s, tokens/s, model FLOP/s and MFU, per device.
 
-:class:`EfficiencyMonitor` (``efficiency`` in ``conf/callbacks/default.yaml``) logs at
-the start of fit, once::
-
-    [perf] cuda:0 (NVIDIA H100 80GB HBM3); precision bf16-mixed (compute bfloat16), TF32 matmuls
-    on; SDPA kernels: causal self-attention=flash, padded self-attention=efficient,
-    cross-attention=efficient; dense bfloat16 matmul ... GFLOP/s (the MFU denominator)
-
-then, every ``log_every_n_steps`` optimizer steps, ``perf/samples_per_s``, ``perf/tokens_per_s``
-(scored caption tokens), ``perf/model_flops_per_s`` and ``perf/mfu`` to the loggers, and a line
-per training epoch. Rates are this device's: its own batches over the wall time between
-batches, data wait included, validation excluded. Model FLOPs are counted by
-:class:`mmtf.perf.flops.FlopCounter` (the same count as ``experiments/training_throughput``);
-MFU divides their rate by the dense matmul rate measured at start in the compute dtype
-(:func:`mmtf.perf.flops.matmul_flops_per_s`), or by ``peak_flops_per_s`` when given. A window
-whose model rate beats the measured denominator (a start-up measurement that met another job on a
-shared CPU) measures it again and keeps the higher rate, with a log line saying so.
-
-Where bf16 is requested on a CPU without native bf16 it logs one warning
-(:func:`mmtf.perf.device.bf16_warning`); on CUDA it turns on TF32 matmuls for float32 work
-(``torch.set_float32_matmul_precision("high")``) if the process has not chosen a precision.
-"""
+:class:`EfficiencyMonitor` (``efficiency`` in ``conf/callbacks/default.yaml``) logs the device,
+precision and SDPA kernels once, then every ``log_every_n_steps`` ``perf/samples_per_s``,
+``perf/tokens_per_s``, ``perf/model_flops_per_s`` and ``perf/mfu`` (this device's batches over
+wall time, data wait included, validation excluded). MFU divides the
+:class:`~mmtf.perf.flops.FlopCounter` rate by the matmul rate measured at start
+(:func:`~mmtf.perf.flops.matmul_flops_per_s`) or ``peak_flops_per_s``; a window that beats it
+measures again. On CUDA it turns on TF32 matmuls if the process has not chosen a precision."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The experiments' record of every run: one JSON line appended to ``<folder>/results.jsonl``.
 
-A benchmark script ends by printing its result as one JSON object; it then calls
-:func:`append_result` with that object, which adds what makes the figures comparable later
-(UTC time, git commit, this CPU's description, the command line) and appends the line. The
-experiment's README holds only the current table; this file holds every measurement.
-"""
+:func:`append_result` adds UTC time, git commit, CPU description and command line to a
+benchmark's result object and appends it; the experiment's README holds only the current table."""
 
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
 """Pretrained networks from the ecosystem (Hugging Face format) in mmtf's own modules.
 
-:mod:`mmtf.hub` reads a model folder or hub id (config.json + safetensors, never pickles);
-:mod:`mmtf.pretrained.names` copies tensors through a family's name table, and back. Encoders
-and decoders know nothing of this package: a family is a set of builders that build them.
-
-Every family is registered once, in :data:`FAMILIES`. Its module provides:
-
-* builders, the ``_target_`` of its YAML parts (``mmtf.pretrained.<family>.<builder>``), whose
-  sizes may be null in the YAML (read from ``config.json``; a size given must agree);
-* a name table (``links``, or ``encoder_links`` / ``decoder_links``) of
-  :class:`mmtf.pretrained.names.Link` rows, read by the import and by the export;
-* ``resolved_sizes(part, module) -> dict``: the sizes of a built part, recorded in the run's
-  config (:func:`resolved_sizes`) so a checkpoint rebuilds its model without the folder;
-* the writer of the Hugging Face layout (``python -m mmtf.export ... format=hf``), for a pair
-  (:data:`PAIR_WRITERS`);
-* ``part_links(part, module, prefix) -> list[Link]``: the table of a built part (a UserError
-  when the part is not in the family's configuration), which names LoRA adapters in PEFT's
-  format (:mod:`mmtf.pretrained.peft`, :data:`PEFT_BASES`).
-"""
+:mod:`mmtf.hub` reads folders; :mod:`mmtf.pretrained.names` copies tensors through a family's
+name table, both ways. Every family is registered once, in :data:`FAMILIES`; its module provides
+builders (the ``_target_`` of its YAML parts; null sizes are read from ``config.json``), a name
+table of :class:`~mmtf.pretrained.names.Link` rows, ``resolved_sizes(part, module)`` (recorded in
+the run's config so a checkpoint rebuilds without the folder), the ``format=hf`` writer of a pair
+(:data:`PAIR_WRITERS`) and ``part_links(part, module, prefix)`` (PEFT names, :data:`PEFT_BASES`)."""
 
 from __future__ import annotations
 

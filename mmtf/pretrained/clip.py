@@ -1,24 +1,12 @@
 """CLIP's vision tower (Radford et al. 2021, arXiv:2103.00020) in mmtf's ``VisionEncoder``: the
-builder :func:`clip_vision_encoder` (the ``_target_`` of ``conf/model/encoder/clip_vision.yaml``),
-a config translation and a name table, read both ways. The tower is a pre-LN ViT with a bias-free patch
-convolution, a ``class_embedding``, a ``position_embedding`` that covers the class token, a
-LayerNorm over the embedded tokens before the first block (``pre_layrnorm``, mmtf's
-``embed_norm``), quick-GELU MLPs and LayerNorm eps 1e-5. Its ``post_layernorm`` applies to the
-pooled class token only; the sequence (``last_hidden_state``, what a captioner cross-attends to)
-has no final norm, so the mmtf encoder is built with ``final_norm=False``.
+builder :func:`clip_vision_encoder`, a config translation and a name table, read both ways.
 
-Read from a ``CLIPVisionModel`` folder (``model_type: clip_vision_model``, tensors under
-``vision_model.``) or a whole ``CLIPModel`` folder (``model_type: clip``, the tower's config in
-``vision_config``; the text tower is not read).
+A pre-LN ViT with a bias-free patch conv, a class token whose position is folded in,
+``pre_layrnorm`` (``embed_norm``), quick-GELU and eps 1e-5. ``post_layernorm`` touches only the
+pooled token, so the encoder has ``final_norm=False`` and the export writes it as the identity.
+Read from a ``CLIPVisionModel`` or a whole ``CLIPModel`` folder (the text tower is not read).
 
-Export (``format=hf``, inside a ``VisionEncoderDecoderModel``:
-:mod:`mmtf.pretrained.vision_encoder_decoder`): :func:`hf_config` and :func:`hf_state_dict`
-write the tower as a ``CLIPVisionModel``; the folded class token goes back
-with a zero class position, and ``post_layernorm``, which only the pooled output reads and
-mmtf's encoder does not hold, is written as the identity (ones, zeros).
-
-Shapes: c = hidden_size, p = patches, s = p + 1.
-"""
+Shapes: c = hidden_size, p = patches, s = p + 1."""
 
 from __future__ import annotations
 
@@ -73,9 +61,8 @@ def clip_vision_encoder(*, pretrained: str | Path | None = None, dim: int | None
             ``intermediate_size / hidden_size``, ``hidden_act``, ``layer_norm_eps``,
             ``patch_size``, ``num_channels`` and ``image_size``: None reads them from
             ``config.json`` (``vision_config`` of a ``CLIPModel``), a value must equal it.
-        dropout, attn_dropout: fine-tuning dropout.
-        activation_checkpointing: recompute each block in backward (:class:`VisionEncoder`).
-        freeze: freeze after loading (:meth:`mmtf.encoders.Encoder.freeze`).
+        dropout, attn_dropout, activation_checkpointing, freeze: as :class:`VisionEncoder`
+            (freeze after loading).
 
     Raises:
         UserError: see :func:`mmtf.pretrained.vision.build_vision_encoder`.

@@ -1,23 +1,12 @@
 """GPT-2 (Radford et al. 2019) as mmtf's ``TextDecoder``, with cross-attention to an encoder.
 
-GPT-2 is a pre-LN decoder with learned positions (``wpe``), biased projections, the tanh GELU
-("gelu_new"), a final LayerNorm and an LM head tied to the token embedding: a ``TextDecoder``
-with ``positions="learned"``, ``bias=True``, ``mlp="gelu_tanh"``. A captioner needs
-cross-attention, which GPT-2 does not have: like ``VisionEncoderDecoderModel`` (GPT-2 with
-``add_cross_attention=True``), the import adds the cross-attention layers newly initialised with
-GPT-2's scheme, and reads them when the folder has them (a captioner exported from mmtf, or a
-``VisionEncoderDecoderModel`` folder).
+A ``TextDecoder`` with ``positions="learned"``, ``bias=True``, ``mlp="gelu_tanh"`` and a tied head.
+Cross-attention is added newly initialised (as ``VisionEncoderDecoderModel`` does) or read when
+the folder has it. The name table (:func:`links`) serves import (:func:`load_hf_gpt2`) and export
+(:func:`hf_state_dict`, :func:`hf_config`, :func:`export_hf`); ``Conv1D`` weights are (in, out)
+and ``c_attn`` fuses q, k, v. Why: docs/design/vision-gpt2-import.md.
 
-The name table is written once (:func:`links`) and read both ways: importing
-(:func:`load_hf_gpt2`) and exporting back to the Hugging Face layout (:func:`hf_state_dict`,
-:func:`hf_config`, :func:`export_hf`; a whole ViT/CLIP + GPT-2 captioner is
-:mod:`mmtf.pretrained.vision_encoder_decoder`'s). GPT-2's ``Conv1D`` stores weights as (in, out), the transpose of
-``nn.Linear``; its ``c_attn`` fuses q, k, v (self-attention) and k, v (cross-attention, with
-a separate ``q_attn``), which are the rows of mmtf's ``to_q`` and ``to_kv`` once transposed.
-Why: see docs/design/vision-gpt2-import.md.
-
-Shapes: c = n_embd, c_ctx = the encoder width, v = vocab_size, n = n_positions.
-"""
+Shapes: c = n_embd, c_ctx = the encoder width, v = vocab_size, n = n_positions."""
 
 from __future__ import annotations
 
@@ -84,17 +73,14 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
             ``tie_word_embeddings``: None reads them from the folder's ``config.json``, a value
             must equal it.
         context_dim: width of the encoder memory the cross-attention reads.
-        dropout, attn_dropout: fine-tuning dropout (GPT-2 trained with 0.1 for both).
-        activation_checkpointing: recompute each block in backward (:class:`TextDecoder`).
-        pad_id: padding id (GPT-2 pads with its ``<|endoftext|>``, 50256); None: the folder's
+        dropout, attn_dropout, activation_checkpointing: as :class:`TextDecoder` (GPT-2
+            trained with dropout 0.1).
+        pad_id: padding id (GPT-2's ``<|endoftext|>``, 50256); None: the folder's
             ``pad_token_id``, else its ``eos_token_id``.
-        freeze: no trainable parameters, eval mode (after loading), for
-            :func:`mmtf.export.load_exported`; in a task use ``model.finetuning.freeze_decoder``.
+        freeze: frozen and in eval mode after loading (in a task: ``model.finetuning.freeze_decoder``).
 
     Raises:
-        UserError: a missing file, a folder of another architecture, a setting that differs
-            from ``config.json`` (both values and the overrides that fix it), a tensor of
-            another shape (both shapes), or a null setting without a Hugging Face folder.
+        UserError: as :func:`mmtf.pretrained.vision.build_vision_encoder`.
     """
     given = dict(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
                  max_len=max_len, mlp_ratio=mlp_ratio, mlp=mlp, norm_eps=norm_eps,

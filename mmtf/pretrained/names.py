@@ -1,14 +1,9 @@
 """Name tables: how an mmtf module's tensors are a Hugging Face model's, both ways.
 
-Every family (:mod:`mmtf.pretrained`) writes its names once, as a table of :class:`Link` rows:
-the mmtf tensors of a row, the original tensors they are made of, and the :class:`Rule` between
-them (the same tensor, a transpose, key and value rows fused into one projection, a CLS position
-folded into the CLS token ...). A rule is a pair of functions, so one table serves both
-directions: :func:`copy_weights` imports (originals -> mmtf, every name and shape checked before
-anything is copied, so a failed import changes nothing) and :func:`export_tensors` exports
-(mmtf -> originals, for ``python -m mmtf.export format=hf``). Reading the folders themselves is
-:mod:`mmtf.hub`'s.
-"""
+A family writes its names once, as :class:`Link` rows (mmtf tensors, original tensors, and the
+:class:`Rule` between them: same, transpose, fused rows, folded CLS position ...). A rule is a
+pair of functions, so one table serves :func:`copy_weights` (import; everything checked before
+anything is copied) and :func:`export_tensors` (``format=hf``)."""
 
 from __future__ import annotations
 
@@ -76,17 +71,14 @@ def copy_weights(module: nn.Module, tensors: Mapping[str, Tensor], table: Sequen
 
     Args:
         module: the mmtf module to fill.
-        tensors: the original tensors by their original names (:meth:`mmtf.hub.HFModel.tensors`).
-        table: a row for every parameter and persistent buffer of ``module`` that the original
-            holds.
+        tensors: the original tensors by name (:meth:`mmtf.hub.HFModel.tensors`).
+        table: a row for every tensor of ``module`` that the original holds.
         owner, source: named in messages (the importing builder, the folder).
-        keep_initialised: mmtf names that have no original (e.g. new cross-attention layers
-            on GPT-2) and keep their fresh initialisation.
+        keep_initialised: mmtf names without an original (GPT-2's new cross-attention).
 
     Raises:
-        UserError: an original tensor is missing (named, with the folder), a shape differs
-            (both shapes named), or ``module`` has a tensor that neither the table nor
-            ``keep_initialised`` covers.
+        UserError: a missing original, a shape that differs, or a tensor of ``module`` that
+            neither the table nor ``keep_initialised`` covers.
     """
     own = module.state_dict()
     covered = {name for row in table for name in row.ours}
@@ -141,11 +133,8 @@ def block_links(ours: str, theirs: str, names: Mapping[str, str], *, qkv_bias: b
 
     Args:
         ours, theirs: the block's name prefixes (``stack.blocks.3.``, ``encoder.layer.3.``).
-        names: the original's module name (under ``theirs``) of each role: ``norm_self``,
-            ``q``, ``k``, ``v``, ``out``, ``norm_mlp``, ``fc_in``, ``fc_out``, and with
-            ``cross`` also ``norm_cross``, ``cross_q``, ``cross_k``, ``cross_v``,
-            ``cross_out``; separate key and value projections are fused into ``to_kv`` (key
-            rows first).
+        names: the original's module name of each role (``norm_self q k v out norm_mlp fc_in
+            fc_out``, with ``cross`` also ``norm_cross`` and ``cross_q`` ... ``cross_out``).
         qkv_bias: the q/k/v projections have biases.
         key_bias: the key projection has one too; without it (Whisper) the value bias is the
             attention's ``v_bias``.
@@ -202,22 +191,17 @@ def fill_sizes(owner: str, sizes: Mapping[str, Any],
                needed: Mapping[str, tuple[Any, str]] | None, *, pretrained: Any, source: str,
                key_prefix: str, fixed: Mapping[str, Any] | None = None,
                folder: str = "Hugging Face folder") -> dict[str, Any]:
-    """A builder's sizes with every null read from ``config.json``: the one convention of the
-    pretrained builders (a null YAML size means "the folder's"; a given one must equal it).
+    """A builder's sizes with every null read from ``config.json`` (a given size must equal it).
 
     Args:
-        owner: the builder, named first in messages.
+        owner, source, key_prefix: as :func:`require_config`.
         sizes: the builder's size arguments; None = read from ``config.json``.
-        needed: what the folder's ``config.json`` says (:func:`require_config`'s ``required``),
-            or None when ``pretrained`` is no Hugging Face folder (nothing to read).
-        pretrained: the builder's ``pretrained`` value, for the message.
-        source: the folder or hub id. key_prefix: where the sizes live (``model.encoder``).
+        needed: :func:`require_config`'s ``required``, or None without a Hugging Face folder.
+        pretrained, folder: the builder's ``pretrained`` and what it should be, for messages.
         fixed: settings the architecture fixes, checked against ``needed`` too.
-        folder: what ``pretrained`` should have been, for the message.
 
     Raises:
-        UserError: a given size that differs from ``config.json`` (see :func:`require_config`),
-            or a null size with nothing to read it from.
+        UserError: a size that differs from ``config.json``, or a null one with nothing to read.
     """
     filled = dict(sizes)
     if needed is not None:

@@ -1,21 +1,12 @@
 """LoRA adapters in PEFT's folder format, both ways, through the families' name tables.
 
-A PEFT adapter folder is ``adapter_config.json`` (``peft_type: LORA``, ``r``, ``lora_alpha``,
-``target_modules`` ...) and ``adapter_model.safetensors`` holding, for every adapted module
-``M`` of the Hugging Face base, ``base_model.model.M.lora_A.weight`` (r, in) and
-``...lora_B.weight`` (out, r). mmtf's adapters sit on its own projections
-(:class:`mmtf.nn.lora.LoRALinear`); which Hugging Face module each slice of a projection is,
-is read from the same :class:`~mmtf.pretrained.names.Link` rows that import and export the base
-weights: a row ``to_kv.weight <- (k_proj.weight, v_proj.weight)`` says that slice ``k`` of
-``to_kv`` is ``k_proj`` and slice ``v`` is ``v_proj``; the row ``(to_q.weight, to_kv.weight)
-<- c_attn.weight`` says GPT-2's ``c_attn`` holds the slices q, k and v, which are one PEFT
-adapter of rank 3r with block-diagonal B. No second mapping; ``peft`` itself is never imported
-(a test extra only).
-
-:func:`write_peft_adapter` writes a folder (``python -m mmtf.export ... format=peft``);
-:func:`load_peft_adapter` reads one into a task's parts (``model.lora.pretrained=<folder>``).
-Why: see docs/design/lora.md
-"""
+A PEFT folder is ``adapter_config.json`` + ``adapter_model.safetensors``
+(``base_model.model.M.lora_A.weight`` (r, in), ``...lora_B.weight`` (out, r)). Which Hugging
+Face module each slice of an mmtf projection is comes from the same
+:class:`~mmtf.pretrained.names.Link` rows as the base weights (GPT-2's fused ``c_attn`` is one
+adapter of rank 3r with block-diagonal B); ``peft`` is never imported.
+:func:`write_peft_adapter` (``format=peft``), :func:`load_peft_adapter`
+(``model.lora.pretrained=<folder>``). Why: docs/design/lora.md"""
 
 from __future__ import annotations
 
@@ -176,23 +167,18 @@ def load_peft_adapter(folder: str | Path, parts: Mapping[str, nn.Module], config
                       ) -> tuple[LoRAConfig, list[str]]:
     """Add the adapters of a PEFT folder to ``parts`` (imported from the folder's base model).
 
-    Rank, alpha, dropout and bias come from ``adapter_config.json`` (``rank_pattern`` and
-    ``alpha_pattern`` included); ``config`` only gives the defaults of what the folder leaves
-    out. A module that holds several mmtf slices (GPT-2's ``c_attn``) is split exactly: when its
-    B is block-diagonal with blocks of the folder's rank ``r`` (what ``format=peft`` writes:
-    rank ``n r``), each slice takes its block of A's rows and of B; otherwise (an adapter PEFT
-    trained on ``c_attn``) each slice takes the whole A and its rows of B. The targets are read
-    from the adapted modules and must be whole targets (every block of the part, self- and
-    cross-attention alike), so that the returned config rebuilds the same adapters without the
-    folder.
+    Rank, alpha, dropout and bias come from ``adapter_config.json``; ``config`` gives only the
+    defaults of what it leaves out. A module holding several mmtf slices (GPT-2's ``c_attn``)
+    is split by blocks when B is block-diagonal (what ``format=peft`` writes), else each slice
+    takes the whole A and its rows of B. Targets must be whole (every block of the part), so
+    the returned config rebuilds the same adapters without the folder.
 
     Returns:
         The config the adapters have, and the parts that hold them.
 
     Raises:
-        UserError: a module the parts do not have, or a tensor of another shape (the folder's
-            ``base_model_name_or_path`` and both shapes named): an adapter for another base;
-            slices of several ranks or scales (mmtf's adapters have one).
+        UserError: an adapter for another base (a module the parts lack, another shape), or
+            slices of several ranks or scales.
         ConfigError: adapters that no target list describes, or a part without any.
     """
     peft_config, tensors = read_adapter(folder)
@@ -339,11 +325,9 @@ def write_peft_adapter(parts: Mapping[str, nn.Module], tables: Mapping[str, list
     ``tables`` give (per part, in the base class's layout: ``model.`` for Whisper), renamed by
     ``renames`` (per part) to the installed transformers' module names.
 
-    A module that holds several adapted slices (GPT-2's ``c_attn``: q, k, v) gets one adapter
-    of rank ``n r``: A stacks the slices' A, B is block-diagonal, so ``B A`` is each slice's
-    ``B_i A_i`` in its rows (zero rows for a slice without one); ``rank_pattern`` and
-    ``alpha_pattern`` give that module ``n r`` and ``n alpha``, the same ``alpha / r``.
-    ``fan_in_fan_out``: the base's layers are ``Conv1D`` (GPT-2), as PEFT sets it.
+    A module holding several slices (GPT-2's ``c_attn``) gets one adapter of rank ``n r`` (A
+    stacked, B block-diagonal; ``rank_pattern`` / ``alpha_pattern`` keep ``alpha / r``);
+    ``fan_in_fan_out`` is set for ``Conv1D`` bases, as PEFT does.
 
     Raises:
         UserError: a part without adapters, or an adapted slice the table cannot name.

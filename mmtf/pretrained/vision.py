@@ -1,14 +1,7 @@
-"""What the vision families (:mod:`~mmtf.pretrained.vit`, :mod:`~mmtf.pretrained.clip`) share:
-their builder, which reads a Hugging Face folder into a ``VisionEncoder``.
-
-A vision family's module holds a config translation (``encoder_values``: the ``VisionEncoder``
-settings its ``config.json`` implies), the tensor name that locates its prefix (``ANCHOR``) and
-its name table (``links``). The builder reads the sizes from ``config.json`` (a size left null in the YAML)
-or checks them against it (a size given), fixes the settings the architecture implies (norm,
-stem, CLS token ...: not config keys), and copies every tensor after checking every name and
-shape. The folder may also be the encoder of a ``VisionEncoderDecoderModel`` (tensors under
-``encoder.``, config under ``encoder``).
-"""
+"""The builder the vision families (:mod:`~mmtf.pretrained.vit`, :mod:`~mmtf.pretrained.clip`)
+share: a Hugging Face folder (or a ``VisionEncoderDecoderModel``'s encoder) into a
+``VisionEncoder``, from the family's ``encoder_values``, ``ANCHOR`` and ``links``; sizes read
+from or checked against ``config.json``, every name and shape checked before copying."""
 
 from __future__ import annotations
 
@@ -42,10 +35,8 @@ def build_vision_encoder(family: str, *, pretrained: str | Path | None, sizes: d
         sizes: the builder's :data:`SIZE_KEYS`; None = from ``config.json``.
 
     Raises:
-        UserError: a missing file; a folder of another architecture (its ``model_type`` or
-            ``encoder.model_type``, and the config group that reads it); a size that differs
-            from ``config.json`` (both values and the overrides that fix it); a null size
-            without a Hugging Face folder; a missing tensor.
+        UserError: a missing file or tensor, a folder of another architecture, a size that
+            differs from ``config.json``, or a null size without a Hugging Face folder.
     """
     entry, module = FAMILIES[family], family_module(family)
     owner = f"model.encoder ({entry.builders['encoder']})"

@@ -1,12 +1,6 @@
 """A ViT or CLIP + GPT-2 captioner written as ``VisionEncoderDecoderModel`` saves it
-(``python -m mmtf.export ... format=hf``): the tower as ``ViTModel`` or ``CLIPVisionModel``
-(:mod:`~mmtf.pretrained.vit`, :mod:`~mmtf.pretrained.clip`) under ``encoder.``, the decoder as
-``GPT2LMHeadModel`` with cross-attention (:mod:`~mmtf.pretrained.gpt2`) under ``decoder.``, each
-through its family's name table; then both imported back and every tensor compared.
-
-The folder is also what the builders read back (``vit_encoder`` / ``clip_vision_encoder`` and
-``gpt2_decoder`` each find their half), so ``pretrained=<this folder>`` sets the whole pair.
-"""
+(``format=hf``): tower under ``encoder.``, GPT-2 with cross-attention under ``decoder.``, then
+imported back and compared. The builders read their halves back from the same folder."""
 
 from __future__ import annotations
 

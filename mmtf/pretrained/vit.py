@@ -1,21 +1,12 @@
 """Hugging Face ViT (Dosovitskiy et al. 2021) in mmtf's ``VisionEncoder``: the builder
-:func:`vit_encoder` (the ``_target_`` of ``conf/model/encoder/vit.yaml``), a config translation
-and a name table.
+:func:`vit_encoder`, a config translation and a name table.
 
-HF's ViT is a pre-LN ViT with a biased patch convolution, a CLS token, a position table that
-covers the CLS position, biased q/k/v/out and MLP layers, exact GELU, LayerNorm eps 1e-12 and a
-final LayerNorm (``last_hidden_state``; the pooler is not read). Two rewrites, written once in
-the table and read both ways (import and ``format=hf`` export): q/k/v become ``to_q`` and the
-fused ``to_kv`` (key rows, then value rows), and the CLS position is added to the CLS token (a
-constant plus a constant: the same sum HF computes, and what mmtf's CLS token, which has no
-position, holds; the export writes the token with a zero CLS position). Why: see
-docs/design/vision-gpt2-import.md.
+A pre-LN ViT with biased layers, exact GELU, eps 1e-12 and a final LayerNorm (the pooler is not
+read). The table fuses k/v into ``to_kv`` and folds the CLS position into the CLS token (export
+writes a zero CLS position). Read from ``ViTModel``, ``ViTFor*`` (``vit.``) or a
+``VisionEncoderDecoderModel``'s encoder. Why: docs/design/vision-gpt2-import.md.
 
-Read from a ``ViTModel`` folder (tensors unprefixed), a ``ViTFor*`` one (``vit.``), or the
-encoder of a ``VisionEncoderDecoderModel`` folder (``encoder.``, config under ``encoder``).
-
-Shapes: c = hidden_size, p = patches, s = p + 1.
-"""
+Shapes: c = hidden_size, p = patches, s = p + 1."""
 
 from __future__ import annotations
 
@@ -72,9 +63,8 @@ def vit_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
             ``patch_size``, ``num_channels``, ``image_size`` (the position table's grid; other
             sizes interpolate as HF does) and ``qkv_bias`` (True, or "o" without it): None reads
             them from ``config.json``, a value must equal it.
-        dropout, attn_dropout: fine-tuning dropout.
-        activation_checkpointing: recompute each block in backward (:class:`VisionEncoder`).
-        freeze: freeze after loading (:meth:`mmtf.encoders.Encoder.freeze`).
+        dropout, attn_dropout, activation_checkpointing, freeze: as :class:`VisionEncoder`
+            (freeze after loading).
 
     Raises:
         UserError: see :func:`mmtf.pretrained.vision.build_vision_encoder`.

@@ -1,17 +1,10 @@
 """``last.ckpt`` = the latest training state: every N steps, after every validation run and at
 the end of fit.
 
-``ModelCheckpoint(save_last=True)`` with a monitored metric writes ``last.ckpt`` only when the
-metric improved, so ``ckpt_path=last`` could silently throw away the epochs since the last
-improvement. :class:`LastCheckpoint` is a last-only ``ModelCheckpoint`` (same files, same
-checkpoint IO, its state in checkpoints) that also writes ``last.ckpt`` at the end of every
-validation run during fit, unless another checkpoint callback already wrote that file after this
-validation, and once more when fit ends (the steps after the last trigger, and the loops' final
-epoch counters). Step-triggered saves (``every_n_train_steps``) are Lightning's own.
-Why: see docs/design/last-checkpoint.md.
-
-Shapes: none.
-"""
+``ModelCheckpoint(save_last=True)`` with a monitor writes ``last.ckpt`` only on improvement;
+:class:`LastCheckpoint` is a last-only ``ModelCheckpoint`` that also writes it after every
+validation during fit (unless another callback just did) and when fit ends.
+Why: docs/design/last-checkpoint.md."""
 
 from __future__ import annotations
 
@@ -41,9 +34,7 @@ class LastCheckpoint(ModelCheckpoint):
             ``ckpt_path=last`` looks); None = Lightning's default.
         every_n_train_steps: also save every this many optimizer steps (None or 0: only after
             validation runs).
-        **kwargs: other ``ModelCheckpoint`` arguments (``filename``, ``verbose`` ...); the ones
-            that make it a last-only checkpoint (``monitor``, ``save_top_k``, ``save_last``,
-            ``every_n_epochs``, ``save_on_train_epoch_end``) are fixed.
+        **kwargs: other ``ModelCheckpoint`` arguments; those that make it last-only are fixed.
     """
 
     _FIXED = ("monitor", "save_top_k", "save_last", "every_n_epochs", "train_time_interval",

@@ -1,14 +1,8 @@
 """A monitored metric that no step logs stops the run at the first validation, in one line.
 
-ModelCheckpoint and EarlyStopping follow ``optimized_metric`` (set by the data config's
-``monitor`` group, conf/monitor/). A key that the run never logs (``val/event_accuracy`` on a
-user's manifest, a typo) would otherwise surface as EarlyStopping's ``RuntimeError`` with a
-traceback, or, with ``strict=False``, as checkpoints that never track a best model.
-:class:`MonitorCheck` runs after the first real validation (not the sanity check), before
-EarlyStopping (it is earlier in the callback list; Lightning moves only checkpoint callbacks to
-the end), and raises :class:`MonitorError` naming the key and the metrics that exist.
-Why: see docs/design/monitored-metric.md
-"""
+:class:`MonitorCheck` runs after the first real validation, before EarlyStopping (earlier in
+the callback list), and raises :class:`MonitorError` naming the key and the metrics that exist.
+Why: docs/design/monitored-metric.md"""
 
 from __future__ import annotations
 

@@ -1,24 +1,11 @@
 """Non-finite (NaN/inf) training loss: stop with a message that says where, or skip the step.
 
-Under DDP every rank must take the same branch, or the ranks that go on wait forever in the
-next collective: the "my loss is non-finite" flag is all-reduced (``SUM``) before deciding.
+:class:`NonFiniteLossGuard` checks the loss in ``on_before_backward`` (:func:`check_finite_loss`),
+all-reducing the flag so every DDP rank takes the same branch; ``skip`` lets backward run and
+drops every gradient in ``on_before_optimizer_step`` (weights and optimizer state untouched),
+counting ``train/nonfinite_skipped``. Why a callback: docs/design/nonfinite-loss.md.
 
-:class:`NonFiniteLossGuard` is a callback, so the tasks need no change (returning ``None`` from
-``training_step`` is refused by Lightning under DDP; see docs/design/nonfinite-loss.md):
-
-* ``on_before_backward(loss)`` (every micro-batch) runs :func:`check_finite_loss`: ``raise``
-  stops there; ``skip`` marks the step;
-* backward still runs on every rank, so DDP's gradient all-reduce completes everywhere;
-* ``on_before_optimizer_step`` of a marked step sets every gradient to ``None``: torch
-  optimizers skip parameters without gradients, so weights *and* optimizer state are untouched.
-  The LR scheduler still advances. The count of skipped steps is logged as
-  ``train/nonfinite_skipped`` and saved in checkpoints.
-
-:func:`check_finite_loss` is also usable directly from a ``training_step`` (single process:
-``return None`` when it returns False).
-
-Shapes: ``loss`` is a scalar tensor.
-"""
+Shapes: ``loss`` is a scalar tensor."""
 
 from __future__ import annotations
 
@@ -65,8 +52,7 @@ def check_finite_loss(loss: Tensor, *, step: int, batch_idx: int, policy: Policy
 
     Args:
         loss: the scalar loss of this rank.
-        step: the global step (``self.global_step``), for the message.
-        batch_idx: the batch index in the epoch, for the message.
+        step, batch_idx: the global step and the batch index in the epoch, for the message.
         policy: ``raise`` (stop with :class:`NonFiniteLossError`) or ``skip`` (return False).
         batch_ids: sample ids of the batch (``batch["ids"]``), named in the error.
 

@@ -1,23 +1,9 @@
 """Preemption (SIGTERM): checkpoint at the end of the current batch, exit 143; fail fast on DDP.
 
-:class:`PreemptionCheckpoint` takes SIGTERM over once training starts (Lightning restores the
-previous handler at teardown) with a handler that only sets a flag. At every
-``on_train_batch_end`` and ``on_train_epoch_end`` (reached by all ranks in lockstep) the flags
-are max-reduced over ranks, so every rank stops at the same batch even if only one was
-signalled: it sets Lightning's own SIGTERM flag on every rank at once, Lightning raises
-``SIGTERMException`` after the batch (or the epoch), and ``on_exception`` (every rank, before
-the strategy is torn down) saves ``last.ckpt`` through the Trainer's checkpoint IO and sets the
-exit status to 143 (128 + SIGTERM). Lightning alone would exit 0 without saving, and under DDP
-can deadlock. SIGUSR1 / SLURM requeue is left to Lightning.
-
-:class:`DDPFailFast`: when rank 0, the launching process, raises, nothing kills the DDP children
-it spawned (they would wait in their next collective until the process-group timeout); it kills
-them from rank 0's ``on_exception`` and logs every failing rank's error with its rank.
-
-Why: see docs/design/preemption.md.
-
-Shapes: none.
-"""
+:class:`PreemptionCheckpoint`'s handler only sets a flag; the flags are max-reduced over ranks at
+each batch end so every rank stops at the same batch, and ``on_exception`` saves ``last.ckpt``
+and sets exit status 143. :class:`DDPFailFast` kills the DDP children when rank 0 raises.
+Why: docs/design/preemption.md."""
 
 from __future__ import annotations
 
@@ -129,9 +115,8 @@ class PreemptionCheckpoint(Callback):
 class DDPFailFast(Callback):
     """When the launching rank fails, kill the DDP children Lightning started, at once.
 
-    A no-op outside Lightning's subprocess launcher (torchrun, SLURM and the spawn launchers
-    manage their own processes), for ``SIGTERMException`` (children got SIGTERM and save), and
-    for ``KeyboardInterrupt`` (Lightning kills the children itself).
+    A no-op outside Lightning's subprocess launcher, for ``SIGTERMException`` (the children
+    save) and for ``KeyboardInterrupt`` (Lightning kills them itself).
 
     Args:
         signum: signal sent to each child (SIGKILL: a process stuck in a collective ignores

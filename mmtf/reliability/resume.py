@@ -1,22 +1,9 @@
 """Pick the checkpoint to resume from, and fail early and clearly when there is none.
 
-``ckpt_path`` values:
-
-* ``None`` / ``""``: start fresh.
-* ``last``: resume the newest checkpoint of the run dir; *nothing there is an error* (Lightning's
-  own ``ckpt_path="last"`` only warns and silently starts from scratch).
-* ``auto``: the same, but nothing there means a fresh start (for a job script that is re-run
-  after preemption unchanged: the first run starts, every requeue resumes).
-* a path: that file.
-
-"Newest" is by modification time over ``<run_dir>/checkpoints/*.ckpt`` and Lightning's SLURM
-``<run_dir>/hpc_ckpt_*.ckpt``; on equal times ``last.ckpt`` wins (a ``save_last="link"``
-symlink has its target's time). The chosen file is opened with ``weights_only=True`` and
-``mmap=True`` (cheap: tensors are not read) to catch a truncated or foreign file *before* any
-model or data is built, and must hold the training state a resume needs.
-
-Shapes: none.
-"""
+``ckpt_path``: ``None``/``""`` fresh; ``last`` the newest checkpoint of the run dir (none is an
+error); ``auto`` the same but none means fresh; or a path. Newest by mtime over
+``checkpoints/*.ckpt`` and ``hpc_ckpt_*.ckpt`` (ties: ``last.ckpt``). The file is opened
+weights-only with ``mmap`` before anything is built."""
 
 from __future__ import annotations
 
@@ -85,8 +72,8 @@ def resolve_resume(ckpt_path: str | os.PathLike | None, run_dir: str | os.PathLi
         run_dir: the run's output dir (``paths.output_dir``), holding ``checkpoints/``.
 
     Raises:
-        ResumeError: ``last`` with no checkpoint in ``run_dir``; a path that does not exist; a
-            corrupt/truncated or weights-only checkpoint (also for ``auto``).
+        ResumeError: ``last`` with nothing in ``run_dir``, a missing path, or a corrupt,
+            truncated or weights-only checkpoint.
     """
     if ckpt_path is None or str(ckpt_path) == "":
         return None

@@ -1,26 +1,10 @@
 """``ResumeState``: what Lightning does not checkpoint, for a bit-exact resume.
 
-Lightning restores weights, optimizer, LR schedulers, loop counters and (with a
-:class:`~mmtf.data.loader.StatefulDataLoader`) the train loader's position; not the random
-generators. This callback:
-
-* captures the generators' state at the end of every training batch and writes it into every
-  checkpoint, per rank; applies it in ``on_train_start`` of a resumed fit, before the first
-  fetch;
-* puts the captured state back after every validation run during fit, so validation never
-  shifts the training stream (nor does changing the validation schedule);
-* in ``on_train_start``, hands the train loader its saved position when Lightning built the
-  loader before restoring the loops, and calls ``batch_sampler.set_epoch(current_epoch)`` at
-  ``on_train_start`` and every epoch start (Lightning only reaches ``dl.sampler``).
-
-Exactness assumes: nothing else draws from the global generators between the end of a training
-batch and the next fetch; every loader Lightning iterates during fit has its own ``generator``
-(warned about otherwise); worker-side randomness comes from :func:`mmtf.data.sample_rng`.
-Why one callback does both, and the known inexact case (warned about): see
-docs/design/exact-resume.md.
-
-Shapes: none.
-"""
+Saves the random generators' state (per rank) at every training batch end into every checkpoint
+and applies it on resume; restores it after every validation run, so validation never shifts the
+training stream; hands the train loader its saved position and calls
+``batch_sampler.set_epoch``. Assumptions and the known inexact case:
+docs/design/exact-resume.md."""
 
 from __future__ import annotations
 
@@ -56,10 +40,8 @@ class ResumeState(Callback):
 
     Args:
         restore_rng: write generator states into checkpoints and restore them on resume.
-        isolate_validation: restore the training stream's generator state after each
-            validation run during fit.
-        set_sampler_epoch: call ``batch_sampler.set_epoch(current_epoch)`` at each train epoch
-            start when the batch sampler has that method.
+        isolate_validation: restore the training generators' state after each validation.
+        set_sampler_epoch: call ``batch_sampler.set_epoch`` at each train epoch start.
     """
 
     def __init__(self, *, restore_rng: bool = True, isolate_validation: bool = True,

@@ -1,16 +1,10 @@
 """Random-number-generator state as plain, ``weights_only=True``-loadable data.
 
-Every generator's state becomes tensors, ints, floats, strs and ``None`` in dicts and lists, so
-it can live in a ``.ckpt`` (Lightning's own capture holds a numpy array, which a weights-only
-load refuses). Covered: python ``random``, numpy's legacy global generator, torch CPU and, when
-CUDA has been initialised, every CUDA device's generator.
+Python ``random``, numpy's global generator, torch CPU and every initialised CUDA generator, as
+tensors, ints, floats, strs and ``None`` (Lightning's capture holds a numpy array). Worker-side
+randomness comes from :func:`mmtf.data.sample_rng` instead.
 
-Randomness drawn inside DataLoader workers cannot be resumed this way (workers restart with
-fresh streams); datasets draw it from :func:`mmtf.data.sample_rng` ``(seed, epoch, index)``.
-
-Shapes: the MT19937 key of python and numpy is a ``(624,)`` int64 tensor; torch's states are
-byte tensors as torch returns them.
-"""
+Shapes: the MT19937 key is a ``(624,)`` int64 tensor; torch's states are byte tensors."""
 
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
 """Run reports: learning curves and a Markdown summary from a training run's logs.
 
-``python -m mmtf.report run_dir=outputs/<task>/runs/<time>`` writes, into ``<run_dir>/report/``:
-
-- ``learning_curves.png``: train/val loss, every validation metric (test results as stars), the
-  learning rate; one panel per metric family, steps below, epochs above.
-- ``summary.md``: best metrics, test metrics, wall time and throughput, and the config keys that
-  differ from the defaults of the run's ``experiment=``.
-
-On a multirun dir (``outputs/<task>/multiruns/<time>``): ``summary.md`` with one table of all
-jobs (their swept overrides and metric, best first) and ``sweep.png``, the metric against each
-swept parameter.
-
-The same from Python::
-
-    from mmtf.report import summarize, plot_learning_curves
-    summary = summarize("outputs/audio_captioning/runs/2026-11-30_21-30-00")
-    summary.optimized.value                       # best val/event_accuracy
-    fig = plot_learning_curves(summary.logs, "curves.png")
-"""
+``python -m mmtf.report run_dir=<run or multirun dir>`` writes into ``<run_dir>/report/``
+``learning_curves.png`` and ``summary.md`` (best and test metrics, time, throughput, config keys
+that differ from the experiment's defaults); for a multirun, one table of all jobs and
+``sweep.png``. From Python: ``summarize(run_dir)``, ``plot_learning_curves(summary.logs, path)``."""
 
 from __future__ import annotations
 
@@ -42,8 +28,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, *,
         run_dir: ``outputs/<task>/runs/<time>`` or ``outputs/<task>/multiruns/<time>``.
         out_dir: where to write (default: ``<run_dir>/report``).
         metric: the metric to rank by (default: the run's ``optimized_metric``).
-        mode: ``min`` or ``max`` for ``metric`` (default: the run's ``optimized_mode`` for its
-            ``optimized_metric``, else lower for losses and error rates, higher for the rest).
+        mode: ``min`` or ``max`` (default: :func:`mmtf.report.summary.metric_mode`).
         smoothing: TensorBoard-style smoothing of the training curves, 0 to < 1.
 
     Raises:

@@ -1,14 +1,9 @@
 """Reading a training run's files: config, overrides, scalar logs, final metrics, times.
 
-A run dir (``outputs/<task>/runs/<time>``, written by ``python -m mmtf.train``) holds
-``.hydra/{config,overrides,hydra}.yaml``, the resolved ``config.yaml``, ``metrics.json``, the
-job log ``<task_name>.log`` and the scalar logs: Lightning's CSVLogger (``**/metrics.csv``) and
-TensorBoard event files (``**/events.out.tfevents.*``). A multirun dir
-(``outputs/<task>/multiruns/<time>``) holds ``multirun.yaml`` and one run dir per job.
-
-Scalars are kept as ``{key: {step: value}}`` per *segment* (one process writing one file, or one
-stretch of a file); segments are merged in the order they were written by :func:`merge_segments`.
-"""
+A run dir holds ``.hydra/``, ``config.yaml``, ``metrics.json``, the job log and the scalar logs
+(``**/metrics.csv``, ``**/events.out.tfevents.*``); a multirun dir holds ``multirun.yaml`` and one
+run dir per job. Scalars are ``{key: {step: value}}`` per *segment* (one process writing one
+file), merged in write order by :func:`merge_segments`."""
 
 from __future__ import annotations
 
@@ -59,10 +54,8 @@ class RunLogs:
     Attributes:
         run_dir: the run dir.
         config: the run's resolved config (``config.yaml``, else ``.hydra/config.yaml``).
-        overrides: the command-line overrides (``.hydra/overrides.yaml``).
-        config_name: the root config the run was composed from (``train``).
-        scalars: ``{key: [(step, value), ...]}`` over all segments, sorted by step; ``epoch`` is
-            one of the keys when the logs hold it.
+        overrides, config_name: the command-line overrides and the root config (``train``).
+        scalars: ``{key: [(step, value), ...]}`` over all segments, sorted by step.
         final_metrics: ``metrics.json`` (``{}`` when the run has not finished).
         sources: the log files read, in merge order.
         resumed_at: the first training step of each start after the first (a resumed run).

@@ -35,12 +35,9 @@ def plot_learning_curves(run: str | Path | RunLogs, path: str | Path | None = No
                          smoothing: float = 0.6) -> Figure:
     """One figure of a run's curves: one panel per metric family, the learning rate last.
 
-    A family is a metric name across splits (``train/loss``, ``val/loss``, ``test/loss``) and
-    its numbered variants (``val/bleu_1`` ... ``val/bleu_4``). Training curves are drawn raw
-    (faint) and smoothed as TensorBoard does (a debiased moving average, ``smoothing`` = its
-    slider); validation points are joined by lines; the last test result is a star at the step
-    it was taken. The panel of the run's ``optimized_metric`` comes second and rings its best
-    value. Dotted lines mark where a resumed run started again; the top row has an epoch axis.
+    A family is a metric across splits and its numbered variants (``val/bleu_1..4``). Training
+    curves are raw (faint) and smoothed as TensorBoard does; test results are stars; the
+    ``optimized_metric`` panel comes second and rings its best value; dotted lines mark resumes.
 
     Args:
         run: a run dir, or what :func:`mmtf.report.load_run` returned for one.
@@ -255,10 +252,8 @@ def _title(logs: RunLogs) -> str:
 def plot_sweep(sweep: SweepSummary, path: str | Path | None = None) -> Figure:
     """The sweep's metric against each swept parameter, then the metric's curve of every job.
 
-    One panel per swept parameter: every job is a point labelled with its job number, the best
-    job a green star (ties: the lower job number); numeric parameters spanning more than a
-    decade get a log axis, other values are categories. A last panel overlays each job's
-    validation curve of the metric (when logged).
+    One panel per swept parameter (jobs as numbered points, the best a green star; a log axis
+    for numbers spanning more than a decade), then each job's validation curve of the metric.
 
     Args:
         sweep: what :func:`mmtf.report.summarize_sweep` returned.

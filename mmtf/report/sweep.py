@@ -27,8 +27,7 @@ class Job:
         run_dir: the job's run dir.
         overrides: the job's command-line overrides, ``{key: value as written}``.
         params: the swept overrides' values, parsed as YAML (``1e-3`` -> 0.001).
-        metric: the job's final value of the sweep's metric (``metrics.json``; the value the
-            sweeper saw), None when the job did not finish.
+        metric: the job's final value of the sweep's metric (``metrics.json``; None: unfinished).
         best: the best value of the metric over the job's validation curve (None: no curve).
         test: the job's ``test/`` value of the same metric (None: not tested).
         curve: the metric over training, ``[(step, value), ...]`` (empty: no logs).
@@ -95,8 +94,7 @@ def summarize_sweep(sweep_dir: str | Path, *, metric: str | None = None,
     Args:
         sweep_dir: ``outputs/<task>/multiruns/<time>``.
         metric: the metric to sort by (default: the jobs' ``optimized_metric``).
-        mode: ``min`` or ``max`` (default: the jobs' ``optimized_mode`` for their
-            ``optimized_metric``, else :func:`mmtf.report.summary.metric_mode`).
+        mode: ``min`` or ``max`` (default: :func:`mmtf.report.summary.metric_mode`).
 
     Raises:
         UserError: ``sweep_dir`` is not a multirun dir, or no job names a metric.

@@ -1,8 +1,7 @@
 """Built-in sound events -> captions set, written in the Clotho v2 layout (and ESC-50 for labels).
 
-Each clip (2-6 s, 16 kHz by default) holds 1-3 events separated by gaps, over coloured background
-noise at a random SNR (10-30 dB below the quietest event). Nine event classes, chosen to look
-different in a 64-bin log-mel spectrogram with a 10 ms hop:
+Each clip (2-6 s, 16 kHz by default) holds 1-3 events over coloured background noise. Nine
+classes that look different in a log-mel spectrogram:
 
 =================  ==========================================================================
 tone low/mid/high  a sine at ~300 / ~900 / ~2700 Hz (±7 %): one horizontal line, 3 bands apart
@@ -11,16 +10,11 @@ noise white/pink   a Gaussian burst, flat or 1/f spectrum: a filled block, brigh
 clicks slow/fast   4 ms broadband clicks at 4-6 /s or 16-24 /s: vertical stripes
 =================  ==========================================================================
 
-Each event is loud or quiet (14 dB apart) and, by its length, short / medium / long. Every clip
-gets 5 reference captions from a paraphrase grammar (several phrases per event, several
-templates per relation: "followed by", "then", "after", "before", "preceded by", ...).
-Captions mention loudness and length only sometimes (always truthfully), so the *event
-sequence* that :func:`parse_caption` recovers, and that event-sequence accuracy scores, is the
-ordered tuple of ``(kind, attribute)`` pairs, e.g. ``(("tone", "high"), ("noise", "white"))``.
-Every generated caption parses back to exactly its clip's sequence (tested on thousands).
+Events are loud or quiet and short / medium / long. 5 captions per clip from a paraphrase
+grammar; :func:`parse_caption` recovers the ordered ``(kind, attribute)`` event sequence that
+event-sequence accuracy scores (every generated caption parses back to its clip's sequence).
 
-Shapes: s samples at ``sample_rate``.
-"""
+Shapes: s samples at ``sample_rate``."""
 
 from __future__ import annotations
 
@@ -380,15 +374,11 @@ def write_caption_set(root: str | Path, *, num_train: int = 3000, num_val: int =
 
     Args:
         root: output folder (created).
-        num_train: clips in development/ (train).
-        num_val: clips in validation/ (val).
-        num_test: clips in evaluation/ (test).
+        num_train, num_val, num_test: clips in development/, validation/, evaluation/.
         seed: everything is a function of (seed, split, clip index).
         sample_rate: Hz of the written WAVs.
-        min_seconds: shortest clip.
-        max_seconds: longest clip.
-        min_events: fewest events per clip.
-        max_events: most events per clip (at most 3).
+        min_seconds, max_seconds: clip length range.
+        min_events, max_events: events per clip (at most 3).
         snr_db: range of background-noise SNR, relative to the quietest event.
         captions_per_clip: references per clip (Clotho has 5).
         num_workers: processes used to render.
@@ -423,10 +413,8 @@ def write_label_set(root: str | Path, *, num_clips: int = 2000, num_folds: int =
         num_folds: folds (ESC-50 has 5).
         seed: everything is a function of (seed, clip index).
         sample_rate: Hz of the written WAVs.
-        min_seconds: shortest clip.
-        max_seconds: longest clip.
-        min_events: fewest events per clip.
-        max_events: most events per clip (the label is the first).
+        min_seconds, max_seconds: clip length range.
+        min_events, max_events: events per clip (the label is the first).
         snr_db: range of background-noise SNR.
         num_workers: processes used to render.
     """

@@ -1,18 +1,9 @@
 """The built-in datasets: generated once into a cache folder, then read like real data.
 
-``ensure_synthetic(root, kind, **params)`` writes a synthetic set in its real-world layout
-(Clotho, COCO captions, ESC-50, ImageFolder) unless ``root`` already holds the same set. The
-set's identity is a hash of ``(kind, generator version, params)`` kept in ``root/.mmtf_synthetic
-.json``; change a size or the seed and the set is regenerated, change nothing and it is reused.
-Writing is atomic: the set is generated in a temporary folder next to ``root`` and renamed into
-place, so processes racing to create it (DDP ranks, parallel sweeps) are safe — the first rename
-wins and the others discard their copy.
-
-Every kind is a row of :data:`SETS`: its writer, generator version, the format it writes (read
-by ``mmtf.data``'s reader of that format) and, for caption sets, the parser that turns a caption
-back into its event sequence (:func:`caption_parser`, scored by
-:func:`mmtf.metrics.event_sequence_accuracy`).
-"""
+``ensure_synthetic(root, kind, **params)`` writes a set in its real-world layout unless ``root``
+holds the same one (a hash of kind, generator version and params in ``root/.mmtf_synthetic.json``).
+Writing is atomic (a temporary folder renamed into place: racing ranks are safe). Every kind is a
+row of :data:`SETS`: writer, version, format and caption parser (:func:`caption_parser`)."""
 
 from __future__ import annotations
 
@@ -120,8 +111,7 @@ def ensure_synthetic(root: str | os.PathLike, kind: str, **params: Any) -> Path:
         ``root`` as an absolute path.
 
     Raises:
-        DataError: ``root`` exists, is not empty and was not written by this function (it is
-            never overwritten).
+        DataError: ``root`` is not empty and was not written here (it is never overwritten).
     """
     writer, version = synthetic_set(kind)[:2]
     root = Path(root).expanduser().resolve()

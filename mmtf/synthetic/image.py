@@ -1,18 +1,11 @@
 """Built-in shapes -> captions set, written as COCO captions (and ImageFolder for labels).
 
-Each image (64x64 by default) shows 1-3 shapes (circle, square, triangle, cross) in one of six
-colours and two sizes, on a noisy grey background. Two or three shapes stand in a row (left to
-right) or a column (top to bottom), each in its own cell, so the spatial relation is never
-ambiguous. Every image gets 5 captions from a paraphrase grammar ("a small red circle to the
-left of a big blue square", "from top to bottom, ...", "... which is above ...").
+Each image (64x64 by default) shows 1-3 shapes (circle, square, triangle, cross; six colours, two
+sizes) on noisy grey, in a row or a column of cells. 5 captions per image from a paraphrase
+grammar; :func:`parse_caption` recovers ``(layout, ((size, colour, shape), ...))`` in reading
+order, the sequence event-sequence accuracy scores.
 
-Captions always state size, colour and shape of every object and their arrangement, so the
-*sequence* that :func:`parse_caption` recovers, and that event-sequence accuracy scores, is
-``(layout, ((size, colour, shape), ...))`` with layout ``single`` | ``row`` | ``column`` and
-objects in reading order (left to right, or top to bottom).
-
-Shapes: images are (h, w, 3) uint8 arrays here, h = w = ``image_size``.
-"""
+Shapes: images are (h, w, 3) uint8 arrays here, h = w = ``image_size``."""
 
 from __future__ import annotations
 
@@ -248,13 +241,10 @@ def write_caption_set(root: str | Path, *, num_train: int = 3000, num_val: int =
 
     Args:
         root: output folder (created).
-        num_train: images in train.
-        num_val: images in val.
-        num_test: images in test.
+        num_train, num_val, num_test: images per split.
         seed: everything is a function of (seed, split, image index).
         image_size: side of the square images in pixels (>= 32).
-        min_objects: fewest shapes per image.
-        max_objects: most shapes per image (at most 3).
+        min_objects, max_objects: shapes per image (at most 3).
         captions_per_image: references per image (COCO has about 5).
         num_workers: processes used to render.
     """
@@ -281,9 +271,7 @@ def write_label_set(root: str | Path, *, num_train: int = 2000, num_val: int = 2
 
     Args:
         root: output folder (created).
-        num_train: images in train.
-        num_val: images in val.
-        num_test: images in test.
+        num_train, num_val, num_test: images per split.
         seed: everything is a function of (seed, split, image index).
         image_size: side of the square images in pixels (>= 32).
         num_workers: processes used to render.

@@ -1,26 +1,19 @@
 """Sharing the CPU with other work; importing this module changes nothing, :func:`share_cpu` does.
 
-The CLIs (``train``, ``evaluate``, ``predict``, ``export``, ``inspect``) start it from their
-``cpu_sharing`` config block; in a notebook::
+The CLIs start it from their ``cpu_sharing`` config block; in a notebook::
 
     from mmtf.utils.cpu_sharing import share_cpu
     print(share_cpu())                          # or share_cpu({"wait": "off", "malloc": "off"})
 
-* ``wait: govern | off``: a :class:`SpinGovernor` thread gives libgomp's threads its full spin
-  while the cores are idle and its throttled 100-spin wait while other processes use them (a
-  static wait: export ``OMP_WAIT_POLICY=PASSIVE`` or ``GOMP_SPINCOUNT=N`` before the start;
-  libgomp reads them when torch loads it, before mmtf can).
+* ``wait: govern | off``: a :class:`SpinGovernor` thread gives libgomp's threads their full spin
+  while the cores are idle and a throttled wait while other processes use them.
 * ``threads: share | off | N``: torch's intra-op threads, this process's share of the CPUs it
-  may use (:func:`usable_cores`: affinity mask and cgroup CPU quota).
+  may use (:func:`usable_cores`: affinity mask and cgroup quota).
 * ``malloc: keep | off``: glibc keeps the memory a step frees instead of faulting it in again.
 
-The user's ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT``, ``OMP_NUM_THREADS``, malloc variables or
-``LD_PRELOAD`` allocator win. Not in DataLoader workers. A failing part is logged once (warning,
-with its traceback) and left as it was; the governor then ends its helper team, which leaves
-libgomp as it found it. Only speed depends on this, never a number a run computes.
-
-Why: see docs/design/cpu-sharing.md
-"""
+The user's own ``OMP_*`` / ``GOMP_SPINCOUNT`` / malloc variables or preloaded allocator win. Not
+in DataLoader workers. A failing part is logged once and left as it was. Only speed depends on
+this, never a computed number. Why: docs/design/cpu-sharing.md"""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """``<run_dir>/run_info.json``: what produced a run (code version, command, packages).
 
-One entry per process start (a resume appends one), newest last::
-
-    {"starts": [{"time": "...", "command": "/usr/bin/python3 .../mmtf/train.py experiment=...",
-                 "argv": [...], "cwd": "...", "host": "...", "python": "3.11.9",
-                 "packages": {"torch": "2.14.1", "lightning": "2.6.6", ...},
-                 "torch_build": {"version": "2.14.1+cu130", "cuda": "13.0"},
-                 "git": {"mmtf": {"commit": "...", "dirty": false, "root": "..."},
-                         "cwd": {"error": "not a git repository"}}}]}
-
-Git may be missing or the code may not be in a repository (an installed wheel): the entry then
-says why (``{"error": ...}``); writing the record never fails a run.
-"""
+``{"starts": [{time, command, argv, cwd, host, python, packages, torch_build, git}, ...]}``, one
+entry per process start, newest last. Missing git says why (``{"error": ...}``); writing the
+record never fails a run."""
 
 from __future__ import annotations
 

@@ -59,9 +59,7 @@ def read_audiocaps(root: Path, split: str, *, report: Report,
     """Read one split of an AudioCaps-layout dataset (see the module docstring).
 
     Args:
-        root: the dataset folder.
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         splits: our split -> CSV name (default train / val / test).
 
     Returns:

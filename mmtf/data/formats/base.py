@@ -1,13 +1,9 @@
 """What every dataset format reader returns, and the CSV reading they share.
 
-A caption reader turns an index (CSV, JSON, JSONL) into :class:`CaptionItem` s; a label reader
-into :class:`LabelItem` s plus class names. Readers only parse the index: decoding (and finding
-missing, empty or broken files) happens in :mod:`mmtf.data.datasets`, which uses each item's
-``where`` (file and line of the index) in its messages.
-
-Splits are always called ``train`` / ``val`` / ``test``; each format maps them to its own names
-(Clotho: development / validation / evaluation; COCO: train2017 / val2017).
-"""
+A caption reader turns an index into :class:`CaptionItem` s, a label reader into
+:class:`LabelItem` s plus class names; readers only parse (decoding and file checks are
+:mod:`mmtf.data.datasets`'s, which names each item's ``where``). Splits are always
+``train`` / ``val`` / ``test``; each format maps them to its own names."""
 
 from __future__ import annotations
 

@@ -44,9 +44,7 @@ def read_clotho(root: Path, split: str, *, report: Report,
     """Read one split of a Clotho-layout dataset.
 
     Args:
-        root: the dataset folder.
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         splits: our split -> Clotho name (default development / validation / evaluation).
 
     Returns:

@@ -6,10 +6,8 @@ Layout::
                                              "annotations": [{"image_id", "id", "caption"}]}
     root/<name>/<file_name>                 the images
 
-``<name>`` per split comes from ``data.splits`` (synthetic sets: train / val / test; COCO 2017:
-train2017 / val2017, whose test images have no public captions, so the ``coco_captions`` config
-evaluates on val2017 unless you point ``data.splits.test`` at a Karpathy-style split file).
-"""
+``<name>`` per split comes from ``data.splits`` (COCO 2017's test images have no public
+captions: ``coco_captions`` evaluates on val2017 unless ``data.splits.test`` is set)."""
 
 from __future__ import annotations
 
@@ -60,9 +58,7 @@ def read_coco(root: Path, split: str, *, report: Report,
     """Read one split of a COCO-captions-layout dataset.
 
     Args:
-        root: the dataset folder.
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         splits: our split -> COCO name (default train / val / test).
 
     Returns:

@@ -5,13 +5,9 @@ Layout::
     root/train.tsv  root/dev.tsv  root/test.tsv    client_id path sentence ... [locale]
     root/clips/<path>                               MP3, 48 kHz (resampled to data.sample_rate)
 
-The TSVs are tab-separated with a header; ``path`` names a file in ``clips/`` and ``sentence`` is
-its transcript. The language of a row is its ``locale`` column (Common Voice 8 and later), else
-``data.language`` (one archive is one language; for Whisper, codes as ``de``, ``zh-CN`` becomes
-``zh``: the part before the ``-``). Splits: train / val / test = train / dev / test.
-MP3 is decoded by soundfile (libsndfile >= 1.1); a libsndfile without MP3 is a clear error
-naming the codec (:func:`mmtf.data.audio.missing_codec`).
-"""
+A row's language is its ``locale`` column, else ``data.language`` (for Whisper, the part before
+``-``: ``zh-CN`` -> ``zh``). Splits: train / val / test = train / dev / test. A libsndfile without
+MP3 is a clear error naming the codec (:func:`mmtf.data.audio.missing_codec`)."""
 
 from __future__ import annotations
 
@@ -43,9 +39,7 @@ def read_common_voice(root: Path, split: str, *, report: Report,
     """Read one split of a Common Voice language folder (see the module docstring).
 
     Args:
-        root: the language folder (holding ``clips/`` and the TSVs).
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         splits: our split -> TSV stem (default train / dev / test).
     """
     name = split_name(split, splits or SPLIT_NAMES, "common_voice")

@@ -41,9 +41,7 @@ def read_esc50(root: Path, split: str, *, report: Report,
     """Read one split (a set of folds) of an ESC-50-layout dataset.
 
     Args:
-        root: the dataset folder.
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         folds: our split -> list of folds.
 
     Returns:

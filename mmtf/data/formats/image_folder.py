@@ -1,15 +1,9 @@
 """torchvision ``ImageFolder`` layout: one folder per class.
 
-Two layouts are read:
-
-* with splits: ``root/train/<class>/*.png``, ``root/val/<class>/...``, ``root/test/<class>/...``
-  (classes are the folders of ``train``; a val/test class folder unknown to train is a bad row);
-* without: ``root/<class>/*.png``, split per class into train/val/test by ``val_fraction`` and
-  ``test_fraction``, deterministically by ``seed``.
-
-Classes and files are found by torchvision's own ``find_classes`` / ``make_dataset`` (sorted,
-so class indices match ``torchvision.datasets.ImageFolder``).
-"""
+With splits, ``root/{train,val,test}/<class>/*.png`` (classes from ``train``; an unknown class
+elsewhere is a bad row); without, ``root/<class>/*.png`` split per class by ``val_fraction`` /
+``test_fraction`` and ``seed``. Found by torchvision's ``find_classes`` / ``make_dataset``, so
+class indices match ``torchvision.datasets.ImageFolder``."""
 
 from __future__ import annotations
 
@@ -44,9 +38,7 @@ def read_image_folder(root: Path, split: str, *, report: Report,
     """Read one split of an ImageFolder-layout dataset (see the module docstring).
 
     Args:
-        root: the dataset folder.
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         splits: our split -> sub-folder name (default train / val / test).
         val_fraction: share of each class for val when there are no split folders.
         test_fraction: share of each class for test when there are no split folders.

@@ -35,9 +35,7 @@ def read_librispeech(root: Path, split: str, *, report: Report,
     """Read one split of a LibriSpeech-layout corpus (see the module docstring).
 
     Args:
-        root: the corpus folder.
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         splits: our split -> LibriSpeech subset name(s), ``+``-joined.
 
     Returns:

@@ -1,21 +1,14 @@
 """A plain JSONL manifest for any captioned audio or images.
 
-Layout: ``root/train.jsonl``, ``root/val.jsonl``, ``root/test.jsonl``; one JSON object a line::
+Layout: ``root/{train,val,test}.jsonl``, one JSON object a line::
 
     {"audio": "clips/a.flac", "caption": "a dog barks"}
     {"image": "img/b.png", "caption": ["a red car", "a car parked outside"], "id": "b"}
-
-The media key is ``audio`` or ``image`` (``path`` is accepted too, for DESIGN.md's
-``{"path": ..., "caption": ...}``); relative paths are relative to the manifest's folder.
-``caption`` (or ``captions``, or ``text`` for speech) is a string or a list of strings; ``id`` is
-optional (default: the path without extension). Blank lines are ignored. Speech items may name
-their ``language`` (a code such as ``en`` or ``de``) and ``task`` (``transcribe`` or
-``translate``), so one manifest can mix languages and tasks; a line without them takes
-``data.language`` / ``data.speech_job``::
-
-    {"audio": "clips/c.flac", "text": "guten Morgen", "language": "de"}
     {"audio": "clips/d.flac", "text": "good morning", "language": "de", "task": "translate"}
-"""
+
+The media key is ``audio``, ``image`` or ``path``, relative to the manifest's folder; ``caption``
+/ ``captions`` / ``text`` is a string or a list; ``id`` defaults to the path without extension.
+Speech lines may set ``language`` and ``task`` (else ``data.language`` / ``data.speech_job``)."""
 
 from __future__ import annotations
 
@@ -41,9 +34,7 @@ def read_manifest(root: Path, split: str, *, report: Report, modality: str = "au
     """Read one split of a JSONL manifest dataset.
 
     Args:
-        root: the folder holding ``<split>.jsonl``.
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         modality: ``audio`` | ``image``; a line with the other media key is a bad line.
         splits: our split -> manifest file stem (default train / val / test).
 

@@ -1,21 +1,11 @@
 """WebDataset-convention tar shards (``data=shards``): one index, one reader, one writer.
 
-A shard is an uncompressed tar of samples grouped by key (the member name up to the first dot
-of its file name): a media member (``.wav .flac .mp3 .ogg .opus``; ``.png .jpg .jpeg .webp``)
-and ``<key>.json`` (``captions`` / ``caption`` / ``text``, optional ``id``, ``language``,
-``task``) or ``<key>.txt`` (one caption). Shards are named by brace patterns
-(``/data/wavcaps/{000000..000127}.tar``), globs or lists, relative to ``data.root``, or fsspec
-URLs.
-
-* :mod:`~mmtf.data.shards.index`: the format; every shard is read through its index.
-* :mod:`~mmtf.data.shards.reader`: members by ``(shard, offset, size)``, the stream order,
-  :class:`ShardDataModule`.
-* :mod:`~mmtf.data.shards.writer`: :func:`write_shards`, ``python -m mmtf.data.shard``.
-
-The names below load on first use: :mod:`mmtf.data.formats` registers the index's reader, and
-the data module is built on :mod:`mmtf.data.datamodule`, which imports the formats. Why
-indexed shards: docs/design/shards.md.
-"""
+A shard is an uncompressed tar of samples grouped by key: a media member and ``<key>.json``
+(``captions`` / ``caption`` / ``text``, optional ``id``, ``language``, ``task``) or
+``<key>.txt``. Shards are named by brace patterns, globs, lists or fsspec URLs.
+:mod:`~mmtf.data.shards.index` (the format), :mod:`~mmtf.data.shards.reader` (reading,
+:class:`ShardDataModule`), :mod:`~mmtf.data.shards.writer` (:func:`write_shards`). Names load on
+first use. Why indexed shards: docs/design/shards.md."""
 
 from __future__ import annotations
 

@@ -323,8 +323,7 @@ def read_shards(root: Path, split: str, *, report: Report, modality: str = "audi
 
     Args:
         root: what relative shard paths resolve against (``data.root``).
-        split: ``train`` | ``val`` | ``test``.
-        report: called with each problem (raises or counts, per ``data.on_error``).
+        split, report: as the other format readers (:mod:`mmtf.data.formats`).
         modality: ``audio`` | ``image``: which media member a sample is read by.
         shards: ``{split: pattern or list}`` (``data.shards``).
         index_cache: the folder for indexes that cannot sit beside their shard.

@@ -140,15 +140,10 @@ def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> n
 class ShardStreamSampler(BucketBatchSampler):
     """Batches of ``(item, caption, epoch)`` keys in shard-stream order.
 
-    Per pass over the data: the shards permuted by ``(seed, pass)``, their samples concatenated,
-    cut into one contiguous run per rank and that into one per *stream* (the loader's workers),
-    each stream's run shuffled through a buffer of ``shuffle_buffer`` samples (``(seed, pass,
-    rank, stream)``). Each stream is cut into (length-bucketed) batches by the shared code and
-    the streams' batches are dealt in turn, so that loader worker ``w`` (a map-style loader
-    hands batch ``i`` to worker ``i % num_workers``) reads the shards of stream ``w`` only. The
-    batch order is not shuffled further (that would undo the dealing). ``epoch_samples`` makes
-    an epoch that many examples of the endless sequence of passes (each stream continues where
-    the last epoch stopped).
+    Per pass: shards permuted by ``(seed, pass)``, their samples cut into a run per rank and
+    per *stream* (loader worker), each run buffer-shuffled, batched by the shared code, and the
+    streams' batches dealt in turn so worker ``w`` reads only stream ``w``'s shards (no further
+    batch shuffle). ``epoch_samples`` cuts epochs out of the endless sequence of passes.
 
     Args:
         shard_of: the shard number of every item; items come shard by shard (non-decreasing).

@@ -50,11 +50,8 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def write_shards(items: Sequence[CaptionItem], out_dir: str | os.PathLike, *, prefix: str,
                  shard_size: int = 1000, shard_bytes: int | None = None,
                  shuffle_seed: int | None = 0) -> list[Path]:
-    """Write ``items`` as WebDataset shards ``<out_dir>/<prefix>-000000.tar`` ... plus the index
-    of each (``.idx.json``, so nothing needs scanning). Media bytes are copied as they are (no
-    re-encoding: the decoded media stay the same; shard items are read by
-    :func:`~mmtf.data.shards.reader.read_member`); captions, id, language and task go to
-    ``<key>.json``.
+    """Write ``items`` as shards ``<out_dir>/<prefix>-000000.tar`` ... with their indexes; media
+    bytes are copied unchanged, captions, id, language and task go to ``<key>.json``.
 
     Args:
         items: any caption items (files, or members of other shards).
