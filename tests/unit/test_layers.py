@@ -126,17 +126,8 @@ def layering_violations(package_root: Path, table: dict[str, int]) -> list[str]:
     return problems
 
 
-def package_cycles(package_root: Path, table: dict[str, int]) -> list[list[str]]:
-    """Groups of rows of the table (packages) that import each other, directly or not."""
-    modules = {module_name(p, package_root) for p in package_root.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for edge in imports_of(package_root):
-        if not _is_module(edge.target, modules):
-            continue
-        src, dst = layer_of(edge.importer, table), layer_of(edge.target, table)
-        if src and dst and src[0] != dst[0]:
-            graph.setdefault(src[0], set()).add(dst[0])
-    # Tarjan's strongly connected components, iteratively small enough to recurse.
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of two or more nodes that reach each other (Tarjan's algorithm), sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -145,7 +136,7 @@ def package_cycles(package_root: Path, table: dict[str, int]) -> list[list[str]]
     def visit(node: str) -> None:
         index[node] = low[node] = len(index)
         stack.append(node)
-        for nxt in graph.get(node, ()):
+        for nxt in sorted(graph.get(node, ())):
             if nxt not in index:
                 visit(nxt)
                 low[node] = min(low[node], low[nxt])
@@ -164,7 +155,20 @@ def package_cycles(package_root: Path, table: dict[str, int]) -> list[list[str]]
     for node in sorted(graph):
         if node not in index:
             visit(node)
-    return cycles
+    return sorted(cycles)
+
+
+def package_cycles(package_root: Path, table: dict[str, int]) -> list[list[str]]:
+    """Groups of rows of the table (packages) that import each other, directly or not."""
+    modules = {module_name(p, package_root) for p in package_root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for edge in imports_of(package_root):
+        if not _is_module(edge.target, modules):
+            continue
+        src, dst = layer_of(edge.importer, table), layer_of(edge.target, table)
+        if src and dst and src[0] != dst[0]:
+            graph.setdefault(src[0], set()).add(dst[0])
+    return strongly_connected(graph)
 
 
 def test_no_module_imports_from_a_higher_layer():
@@ -260,34 +264,7 @@ def file_cycles(package_root: Path, table: dict[str, int]) -> list[list[str]]:
         if (src in modules and edge.target in modules and edge.target != src
                 and layer_of(src, table) == layer_of(edge.target, table)):
             graph[src].add(edge.target)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    cycles: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            group = []
-            while True:
-                member = stack.pop()
-                group.append(member)
-                if member == node:
-                    break
-            if len(group) > 1:
-                cycles.append(sorted(group))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return sorted(cycles)
+    return strongly_connected(graph)
 
 
 def _annotation_nodes(tree: ast.AST) -> set[int]:
