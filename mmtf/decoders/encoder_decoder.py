@@ -1,12 +1,10 @@
 """Encoder + text decoder: teacher-forced loss and generation.
 
-The encoder is any module called as ``encoder(inputs, lengths=lengths)`` that returns an object
-with ``.memory`` (b, m, c_ctx) and ``.mask`` (b, m) bool (True = valid, or None), and that has an
-int ``.dim`` (``mmtf.encoders``' encoders do; it is duck-typed, not imported). Targets are token
-ids ``[*prompt, w1 .. wk, eos, pad ...]`` (the prompt is ``[bos]`` for mmtf's tokenizers); the
-decoder reads ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``. Prompt positions, the targets
-after the first eos and pads are not scored; the first eos is, also when pad == eos (GPT-2,
-Whisper). Why: see docs/design/prompt-and-special-tokens.md.
+The encoder is any module with an int ``.dim`` whose ``encoder(inputs, lengths=lengths)`` has
+``.memory`` (b, m, c_ctx) and ``.mask`` (b, m) bool or None. Targets are ``[*prompt, words ..,
+eos, pad ...]``; the decoder reads ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``. The prompt,
+targets after the first eos and pads are not scored; the first eos is, also when pad == eos.
+Why: docs/design/prompt-and-special-tokens.md.
 
 Shapes: b batch, n target length (with the prompt), m memory length, v vocab, c_ctx = encoder
 dim, p prompt length.
@@ -48,10 +46,8 @@ class EncoderDecoder(nn.Module):
         label_smoothing: cross-entropy label smoothing in [0, 1).
         pad_id: padding id; default ``decoder.pad_id`` (which it must equal).
         eos_id: end-of-sequence id; may equal pad_id (GPT-2, Whisper).
-        prompt_ids: the ids every target starts with and generation is fed first: ``[bos]``
-            for mmtf's tokenizers (ids 0, 2 and [1] by default), e.g. Whisper's
-            ``<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>``. The task sets all
-            three from its tokenizer (:meth:`set_special_tokens`).
+        prompt_ids: the ids every target starts with and generation is fed first. The task
+            sets all three ids from its tokenizer (:meth:`set_special_tokens`).
 
     Raises:
         ValueError: on a width mismatch, bad special ids or label smoothing out of range.
@@ -119,8 +115,7 @@ class EncoderDecoder(nn.Module):
 
         Args:
             inputs, lengths: encoder inputs, as in :meth:`encode`.
-            tokens: (b * k, n) long targets, ``[*prompt, words .., eos, pad ...]``: k >= 1
-                captions per input, item-major (rows i*k .. i*k+k-1 describe input i), all
+            tokens: (b * k, n) long targets: k >= 1 captions per input, item-major, all
                 decoded against one encoder pass of their input.
 
         Returns:
@@ -154,12 +149,9 @@ class EncoderDecoder(nn.Module):
                       partner: Tensor, weight: Tensor) -> Seq2SeqOutput:
         """Teacher forcing on mixed inputs: each input's own and its partner's captions.
 
-        Input i (a mix of items i and ``partner[i]`` with weight ``weight[i]`` on i) is scored
-        as ``weight[i] * CE(caption_i) + (1 - weight[i]) * CE(caption_partner[i])``, each
-        caption teacher-forced on its own tokens against input i's memory; the sum over rows is
-        divided by the scored targets of the batch's own captions. With one weight λ for the
-        whole batch and a permutation as partners that is ``λ * loss(own) + (1 - λ) *
-        loss(partners)`` of :meth:`loss`; with every weight 1 it is :meth:`forward`.
+        Input i is scored as ``weight[i] * CE(caption_i) + (1 - weight[i]) *
+        CE(caption_partner[i])`` against input i's memory, summed and divided by the scored
+        targets of the own captions; with every weight 1 it is :meth:`forward`.
 
         Args:
             inputs, lengths: the mixed encoder inputs (:class:`mmtf.data.augment.Mixup`).
@@ -226,22 +218,14 @@ class EncoderDecoder(nn.Module):
                  callback: StepCallback | None = None, prompt_ids: Sequence[int]
                  | Sequence[Sequence[int]] | Tensor | None = None,
                  processors: Sequence[LogitsProcessor] = (), **options) -> GenerationOutput:
-        """Encode once and decode (see :mod:`mmtf.decoders.generation` for the conventions).
-
-        Call ``model.eval()`` first: dropout is not switched off here.
+        """Encode once and decode (:func:`mmtf.decoders.generation.generate`); call
+        ``model.eval()`` first.
 
         Args:
             inputs, lengths: encoder inputs, as in :meth:`encode`.
-            config: a :class:`GenerationConfig`; ``options`` override its fields (strategy,
-                max_new_tokens, min_new_tokens, num_beams, length_penalty, early_stopping,
-                num_return_sequences, temperature, top_k, top_p, use_cache, compile, ...), so
-                ``generate(x, lengths, **asdict(cfg))`` and ``generate(x, config=cfg)`` agree.
-            generator: random generator for sampling.
-            callback: ``callback(step, tokens, logits)`` after every step.
-            prompt_ids: None = the model's prompt; else one prompt or one per item, a (b, p)
-                long tensor (e.g. a language and task per item), as in
-                :func:`mmtf.decoders.generation.generate`.
-            processors: logits processors (``generate``'s), e.g. Whisper's timestamp rules.
+            config: a :class:`GenerationConfig`; ``options`` override its fields.
+            generator, callback, processors: as in ``generate``.
+            prompt_ids: None = the model's prompt; else one prompt or one per item (b, p).
 
         Returns:
             :class:`GenerationOutput`: tokens (b, t) or (b, n, t) without the prompt,
