@@ -1,20 +1,10 @@
 """Byte-pair-encoding tokenizer trained with HuggingFace `tokenizers` (Sennrich et al., 2016).
 
-The pipeline is the library's: a normaliser (NFKC, optional lower-casing and punctuation
-removal, whitespace collapsed), a Metaspace pre-tokenizer (a space becomes "▁" and starts a
-word, so decoding restores spaces exactly) followed by a Punctuation pre-tokenizer (each
-punctuation mark is its own piece, so merges never glue "dog" and "." together), a BPE model
-trained by ``BpeTrainer``, and the Metaspace decoder.
-
-Specials ``<pad> <bos> <eos> <unk>`` are ids 0..3; extra special tokens (``special_tokens``:
-a mixture's per-source prompt tokens such as ``<|clotho|>``) follow at ids 4.., never split,
-never produced from caption text, dropped by decode. The decoder prompt is ``[<bos>]`` unless
-``prompt`` names other tokens (``[<bos>, <|clotho|>]``). A character never seen in training encodes to
-``<unk>`` (id 3), one per character; decode drops it. The vocabulary holds at most
-``vocab_size`` entries: the trainer keeps at most ``vocab_size - 4`` distinct characters (rarest
-dropped, they become ``<unk>``) and stops merging when it reaches ``vocab_size`` or when no pair
-occurs ``min_frequency`` times. On a small corpus the learned vocabulary is therefore smaller
-than requested, and :attr:`BPETokenizer.vocab_size` reports what was learned.
+Pipeline: mmtf's normaliser, Metaspace then Punctuation pre-tokenizers (each mark its own
+piece), a BPE model from ``BpeTrainer``, the Metaspace decoder. Specials ``<pad> <bos> <eos>
+<unk>`` are ids 0..3; extra special tokens (a mixture's ``<|clotho|>``) follow at 4.. and can
+form the prompt. Unseen characters encode to ``<unk>``. A small corpus learns fewer than
+``vocab_size`` entries; :attr:`BPETokenizer.vocab_size` reports what was learned.
 
 Shapes: ids are python ``list[int]``.
 """
@@ -28,7 +18,15 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from mmtf.errors import UserError
-from mmtf.text.base import BOS, EOS, SPECIAL_TOKENS, UNK, BackedTokenizer, build_normalizer
+from mmtf.text.base import (
+    BOS,
+    EOS,
+    SPECIAL_TOKENS,
+    UNK,
+    BackedTokenizer,
+    build_normalizer,
+    checked_texts,
+)
 
 BOS_ID = SPECIAL_TOKENS.index(BOS)
 
@@ -108,18 +106,12 @@ class BPETokenizer(BackedTokenizer):
 
         Args:
             texts: training sentences (any iterable, consumed once).
-            vocab_size: the largest vocabulary, specials included; must be > 4. A corpus too
-                small to reach it gives a smaller vocabulary (see the module docstring).
-            lowercase: lower-case text before splitting (at training and at encoding).
+            vocab_size: the largest vocabulary, specials included; must be > 4.
+            lowercase: lower-case text before splitting.
             strip_punctuation: remove punctuation; otherwise each mark is its own token.
             min_frequency: a pair is merged only if it occurs at least this often.
-            special_tokens: extra special tokens (ids 4.. in this order), e.g. a mixture's
-                per-source prompt tokens; they count towards ``vocab_size``.
-            prompt: the decoder prompt as token strings, e.g. ``[<bos>, <|clotho|>]``;
-                None = ``[<bos>]``.
-
-        Returns:
-            The trained tokenizer.
+            special_tokens: extra special tokens (ids 4.. in this order).
+            prompt: the decoder prompt as token strings; None = ``[<bos>]``.
 
         Raises:
             ValueError: vocab_size or min_frequency out of range, or texts has no characters.
@@ -157,7 +149,7 @@ class BPETokenizer(BackedTokenizer):
             limit_alphabet=vocab_size - n_special - len(extra),  # never exceed vocab_size
             show_progress=False,
         )
-        tok.train_from_iterator(_checked_texts(texts), trainer=trainer)
+        tok.train_from_iterator(checked_texts(texts, "BPETokenizer.train"), trainer=trainer)
         if tok.get_vocab_size(with_added_tokens=True) <= n_special:
             raise UserError(
                 "BPETokenizer.train: texts has no characters to learn from (empty corpus or "
@@ -173,15 +165,3 @@ class BPETokenizer(BackedTokenizer):
     def __repr__(self) -> str:
         return (f"BPETokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
                 f"strip_punctuation={self.strip_punctuation})")
-
-
-def _checked_texts(texts: Iterable[str]) -> Iterable[str]:
-    """Yield the corpus, failing with the index of the first non-string item."""
-    if isinstance(texts, str):
-        raise TypeError("BPETokenizer.train: texts must be an iterable of strings, not one str.")
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TypeError(
-                f"BPETokenizer.train: texts[{i}] must be a str, got {type(text).__name__}."
-            )
-        yield text
