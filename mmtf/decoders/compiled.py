@@ -37,10 +37,6 @@ def _fresh_copy(fn: Callable) -> Callable:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
 
 
-def _fingerprint(module: nn.Module) -> tuple:
-    return tuple(weight_state(p) for p in module.parameters())
-
-
 class CompiledDecodeStep:
     """``decoder.step(tokens, cache)`` compiled with frozen weights; get one with
     :func:`compiled_decode_step`.
@@ -64,7 +60,7 @@ class CompiledDecodeStep:
         ``rows`` as in :func:`~mmtf.nn.linear.pack_linear_weights`."""
         decoder = self._decoder()
         pack = pack and torch.backends.mkldnn.enabled
-        weights = (_fingerprint(decoder), pack)
+        weights = (tuple(weight_state(p) for p in decoder.parameters()), pack)
         if self._fn is None or weights != self._weights:
             self._fn = torch.compile(_fresh_copy(_decode_step), fullgraph=True, dynamic=True)
             self.packs = pack_linear_weights(decoder, rows=rows) if pack else {}
@@ -76,8 +72,7 @@ class CompiledDecodeStep:
 
         Args:
             tokens: (r, 1) the latest token of every row.
-            cache: a :class:`DecoderCache` whose cross-attention K/V are filled and which holds
-                at least ``MIN_COMPILED_LENGTH`` positions.
+            cache: a :class:`DecoderCache` holding >= ``MIN_COMPILED_LENGTH`` positions.
             same_call: the previous call was a step of the same generation; then only the
                 guards that tell compiled variants apart are evaluated.
         """

@@ -41,7 +41,7 @@ class EncoderDecoder(nn.Module):
     """An encoder and a :class:`TextDecoder` trained with teacher forcing.
 
     Args:
-        encoder: module with ``.dim`` returning ``.memory``/``.mask`` (see the module docstring).
+        encoder: see the module docstring.
         decoder: the text decoder; ``decoder.context_dim`` must equal ``encoder.dim``.
         label_smoothing: cross-entropy label smoothing in [0, 1).
         pad_id: padding id; default ``decoder.pad_id`` (which it must equal).
@@ -92,36 +92,20 @@ class EncoderDecoder(nn.Module):
         self.pad_id, self.eos_id, self.prompt_ids = pad_id, eos_id, prompt_ids
 
     def encode(self, inputs: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Run the encoder once.
-
-        Args:
-            inputs: the encoder's input batch (waveforms, images, features).
-            lengths: (b,) valid input lengths, or None.
-
-        Returns:
-            memory (b, m, c_ctx) and its mask (b, m) bool (True = valid) or None.
-        """
+        """Memory (b, m, c_ctx) and mask (b, m) bool or None of an input batch with its (b,)
+        valid ``lengths`` (or None)."""
         out = self.encoder(inputs, lengths=lengths)
         return out.memory, getattr(out, "mask", None)
 
     def encode_features(self, features: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Run the encoder after its front end on (b, f, n) log-mel features (long-form
-        windows, :mod:`mmtf.decoders.speech`): memory and mask as :meth:`encode`."""
+        """:meth:`encode` after the front end, on (b, f, n) log-mel features (long-form)."""
         out = self.encoder.encode_features(features)
         return out.memory, getattr(out, "mask", None)
 
     def forward(self, inputs: Tensor, lengths: Tensor | None, tokens: Tensor) -> Seq2SeqOutput:
-        """Teacher forcing.
-
-        Args:
-            inputs, lengths: encoder inputs, as in :meth:`encode`.
-            tokens: (b * k, n) long targets: k >= 1 captions per input, item-major, all
-                decoded against one encoder pass of their input.
-
-        Returns:
-            :class:`Seq2SeqOutput` with logits (b * k, n - 1, v) and the mean loss over scored
-            targets.
-        """
+        """Teacher forcing of ``tokens`` (b * k, n): k >= 1 captions per input, item-major,
+        against one encoder pass of ``inputs``, ``lengths`` (as in :meth:`encode`). Logits are
+        (b * k, n - 1, v)."""
         memory, mask = self._memory_rows(inputs, lengths, tokens)
         logits = self.decoder(tokens[:, :-1], memory, mask)              # (b * k, n - 1, v)
         return Seq2SeqOutput(logits, self.loss(logits, tokens[:, 1:]))
@@ -154,13 +138,9 @@ class EncoderDecoder(nn.Module):
         targets of the own captions; with every weight 1 it is :meth:`forward`.
 
         Args:
-            inputs, lengths: the mixed encoder inputs (:class:`mmtf.data.augment.Mixup`).
-            tokens: (b * k, n) targets, as in :meth:`forward`.
+            inputs, lengths, tokens: as in :meth:`forward`, the inputs mixed.
             partner: (b,) long, each input's partner (itself when unmixed).
             weight: (b,) float in [0, 1], the weight of the input's own captions.
-
-        Returns:
-            :class:`Seq2SeqOutput`: logits (b * k, n - 1, v) of the own captions, the loss.
         """
         mixed = weight < 1                                                # (b,)
         if not bool(mixed.any()):
@@ -184,8 +164,8 @@ class EncoderDecoder(nn.Module):
         return Seq2SeqOutput(logits, total / scored.clamp_min(1))
 
     def scored_targets(self, targets: Tensor) -> Tensor:
-        """``targets`` (b, n) with -100 wherever :meth:`loss` does not score: the prompt,
-        after the first eos, pads (a pad equal to eos is that eos, so it is scored once)."""
+        """``targets`` (b, n) with -100 where not scored: the prompt, after the first eos, pads
+        (a pad equal to eos is that eos, scored once)."""
         in_prompt = torch.arange(targets.shape[1], device=targets.device) < len(
             self.prompt_ids) - 1                                          # (n,)
         is_eos = ((targets == self.eos_id) & ~in_prompt).long()
@@ -201,13 +181,8 @@ class EncoderDecoder(nn.Module):
                                reduction="none").view(targets.shape)
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Mean cross-entropy over the targets past the prompt, up to and including the first
-        eos, pads excluded (a pad equal to eos is that eos, so it is scored once).
-
-        Args:
-            logits: (b, n, v).
-            targets: (b, n) long, ``tokens[:, 1:]``: its first p - 1 columns are the prompt.
-        """
+        """Mean cross-entropy of logits (b, n, v) over the scored targets (b, n)
+        (``tokens[:, 1:]``; see :meth:`scored_targets`)."""
         return F.cross_entropy(logits.flatten(0, 1).float(),
                                self.scored_targets(targets).flatten(),
                                ignore_index=-100, label_smoothing=self.label_smoothing)

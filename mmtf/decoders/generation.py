@@ -196,7 +196,11 @@ class _Stepper:
                  pack: bool, processors: Sequence[LogitsProcessor]) -> None:
         self.decoder, self.memory, self.memory_mask = decoder, memory, memory_mask
         self.prompt, self.eos_id = prompt, eos_id                                # (r, p)
-        self.min_new_tokens, self.penalties = config.min_new_tokens, _penalties(config)
+        self.min_new_tokens = config.min_new_tokens
+        self.penalties = (None if config.repetition_penalty == 1.0
+                          and config.no_repeat_ngram_size == 0 else
+                          dict(repetition_penalty=config.repetition_penalty,
+                               no_repeat_ngram_size=config.no_repeat_ngram_size))
         self.processors = tuple(processors)
         self.compiled = (compiled_decode_step(decoder, pack=pack, rows=memory.shape[0])
                          if config.compile else None)
@@ -359,16 +363,9 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
 
 def penalize_repeats(logits: Tensor, history: Tensor, *, repetition_penalty: float = 1.0,
                      no_repeat_ngram_size: int = 0) -> Tensor:
-    """Apply the repeat penalties to next-token logits, in place.
-
-    Args:
-        logits: (r, v) float, the next-token logits of each row.
-        history: (r, t) long, each row's tokens so far (the prompt first).
-        repetition_penalty, no_repeat_ngram_size: as in :class:`GenerationConfig`.
-
-    Returns:
-        ``logits``, modified.
-    """
+    """Apply the repeat penalties (as in :class:`GenerationConfig`) to next-token ``logits``
+    (r, v) float in place, given each row's tokens so far ``history`` (r, t), prompt first;
+    returns ``logits``."""
     if repetition_penalty != 1.0:
         seen = logits.gather(1, history)                                 # (r, t)
         seen = torch.where(seen < 0, seen * repetition_penalty, seen / repetition_penalty)
@@ -382,14 +379,6 @@ def penalize_repeats(logits: Tensor, history: Tensor, *, repetition_penalty: flo
         hits = torch.zeros_like(logits).scatter_add_(1, grams[:, :, -1], match.to(logits.dtype))
         logits.masked_fill_(hits > 0, -math.inf)
     return logits
-
-
-def _penalties(config: GenerationConfig) -> dict[str, float | int] | None:
-    """The repeat-penalty options when any is on, else None (the loops skip the history)."""
-    if config.repetition_penalty == 1.0 and config.no_repeat_ngram_size == 0:
-        return None
-    return dict(repetition_penalty=config.repetition_penalty,
-                no_repeat_ngram_size=config.no_repeat_ngram_size)
 
 
 def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int, *,
@@ -429,33 +418,17 @@ def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int, *,
 
 def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 generator: torch.Generator | None = None) -> Tensor:
-    """Draw one token per row from ``softmax(logits / temperature)`` after top-k/top-p filtering.
-
-    Args:
-        logits: (r, v) float.
-        temperature, top_k, top_p: as in :class:`GenerationConfig` (0 / 1.0 = off).
-        generator: for reproducible draws.
-
-    Returns:
-        (r,) long token ids.
-    """
+    """Draw one token per row, (r,) long, from ``softmax(logits / temperature)`` of logits
+    (r, v) after top-k/top-p filtering (options as in :class:`GenerationConfig`)."""
     logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
 def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Set logits outside the top-k and outside the top-p nucleus to -inf.
-
-    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``
-    (Holtzman et al. 2020, arXiv:1904.09751); the most likely token is always kept.
-
-    Args:
-        logits: (r, v) float.
-
-    Returns:
-        (r, v), a new tensor.
-    """
+    """A copy of ``logits`` (r, v) with -inf outside the top-k and outside the top-p nucleus
+    (the smallest set of most likely tokens reaching ``top_p``, Holtzman et al. 2020,
+    arXiv:1904.09751; the most likely token is always kept)."""
     if 0 < top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]                  # (r, 1)
         logits = logits.masked_fill(logits < kth, -math.inf)

@@ -103,12 +103,9 @@ class TimedSegment:
 
 def window_segments(tokens: Sequence[int], *, timestamp_begin: int, offset: float,
                     window_frames: int) -> tuple[list[TimedSegment], int]:
-    """Split one window's generated tokens (no prompt, eos and padding removed) into segments.
-
-    A segment runs from a timestamp to the next pair of timestamps. When the window ends with a
-    single timestamp (the speech ran to its end) or holds no pair, the next window starts
-    after this one; otherwise at the last complete pair, so the text after it is decoded
-    again with its context.
+    """Split one window's generated tokens (no prompt, eos or padding) into segments, each from
+    a timestamp to the next pair. The next window starts at the last complete pair, or after
+    this one when it ends with a single timestamp or holds no pair.
 
     Args:
         offset: seconds of the window's start in the clip.
@@ -154,15 +151,12 @@ def transcribe_long(model, features: Tensor, *, prompt: Sequence[int], config: G
     window's text.
 
     Args:
-        model: an :class:`~mmtf.decoders.EncoderDecoder` whose encoder has ``encode_features``
-            (:class:`mmtf.encoders.AudioEncoder`).
+        model: an :class:`~mmtf.decoders.EncoderDecoder` with an ``AudioEncoder``.
         features: (f, n) the whole clip's log-mel (``AudioEncoder.whisper_features``).
-        prompt: the decoder prompt (``<|startoftranscript|> <|lang|> <|task|>``).
-        config: decoding options (greedy or beam).
-        rules: the timestamp rules.
+        prompt, config, rules: the decoder prompt, decoding options and timestamp rules.
 
     Returns:
-        The clip's segments in order (tokens, start and end seconds; no text yet).
+        The clip's segments in order (no text yet).
     """
     total, seek, segments = features.shape[-1], 0, []
     while seek < total:
