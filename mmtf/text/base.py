@@ -133,34 +133,28 @@ class Tokenizer(ABC):
             add_special: wrap the ids as ``[*prompt_ids, ..., eos]``.
             max_len: keep at most this many ids; with specials the body is cut and ``eos`` kept.
 
-        Returns:
-            The ids, at most ``max_len``.
-
         Raises:
             TypeError: text is not a str.
             ValueError: max_len is too small.
         """
         return self.encode_batch([text], add_special=add_special, max_len=max_len)[0]
 
-    def encode_batch(
-        self, texts: Iterable[str], add_special: bool = True, max_len: int | None = None
-    ) -> list[list[int]]:
+    def encode_batch(self, texts: Iterable[str], add_special: bool = True,
+                     max_len: int | None = None) -> list[list[int]]:
         """Ids of many texts, one list each (same rules as :meth:`encode`; not padded)."""
         texts = list(texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(
                     f"{type(self).__name__}.encode: texts[{i}] must be a str, got "
-                    f"{type(text).__name__} ({text!r})."
-                )
+                    f"{type(text).__name__} ({text!r}).")
         prompt = self.prompt_ids
         min_len = len(prompt) + 1 if add_special else 0
         if max_len is not None and (isinstance(max_len, bool) or max_len < min_len):
             raise UserError(
                 f"{type(self).__name__}.encode: max_len ({max_len}) must be >= {min_len}"
                 + (" to hold the prompt and <eos>; raise max_len or pass add_special=False."
-                   if add_special else "; pass max_len=None for no limit.")
-            )
+                   if add_special else "; pass max_len=None for no limit."))
         out = []
         for ids in self._encode_many(texts):
             if add_special:
@@ -181,9 +175,6 @@ class Tokenizer(ABC):
             skip_special: drop a leading prompt, stop at the first ``eos`` and drop the other
                 specials; otherwise every id is rendered, specials as their token text.
 
-        Returns:
-            The text.
-
         Raises:
             ValueError: an id is outside ``0 .. vocab_size - 1``.
         """
@@ -195,8 +186,7 @@ class Tokenizer(ABC):
             raise ValueError(
                 f"{type(self).__name__}.decode: ids must lie in [0, {self.vocab_size - 1}] "
                 f"(vocab_size={self.vocab_size}); got {bad[:5]}. Strip ignore-index values "
-                f"such as -100 before decoding."
-            )
+                f"such as -100 before decoding.")
         if not skip_special:
             return self._decode_one(ids, skip_special=False)
         prompt = self.prompt_ids
@@ -235,26 +225,22 @@ class Tokenizer(ABC):
         if not isinstance(data, dict) or "kind" not in data:
             raise UserError(
                 "Tokenizer.from_json_str: expected a JSON object with a 'kind' field "
-                f"(one of {sorted(cls._registry)}); was this file written by Tokenizer.save?"
-            )
+                f"(one of {sorted(cls._registry)}); was this file written by Tokenizer.save?")
         kind = data.pop("kind")
         if kind not in cls._registry:
             raise UserError(
                 f"Tokenizer.from_json_str: unknown kind ({kind!r}); "
-                f"expected one of {sorted(cls._registry)}."
-            )
+                f"expected one of {sorted(cls._registry)}.")
         version = data.pop("version", FORMAT_VERSION)
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise UserError(
                 f"Tokenizer.from_json_str: version ({version!r}) is not supported by this mmtf "
-                f"(format version {FORMAT_VERSION}); upgrade mmtf."
-            )
+                f"(format version {FORMAT_VERSION}); upgrade mmtf.")
         target = cls._registry[kind]
         if cls is not Tokenizer and not issubclass(target, cls):
             raise UserError(
                 f"{cls.__name__}.from_json_str: the JSON holds kind={kind!r}, not "
-                f"{cls.kind!r}; use Tokenizer.from_json_str or load_tokenizer to dispatch."
-            )
+                f"{cls.kind!r}; use Tokenizer.from_json_str or load_tokenizer to dispatch.")
         return target._from_dict(data)
 
     def save(self, path: str | Path) -> Path:

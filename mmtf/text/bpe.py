@@ -52,8 +52,7 @@ class BPETokenizer(BackedTokenizer):
         if tuple(found) != SPECIAL_TOKENS:
             raise UserError(
                 f"BPETokenizer: tokenizer ids 0..3 must be {list(SPECIAL_TOKENS)}, got {found}; "
-                f"build it with BPETokenizer.train."
-            )
+                f"build it with BPETokenizer.train.")
         super().__init__(tokenizer)
         self.lowercase = bool(lowercase)
         self.strip_punctuation = bool(strip_punctuation)
@@ -67,7 +66,8 @@ class BPETokenizer(BackedTokenizer):
             bad = [t for t, i in zip(self.prompt, ids) if i is None or i not in self._special]
             if not self.prompt or bad:
                 raise UserError(f"BPETokenizer: prompt {self.prompt} must be a non-empty list of "
-                                f"the vocabulary's special tokens ({self.special_token_names}); "
+                                f"the vocabulary's special tokens "
+                                f"({[self.id_to_token(i) for i in sorted(self._special)]}); "
                                 f"{bad} are not; add them with tokenizer.special_tokens.")
             self._prompt = ids
 
@@ -79,11 +79,6 @@ class BPETokenizer(BackedTokenizer):
     def special_ids(self) -> frozenset[int]:
         return self._special
 
-    @property
-    def special_token_names(self) -> list[str]:
-        """Every special token of the vocabulary, by id (the four, then the extra ones)."""
-        return [self.id_to_token(i) for i in sorted(self._special)]
-
     def _to_dict(self) -> dict[str, Any]:
         payload = super()._to_dict()
         if payload["prompt"] is None:   # the JSON of a [<bos>] tokenizer stays what it was
@@ -91,17 +86,10 @@ class BPETokenizer(BackedTokenizer):
         return payload
 
     @classmethod
-    def train(
-        cls,
-        texts: Iterable[str],
-        *,
-        vocab_size: int,
-        lowercase: bool = True,
-        strip_punctuation: bool = False,
-        min_frequency: int = 2,
-        special_tokens: Sequence[str] = (),
-        prompt: Sequence[str] | None = None,
-    ) -> BPETokenizer:
+    def train(cls, texts: Iterable[str], *, vocab_size: int, lowercase: bool = True,
+              strip_punctuation: bool = False, min_frequency: int = 2,
+              special_tokens: Sequence[str] = (), prompt: Sequence[str] | None = None,
+              ) -> BPETokenizer:
         """Learn a BPE vocabulary from a corpus.
 
         Args:
@@ -120,12 +108,10 @@ class BPETokenizer(BackedTokenizer):
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= n_special:
             raise UserError(
                 f"BPETokenizer.train: vocab_size ({vocab_size!r}) must be an int > {n_special}, "
-                f"the number of special tokens {list(SPECIAL_TOKENS)}; raise vocab_size."
-            )
+                f"the number of special tokens {list(SPECIAL_TOKENS)}; raise vocab_size.")
         if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
             raise UserError(
-                f"BPETokenizer.train: min_frequency ({min_frequency!r}) must be an int >= 1."
-            )
+                f"BPETokenizer.train: min_frequency ({min_frequency!r}) must be an int >= 1.")
         extra = [str(t) for t in special_tokens]
         clash = sorted({t for t in extra if extra.count(t) > 1 or t in SPECIAL_TOKENS or not t})
         if clash:
@@ -139,26 +125,20 @@ class BPETokenizer(BackedTokenizer):
         # Metaspace marks word starts with "▁"; Punctuation then isolates marks ("dog." ->
         # "▁dog", "."), which the Metaspace decoder glues back without a space.
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation("isolated")]
-        )
+            [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation("isolated")])
         tok.decoder = decoders.Metaspace()
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
+            vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
             special_tokens=[*SPECIAL_TOKENS, *extra],  # listed first: ids 0..3, then 4..
-            limit_alphabet=vocab_size - n_special - len(extra),  # never exceed vocab_size
-            show_progress=False,
-        )
+            limit_alphabet=vocab_size - n_special - len(extra))  # never exceed vocab_size
         tok.train_from_iterator(checked_texts(texts, "BPETokenizer.train"), trainer=trainer)
         if tok.get_vocab_size(with_added_tokens=True) <= n_special:
             raise UserError(
                 "BPETokenizer.train: texts has no characters to learn from (empty corpus or "
-                "only whitespace/stripped punctuation); pass the training captions."
-            )
+                "only whitespace/stripped punctuation); pass the training captions.")
         # Lets the saved tokenizer.json add <bos>/<eos> by itself when used outside mmtf.
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{BOS} $A {EOS}", special_tokens=[(BOS, 1), (EOS, 2)]
-        )
+            single=f"{BOS} $A {EOS}", special_tokens=[(BOS, 1), (EOS, 2)])
         return cls(tokenizer=tok, lowercase=lowercase, strip_punctuation=strip_punctuation,
                    prompt=prompt)
 

@@ -31,15 +31,13 @@ class CharTokenizer(Tokenizer):
         if tuple(vocab[: len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
             raise UserError(
                 f"CharTokenizer: vocab must start with {list(SPECIAL_TOKENS)}, got "
-                f"{vocab[: len(SPECIAL_TOKENS)]}; build it with CharTokenizer.train."
-            )
+                f"{vocab[: len(SPECIAL_TOKENS)]}; build it with CharTokenizer.train.")
         chars = vocab[len(SPECIAL_TOKENS):]
         bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
         if bad or len(set(chars)) != len(chars):
             raise UserError(
                 f"CharTokenizer: vocab entries after the specials must be distinct single "
-                f"characters; got {bad[:5] or 'duplicates'}."
-            )
+                f"characters; got {bad[:5] or 'duplicates'}.")
         self.vocab = list(vocab)
         self.lowercase = lowercase
         self._normalizer = build_normalizer(lowercase=lowercase, strip_punctuation=False)
@@ -66,8 +64,7 @@ class CharTokenizer(Tokenizer):
         if not chars:
             raise UserError(
                 "CharTokenizer.train: texts has no characters to learn from (empty corpus or "
-                "only whitespace); pass the training captions."
-            )
+                "only whitespace); pass the training captions.")
         return cls(vocab=[*SPECIAL_TOKENS, *sorted(chars)], lowercase=lowercase)
 
     @property
