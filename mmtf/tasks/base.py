@@ -148,16 +148,9 @@ class Task(L.LightningModule):
 
     def set_lora_trainable(self, name: str) -> None:
         """In part ``name`` under LoRA, only adapters, the chosen biases and new layers train."""
-        from mmtf.nn.lora import lora_trainable, new_parameter_names
-
-        part = self.export_parts()[name]
-        new = new_parameter_names(part)
-        part.requires_grad_(False)
-        for param in lora_trainable(part, self.lora.bias):
-            param.requires_grad_(True)
-        for pname, param in part.named_parameters():
-            if pname in new:
-                param.requires_grad_(True)
+        trainable = self.lora_trainable_ids(name)
+        for param in self.export_parts()[name].parameters():
+            param.requires_grad_(id(param) in trainable)
 
     def lora_trainable_ids(self, name: str) -> frozenset[int] | None:
         """ids of the parameters of part ``name`` that can ever train (None: all of them)."""

@@ -58,8 +58,8 @@ class CaptioningTask(Task):
         encoder: any mmtf encoder (``forward(inputs, lengths) -> EncoderOutput``).
         decoder: a ``TextDecoder`` whose ``context_dim`` equals ``encoder.dim``.
         optimizer: partial optimizer (Hydra ``_partial_: true``), called on parameter groups.
-        weight_decay: decay of matrices; norms, biases and embeddings get none.
-        warmup_steps, min_lr_ratio: warmup + cosine schedule, stepped per optimizer step.
+        weight_decay, warmup_steps, min_lr_ratio: AdamW groups and the warmup + cosine
+            schedule (:mod:`mmtf.tasks.optim`).
         label_smoothing: of the teacher-forced cross-entropy.
         generation: :class:`GenerationConfig` fields for validation, test and predict.
         val_generate: generate and score captions in validation (loss only when False).

@@ -74,16 +74,15 @@ def param_groups(modules: Iterable[nn.Module], weight_decay: float,
     Tensors with fewer than 2 dims and embedding tables get no weight decay.
 
     Args:
-        modules: every module the optimizer trains (shared parameters are counted once).
+        modules: every module the optimizer trains (shared parameters counted once).
         weight_decay: of the decayed groups.
-        include_frozen: keep parameters without ``requires_grad`` that belong to no part.
-        parts: named parts with their own lr scale (see :class:`PartOptim`); every other
-            parameter is in the ``base`` groups at scale 1.
+        include_frozen: keep frozen parameters that belong to no part.
+        parts: named parts with their own lr scale; the rest is in the ``base`` groups.
         layer_decay: layer-wise decay inside each part (None = off), see :func:`layer_ids`.
 
     Returns:
-        Groups ``{"name", "params", "weight_decay", "lr_scale"}`` in order of first parameter, the
-        decayed group of a name before its ``<name>.no_decay`` group; empty groups left out.
+        Non-empty groups ``{"name", "params", "weight_decay", "lr_scale"}`` in order of first
+        parameter, each name before its ``<name>.no_decay``.
     """
     where: dict[int, tuple[str, PartOptim]] = {}       # id(param) -> (group name, part)
     scales: dict[str, float] = {BASE_GROUP: 1.0}

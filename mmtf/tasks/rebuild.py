@@ -37,8 +37,7 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
 
     Args:
         checkpoint, path: the loaded checkpoint and where it was read from.
-        safe_targets: extra module prefixes the stored config may name (None:
-            ``MMTF_SAFE_TARGETS``).
+        safe_targets: extra module prefixes the config may name (None: ``MMTF_SAFE_TARGETS``).
         use_ema: load the EMA of the weights (``callbacks=ema``) instead of the trained ones.
 
     Returns:
