@@ -126,13 +126,8 @@ def image_segment(item: Input, index: int, transform) -> Segment:
 @torch.no_grad()
 def predict_inputs(task: Task, inputs: Sequence[Input], *, batch_size: int = 8,
                    long_audio: LongAudio = "crop") -> list[dict[str, Any]]:
-    """Predict ``inputs`` with ``task`` (in eval mode, on its device).
-
-    Args:
-        task: a task rebuilt from a checkpoint (:func:`mmtf.load`).
-        inputs: audio or image inputs, files already expanded.
-        batch_size: inputs per forward pass.
-        long_audio: see the module docstring.
+    """Predict ``inputs`` (audio or images, files already expanded) with ``task`` (in eval
+    mode, on its device), ``batch_size`` inputs per forward pass.
 
     Returns:
         One dict per prediction: ``path`` (or ``input[i]``), ``start``/``end`` with

@@ -104,8 +104,7 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu", use_ema: bool = F
         **generation: generation settings kept for every later call.
 
     Returns:
-        ``(model, tokenizer)``: the :class:`Model` of the task in eval mode, and its tokenizer
-        (None for classification).
+        The :class:`Model` (in eval mode) and its tokenizer (None for classification).
     """
     # A missing "runs/last.ckpt" also looks like an org/name hub id: checkpoints keep their error.
     if is_hf_source(ckpt_path) and Path(ckpt_path).suffix != ".ckpt":

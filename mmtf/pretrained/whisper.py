@@ -11,7 +11,7 @@ docs/design/whisper-import.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -86,16 +86,12 @@ def whisper_encoder(*, pretrained: str | Path | None = None, dim: int | None = N
         **options: other :class:`AudioEncoder` arguments.
 
     Raises:
-        UserError: the folder is missing, not Whisper (``model_type``), incomplete, or a size
-            disagrees with it.
+        UserError: the folder is missing, not Whisper, incomplete, or a size disagrees.
     """
     owner = "model.encoder (whisper_encoder)"
     given = {"dim": dim, "depth": depth, "num_heads": num_heads, "mlp_ratio": mlp_ratio,
              "n_mels": n_mels, "max_seconds": max_seconds}
-    hf = _open(pretrained, owner)
-    if pretrained is not None and hf is None:
-        given = _export_sizes(pretrained, given)
-    sizes = _merge_sizes(given, encoder_sizes(hf, owner) if hf else None, owner, hf)
+    hf, sizes = _sizes(pretrained, given, encoder_sizes, owner)
     if pad_to_seconds is not None and sizes["max_seconds"] is None:
         sizes["max_seconds"] = pad_to_seconds
     export = pretrained if pretrained is not None and hf is None else None
@@ -140,10 +136,7 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
     given = {"vocab_size": vocab_size, "dim": dim, "depth": depth, "num_heads": num_heads,
              "mlp_ratio": mlp_ratio, "context_dim": context_dim, "max_len": max_len,
              "pad_id": pad_id}
-    hf = _open(pretrained, owner)
-    if pretrained is not None and hf is None:
-        given = _export_sizes(pretrained, given)
-    sizes = _merge_sizes(given, decoder_sizes(hf, owner) if hf else None, owner, hf)
+    hf, sizes = _sizes(pretrained, given, decoder_sizes, owner)
     decoder = TextDecoder(**sizes, **BLOCK, **options, positions="learned", tie_embeddings=True)
     if pretrained is not None and hf is None:             # an mmtf export (weights.safetensors)
         export = open_export(pretrained, owner=owner, key="model.decoder.pretrained")
@@ -175,8 +168,7 @@ def export_hf(task: Any, out: Path) -> None:
     it, with its tokenizer files; then import it back and check every tensor.
 
     Raises:
-        UserError: the pair is not in Whisper's configuration (the setting is named) or the
-            task's tokenizer is not a pretrained one (Whisper's).
+        UserError: the pair is not in Whisper's configuration, or its tokenizer not Whisper's.
     """
     from mmtf.text import PretrainedTokenizer
 
@@ -284,17 +276,18 @@ def stack_links(root: str, depth: int, *, cross: bool) -> list[Link]:
 
 
 # ---------------------------------------------------------------------------- checks
-def _open(pretrained: str | Path | None, owner: str) -> HFModel | None:
-    """The Whisper folder, or None for no weights / an mmtf export (weights.safetensors)."""
-    if pretrained is None or is_export(pretrained):
-        return None
-    return open_hf_model(pretrained, model_types=MODEL_TYPES, owner=owner)
-
-
-def _export_sizes(folder: str | Path, given: dict[str, Any]) -> dict[str, Any]:
-    """Null sizes filled from an mmtf export's ``config.yaml`` (written by ``mmtf.export``)."""
-    stored = open_export(folder, owner="whisper", key="model.encoder.pretrained").config()
-    return {k: stored.get(k) if v is None else v for k, v in given.items()}
+def _sizes(pretrained: str | Path | None, given: dict[str, Any],
+           read: Callable[[HFModel, str], dict[str, Any]], owner: str,
+           ) -> tuple[HFModel | None, dict[str, Any]]:
+    """The Whisper folder (None: no weights, or an mmtf export, whose ``config.yaml`` fills the
+    null sizes) and the sizes, ``read`` from its ``config.json``."""
+    hf = None
+    if pretrained is not None and is_export(pretrained):
+        stored = open_export(pretrained, owner="whisper", key="model.encoder.pretrained").config()
+        given = {k: stored.get(k) if v is None else v for k, v in given.items()}
+    elif pretrained is not None:
+        hf = open_hf_model(pretrained, model_types=MODEL_TYPES, owner=owner)
+    return hf, _merge_sizes(given, read(hf, owner) if hf else None, owner, hf)
 
 
 def _merge_sizes(given: dict[str, Any], found: dict[str, Any] | None, owner: str,
