@@ -1,27 +1,12 @@
 """The decode step compiled for inference: what ``generate(..., compile=True)`` runs.
 
-``torch.compile`` (inductor, ``freezing`` on) fuses the many small ops of a cached decode step
-and turns each single-query attention into one pass over the cached K/V
-(:func:`mmtf.nn.attention.single_query_attention`); the linear layers run on oneDNN-packed
-copies of the weights (:mod:`mmtf.nn.linear`), frozen as constants of the graph. The tokens are
-the eager step's. Why and how much: see docs/design/compiled-decoding.md.
-
-Contract:
-
-* The compiled function is :meth:`TextDecoder.step` itself, on the same :class:`KVCache`, traced
-  whole (``fullgraph``) with dynamic shapes: one compilation serves every position, batch size,
-  beam width and memory length.
-* The first two steps of a call run eagerly (the first fills the cross-attention cache; the
-  compiler specialises a length of 1), so the compiled step is first traced at length 2.
-* Weights are baked into the compiled code. A fingerprint of every parameter (storage, version
-  counter, dtype, device) and of the packing switch is checked once per ``generate`` call; when
-  it changed the step is compiled again, so stale weights are never used. Compiling takes tens
-  of seconds on a CPU: use ``compile=True`` for inference on fixed weights, not for validation
-  during training.
-* The step owns the packed copies it was compiled with, and ``generate`` attaches exactly those
-  objects for each call: dynamo guards on their identity, so new copies would recompile.
-* Once inductor has compiled in a process, children forked after its next backward pass cannot
-  run autograd: train before compiling, or in a fresh process.
+:meth:`TextDecoder.step` itself is compiled whole (``fullgraph``, dynamic shapes, inductor
+``freezing``), the linear layers on oneDNN-packed copies frozen into the graph. The first two
+steps of a call run eagerly (the first fills the cross-attention cache). A fingerprint of every
+parameter and the packing switch is checked once per ``generate`` call and the step recompiled
+when it changed, so stale weights are never used. Once inductor has compiled in a process,
+children forked after its next backward cannot run autograd: train before compiling. Why:
+docs/design/compiled-decoding.md.
 
 Shapes: r decoder rows (batch * beams), v vocab.
 """
@@ -47,25 +32,19 @@ def _decode_step(decoder: nn.Module, tokens: Tensor, cache) -> Tensor:
 
 
 def _fresh_copy(fn: Callable) -> Callable:
-    """``fn`` with a code object of its own. Dynamo keeps compiled code per code object, so a copy
-    starts with no cache entries: the way to drop code that froze older weights without resetting
-    every other compiled function in the process (``torch.compiler.reset()``)."""
+    """``fn`` with a code object of its own, so no compiled code (dynamo caches per code
+    object): drops code that froze older weights without ``torch.compiler.reset()``."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
 
 
-def _fingerprint(module: nn.Module) -> tuple:
-    return tuple(weight_state(p) for p in module.parameters())
-
-
 class CompiledDecodeStep:
-    """``decoder.step(tokens, cache)`` compiled with frozen weights; see the module docstring.
-
-    Get one with :func:`compiled_decode_step` (one per decoder, kept while the decoder lives).
+    """``decoder.step(tokens, cache)`` compiled with frozen weights; get one with
+    :func:`compiled_decode_step`.
 
     Attributes:
-        compilations: how many times the step was built (1, plus one per weight change seen).
-        packs: the packed weight copies the step was built with (empty when packing is off),
-            for :func:`~mmtf.nn.linear.packed_linear_weights` to attach during a call.
+        compilations: how many times the step was built.
+        packs: the packed copies it was built with; ``generate`` attaches exactly these
+            (dynamo guards on their identity).
     """
 
     def __init__(self, decoder: nn.Module) -> None:
@@ -77,12 +56,11 @@ class CompiledDecodeStep:
         self.packs: Packs = {}
 
     def refresh(self, *, pack: bool, rows: int) -> None:
-        """Build the compiled function, again if the weights or the packing switch (``pack``,
-        and ``torch.backends.mkldnn.enabled``) changed since it was built; ``rows``: the packed
-        copies' layout, as in :func:`~mmtf.nn.linear.pack_linear_weights`."""
+        """Build the compiled function, again if the weights or the packing switch changed;
+        ``rows`` as in :func:`~mmtf.nn.linear.pack_linear_weights`."""
         decoder = self._decoder()
         pack = pack and torch.backends.mkldnn.enabled
-        weights = (_fingerprint(decoder), pack)
+        weights = (tuple(weight_state(p) for p in decoder.parameters()), pack)
         if self._fn is None or weights != self._weights:
             self._fn = torch.compile(_fresh_copy(_decode_step), fullgraph=True, dynamic=True)
             self.packs = pack_linear_weights(decoder, rows=rows) if pack else {}
@@ -94,11 +72,9 @@ class CompiledDecodeStep:
 
         Args:
             tokens: (r, 1) the latest token of every row.
-            cache: a :class:`DecoderCache` whose cross-attention K/V are filled and which holds
-                at least ``MIN_COMPILED_LENGTH`` positions.
-            same_call: the previous call was a step of the same generation (same decoder, cache
-                and shapes). Then only the guards that tell compiled variants apart are
-                evaluated, not all of them (docs/design/compiled-decoding.md says why).
+            cache: a :class:`DecoderCache` holding >= ``MIN_COMPILED_LENGTH`` positions.
+            same_call: the previous call was a step of the same generation; then only the
+                guards that tell compiled variants apart are evaluated.
         """
         if cache.length < MIN_COMPILED_LENGTH:
             raise ValueError(f"CompiledDecodeStep: the cache holds {cache.length} positions; run "
@@ -108,8 +84,7 @@ class CompiledDecodeStep:
             if not self._toolchain_checked and tokens.device.type == "cpu":
                 check_cpu_compiler()
                 self._toolchain_checked = True
-            # Freezing is a global inductor flag, read when a graph is compiled, which may be
-            # any call (options={"freezing": True} is ignored: docs/design/packed-linear.md).
+            # Freezing is a global inductor flag read at compile time (options= ignores it).
             with torch.compiler.set_stance(skip_guard_eval_unsafe=same_call), \
                     inductor_freezing():
                 return self._fn(self._decoder(), tokens, cache)
@@ -129,8 +104,7 @@ _STEPS: weakref.WeakKeyDictionary[nn.Module, CompiledDecodeStep] = weakref.WeakK
 
 def compiled_decode_step(decoder: nn.Module, *, pack: bool = True, rows: int = 1,
                          ) -> CompiledDecodeStep:
-    """The compiled step of ``decoder``, checked against its current weights and the packing
-    switch (see :meth:`CompiledDecodeStep.refresh`)."""
+    """The compiled step of ``decoder`` (one per decoder), refreshed for its current weights."""
     step = _STEPS.get(decoder)
     if step is None:
         step = _STEPS[decoder] = CompiledDecodeStep(decoder)

@@ -1,12 +1,10 @@
 """Encoder + text decoder: teacher-forced loss and generation.
 
-The encoder is any module called as ``encoder(inputs, lengths=lengths)`` that returns an object
-with ``.memory`` (b, m, c_ctx) and ``.mask`` (b, m) bool (True = valid, or None), and that has an
-int ``.dim`` (``mmtf.encoders``' encoders do; it is duck-typed, not imported). Targets are token
-ids ``[*prompt, w1 .. wk, eos, pad ...]`` (the prompt is ``[bos]`` for mmtf's tokenizers); the
-decoder reads ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``. Prompt positions, the targets
-after the first eos and pads are not scored; the first eos is, also when pad == eos (GPT-2,
-Whisper). Why: see docs/design/prompt-and-special-tokens.md.
+The encoder is any module with an int ``.dim`` whose ``encoder(inputs, lengths=lengths)`` has
+``.memory`` (b, m, c_ctx) and ``.mask`` (b, m) bool or None. Targets are ``[*prompt, words ..,
+eos, pad ...]``; the decoder reads ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``. The prompt,
+targets after the first eos and pads are not scored; the first eos is, also when pad == eos.
+Why: docs/design/prompt-and-special-tokens.md.
 
 Shapes: b batch, n target length (with the prompt), m memory length, v vocab, c_ctx = encoder
 dim, p prompt length.
@@ -43,15 +41,13 @@ class EncoderDecoder(nn.Module):
     """An encoder and a :class:`TextDecoder` trained with teacher forcing.
 
     Args:
-        encoder: module with ``.dim`` returning ``.memory``/``.mask`` (see the module docstring).
+        encoder: see the module docstring.
         decoder: the text decoder; ``decoder.context_dim`` must equal ``encoder.dim``.
         label_smoothing: cross-entropy label smoothing in [0, 1).
         pad_id: padding id; default ``decoder.pad_id`` (which it must equal).
         eos_id: end-of-sequence id; may equal pad_id (GPT-2, Whisper).
-        prompt_ids: the ids every target starts with and generation is fed first: ``[bos]``
-            for mmtf's tokenizers (ids 0, 2 and [1] by default), e.g. Whisper's
-            ``<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>``. The task sets all
-            three from its tokenizer (:meth:`set_special_tokens`).
+        prompt_ids: the ids every target starts with and generation is fed first. The task
+            sets all three ids from its tokenizer (:meth:`set_special_tokens`).
 
     Raises:
         ValueError: on a width mismatch, bad special ids or label smoothing out of range.
@@ -96,37 +92,20 @@ class EncoderDecoder(nn.Module):
         self.pad_id, self.eos_id, self.prompt_ids = pad_id, eos_id, prompt_ids
 
     def encode(self, inputs: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Run the encoder once.
-
-        Args:
-            inputs: the encoder's input batch (waveforms, images, features).
-            lengths: (b,) valid input lengths, or None.
-
-        Returns:
-            memory (b, m, c_ctx) and its mask (b, m) bool (True = valid) or None.
-        """
+        """Memory (b, m, c_ctx) and mask (b, m) bool or None of an input batch with its (b,)
+        valid ``lengths`` (or None)."""
         out = self.encoder(inputs, lengths=lengths)
         return out.memory, getattr(out, "mask", None)
 
     def encode_features(self, features: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Run the encoder after its front end on (b, f, n) log-mel features (long-form
-        windows, :mod:`mmtf.decoders.speech`): memory and mask as :meth:`encode`."""
+        """:meth:`encode` after the front end, on (b, f, n) log-mel features (long-form)."""
         out = self.encoder.encode_features(features)
         return out.memory, getattr(out, "mask", None)
 
     def forward(self, inputs: Tensor, lengths: Tensor | None, tokens: Tensor) -> Seq2SeqOutput:
-        """Teacher forcing.
-
-        Args:
-            inputs, lengths: encoder inputs, as in :meth:`encode`.
-            tokens: (b * k, n) long targets, ``[*prompt, words .., eos, pad ...]``: k >= 1
-                captions per input, item-major (rows i*k .. i*k+k-1 describe input i), all
-                decoded against one encoder pass of their input.
-
-        Returns:
-            :class:`Seq2SeqOutput` with logits (b * k, n - 1, v) and the mean loss over scored
-            targets.
-        """
+        """Teacher forcing of ``tokens`` (b * k, n): k >= 1 captions per input, item-major,
+        against one encoder pass of ``inputs``, ``lengths`` (as in :meth:`encode`). Logits are
+        (b * k, n - 1, v)."""
         memory, mask = self._memory_rows(inputs, lengths, tokens)
         logits = self.decoder(tokens[:, :-1], memory, mask)              # (b * k, n - 1, v)
         return Seq2SeqOutput(logits, self.loss(logits, tokens[:, 1:]))
@@ -154,21 +133,14 @@ class EncoderDecoder(nn.Module):
                       partner: Tensor, weight: Tensor) -> Seq2SeqOutput:
         """Teacher forcing on mixed inputs: each input's own and its partner's captions.
 
-        Input i (a mix of items i and ``partner[i]`` with weight ``weight[i]`` on i) is scored
-        as ``weight[i] * CE(caption_i) + (1 - weight[i]) * CE(caption_partner[i])``, each
-        caption teacher-forced on its own tokens against input i's memory; the sum over rows is
-        divided by the scored targets of the batch's own captions. With one weight λ for the
-        whole batch and a permutation as partners that is ``λ * loss(own) + (1 - λ) *
-        loss(partners)`` of :meth:`loss`; with every weight 1 it is :meth:`forward`.
+        Input i is scored as ``weight[i] * CE(caption_i) + (1 - weight[i]) *
+        CE(caption_partner[i])`` against input i's memory, summed and divided by the scored
+        targets of the own captions; with every weight 1 it is :meth:`forward`.
 
         Args:
-            inputs, lengths: the mixed encoder inputs (:class:`mmtf.data.augment.Mixup`).
-            tokens: (b * k, n) targets, as in :meth:`forward`.
+            inputs, lengths, tokens: as in :meth:`forward`, the inputs mixed.
             partner: (b,) long, each input's partner (itself when unmixed).
             weight: (b,) float in [0, 1], the weight of the input's own captions.
-
-        Returns:
-            :class:`Seq2SeqOutput`: logits (b * k, n - 1, v) of the own captions, the loss.
         """
         mixed = weight < 1                                                # (b,)
         if not bool(mixed.any()):
@@ -192,8 +164,8 @@ class EncoderDecoder(nn.Module):
         return Seq2SeqOutput(logits, total / scored.clamp_min(1))
 
     def scored_targets(self, targets: Tensor) -> Tensor:
-        """``targets`` (b, n) with -100 wherever :meth:`loss` does not score: the prompt,
-        after the first eos, pads (a pad equal to eos is that eos, so it is scored once)."""
+        """``targets`` (b, n) with -100 where not scored: the prompt, after the first eos, pads
+        (a pad equal to eos is that eos, scored once)."""
         in_prompt = torch.arange(targets.shape[1], device=targets.device) < len(
             self.prompt_ids) - 1                                          # (n,)
         is_eos = ((targets == self.eos_id) & ~in_prompt).long()
@@ -209,13 +181,8 @@ class EncoderDecoder(nn.Module):
                                reduction="none").view(targets.shape)
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Mean cross-entropy over the targets past the prompt, up to and including the first
-        eos, pads excluded (a pad equal to eos is that eos, so it is scored once).
-
-        Args:
-            logits: (b, n, v).
-            targets: (b, n) long, ``tokens[:, 1:]``: its first p - 1 columns are the prompt.
-        """
+        """Mean cross-entropy of logits (b, n, v) over the scored targets (b, n)
+        (``tokens[:, 1:]``; see :meth:`scored_targets`)."""
         return F.cross_entropy(logits.flatten(0, 1).float(),
                                self.scored_targets(targets).flatten(),
                                ignore_index=-100, label_smoothing=self.label_smoothing)
@@ -226,22 +193,14 @@ class EncoderDecoder(nn.Module):
                  callback: StepCallback | None = None, prompt_ids: Sequence[int]
                  | Sequence[Sequence[int]] | Tensor | None = None,
                  processors: Sequence[LogitsProcessor] = (), **options) -> GenerationOutput:
-        """Encode once and decode (see :mod:`mmtf.decoders.generation` for the conventions).
-
-        Call ``model.eval()`` first: dropout is not switched off here.
+        """Encode once and decode (:func:`mmtf.decoders.generation.generate`); call
+        ``model.eval()`` first.
 
         Args:
             inputs, lengths: encoder inputs, as in :meth:`encode`.
-            config: a :class:`GenerationConfig`; ``options`` override its fields (strategy,
-                max_new_tokens, min_new_tokens, num_beams, length_penalty, early_stopping,
-                num_return_sequences, temperature, top_k, top_p, use_cache, compile, ...), so
-                ``generate(x, lengths, **asdict(cfg))`` and ``generate(x, config=cfg)`` agree.
-            generator: random generator for sampling.
-            callback: ``callback(step, tokens, logits)`` after every step.
-            prompt_ids: None = the model's prompt; else one prompt or one per item, a (b, p)
-                long tensor (e.g. a language and task per item), as in
-                :func:`mmtf.decoders.generation.generate`.
-            processors: logits processors (``generate``'s), e.g. Whisper's timestamp rules.
+            config: a :class:`GenerationConfig`; ``options`` override its fields.
+            generator, callback, processors: as in ``generate``.
+            prompt_ids: None = the model's prompt; else one prompt or one per item (b, p).
 
         Returns:
             :class:`GenerationOutput`: tokens (b, t) or (b, n, t) without the prompt,

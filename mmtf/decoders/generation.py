@@ -1,34 +1,20 @@
 """Autoregressive generation from an encoder memory: greedy, beam search and sampling.
 
-Every strategy runs on the decoder's static KV cache: the caller encodes once, the cache is
-allocated once per call (``decoder.make_cache``), the cross-attention K/V are projected from the
-memory on the first step and reused, and every new token costs one decoder step (one position
-through the stack). ``compile=True`` runs that step compiled (:mod:`mmtf.decoders.compiled`).
-``use_cache=False`` recomputes the whole prefix every step; it exists only as the reference for
-tests and benchmarks. On a CPU the cached steps run the decoder's linear layers on oneDNN-packed
-copies of the weights (``pack_weights``; :mod:`mmtf.nn.linear`), made for the call and dropped
-after it; this is the one place mmtf packs weights (docs/design/packed-linear.md).
+Every strategy runs on the decoder's static KV cache (allocated once per call; cross-attention
+K/V projected on the first step), one decoder step per new token; ``compile=True`` compiles
+that step (:mod:`mmtf.decoders.compiled`), ``use_cache=False`` recomputes the prefix (the
+reference for tests). On a CPU the cached steps run on oneDNN-packed weights (``pack_weights``,
+:mod:`mmtf.nn.linear`), made for the call and dropped after it.
 
-Conventions: every row starts from the prompt (``[bos]`` for mmtf's tokenizers, Whisper's
-``<|startoftranscript|> .. <|notimestamps|>``), fed whole on the first step; ``pad`` and the
-prompt's ids are never generated (their logits are masked), except ``eos``, which may equal
-them (GPT-2: bos = eos = pad); outputs hold the generated tokens only; a row stops at its
-first ``eos`` and is padded afterwards while the other rows continue; the loop ends when every
-row has stopped or after ``max_new_tokens``. ``min_new_tokens`` masks ``eos`` for the first
-steps (benchmarks force a fixed length with ``min_new_tokens = max_new_tokens``).
-
-Repeats: ``repetition_penalty`` (Keskar et al. 2019, CTRL, arXiv:1909.05858) divides the positive
-and multiplies the negative logits of every token already in the row (the prompt included, as
-Hugging Face counts the decoder's input ids); ``no_repeat_ngram_size`` n bans every token that
-would complete an n-gram already in the row. Both act on the logits of every strategy, before the
-special tokens are masked and before log-softmax; Hugging Face applies them to the logits in
-greedy search and sampling but to the log-probabilities in beam search, so beam search here ranks
-by the penalised distribution instead. Why: see docs/design/generation-and-metrics.md
-
-Scores are sums of the model's log-probabilities (after the repeat penalties and masking pad and
-the prompt's ids, before temperature or top-k/top-p filtering) over the generated tokens, eos
-included. Beam search divides the sum by ``length ** length_penalty`` (Hugging Face's
-convention; length counts the generated tokens, eos included), and ranks hypotheses by that.
+Conventions: every row starts from its prompt, fed whole on the first step; pad and the
+prompt's ids are never generated, except eos, which may equal them (GPT-2); outputs hold the
+generated tokens only; a row stops at its first eos and is padded afterwards. The repeat
+penalties (CTRL's ``repetition_penalty``, arXiv:1909.05858, counting the prompt; and
+``no_repeat_ngram_size``) act on the logits of every strategy, before the special tokens are
+masked, so beam search ranks by the penalised distribution (Hugging Face penalises its
+log-probabilities). Scores are sums of log-probabilities after the penalties and masks, before
+temperature and top-k/top-p, eos included; beam search ranks by ``sum / length **
+length_penalty``. Why: docs/design/generation-and-metrics.md.
 
 Shapes: b batch, k beams, r = b * k (or b * num_return_sequences) decoder rows, t generated
 tokens, m memory length, v vocab.
@@ -53,17 +39,13 @@ from mmtf.nn.linear import Packs, packed_linear_weights
 
 Strategy = Literal["greedy", "beam", "sample"]
 StepCallback = Callable[[int, Tensor, Tensor], None]
-# processor(logits (r, v), generated (r, t)) masks logits in place after the bans (e.g.
-# mmtf.decoders.speech.TimestampRules); ``generated`` holds each row's tokens so far.
+# processor(logits (r, v), generated (r, t)) masks logits in place after the bans.
 LogitsProcessor = Callable[[Tensor, Tensor], None]
 
 
 @dataclass
 class GenerationConfig:
     """Decoding options, flat plain values so that YAML can hold them.
-
-    ``GenerationConfig(**cfg.generation)`` builds one from a config node and
-    ``model.generate(x, lengths, **dataclasses.asdict(cfg))`` passes one on.
 
     Args:
         strategy: "greedy", "beam" or "sample".
@@ -73,34 +55,23 @@ class GenerationConfig:
         num_beams: beam width (strategy "beam").
         length_penalty: beam hypotheses rank by ``logprob_sum / length ** length_penalty``;
             > 0 favours longer, < 0 shorter sequences, 0 = raw log-prob.
-        early_stopping: beam search stops a batch item once it has ``num_beams`` finished
-            hypotheses (Hugging Face's ``early_stopping=True``). False: continue until no running
-            beam can still beat the worst kept hypothesis (an exact bound).
+        early_stopping: beam search stops an item once it has ``num_beams`` finished
+            hypotheses; False: once no running beam can beat the worst kept one.
         num_return_sequences: hypotheses returned per input: the n best beams (n <= num_beams)
             or n independent samples. Greedy returns 1.
         temperature: sampling temperature (> 0).
         top_k: sample among the k most likely tokens; 0 = no limit.
-        top_p: nucleus sampling: smallest set of tokens whose probability reaches top_p;
-            1.0 = no limit.
+        top_p: nucleus sampling threshold; 1.0 = no limit.
         use_cache: False recomputes the whole prefix each step (reference only: slow).
-        compile: run every step after the second through ``torch.compile`` with frozen
-            weights (:mod:`mmtf.decoders.compiled`): fused small ops and prepacked GEMMs, the
-            same tokens. The first call compiles (tens of seconds on a CPU, again after the
-            weights change), so it pays off for inference on fixed weights, not for validation
-            during training. Needs ``use_cache``.
-        suppress_tokens: ids never generated (Whisper's option), e.g. the decoder's ids past
-            the tokenizer's vocabulary, which the tokenizer could not decode.
-        repetition_penalty: > 0; the logits of tokens already in the row are divided by it
-            when positive and multiplied by it when negative (CTRL). 1.0 = off; > 1 discourages
-            repeats.
-        no_repeat_ngram_size: n > 0 bans tokens that would repeat an n-gram of the row;
-            0 = off.
-        begin_suppress_tokens: ids never generated first (Whisper's option: a space or eos
-            right after the prompt).
-        pack_weights: run the cached steps' linear layers on oneDNN-packed copies of the
-            decoder's weights where the CPU can (:func:`mmtf.nn.linear.can_pack`): faster
-            small-row GEMMs, logits within ~1e-5 of ``F.linear``'s (not bit-equal). False:
-            ``F.linear`` throughout, as does ``torch.backends.mkldnn.flags(enabled=False)``.
+        compile: compile the cached step with frozen weights (:mod:`mmtf.decoders.compiled`);
+            the first call compiles, so for inference on fixed weights. Needs ``use_cache``.
+        suppress_tokens: ids never generated (e.g. decoder ids past the tokenizer's vocabulary).
+        repetition_penalty: > 0; logits of tokens already in the row are divided by it when
+            positive, multiplied when negative (CTRL); 1.0 = off.
+        no_repeat_ngram_size: n > 0 bans tokens that would repeat an n-gram of the row; 0 = off.
+        begin_suppress_tokens: ids never generated first (Whisper's option).
+        pack_weights: run the cached steps on oneDNN-packed weights where the CPU can (logits
+            within ~1e-5 of ``F.linear``'s, not bit-equal); False: ``F.linear`` throughout.
     """
 
     strategy: Strategy = "greedy"
@@ -194,6 +165,12 @@ class GenerationOutput(NamedTuple):
     scores: Tensor
     lengths: Tensor
 
+    def best(self) -> GenerationOutput:
+        """The best hypothesis of each input: tokens (b, t), scores and lengths (b,)."""
+        if self.tokens.dim() == 2:
+            return self
+        return GenerationOutput(self.tokens[:, 0], self.scores[:, 0], self.lengths[:, 0])
+
 
 class StepDecoder(Protocol):
     """What generation needs from a decoder (:class:`mmtf.decoders.TextDecoder` has it)."""
@@ -211,31 +188,44 @@ class StepDecoder(Protocol):
 
 
 class _Stepper:
-    """Next-token logits (r, v) for every row, cached (the whole prompt on the first call, then
-    one position) or uncached (prompt + whole prefix)."""
+    """Next-token logits (r, v) of every row, cached (the whole prompt on the first call, then
+    one position) or uncached (prompt + whole prefix), penalised and masked."""
 
-    def __init__(self, decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None, *,
-                 max_new_tokens: int, prompt: Tensor, use_cache: bool,
-                 compile: bool = False, pack: bool = False) -> None:
+    def __init__(self, decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
+                 config: GenerationConfig, *, prompt: Tensor, pad_id: int, eos_id: int,
+                 pack: bool, processors: Sequence[LogitsProcessor]) -> None:
         self.decoder, self.memory, self.memory_mask = decoder, memory, memory_mask
-        self.cache = None
+        self.prompt, self.eos_id = prompt, eos_id                                # (r, p)
+        self.min_new_tokens = config.min_new_tokens
+        self.penalties = (None if config.repetition_penalty == 1.0
+                          and config.no_repeat_ngram_size == 0 else
+                          dict(repetition_penalty=config.repetition_penalty,
+                               no_repeat_ngram_size=config.no_repeat_ngram_size))
+        self.processors = tuple(processors)
         self.compiled = (compiled_decode_step(decoder, pack=pack, rows=memory.shape[0])
-                         if compile else None)
+                         if config.compile else None)
         self.compiled_steps = 0       # of this generation: only after one are guards skipped
-        self.prompt = prompt                                                     # (r, p)
-        # (r, p) ids banned per row (the rows' prompts differ), or None; see ban_rows.
-        self.row_banned: Tensor | None = None
-        self.processors: tuple[LogitsProcessor, ...] = ()
-        self.first_banned: Tensor | None = None   # begin_suppress_tokens
-        if use_cache:
+        self.cache = None
+        if config.use_cache:
             # The only allocation of K/V memory in a generate call: every position it will hold.
             self.cache = decoder.make_cache(batch_size=memory.shape[0],
                                             context_len=memory.shape[1],
-                                            max_len=prompt.shape[1] + max_new_tokens - 1)
+                                            max_len=prompt.shape[1] + config.max_new_tokens - 1)
+        # Never generated: pad and the prompt's ids unless they are eos, suppress_tokens, and eos
+        # in the first min_new_tokens steps; step t masks banned[t >= min_new_tokens] in place.
+        # Ids that only some rows' prompts hold are banned per row (row_banned).
+        device = memory.device
+        shared = set(prompt[0].tolist()).intersection(*(set(r) for r in prompt.tolist()))
+        never = [*sorted({pad_id, *shared} - {eos_id}), *config.suppress_tokens]
+        self.banned = (torch.tensor([*never, eos_id], device=device),
+                       torch.tensor(never, dtype=torch.long, device=device))
+        self.first_banned = torch.tensor(config.begin_suppress_tokens, dtype=torch.long,
+                                         device=device)
+        self.row_banned = prompt if any(set(r) - shared for r in prompt.tolist()) else None
 
-    def __call__(self, last: Tensor, generated: Tensor) -> Tensor:
-        """last: (r,) latest token of each row (unused on the first, prompt-fed call);
-        generated: (r, t) tokens so far."""
+    def step(self, last: Tensor, generated: Tensor) -> Tensor:
+        """Raw logits (r, v); last: (r,) latest token of each row (unused on the first,
+        prompt-fed call); generated: (r, t) tokens so far."""
         if self.cache is not None and not self.cache.filled:
             # The first step feeds the whole prompt and projects the cross-attention K/V.
             logits = self.decoder.step(self.prompt, self.cache, memory=self.memory,
@@ -246,36 +236,37 @@ class _Stepper:
                                        same_call=self.compiled_steps > 0)
                 self.compiled_steps += 1
             else:
-                # Until the cache holds MIN_COMPILED_LENGTH positions the step runs eagerly with
-                # compile too (mmtf.decoders.compiled says why).
                 logits = self.decoder.step(last[:, None], self.cache)
         else:
             prefix = torch.cat([self.prompt, generated], dim=1)          # (r, p + t)
             logits = self.decoder(prefix, self.memory, self.memory_mask)
         return logits[:, -1]                                             # (r, v)
 
-    def reorder(self, index: Tensor) -> None:
-        # Uncached decoding recomputes from the (already reordered) prefix: nothing to follow.
-        if self.cache is not None:
-            self.cache.reorder(index)
-        # Beams move within their item, whose prompt every one of its rows holds: row_banned
-        # and prompt stay valid without a reorder.
-
-    def process(self, logits: Tensor, generated: Tensor) -> None:
-        """The first step's begin_suppress_tokens, then the processors, in place."""
-        if generated.shape[1] == 0 and self.first_banned is not None and len(self.first_banned):
+    def logits(self, last: Tensor, generated: Tensor) -> Tensor:
+        """:meth:`step`'s logits as float after the repeat penalties, the bans (each row's own
+        prompt ids but eos, the shared banned ids, begin_suppress_tokens first) and the
+        processors, in that order."""
+        logits = self.step(last, generated).float()                      # (r, v)
+        t = generated.shape[1]
+        if self.penalties is not None:
+            history = torch.cat([self.prompt, generated], dim=1)         # (r, p + t)
+            penalize_repeats(logits, history, **self.penalties)
+        if self.row_banned is not None:
+            eos = logits[:, self.eos_id].clone()     # eos may be in a prompt (GPT-2's bos)
+            logits.scatter_(1, self.row_banned, -math.inf)              # r * p elements
+            logits[:, self.eos_id] = eos
+        logits.index_fill_(1, self.banned[t >= self.min_new_tokens], -math.inf)
+        if t == 0 and len(self.first_banned):
             logits.index_fill_(1, self.first_banned, -math.inf)
         for processor in self.processors:
             processor(logits, generated)
+        return logits
 
-    def ban_rows(self, logits: Tensor, eos_id: int) -> None:
-        """Mask each row's own prompt ids in ``logits`` (r, v), in place; eos is never banned
-        here (it may be in a prompt: GPT-2's bos = eos)."""
-        if self.row_banned is None:
-            return
-        eos = logits[:, eos_id].clone()
-        logits.scatter_(1, self.row_banned, -math.inf)                  # r * p elements
-        logits[:, eos_id] = eos
+    def reorder(self, index: Tensor) -> None:
+        # Uncached decoding recomputes from the reordered prefix. Beams move within their item,
+        # whose prompt all its rows hold: row_banned and prompt stay valid.
+        if self.cache is not None:
+            self.cache.reorder(index)
 
 
 def _prompt_rows(prompt_ids: Sequence[int] | Sequence[Sequence[int]] | Tensor, b: int,
@@ -322,17 +313,14 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
         memory: (b, m, c_ctx) encoder output.
         memory_mask: (b, m) bool, True = real position, or None.
         config: decoding options.
-        prompt_ids: the ids every row starts from (``[bos]`` for mmtf's tokenizers), or one
-            prompt per batch item: a (b, p) long tensor or b lists of equal length p (Whisper's
-            language and task per item); the ids of a row's own prompt are banned in that row.
+        prompt_ids: the ids every row starts from, or one prompt per item: a (b, p) long
+            tensor or b lists of equal length; a row's own prompt ids are banned in that row.
         eos_id, pad_id: special token ids (they may be equal).
-        generator: random generator for sampling (reproducible draws).
-        callback: called after every step as ``callback(step, tokens, logits)`` with the chosen
-            tokens (r,) and the logits (r, v) of that step, banned tokens already at -inf
-            (timing, streaming, tests).
-        processors: called in order on every step's logits after the bans and before the
-            choice, ``processor(logits, generated)``, masking in place (Whisper's timestamp
-            rules). The scores are the log-probabilities after them.
+        generator: random generator for sampling.
+        callback: ``callback(step, tokens (r,), logits (r, v))`` after every step, banned
+            tokens already at -inf.
+        processors: ``processor(logits, generated)`` on every step's logits after the bans,
+            masking in place (Whisper's timestamp rules); the scores include them.
 
     Returns:
         A :class:`GenerationOutput`.
@@ -357,30 +345,16 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
         prompt = repeat(prompt, "b p -> (b k) p", k=rows)
     # The one switch for oneDNN-packed weights; only cached steps of an nn.Module pack.
     pack = config.pack_weights and config.use_cache and isinstance(decoder, nn.Module)
-    stepper = _Stepper(decoder, memory, memory_mask, max_new_tokens=config.max_new_tokens,
-                       prompt=prompt, use_cache=config.use_cache, compile=config.compile,
-                       pack=pack)
-    # Never generated: pad and the prompt's ids unless they are eos, suppress_tokens, and eos in
-    # the first min_new_tokens steps. Built once; step t masks banned[t >= min_new_tokens] in
-    # place (a few elements, no full-vocab pass). Ids in every row's prompt go there; the ids
-    # only some rows' prompts hold are banned per row (stepper.row_banned).
-    shared = set(prompt[0].tolist()).intersection(*(set(r) for r in prompt.tolist()))
-    never = [*sorted({pad_id, *shared} - {eos_id}), *config.suppress_tokens]
-    banned = (torch.tensor([*never, eos_id], device=memory.device),
-              torch.tensor(never, dtype=torch.long, device=memory.device))
-    stepper.processors = tuple(processors)
-    stepper.first_banned = torch.tensor(config.begin_suppress_tokens, dtype=torch.long,
-                                        device=memory.device)
-    if any(set(r) - shared for r in prompt.tolist()):
-        stepper.row_banned = prompt
+    stepper = _Stepper(decoder, memory, memory_mask, config, prompt=prompt, pad_id=pad_id,
+                       eos_id=eos_id, pack=pack, processors=processors)
     ids = dict(start_id=int(prompt[0, -1]), eos_id=eos_id, pad_id=pad_id)
     # The compiled step's graph holds its own copies by identity: attach those, never new ones.
     packs: Packs | None = stepper.compiled.packs if stepper.compiled is not None else None
     with (packed_linear_weights(decoder, rows=memory.shape[0], packs=packs) if pack
           else nullcontext()):
         if config.strategy == "beam":
-            return _beam_search(stepper, config, b, banned, callback=callback, **ids)
-        out = _greedy_or_sample(stepper, config, b * rows, banned, generator=generator,
+            return _beam_search(stepper, config, b, callback=callback, **ids)
+        out = _greedy_or_sample(stepper, config, b * rows, generator=generator,
                                 callback=callback, **ids)
     if rows > 1:
         out = GenerationOutput(*(rearrange(x, "(b n) ... -> b n ...", n=rows) for x in out))
@@ -389,16 +363,9 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
 
 def penalize_repeats(logits: Tensor, history: Tensor, *, repetition_penalty: float = 1.0,
                      no_repeat_ngram_size: int = 0) -> Tensor:
-    """Apply the repeat penalties to next-token logits, in place.
-
-    Args:
-        logits: (r, v) float, the next-token logits of each row.
-        history: (r, t) long, each row's tokens so far (the prompt first).
-        repetition_penalty, no_repeat_ngram_size: as in :class:`GenerationConfig`.
-
-    Returns:
-        ``logits``, modified.
-    """
+    """Apply the repeat penalties (as in :class:`GenerationConfig`) to next-token ``logits``
+    (r, v) float in place, given each row's tokens so far ``history`` (r, t), prompt first;
+    returns ``logits``."""
     if repetition_penalty != 1.0:
         seen = logits.gather(1, history)                                 # (r, t)
         seen = torch.where(seen < 0, seen * repetition_penalty, seen / repetition_penalty)
@@ -414,35 +381,19 @@ def penalize_repeats(logits: Tensor, history: Tensor, *, repetition_penalty: flo
     return logits
 
 
-def _penalties(config: GenerationConfig) -> dict[str, float | int] | None:
-    """The repeat-penalty options when any is on, else None (the loops skip the history)."""
-    if config.repetition_penalty == 1.0 and config.no_repeat_ngram_size == 0:
-        return None
-    return dict(repetition_penalty=config.repetition_penalty,
-                no_repeat_ngram_size=config.no_repeat_ngram_size)
-
-
-def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
-                      banned: tuple[Tensor, Tensor], *, start_id: int, eos_id: int, pad_id: int,
-                      generator: torch.Generator | None, callback: StepCallback | None,
-                      ) -> GenerationOutput:
-    device = banned[0].device
+def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int, *,
+                      start_id: int, eos_id: int, pad_id: int, generator: torch.Generator | None,
+                      callback: StepCallback | None) -> GenerationOutput:
+    device = stepper.memory.device
     max_t = config.max_new_tokens
     tokens = torch.full((rows, max_t), pad_id, dtype=torch.long, device=device)
     scores = torch.zeros(rows, device=device)
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     last = torch.full((rows,), start_id, dtype=torch.long, device=device)
-    penalties = _penalties(config)
     t = 0
     for t in range(max_t):
-        logits = stepper(last, tokens[:, :t]).float()                    # (r, v)
-        if penalties is not None:
-            history = torch.cat([stepper.prompt, tokens[:, :t]], dim=1)
-            penalize_repeats(logits, history, **penalties)               # history (r, p + t)
-        stepper.ban_rows(logits, eos_id)
-        logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
-        stepper.process(logits, tokens[:, :t])
+        logits = stepper.logits(last, tokens[:, :t])                     # (r, v)
         if config.strategy == "greedy":
             # max(dim).indices: the first maximum, as argmax, one kernel cheaper on CPU.
             nxt = logits.max(dim=-1).indices                             # (r,)
@@ -467,33 +418,17 @@ def _greedy_or_sample(stepper: _Stepper, config: GenerationConfig, rows: int,
 
 def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 generator: torch.Generator | None = None) -> Tensor:
-    """Draw one token per row from ``softmax(logits / temperature)`` after top-k/top-p filtering.
-
-    Args:
-        logits: (r, v) float.
-        temperature, top_k, top_p: as in :class:`GenerationConfig` (0 / 1.0 = off).
-        generator: for reproducible draws.
-
-    Returns:
-        (r,) long token ids.
-    """
+    """Draw one token per row, (r,) long, from ``softmax(logits / temperature)`` of logits
+    (r, v) after top-k/top-p filtering (options as in :class:`GenerationConfig`)."""
     logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
 def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Set logits outside the top-k and outside the top-p nucleus to -inf.
-
-    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``
-    (Holtzman et al. 2020, arXiv:1904.09751); the most likely token is always kept.
-
-    Args:
-        logits: (r, v) float.
-
-    Returns:
-        (r, v), a new tensor.
-    """
+    """A copy of ``logits`` (r, v) with -inf outside the top-k and outside the top-p nucleus
+    (the smallest set of most likely tokens reaching ``top_p``, Holtzman et al. 2020,
+    arXiv:1904.09751; the most likely token is always kept)."""
     if 0 < top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]                  # (r, 1)
         logits = logits.masked_fill(logits < kth, -math.inf)
@@ -507,12 +442,11 @@ def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tens
     return logits
 
 
-def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
-                 banned: tuple[Tensor, Tensor], *, start_id: int, eos_id: int, pad_id: int,
-                 callback: StepCallback | None) -> GenerationOutput:
+def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int, *, start_id: int,
+                 eos_id: int, pad_id: int, callback: StepCallback | None) -> GenerationOutput:
     """Vectorised beam search over r = b * k rows (no Python loop over the batch)."""
     k, max_t, lp = config.num_beams, config.max_new_tokens, config.length_penalty
-    device = banned[0].device
+    device = stepper.memory.device
     rows = b * k
     seqs = torch.full((rows, max_t), pad_id, dtype=torch.long, device=device)   # running beams
     beam_scores = torch.zeros(b, k, device=device)
@@ -526,16 +460,9 @@ def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
     row_base = torch.arange(b, device=device)[:, None] * k                       # (b, 1)
     top_rank_ok = torch.arange(2 * k, device=device) < k                         # (2k,)
     last = torch.full((rows,), start_id, dtype=torch.long, device=device)
-    penalties = _penalties(config)
     t = 0
     for t in range(max_t):
-        logits = stepper(last, seqs[:, :t]).float()                              # (r, v)
-        if penalties is not None:
-            history = torch.cat([stepper.prompt, seqs[:, :t]], dim=1)
-            penalize_repeats(logits, history, **penalties)                       # (r, p + t)
-        stepper.ban_rows(logits, eos_id)
-        logits.index_fill_(1, banned[t >= config.min_new_tokens], -math.inf)
-        stepper.process(logits, seqs[:, :t])
+        logits = stepper.logits(last, seqs[:, :t])                               # (r, v)
         logprobs = logits.log_softmax(dim=-1)
         vocab = logprobs.shape[-1]
         cand = rearrange(beam_scores[:, None] + logprobs, "(b k) v -> b (k v)", k=k)
@@ -584,10 +511,8 @@ def _beam_search(stepper: _Stepper, config: GenerationConfig, b: int,
                                                                   dtype=torch.long)))
     n = config.num_return_sequences
     width = int(done_lengths[:, :n].max())
-    tokens, scores, lengths = done_tokens[:, :n, :width], done_scores[:, :n], done_lengths[:, :n]
-    if n == 1:
-        return GenerationOutput(tokens[:, 0], scores[:, 0], lengths[:, 0])
-    return GenerationOutput(tokens, scores, lengths)
+    out = GenerationOutput(done_tokens[:, :n, :width], done_scores[:, :n], done_lengths[:, :n])
+    return out.best() if n == 1 else out
 
 
 def _keep_best(k: int, kept: tuple[Tensor, Tensor, Tensor], new: tuple[Tensor, Tensor, Tensor],

@@ -1,21 +1,8 @@
 """Whisper's decoding rules for speech: language detection, timestamps and long-form audio.
 
-Written after openai/whisper (``decoding.py``: ``ApplyTimestampRules``, ``detect_language``;
-``transcribe.py``) and transformers (``WhisperTimeStampLogitsProcessor``, the sequential
-long-form ``WhisperGenerationMixin.generate``); tests compare with transformers on tiny random
-Whisper models. Why and which choices: docs/design/asr-decoding.md.
-
-* :func:`detect_language`: one decoder step on ``<|startoftranscript|>``, argmax over the
-  language tokens (per item).
-* :class:`TimestampRules`: a logits processor for :func:`mmtf.decoders.generation.generate`:
-  timestamps come in pairs and never decrease, a text run is followed by a timestamp, the first
-  token is a timestamp of at most ``max_initial_timestamp`` seconds, and a timestamp is forced
-  when the timestamps together are more likely than the most likely text token.
-* :func:`window_segments`: a window's tokens -> segments with start/end seconds, and how far the
-  next window moves (to the last complete timestamp, or the whole window).
-* :func:`transcribe_long`: Whisper's sequential 30 s windows over a whole clip's features.
-* :func:`merge_overlapping`: the alternative for chunks cut with overlap: consecutive chunks'
-  tokens joined at the middle of their longest common run in the overlap.
+After openai/whisper (``decoding.py``, ``transcribe.py``) and transformers'
+``WhisperTimeStampLogitsProcessor`` and sequential long-form ``generate``; tests compare with
+transformers on tiny random Whisper models. Why: docs/design/asr-decoding.md.
 
 Shapes: r decoder rows, v vocab, t generated tokens, f mel bins, n mel frames.
 """
@@ -40,7 +27,10 @@ MAX_INITIAL_TIMESTAMP = 1.0    # seconds; Whisper's max_initial_timestamp (index
 
 
 class TimestampRules:
-    """Whisper's timestamp rules as a logits processor, vectorised over rows.
+    """Whisper's timestamp rules as a logits processor, vectorised over rows: timestamps come
+    in pairs and never decrease, text is followed by a timestamp, the first token is a timestamp
+    of at most ``max_initial_timestamp``, and a timestamp is forced when the timestamps together
+    are more likely than the best text token.
 
     Args:
         timestamp_begin: id of ``<|0.00|>``; every id from it on is a timestamp.
@@ -113,12 +103,9 @@ class TimedSegment:
 
 def window_segments(tokens: Sequence[int], *, timestamp_begin: int, offset: float,
                     window_frames: int) -> tuple[list[TimedSegment], int]:
-    """Split one window's generated tokens (no prompt, eos and padding removed) into segments.
-
-    A segment runs from a timestamp to the next pair of timestamps. When the window ends with a
-    single timestamp (the speech ran to its end) or holds no pair, the next window starts
-    after this one; otherwise at the last complete pair, so the text after it is decoded
-    again with its context.
+    """Split one window's generated tokens (no prompt, eos or padding) into segments, each from
+    a timestamp to the next pair. The next window starts at the last complete pair, or after
+    this one when it ends with a single timestamp or holds no pair.
 
     Args:
         offset: seconds of the window's start in the clip.
@@ -158,23 +145,18 @@ def transcribe_long(model, features: Tensor, *, prompt: Sequence[int], config: G
                     ) -> list[TimedSegment]:
     """Whisper's sequential long-form decoding of one clip.
 
-    A 30 s window starts at frame 0; its tokens are decoded with the timestamp rules and cut
-    into segments (:func:`window_segments`); the next window starts at the window's last
-    complete timestamp (or after the window), until the clip's frames are used up. The last
-    window's features are padded with zeros to 30 s. No temperature fallback and no
-    conditioning on the previous window's text (transformers' ``temperature=0.0``,
-    ``condition_on_prev_tokens=False``).
+    Each window is decoded with the timestamp rules and cut into segments
+    (:func:`window_segments`); the next starts at its last complete timestamp (or after it).
+    The last window is zero-padded. No temperature fallback, no conditioning on the previous
+    window's text.
 
     Args:
-        model: an :class:`~mmtf.decoders.EncoderDecoder` whose encoder has ``encode_features``
-            (:class:`mmtf.encoders.AudioEncoder`).
+        model: an :class:`~mmtf.decoders.EncoderDecoder` with an ``AudioEncoder``.
         features: (f, n) the whole clip's log-mel (``AudioEncoder.whisper_features``).
-        prompt: the decoder prompt (``<|startoftranscript|> <|lang|> <|task|>``).
-        config: decoding options (greedy or beam).
-        rules: the timestamp rules.
+        prompt, config, rules: the decoder prompt, decoding options and timestamp rules.
 
     Returns:
-        The clip's segments in order (tokens, start and end seconds; no text yet).
+        The clip's segments in order (no text yet).
     """
     total, seek, segments = features.shape[-1], 0, []
     while seek < total:
@@ -182,10 +164,8 @@ def transcribe_long(model, features: Tensor, *, prompt: Sequence[int], config: G
         window = F.pad(features[:, seek:seek + frames], (0, window_frames - frames))
         memory, mask = model.encode_features(window[None])
         out = generate(model.decoder, memory, mask, config, prompt_ids=list(prompt),
-                       eos_id=model.eos_id, pad_id=model.pad_id, processors=[rules])
-        tokens = out.tokens if out.tokens.dim() == 2 else out.tokens[:, 0]
-        length = int(out.lengths if out.lengths.dim() == 1 else out.lengths[:, 0])
-        row = tokens[0, :length].tolist()
+                       eos_id=model.eos_id, pad_id=model.pad_id, processors=[rules]).best()
+        row = out.tokens[0, :int(out.lengths)].tolist()
         if row and row[-1] == model.eos_id:
             row = row[:-1]
         found, advance = window_segments(row, timestamp_begin=rules.timestamp_begin,

@@ -1,16 +1,10 @@
-"""The linear layer of every mmtf block, and oneDNN-packed weights for decoding on a CPU.
+"""The linear layer of every mmtf block, with optional oneDNN-packed weights for CPU decoding.
 
-A cached decode step multiplies a few rows (batch x beams) by every weight matrix of the
-decoder; on a CPU oneDNN's inner product over a weight reordered once into its blocked layout
-runs those small-row GEMMs faster than ``F.linear`` (MKL). ``generate`` is the one caller: it
-packs the decoder for a call (docs/design/packed-linear.md).
-
-:class:`Linear` is an ``nn.Linear`` (same parameters, names and init; state dicts, LoRA, FSDP
-and the pretrained name tables see no difference). Only inside :func:`packed_linear_weights`
-does it hold a packed copy, and it uses the copy only where that copy cannot be stale or
-change what is computed: no autograd recording, no CPU autocast, the input in the weight's
-dtype, and the weight still the tensor (storage and in-place version) that was packed. Eager
-calls also honour ``torch.backends.mkldnn.flags(enabled=False)``: F.linear then.
+:class:`Linear` is an ``nn.Linear`` (same parameters, names and init). Inside
+:func:`packed_linear_weights` (entered only by ``generate``) it runs a oneDNN-packed copy of its
+weight, but only where the copy cannot be stale or change what is computed: no autograd, no CPU
+autocast, input in the weight's dtype, the weight unchanged since packing, and
+``torch.backends.mkldnn`` enabled. Why: docs/design/packed-linear.md.
 
 Shapes: r input rows (any leading dims), i in_features, o out_features.
 """
@@ -38,11 +32,7 @@ Packs = dict["Linear", tuple[Tensor, tuple]]
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` that runs a oneDNN-packed copy of its weight while one is attached.
-
-    Attach and release copies with :func:`packed_linear_weights`; outside it this is
-    ``nn.Linear``. Args as ``nn.Linear``.
-    """
+    """``nn.Linear`` that runs a oneDNN-packed copy of its weight while one is attached."""
 
     packed_weight: Tensor | None = None            # opaque oneDNN tensor, (o, i) reordered
     _packed_key: tuple | None = None               # the weight it was packed from
@@ -74,21 +64,16 @@ class Linear(nn.Linear):
 
 @functools.cache
 def can_pack(dtype: torch.dtype) -> bool:
-    """Whether oneDNN can pack a CPU weight of ``dtype`` on this machine, decided once.
-
-    fp32 wherever torch has oneDNN's two ops; bf16 only where oneDNN's bf16 inner product runs
-    (AVX512BW+VL+DQ or AVX-NE-CONVERT, as capped by ``ONEDNN_MAX_CPU_ISA``): elsewhere oneDNN
-    refuses the weight. float16 and float64 stay on ``F.linear``.
-    """
+    """Whether oneDNN can pack a CPU weight of ``dtype`` here: fp32 wherever torch has the
+    ops, bf16 only where oneDNN's bf16 inner product runs; other dtypes never."""
     if dtype == torch.float32:
         return onednn_linear_available()
     return dtype == torch.bfloat16 and onednn_linear_available() and onednn_bf16_supported()
 
 
 def weight_state(weight: Tensor) -> tuple:
-    """What changes when a weight does: its address (a new tensor, ``.to()``), its in-place
-    version (an optimizer step, ``load_state_dict``), dtype and device. A copy made from a weight
-    (a packed copy, a compiled step's frozen constant) is current while this is unchanged."""
+    """Address, in-place version, dtype and device of ``weight``: a copy made from it (packed,
+    or a compiled step's frozen constant) is current while this is unchanged."""
     return weight.data_ptr(), tensor_version(weight), weight.dtype, weight.device
 
 
@@ -100,9 +85,8 @@ def _packable(weight: Tensor) -> bool:
 
 
 def pack_linear_weights(module: nn.Module, *, rows: int) -> Packs:
-    """A oneDNN-packed copy of the weight of every :class:`Linear` of ``module`` that can have
-    one (none while ``torch.backends.mkldnn`` is off), laid out for about ``rows`` input rows;
-    any row count is computed correctly."""
+    """A packed copy of the weight of every :class:`Linear` of ``module`` that can have one,
+    laid out for about ``rows`` input rows (any row count computes correctly)."""
     if not torch.backends.mkldnn.enabled:
         return {}
     with torch.no_grad():
@@ -119,9 +103,8 @@ def packed_linear_weights(module: nn.Module, *, rows: int, packs: Packs | None =
 
     Args:
         module: e.g. a :class:`~mmtf.decoders.TextDecoder` about to generate.
-        rows: input rows the layers will see (batch x beams); the layout is tuned for it.
-        packs: copies made before (the compiled decode step's, which its graph holds by
-            identity); default: packed now, for this block.
+        rows: input rows the layers will see (batch x beams).
+        packs: copies made before (the compiled step's); default: packed now.
 
     Yields:
         How many layers run packed (0 on a GPU, for float16 weights, or without oneDNN).

@@ -1,14 +1,9 @@
 """`python -m mmtf.predict ckpt_path=... inputs=[a.wav,b.flac]` (files and/or folders).
 
-Prints one caption (or class name) per input: ``path<TAB>caption`` (``format=tsv``), one JSON
-object per line (``format=json``, with ``language`` and ``segments`` when decoded), or subtitles
-of the timed segments (``format=srt|vtt``: printed, or one file per input in ``output_dir``).
-Audio is decoded with soundfile and resampled to the encoder's rate; images go through the
-checkpoint's evaluation transforms. Audio longer than ``model.encoder.max_seconds`` is cropped
-(``long_audio=crop``, a warning per file), captioned per window (``long_audio=window``:
-``path<TAB>start-end<TAB>caption``) or decoded whole by Whisper's long-form decoding
-(``long_audio=sequential|chunked``); see :mod:`mmtf.predict.inputs`. ``ckpt_path`` may be a Hugging
-Face Whisper folder or hub id (zero-shot, :func:`mmtf.load`).
+Prints one caption (or class name) per input: ``path<TAB>caption`` (``format=tsv``), JSON lines
+(``format=json``), or subtitles of the timed segments (``format=srt|vtt``, printed or written to
+``output_dir``). Long audio follows ``long_audio`` (:mod:`mmtf.predict.inputs`). ``ckpt_path``
+may be a Hugging Face Whisper folder or hub id (zero-shot).
 """
 
 from __future__ import annotations
@@ -55,10 +50,8 @@ def expand_inputs(inputs: Iterable[str], extensions: Sequence[str]) -> list[Path
 def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = None,
             batch_size: int = 8, device: str = "cpu", long_audio: LongAudio = "crop", *,
             use_ema: bool = False) -> list[dict[str, Any]]:
-    """Caption (or classify) ``inputs`` with a checkpoint; one dict per input file (per window
-    with ``long_audio="window"``): ``path`` plus the task's
-    :meth:`~mmtf.tasks.Task.predict_batch` keys (see :func:`mmtf.predict.inputs.predict_inputs`).
-    ``use_ema``: the EMA of the weights (``callbacks=ema``)."""
+    """Caption (or classify) ``inputs`` with a checkpoint (its EMA weights with ``use_ema``);
+    rows as :func:`mmtf.predict.inputs.predict_inputs` returns them."""
     check_long_audio(long_audio)
     generation = dict(generation or {})
     if long_audio in WHOLE:

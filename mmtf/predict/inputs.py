@@ -1,23 +1,12 @@
 """From raw inputs to a task's predictions: what ``mmtf.predict`` and the notebook API share.
 
-Inputs are preprocessed as the checkpoint's data pipeline does: audio files decoded by soundfile,
-mixed to mono and resampled to the encoder's rate with torchaudio (:func:`mmtf.data.audio.
-load_audio`); images decoded to RGB and passed through the stored ``data.eval_transforms``.
-In-memory inputs are taken too: waveforms (1-D tensor or array at the encoder's rate, or a
-``(waveform, sample_rate)`` pair, resampled), PIL images and (3, h, w) image tensors.
-
-Audio longer than ``model.encoder.max_seconds`` follows ``long_audio``:
-
-* ``crop`` (default): keep its first ``max_seconds``, with one warning naming the input, its
-  length and the limit. One prediction per input.
-* ``window``: split it into the fewest equal windows of at most ``max_seconds`` (widths differ
-  by at most one sample) and predict each; every row carries its window's ``start`` and ``end``
-  in seconds.
-* ``sequential`` / ``chunked``: hand the whole input to the task, whose speech decoding
-  (``generation.long_form``, :class:`mmtf.tasks.speech.SpeechTask`) covers it with Whisper's sequential
-  windows or with overlapping chunks and a merge of their text. One prediction per input.
-
-Why these two and not a refusal: see docs/design/long-audio.md
+Inputs are preprocessed as the checkpoint's data pipeline does: audio files decoded, mixed to
+mono and resampled to the encoder's rate; images to RGB through the stored
+``data.eval_transforms``; in-memory waveforms (at the encoder's rate, or ``(waveform, rate)``),
+PIL images and (3, h, w) tensors too. Audio longer than ``model.encoder.max_seconds`` follows
+``long_audio``: ``crop`` (its start, with a warning), ``window`` (the fewest equal windows, each
+row with its ``start``/``end``), or ``sequential`` / ``chunked`` (whole, to the task's speech
+decoding). Why: docs/design/long-audio.md
 
 Shapes: s samples at the encoder's rate; b batch.
 """
@@ -137,18 +126,12 @@ def image_segment(item: Input, index: int, transform) -> Segment:
 @torch.no_grad()
 def predict_inputs(task: Task, inputs: Sequence[Input], *, batch_size: int = 8,
                    long_audio: LongAudio = "crop") -> list[dict[str, Any]]:
-    """Predict ``inputs`` with ``task`` (in eval mode, on its device).
-
-    Args:
-        task: a task rebuilt from a checkpoint (:func:`mmtf.load`); its ``run_config`` supplies
-            the image transforms.
-        inputs: audio or image inputs (see the module docstring), files already expanded.
-        batch_size: inputs per forward pass.
-        long_audio: ``crop`` | ``window`` (see the module docstring).
+    """Predict ``inputs`` (audio or images, files already expanded) with ``task`` (in eval
+    mode, on its device), ``batch_size`` inputs per forward pass.
 
     Returns:
-        One dict per prediction: ``path`` (the file, or ``input[i]``), ``start``/``end`` with
-        ``long_audio="window"``, and the task's :meth:`~mmtf.tasks.Task.predict_batch` keys.
+        One dict per prediction: ``path`` (or ``input[i]``), ``start``/``end`` with
+        ``long_audio="window"``, and the task's ``predict_batch`` keys.
     """
     check_long_audio(long_audio)
     if isinstance(inputs, (str, os.PathLike, Tensor, np.ndarray, Image.Image)):

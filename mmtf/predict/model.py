@@ -4,16 +4,13 @@
 
     import mmtf
     model, tokenizer = mmtf.load("outputs/.../checkpoints/last.ckpt")
-    model.caption(["a.wav", "b.flac"])                  # -> ["a dog barks ...", ...]
-    model.caption([waveform], strategy="beam", num_beams=4)
+    model.caption(["a.wav", "b.flac"], strategy="beam", num_beams=4)
     model, _ = mmtf.load("openai/whisper-small")          # a Whisper folder or hub id, zero-shot
     model.transcribe(["talk.flac"], language="auto", timestamps=True)
 
-``model`` is a :class:`Model`: the checkpoint's task (``model.task``, a LightningModule in eval
-mode; its attributes read through, ``model.generation``, ``model.model``), with ``caption`` and
-``transcribe``, which preprocess as :mod:`mmtf.predict.inputs` says (the checkpoint's sample
-rate and image transforms) and generate with the checkpoint's settings, which keyword arguments
-override for that call. Why the task does not do this itself: see docs/design/task-interface.md
+A :class:`Model` is the checkpoint's task in eval mode (its attributes read through) with
+``caption`` and ``transcribe``, whose keyword arguments override the generation settings for
+that call. Why not on the task: docs/design/task-interface.md
 """
 
 from __future__ import annotations
@@ -52,10 +49,8 @@ class Model:
 
     def caption(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
                 **generation: Any) -> list[str]:
-        """One caption per input: audio files or waveforms, image files, PIL images or tensors,
-        preprocessed as the checkpoint's data (:mod:`mmtf.predict.inputs`; longer audio is
-        cropped to ``model.encoder.max_seconds``). ``generation`` overrides the settings for
-        this call."""
+        """One caption per input (:mod:`mmtf.predict.inputs`; long audio cropped);
+        ``generation`` overrides the settings for this call."""
         if not hasattr(self.task, "generate_captions"):
             raise UserError(f"caption: a {type(self.task).__name__} writes no captions; use "
                             f"mmtf.predict.inputs.predict_inputs(model.task, inputs) for its "
@@ -64,17 +59,13 @@ class Model:
 
     def transcribe(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
                    long_form: str = "sequential", **generation: Any) -> list[dict[str, Any]]:
-        """Transcribe speech with a Whisper model (a :class:`~mmtf.tasks.speech.SpeechTask`),
-        long files whole: one dict per input with ``text``, and ``language`` / ``segments``
-        (``[{start, end, text}]``) when asked for or decoded sequentially.
+        """Transcribe speech with a :class:`~mmtf.tasks.speech.SpeechTask`, long files whole:
+        one dict per input with ``text``, and ``language`` / ``segments`` when decoded.
 
         Args:
-            inputs: audio files or waveforms (:mod:`mmtf.predict.inputs`).
-            long_form: ``sequential`` (Whisper's windows that move by the last complete
-                timestamp) or ``chunked`` (overlapping 30 s chunks, merged text), for audio
-                longer than 30 s.
-            **generation: overrides for this call: ``language="auto"``, ``task="translate"``,
-                ``timestamps=True``, ``strategy="beam"``, ...
+            inputs: audio files or waveforms.
+            long_form: ``sequential`` or ``chunked``, for audio longer than 30 s.
+            **generation: overrides for this call (``language="auto"``, ``timestamps=True``).
 
         Raises:
             UserError: the task decodes no speech.
@@ -106,17 +97,14 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu", use_ema: bool = F
     """Rebuild the task of an mmtf checkpoint (or a pretrained Whisper) for inference.
 
     Args:
-        ckpt_path: a checkpoint written by ``mmtf.train`` (read with ``weights_only=True``; its
-            config may name only allowlisted ``_target_``s), or a Hugging Face Whisper folder
-            or hub id, used zero-shot (:func:`mmtf.tasks.rebuild.build_pretrained_task`).
-        device: where the model runs (``"cpu"``, ``"cuda"``, ...).
-        use_ema: the exponential moving average of the weights (trained with
-            ``callbacks=ema``) instead of the trained weights.
-        **generation: generation settings kept for every later call (``strategy="beam"`` ...).
+        ckpt_path: a checkpoint written by ``mmtf.train`` (read with ``weights_only=True``), or
+            a Hugging Face Whisper folder or hub id, used zero-shot.
+        device: where the model runs.
+        use_ema: the EMA of the weights (``callbacks=ema``) instead of the trained ones.
+        **generation: generation settings kept for every later call.
 
     Returns:
-        ``(model, tokenizer)``: the :class:`Model` of the task in eval mode, and its tokenizer
-        (None for classification).
+        The :class:`Model` (in eval mode) and its tokenizer (None for classification).
     """
     # A missing "runs/last.ckpt" also looks like an org/name hub id: checkpoints keep their error.
     if is_hf_source(ckpt_path) and Path(ckpt_path).suffix != ".ckpt":

@@ -1,10 +1,5 @@
-"""Timed segments as subtitle files: SubRip (``.srt``) and WebVTT (``.vtt``).
-
-Segments are ``{"start": s, "end": s, "text": str}`` (seconds from the start of the input), as
-speech decoding returns them (:mod:`mmtf.tasks.speech`). Times are rounded to the millisecond
-and always carry hours: ``HH:MM:SS,mmm`` (SRT) and ``HH:MM:SS.mmm`` (WebVTT); cues are numbered
-from 1 in SRT; texts are stripped, and a cue with no text is kept (its times still mark speech).
-"""
+"""Timed segments (``{"start": s, "end": s, "text": str}``) as SubRip (``.srt``) and WebVTT
+(``.vtt``) documents: times to the millisecond, always with hours; empty cues kept."""
 
 from __future__ import annotations
 

@@ -1,26 +1,17 @@
 """Whisper (Radford et al. 2022, arXiv:2212.04356) in mmtf's own modules.
 
-A Hugging Face Whisper folder (``WhisperForConditionalGeneration.save_pretrained``: tiny ..
-large-v3, 80 or 128 mel bins) or hub id becomes an :class:`mmtf.encoders.AudioEncoder` in
-Whisper's configuration (Whisper's log-mel, conv stem with strides 1 and 2, fixed sinusoidal
-positions, pre-LN blocks with query/value/output biases and exact GELU, final LayerNorm) and a
-:class:`mmtf.decoders.TextDecoder` (learned positions, the same blocks with cross-attention,
-output projection tied to the token embedding). This module is the translation: ``config.json``
--> constructor arguments, and a name table (:func:`encoder_links`, :func:`decoder_links`: keys
-and values fused into ``to_kv``, the value bias kept as ``v_bias`` because Whisper's key
-projection has none), read both ways: :func:`whisper_state` is its export direction and
-:func:`export_hf` writes it, for
-``python -m mmtf.export ... format=hf``; :func:`resolved_sizes` records the sizes read from
-``config.json`` in the run's config (:mod:`mmtf.pretrained` says why).
-
-Sizes come from ``config.json``; a size also given in the YAML must agree (one-line error naming
-both). Why and what was compared: see docs/design/whisper-import.md.
+A Hugging Face Whisper folder or hub id becomes an :class:`mmtf.encoders.AudioEncoder` and a
+:class:`mmtf.decoders.TextDecoder` in Whisper's configuration: ``config.json`` -> constructor
+arguments (a size also given in the YAML must agree), and a name table read both ways
+(:func:`encoder_links`, :func:`decoder_links`; keys and values fused into ``to_kv``, the value
+bias kept as ``v_bias``); :func:`export_hf` writes the Hugging Face layout. Why:
+docs/design/whisper-import.md.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +39,7 @@ SAMPLE_RATE, N_FFT, HOP_LENGTH = 16000, 400, 160
 STEM_STRIDES = (1, 2)
 # Architecture settings every Whisper size shares.
 BLOCK = {"bias": "qvo", "mlp": "gelu", "norm": "layernorm", "norm_eps": 1e-5}
-# The original module of each role of a block (mmtf.pretrained.names.block_links); the cross_* roles
-# exist in decoder layers only.
+# The original module of each role of a block (names.block_links); cross_* in decoders only.
 NAMES = {"norm_self": "self_attn_layer_norm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
          "v": "self_attn.v_proj", "out": "self_attn.out_proj", "norm_mlp": "final_layer_norm",
          "fc_in": "fc1", "fc_out": "fc2", "norm_cross": "encoder_attn_layer_norm",
@@ -88,27 +78,20 @@ def whisper_encoder(*, pretrained: str | Path | None = None, dim: int | None = N
     """An :class:`AudioEncoder` in Whisper's configuration, with Whisper's weights if given.
 
     Args:
-        pretrained: a Whisper folder / hub id (sizes from its ``config.json``), an mmtf export
-            of such an encoder (a folder with ``weights.safetensors``; sizes from its
-            ``config.yaml``), or None (random weights; sizes from the YAML).
-        dim, depth, num_heads, mlp_ratio, n_mels, max_seconds: sizes; None = from
-            ``config.json``. A value that disagrees with ``config.json`` is an error.
-        pad_to_seconds: 30 = Whisper's padding (what pretrained weights expect); None = mmtf's
-            padding mask (see :mod:`mmtf.encoders.audio`).
-        freeze: freeze after loading (:meth:`mmtf.encoders.Encoder.freeze`).
-        **options: other :class:`AudioEncoder` arguments (dropout, SpecAugment, ...).
+        pretrained: a Whisper folder / hub id, an mmtf export of such an encoder, or None
+            (random weights; sizes from the YAML).
+        dim, depth, num_heads, mlp_ratio, n_mels, max_seconds: sizes; None = from the model.
+        pad_to_seconds: 30 = Whisper's padding; None = mmtf's padding mask.
+        freeze: freeze after loading.
+        **options: other :class:`AudioEncoder` arguments.
 
     Raises:
-        UserError: the folder is missing, not Whisper (``model_type``), incomplete, or a size
-            disagrees with it.
+        UserError: the folder is missing, not Whisper, incomplete, or a size disagrees.
     """
     owner = "model.encoder (whisper_encoder)"
     given = {"dim": dim, "depth": depth, "num_heads": num_heads, "mlp_ratio": mlp_ratio,
              "n_mels": n_mels, "max_seconds": max_seconds}
-    hf = _open(pretrained, owner)
-    if pretrained is not None and hf is None:
-        given = _export_sizes(pretrained, given)
-    sizes = _merge_sizes(given, encoder_sizes(hf, owner) if hf else None, owner, hf)
+    hf, sizes = _sizes(pretrained, given, encoder_sizes, owner)
     if pad_to_seconds is not None and sizes["max_seconds"] is None:
         sizes["max_seconds"] = pad_to_seconds
     export = pretrained if pretrained is not None and hf is None else None
@@ -140,13 +123,11 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
     """A :class:`TextDecoder` in Whisper's configuration, with Whisper's weights if given.
 
     Args:
-        pretrained: a Whisper folder or hub id (sizes from its ``config.json``), an mmtf
-            export of such a decoder (sizes from its ``config.yaml``), or None (random weights).
-        vocab_size, dim, depth, num_heads, mlp_ratio, context_dim, max_len, pad_id: sizes and
-            the pad id; None = from ``config.json``; a disagreeing value is an error.
-        freeze: no trainable parameters, eval mode (after loading), for
-            :func:`mmtf.export.load_exported`; in a task use ``model.finetuning.freeze_decoder``.
-        **options: other :class:`TextDecoder` arguments (dropout, attn_dropout).
+        pretrained: a Whisper folder / hub id, an mmtf export of such a decoder, or None.
+        vocab_size, dim, depth, num_heads, mlp_ratio, context_dim, max_len, pad_id: None =
+            from the model.
+        freeze: no trainable parameters, eval mode (for :func:`mmtf.export.load_exported`).
+        **options: other :class:`TextDecoder` arguments.
 
     Raises:
         UserError: as :func:`whisper_encoder`.
@@ -155,10 +136,7 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
     given = {"vocab_size": vocab_size, "dim": dim, "depth": depth, "num_heads": num_heads,
              "mlp_ratio": mlp_ratio, "context_dim": context_dim, "max_len": max_len,
              "pad_id": pad_id}
-    hf = _open(pretrained, owner)
-    if pretrained is not None and hf is None:
-        given = _export_sizes(pretrained, given)
-    sizes = _merge_sizes(given, decoder_sizes(hf, owner) if hf else None, owner, hf)
+    hf, sizes = _sizes(pretrained, given, decoder_sizes, owner)
     decoder = TextDecoder(**sizes, **BLOCK, **options, positions="learned", tie_embeddings=True)
     if pretrained is not None and hf is None:             # an mmtf export (weights.safetensors)
         export = open_export(pretrained, owner=owner, key="model.decoder.pretrained")
@@ -186,13 +164,11 @@ def resolved_sizes(part: str, module: AudioEncoder | TextDecoder) -> dict[str, A
 
 
 def export_hf(task: Any, out: Path) -> None:
-    """Write a captioning task's Whisper-architecture model as ``WhisperForConditionalGeneration``
-    would save it: ``config.json``, ``generation_config.json``, ``model.safetensors`` and the
-    tokenizer files; then import the folder back and check every tensor.
+    """Write a task's Whisper-architecture model as ``WhisperForConditionalGeneration`` saves
+    it, with its tokenizer files; then import it back and check every tensor.
 
     Raises:
-        UserError: the pair is not in Whisper's configuration (the setting is named) or the
-            task's tokenizer is not a pretrained one (Whisper's).
+        UserError: the pair is not in Whisper's configuration, or its tokenizer not Whisper's.
     """
     from mmtf.text import PretrainedTokenizer
 
@@ -300,17 +276,18 @@ def stack_links(root: str, depth: int, *, cross: bool) -> list[Link]:
 
 
 # ---------------------------------------------------------------------------- checks
-def _open(pretrained: str | Path | None, owner: str) -> HFModel | None:
-    """The Whisper folder, or None for no weights / an mmtf export (weights.safetensors)."""
-    if pretrained is None or is_export(pretrained):
-        return None
-    return open_hf_model(pretrained, model_types=MODEL_TYPES, owner=owner)
-
-
-def _export_sizes(folder: str | Path, given: dict[str, Any]) -> dict[str, Any]:
-    """Null sizes filled from an mmtf export's ``config.yaml`` (written by ``mmtf.export``)."""
-    stored = open_export(folder, owner="whisper", key="model.encoder.pretrained").config()
-    return {k: stored.get(k) if v is None else v for k, v in given.items()}
+def _sizes(pretrained: str | Path | None, given: dict[str, Any],
+           read: Callable[[HFModel, str], dict[str, Any]], owner: str,
+           ) -> tuple[HFModel | None, dict[str, Any]]:
+    """The Whisper folder (None: no weights, or an mmtf export, whose ``config.yaml`` fills the
+    null sizes) and the sizes, ``read`` from its ``config.json``."""
+    hf = None
+    if pretrained is not None and is_export(pretrained):
+        stored = open_export(pretrained, owner="whisper", key="model.encoder.pretrained").config()
+        given = {k: stored.get(k) if v is None else v for k, v in given.items()}
+    elif pretrained is not None:
+        hf = open_hf_model(pretrained, model_types=MODEL_TYPES, owner=owner)
+    return hf, _merge_sizes(given, read(hf, owner) if hf else None, owner, hf)
 
 
 def _merge_sizes(given: dict[str, Any], found: dict[str, Any] | None, owner: str,
@@ -335,11 +312,8 @@ def _merge_sizes(given: dict[str, Any], found: dict[str, Any] | None, owner: str
 
 def _checked_positions(encoder: AudioEncoder, tensors: Mapping[str, Tensor], name: str,
                        hf: HFModel, owner: str) -> Tensor:
-    """The stored encoder position table, (n, c), checked to be the sinusoids mmtf computes.
-
-    Whisper computed its table in float32 (up to ~1e-4 off the float64 values at position
-    1500); the stored rows are the ones the weights were trained with, so they are used once
-    they are shown to be Whisper's sinusoids (another table would be another model)."""
+    """The stored encoder position table (n, c), used as stored (Whisper's float32 sinusoids,
+    which the weights were trained with) once checked to be those sinusoids."""
     if name not in tensors:
         raise UserError(f"{owner}: tensor {name!r} not found in {hf.folder}.")
     stored = tensors[name].float()

@@ -1,8 +1,5 @@
 """Lightning glue: tasks that wrap mmtf models for training, evaluation and prediction.
-
-:class:`SpeechTask` (``mmtf.tasks.speech``) is imported on first use, so a captioning run
-loads no speech code.
-"""
+:class:`SpeechTask` is imported on first use, so a captioning run loads no speech code."""
 
 from __future__ import annotations
 

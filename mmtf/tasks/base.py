@@ -1,27 +1,12 @@
 """What every mmtf task offers the CLIs (``evaluate``, ``predict``, ``export``).
 
-A task is a LightningModule around one mmtf encoder. Besides Lightning's hooks it offers:
-
-* ``encoder`` and ``modality`` (``audio`` | ``image``): what inputs it takes;
-* :meth:`Task.connect_data`: take what the task needs from the data module (class
-  names) and check the data against the model's limits (and that both hold the same
-  tokenizer). ``setup`` calls it with the trainer's data module; ``evaluate`` calls it directly;
-* ``use_tokenizer`` (tasks that emit text): the tokenizer, handed over by the caller;
-* :meth:`Task.update_generation`: generation overrides (tasks that generate text);
-* :meth:`Task.predict_batch`: one dict per input (``caption``, or ``label`` + ``class``);
-* :meth:`Task.export_parts`: the part modules ``mmtf.export`` can write;
-* ``run_config`` (the composed config) and ``tokenizer``, stored in every checkpoint under
-  ``checkpoint["mmtf"]`` as plain data, so it loads with ``weights_only=True``.
-
-Fine-tuning controls are the task's too, per export part (``encoder``, ``decoder``): frozen or
-trainable, unfrozen at an epoch, a learning-rate scale, layer-wise decay
-(:meth:`Task.init_finetuning`). Why: see docs/design/finetuning-controls.md
-
-LoRA (``model.lora``) is the task's as well: adapters added to the chosen parts after they are
-built (and their pretrained weights loaded), only adapters and new layers trainable there
-(:meth:`Task.init_lora`). Why: see docs/design/lora.md
-
-Why one interface instead of ``hasattr`` probes: see docs/design/task-interface.md
+A task is a LightningModule around one mmtf encoder. Besides Lightning's hooks it offers
+``encoder`` and ``modality``, :meth:`Task.connect_data` (checks against the data module),
+``use_tokenizer`` (tasks that emit text), :meth:`Task.update_generation`,
+:meth:`Task.predict_batch`, :meth:`Task.export_parts`, fine-tuning controls per part
+(:meth:`Task.init_finetuning`) and LoRA (:meth:`Task.init_lora`); every checkpoint stores the
+composed config and the tokenizer as plain data under ``checkpoint["mmtf"]``. Why:
+docs/design/task-interface.md, finetuning-controls.md, lora.md.
 """
 
 from __future__ import annotations
@@ -44,15 +29,13 @@ if TYPE_CHECKING:
     from mmtf.nn.lora import LoRAConfig
     from mmtf.tasks.optim import PartOptim
 
-# LoRA, FSDP and the optimizer groups are imported where they are used, so that rebuilding a
-# task to predict (``import mmtf.predict``) loads none of the training machinery.
+# LoRA, FSDP and the optimizer groups are imported where used: predicting loads none of them.
 
 
 @dataclass(frozen=True)
 class Finetuning:
-    """The fine-tuning controls of an encoder-decoder task (``model.finetuning``): the decoder
-    frozen, each part unfrozen at an epoch, its lr scale, layer-wise decay; see
-    :meth:`Task.init_finetuning` and docs/design/finetuning-controls.md."""
+    """The fine-tuning controls of an encoder-decoder task (``model.finetuning``); see
+    :meth:`Task.init_finetuning`."""
 
     freeze_decoder: bool = False
     unfreeze_encoder_at_epoch: int | None = None
@@ -89,14 +72,12 @@ class Task(L.LightningModule):
         """The input modality: ``audio`` (waveforms + lengths) or ``image`` (b, 3, h, w)."""
         return "audio" if isinstance(self.encoder, AudioEncoder) else "image"
 
-    def attached_datamodule(self) -> Any:
-        """The data module of the Trainer running this task; None outside a Trainer or when the
-        Trainer was given loaders instead."""
+    def attached_trainer(self) -> L.Trainer | None:
+        """The Trainer running this task; None outside one."""
         try:
-            trainer = self.trainer
+            return self.trainer
         except RuntimeError:       # Lightning: "... is not attached to a `Trainer`"
             return None
-        return trainer.datamodule
 
     def configure_model(self) -> None:
         # trainer=fsdp: one FSDP2 shard unit per transformer block; other strategies: nothing.
@@ -107,20 +88,18 @@ class Task(L.LightningModule):
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.unfreeze_at:
             self.check_unfreeze_strategy()
-        datamodule = self.attached_datamodule()
-        if datamodule is not None:
-            self.connect_data(datamodule)
+        trainer = self.attached_trainer()
+        if trainer is not None and trainer.datamodule is not None:
+            self.connect_data(trainer.datamodule)
 
     # ------------------------------------------------------------------ LoRA
     def init_lora(self, lora: Mapping[str, Any] | None) -> None:
-        """Add LoRA adapters to the parts ``lora["parts"]`` (``model.lora``; None = off) and
-        leave only the adapters, the biases ``lora["bias"]`` names and the parts' new layers
-        trainable there. Runs after the parts are built, so after pretrained weights loaded;
-        ``lora["pretrained"]`` loads a PEFT adapter folder instead of fresh adapters.
+        """Add LoRA adapters to the parts ``lora["parts"]`` (``model.lora``; None = off), after
+        their pretrained weights loaded, leaving only adapters, the chosen biases and new layers
+        trainable there; ``lora["pretrained"]`` loads a PEFT adapter folder instead.
 
         Raises:
-            ConfigError: a part the task does not have, a bad rank/target/bias, or a part
-                without transformer linear layers (the message lists the valid values).
+            ConfigError: an unknown part or key, or a setting LoRA rejects.
         """
         if lora is None:
             return
@@ -160,8 +139,7 @@ class Task(L.LightningModule):
                 self.set_lora_trainable(name)
 
     def resolved_lora(self) -> dict[str, Any] | None:
-        """``model.lora`` as built, for the run's stored config: a PEFT folder's rank, scale
-        and targets written out, so a checkpoint rebuilds its adapters without the folder."""
+        """``model.lora`` as built (a PEFT folder's settings written out), for the stored config."""
         if self.lora is None:
             return None
         c = self.lora
@@ -170,16 +148,9 @@ class Task(L.LightningModule):
 
     def set_lora_trainable(self, name: str) -> None:
         """In part ``name`` under LoRA, only adapters, the chosen biases and new layers train."""
-        from mmtf.nn.lora import lora_trainable, new_parameter_names
-
-        part = self.export_parts()[name]
-        new = new_parameter_names(part)
-        part.requires_grad_(False)
-        for param in lora_trainable(part, self.lora.bias):
-            param.requires_grad_(True)
-        for pname, param in part.named_parameters():
-            if pname in new:
-                param.requires_grad_(True)
+        trainable = self.lora_trainable_ids(name)
+        for param in self.export_parts()[name].parameters():
+            param.requires_grad_(id(param) in trainable)
 
     def lora_trainable_ids(self, name: str) -> frozenset[int] | None:
         """ids of the parameters of part ``name`` that can ever train (None: all of them)."""
@@ -198,17 +169,15 @@ class Task(L.LightningModule):
         """Freeze parts, schedule their unfreezing and set their learning rates; checks each value.
 
         Args:
-            freeze: part -> freeze it now, for parts without their own ``freeze`` (an encoder
-                is frozen by ``model.encoder.freeze``, the decoder by ``model.freeze_decoder``).
+            freeze: part -> freeze it now (parts without their own ``freeze``).
             unfreeze_at: part -> epoch at whose start a frozen part becomes trainable (None:
-                never). The check runs at every epoch start, so a run resumed past that epoch
-                unfreezes it too.
+                never); also when a resumed run starts past it.
             lr_scale: part -> multiplier of the optimizer's lr for its parameters.
             layer_decay: layer-wise lr decay inside each part (None = off), in (0, 1].
 
         Raises:
-            UserError: a value out of range, an unfreeze epoch for a part that is not frozen, or
-                nothing left to train; the message names the ``model.*`` key.
+            UserError: a value out of range, an unfreeze epoch for an unfrozen part, or nothing
+                left to train.
         """
         parts = self.export_parts()
         for name, flag in freeze.items():
@@ -250,11 +219,8 @@ class Task(L.LightningModule):
         return part.frozen if isinstance(part, Encoder) else name in self._pinned_eval
 
     def set_part_frozen(self, name: str, frozen: bool) -> None:
-        """Freeze or unfreeze part ``name``: ``requires_grad`` off and eval mode, or back.
-
-        An encoder does it itself (:meth:`Encoder.freeze`); any other part is pinned in eval
-        mode here, by :meth:`train`.
-        """
+        """Freeze or unfreeze part ``name`` (``requires_grad`` and eval mode); an encoder does
+        it itself, any other part is pinned in eval mode by :meth:`train`."""
         part = self.export_parts()[name]
         if isinstance(part, Encoder):
             if frozen:
@@ -274,8 +240,7 @@ class Task(L.LightningModule):
         part.train(self.training and not frozen)
 
     def train(self, mode: bool = True) -> Task:
-        # A frozen part stays in eval mode whatever Lightning or a parent asks: its dropout must
-        # stay off, else "frozen" outputs would still change every step.
+        # A frozen part stays in eval mode whatever is asked: its dropout must stay off.
         super().train(mode)
         parts = self.export_parts() if self._pinned_eval else {}
         for name in self._pinned_eval:
@@ -318,11 +283,7 @@ class Task(L.LightningModule):
         self.check_audio_limit(datamodule)
 
     def check_audio_limit(self, datamodule: Any) -> None:
-        """Audio clips longer than the encoder accepts are cropped by the data, never passed on.
-
-        Checked here because only the task sees both sides: the data module's ``max_seconds``
-        and the encoder's.
-        """
+        """The data's ``max_seconds`` must not exceed the encoder's (only the task sees both)."""
         if datamodule.modality != "audio" or self.modality != "audio":
             return
         limit, data_seconds = self.encoder.max_seconds, datamodule.max_seconds
@@ -370,13 +331,9 @@ class Task(L.LightningModule):
 
 
 def rebuild_ddp(trainer: L.Trainer) -> None:
-    """Wrap the trainer's module in a new ``DistributedDataParallel`` (no-op without DDP).
-
-    DDP's reducer fixes the set of parameters it all-reduces when it is built: a parameter frozen
-    then would, once unfrozen, step on each rank's own gradient and the ranks would drift apart.
-    Collective (DDP broadcasts rank 0's weights when it is built): every rank calls it at the
-    same point. Why: see docs/design/finetuning-controls.md
-    """
+    """Wrap the trainer's module in a new ``DistributedDataParallel`` (no-op without DDP), so
+    its reducer sees unfrozen parameters. Collective: every rank calls it at the same point.
+    Why: docs/design/finetuning-controls.md"""
     strategy = trainer.strategy
     if isinstance(strategy, DDPStrategy) and isinstance(strategy.model, DistributedDataParallel):
         strategy.model = strategy.lightning_module     # drops the old wrapper and its reducer

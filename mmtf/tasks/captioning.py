@@ -41,8 +41,7 @@ def finetuning_controls(value: Finetuning | Mapping[str, Any] | None) -> Finetun
 
 
 def upgrade_config(model_cfg: dict[str, Any]) -> dict[str, Any]:
-    """A stored ``model`` config written before ``model.finetuning``, in today's keys: the
-    flat fine-tuning keys moved under ``finetuning``."""
+    """A stored ``model`` config with flat fine-tuning keys, moved under ``finetuning``."""
     cfg = dict(model_cfg)
     flat = {k: cfg.pop(k) for k in FINETUNING_KEYS if k in cfg}
     if flat:
@@ -51,36 +50,26 @@ def upgrade_config(model_cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 class CaptioningTask(Task):
-    """Encoder-decoder captioner.
-
-    The tokenizer is handed over (:meth:`use_tokenizer`) by whoever built the task: ``mmtf.train``
-    resolves it once (:func:`mmtf.tasks.resolve_tokenizer`) and gives the same object to the
-    data module; :func:`mmtf.tasks.build_task` takes the checkpoint's. The task saves it in every
-    checkpoint and checks a restored checkpoint's against it; no hook builds one.
+    """Encoder-decoder captioner. Its tokenizer is handed over (:meth:`use_tokenizer`) by
+    whoever built it (docs/design/tokenizer-ownership.md), saved in every checkpoint and checked
+    against a restored one's.
 
     Args:
         encoder: any mmtf encoder (``forward(inputs, lengths) -> EncoderOutput``).
         decoder: a ``TextDecoder`` whose ``context_dim`` equals ``encoder.dim``.
         optimizer: partial optimizer (Hydra ``_partial_: true``), called on parameter groups.
-        weight_decay: decay of matrices; norms, biases and embeddings get none.
-        warmup_steps, min_lr_ratio: warmup + cosine schedule, stepped per optimizer step.
+        weight_decay, warmup_steps, min_lr_ratio: AdamW groups and the warmup + cosine
+            schedule (:mod:`mmtf.tasks.optim`).
         label_smoothing: of the teacher-forced cross-entropy.
-        generation: keyword arguments of ``EncoderDecoder.generate`` for validation and test
-            (``strategy: greedy | beam | sample`` ...); speech options (``language``, ``task``,
-            ...) are :class:`~mmtf.tasks.speech.SpeechTask`'s.
+        generation: :class:`GenerationConfig` fields for validation, test and predict.
         val_generate: generate and score captions in validation (loss only when False).
-        val_metrics, test_metrics: metric names for ``mmtf.metrics.caption_metrics`` (None = every
-            available metric). METEOR starts a JVM (10-50 s), so validation defaults to the fast
-            ones (BLEU, ROUGE-L, CIDEr-D) and test to all.
-        metrics_backend: "mmtf" (built-in metrics) or "aac" (aac-metrics: SPICE, SPIDEr and
-            SPIDEr-FL where its downloaded files are present; see :mod:`mmtf.metrics.aac`).
-            ``wer`` / ``cer`` in the metric lists score transcripts (speech recognition; the
-            normaliser is :class:`~mmtf.tasks.speech.SpeechTask`'s ``wer_normalizer``).
+        val_metrics, test_metrics: metric names (None = every available one); validation
+            defaults to the fast ones (METEOR starts a JVM).
+        metrics_backend: "mmtf" (built-in) or "aac" (aac-metrics, :mod:`mmtf.metrics.aac`).
         num_logged_samples: reference-vs-prediction rows logged per validation epoch.
-        finetuning: the fine-tuning controls (:class:`~mmtf.tasks.base.Finetuning`, or its
-            keys as a mapping; None = all trainable, one learning rate).
+        finetuning: :class:`~mmtf.tasks.base.Finetuning` or its keys; None = all trainable.
         lora: LoRA adapters (``{r, alpha, dropout, parts, targets, bias, pretrained}``, None =
-            off): only adapters and new layers of those parts train (:meth:`Task.init_lora`).
+            off; :meth:`Task.init_lora`).
     """
 
     def __init__(self, *, encoder: nn.Module, decoder: nn.Module, optimizer: Callable,
@@ -148,11 +137,8 @@ class CaptioningTask(Task):
         self.check_generation()
 
     def suppress_undecodable_ids(self) -> None:
-        """Never generate the decoder's ids past the tokenizer's vocabulary.
-
-        A BPE tokenizer trained on little text can learn fewer tokens than
-        ``model.decoder.vocab_size``; those extra ids have no text and would stop decoding.
-        """
+        """Never generate the decoder's ids past the tokenizer's vocabulary (a BPE trained on
+        little text learns fewer tokens than ``model.decoder.vocab_size``; they have no text)."""
         if self.tokenizer is None:
             return
         extra = range(self.tokenizer.vocab_size, self.model.decoder.vocab_size)
@@ -184,20 +170,15 @@ class CaptioningTask(Task):
     # ------------------------------------------------------------------ wiring
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        try:
-            trainer = self.trainer
-        except RuntimeError:       # Lightning: "... is not attached to a `Trainer`"
-            return
-        if self.tokenizer is not None and trainer.world_size > 1:
+        trainer = self.attached_trainer()
+        if self.tokenizer is not None and trainer is not None and trainer.world_size > 1:
             check_same_tokenizer_on_every_rank(self.tokenizer, trainer.strategy)
 
     def connect_data(self, datamodule: Any) -> None:
-        """Check the data module builds its ids with this task's tokenizer and fits the model's
-        limits.
+        """Check the data module builds its ids with this task's tokenizer and fits the model.
 
         Raises:
-            UserError: the task or the data module has no tokenizer, or another one than the
-                other; the message names the call to make.
+            UserError: either side has no tokenizer, or they differ.
         """
         self.check_audio_limit(datamodule)
         caption_tokens = datamodule.max_caption_tokens
@@ -250,9 +231,7 @@ class CaptioningTask(Task):
                                       parts=self.optim_parts(), layer_decay=self.layer_decay)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Only checks: the tokenizer was handed over before (resolve_tokenizer takes a resumed
-        # checkpoint's, build_task a loaded one's). A different one means the weights would
-        # read other words than they were trained on.
+        # Only checks: the tokenizer was handed over before; another one would read other words.
         super().on_load_checkpoint(checkpoint)
         stored = stored_tokenizer(checkpoint)
         if stored is None:
@@ -325,18 +304,12 @@ class CaptioningTask(Task):
     @torch.no_grad()
     def generate_captions(self, inputs: torch.Tensor, lengths: torch.Tensor | None, *,
                           prompt_ids: torch.Tensor | None = None) -> list[str]:
-        """Captions for a batch with the configured generation strategy.
-
-        Args:
-            inputs, lengths: the encoder inputs.
-            prompt_ids: (b, p) each item's prompt (its language and task), or None for the
-                model's prompt.
-        """
+        """Captions for a batch with the configured generation strategy; ``prompt_ids``: (b, p)
+        each item's prompt, or None for the model's."""
         tokenizer = self.require_tokenizer()
         extra = {} if prompt_ids is None else {"prompt_ids": prompt_ids}
         gen = self.model.generate(inputs, lengths, **extra, **self.generation)
-        tokens = gen.tokens if gen.tokens.dim() == 2 else gen.tokens[:, 0]  # best of n-best
-        return tokenizer.decode_batch(tokens.tolist())
+        return tokenizer.decode_batch(gen.best().tokens.tolist())
 
     def export_parts(self) -> dict[str, nn.Module]:
         return {"encoder": self.model.encoder, "decoder": self.model.decoder}
@@ -394,10 +367,8 @@ class CaptioningTask(Task):
                          sync_dist=False)
 
     def event_parser(self) -> Callable[[str], Any] | None:
-        """The caption -> event sequence parser of the built-in set this run's data is (its
-        ``data.synthetic.kind`` in :attr:`run_config`), None for other data: found by the data
-        set's name where the metric is computed, not handed over by the data module.
-        Why: see docs/design/synthetic-package.md"""
+        """The caption -> event parser of this run's built-in data set
+        (``data.synthetic.kind``), or None. Why: docs/design/synthetic-package.md"""
         from mmtf.synthetic import caption_parser  # at scoring: predicting never loads it
 
         data = (self.run_config or {}).get("data") or {}

@@ -1,24 +1,11 @@
 """An exponential moving average of a task's weights (``callbacks=ema``).
 
-:class:`EMA` is Lightning's :class:`~lightning.pytorch.callbacks.WeightAveraging` (it keeps a
-``torch.optim.swa_utils.AveragedModel`` and updates it after optimizer steps) with mmtf's rules:
-
-* the update is ``ema = lerp(ema, w, 1 - decay)`` (``get_ema_multi_avg_fn``, one fused
-  ``_foreach_lerp_``), after optimizer steps ``start_step, start_step + every_n_steps, ...``
-  (steps counted from 1, as ``trainer.global_step``; the first update copies the weights);
-  frozen weights stay bit-identical (``lerp(w, w, t) == w``), buffers are the model's;
-* checkpoints keep the trained weights in ``state_dict`` (what resumes, what every reader loads
-  by default) and the averaged ones in ``ema_state_dict`` (same keys,
-  :data:`mmtf.checkpoint_io.EMA_STATE_KEY`); the update count and the last updated step are the
-  callback's state, so a resume, also mid-epoch, continues the average bit for bit;
-* ``validate_with_ema``: validation and test run on the averaged weights (swapped in for the
-  loop, swapped back after; before the first update there is no average and the trained
-  weights are scored); a test of a checkpoint scores that checkpoint's ``ema_state_dict``;
-* the trained weights are never overwritten at the end of fit (Lightning copies the average
-  over them): ``use_ema=true`` of ``mmtf.evaluate``, ``mmtf.export`` and ``mmtf.load`` picks the
-  average from a checkpoint.
-
-Why, and what Lightning's callback does differently: docs/design/ema.md.
+:class:`EMA` is Lightning's ``WeightAveraging`` with mmtf's rules: ``ema = lerp(ema, w, 1 -
+decay)`` after optimizer steps ``start_step, start_step + every_n_steps, ...`` (the first update
+copies the weights); checkpoints keep the trained weights in ``state_dict`` and the average in
+``ema_state_dict``, and a resume continues the average bit for bit; ``validate_with_ema`` swaps
+the average in for validation and test; the trained weights are never overwritten at the end of
+fit (``use_ema=true`` of the readers picks the average). Why: docs/design/ema.md.
 """
 
 from __future__ import annotations
@@ -45,14 +32,11 @@ class EMA(WeightAveraging):
     """Exponential moving average of every parameter of the task.
 
     Args:
-        decay: weight of the old average per update, in (0, 1); 0.999 averages over about the
-            last 1000 updates.
-        start_step: the first update (a copy of the weights) after this many optimizer steps;
-            0 = after the first ``every_n_steps`` steps.
+        decay: weight of the old average per update, in (0, 1).
+        start_step: the first update (a copy of the weights) after this many optimizer steps.
         every_n_steps: update after every n-th optimizer step from ``start_step`` on.
         validate_with_ema: run validation and test on the averaged weights.
-        device: where the average lives; None = the model's device (``"cpu"`` saves
-            accelerator memory at the cost of a copy per update).
+        device: where the average lives; None = the model's device.
     """
 
     def __init__(self, *, decay: float = 0.999, start_step: int = 0, every_n_steps: int = 1,
@@ -110,11 +94,8 @@ class EMA(WeightAveraging):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._swap_out(pl_module)
 
-    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._swap_in(pl_module)
-
-    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._swap_out(pl_module)
+    on_test_epoch_start = on_validation_epoch_start
+    on_test_epoch_end = on_validation_epoch_end
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

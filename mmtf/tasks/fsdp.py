@@ -1,22 +1,10 @@
 """FSDP2 for mmtf's tasks: every transformer block its own shard unit (``trainer=fsdp``).
 
-:class:`FSDP2Strategy` is Lightning's ``ModelParallelStrategy`` (FSDP2, ``torch.distributed.fsdp
-.fully_shard``) with mmtf's sharding plan, which a task applies from its ``configure_model`` hook
-through :func:`shard_model` (a no-op under every other strategy):
-
-* each :class:`~mmtf.nn.transformer.TransformerBlock` (encoder and decoder alike) is one unit:
-  its parameters are gathered just before it runs and freed after. Activation checkpointing is
-  the parts' own switch (``model.encoder.activation_checkpointing``,
-  ``model.decoder.activation_checkpointing``: the stack recomputes each block in backward, the
-  same on every strategy); the recomputation calls the block, so FSDP gathers it again there;
-* each child of the task that holds parameters (``model``, ``encoder``, ``head`` ...) is a root
-  unit for what is left (embeddings, norms, heads); methods other than ``forward`` that use its
-  parameters (``generate``, ``pool``) are registered so they gather them too.
-
-The device mesh is Lightning's ``(nodes, devices per node)``: shards within a node, replicas
-across nodes (HSDP); one node is plain FSDP. Checkpoints are one full file written by rank 0 (the
-files ``ckpt_path=last|auto`` and ``mmtf.checkpoint_io`` read), not a sharded folder.
-Why: see docs/design/fsdp.md.
+:class:`FSDP2Strategy` is Lightning's ``ModelParallelStrategy`` with mmtf's plan, applied by a
+task's ``configure_model`` through :func:`shard_model`: each ``TransformerBlock`` is one unit,
+each child of the task that holds parameters a root unit for the rest, with methods such as
+``generate`` registered to gather too. Shards within a node, replicas across nodes (HSDP);
+checkpoints are one full file written by rank 0. Why: docs/design/fsdp.md.
 """
 
 from __future__ import annotations
@@ -40,13 +28,11 @@ class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2 over all ranks with one shard unit per transformer block.
 
     Args:
-        activation_checkpointing: moved to the parts (``model.encoder.activation_checkpointing``,
-            ``model.decoder.activation_checkpointing``); any value but None is a ConfigError
-            that says so.
+        activation_checkpointing: moved to the parts; any value but None is a ConfigError.
         reshard_after_forward: free gathered parameters after each unit's forward (ZeRO-3);
-            False keeps them until backward (ZeRO-2: more memory, less communication).
+            False keeps them until backward (ZeRO-2).
         forward_methods: methods besides ``forward`` of the task's children that use their
-            parameters (the captioner's ``generate``, an encoder's ``pool``).
+            parameters.
         **kwargs: ``ModelParallelStrategy`` arguments (``process_group_backend``, ``timeout``).
     """
 

@@ -1,12 +1,9 @@
 """Optimizer parameter groups and the warmup + cosine learning-rate schedule shared by all tasks.
 
-Fine-tuning a pretrained part (an imported Whisper encoder, a GPT-2 decoder) usually wants a lower
-learning rate for it than for the new layers: a per-part multiplier (``model.encoder_lr_scale``)
-and, optionally, layer-wise decay (``model.layer_decay``, BEiT / ELECTRA): in a part whose stack
-has depth L, block i (from 0) gets ``decay ** (L - i)``, what comes before the stack (embeddings,
-front end, positions) ``decay ** (L + 1)`` and what comes after it (final norm, untied head) 1;
-both multiply the optimizer's ``lr``. Every group carries a ``name`` (what Lightning's
-LearningRateMonitor logs) and its ``lr_scale``. Why: see docs/design/finetuning-controls.md
+Each part may have an lr multiplier and layer-wise decay (BEiT / ELECTRA): block i of a stack of
+depth L gets ``decay ** (L - i)``, what comes before the stack ``decay ** (L + 1)``, what comes
+after it 1. Every group carries a ``name`` (what LearningRateMonitor logs) and its ``lr_scale``.
+Why: docs/design/finetuning-controls.md
 """
 
 from __future__ import annotations
@@ -32,11 +29,9 @@ class PartOptim:
     Attributes:
         module: the part (``task.export_parts()[name]``).
         lr_scale: multiplier of the optimizer's lr for this part.
-        include_frozen: put its frozen parameters in the optimizer too, because they unfreeze at
-            a later epoch; until then they get no gradient, and AdamW neither updates them nor
-            keeps state for them.
-        trainable: ids of the part's parameters that can ever train (LoRA: adapters and new
-            layers), None = all; a frozen LoRA base is never in the optimizer.
+        include_frozen: put its frozen parameters in the optimizer too (they unfreeze later;
+            without a gradient AdamW leaves them alone).
+        trainable: ids of the part's parameters that can ever train (LoRA), None = all.
     """
 
     module: nn.Module
@@ -46,11 +41,9 @@ class PartOptim:
 
 
 def layer_ids(part: nn.Module, owner: str = "part") -> tuple[dict[int, int], int]:
-    """Layer index of every parameter of ``part`` for layer-wise decay, and the stack depth L.
-
-    Block i of the part's one :class:`TransformerStack` is layer i + 1; parameters registered
-    before the stack (embeddings, front end, positions, CLS token) are layer 0; the stack's final
-    norm and everything registered after it (an untied LM head) are layer L + 1.
+    """Layer index of every parameter of ``part`` for layer-wise decay, and the stack depth L:
+    block i is layer i + 1, what is registered before the stack 0, the stack's final norm and
+    what comes after it L + 1.
 
     Raises:
         UserError: the part holds no TransformerStack or several (``owner`` names it).
@@ -78,20 +71,18 @@ def param_groups(modules: Iterable[nn.Module], weight_decay: float,
                  layer_decay: float | None = None) -> list[dict]:
     """Parameter groups by learning-rate scale, each split into decayed and non-decayed.
 
-    Norm weights, biases (every tensor with fewer than 2 dims) and embedding tables get no weight
-    decay: decaying them only pulls scales and token vectors towards zero.
+    Tensors with fewer than 2 dims and embedding tables get no weight decay.
 
     Args:
-        modules: every module the optimizer trains (shared parameters are counted once).
+        modules: every module the optimizer trains (shared parameters counted once).
         weight_decay: of the decayed groups.
-        include_frozen: keep parameters without ``requires_grad`` that belong to no part.
-        parts: named parts with their own lr scale (see :class:`PartOptim`); every other
-            parameter is in the ``base`` groups at scale 1.
+        include_frozen: keep frozen parameters that belong to no part.
+        parts: named parts with their own lr scale; the rest is in the ``base`` groups.
         layer_decay: layer-wise decay inside each part (None = off), see :func:`layer_ids`.
 
     Returns:
-        Groups ``{"name", "params", "weight_decay", "lr_scale"}`` in order of first parameter, the
-        decayed group of a name before its ``<name>.no_decay`` group; empty groups left out.
+        Non-empty groups ``{"name", "params", "weight_decay", "lr_scale"}`` in order of first
+        parameter, each name before its ``<name>.no_decay``.
     """
     where: dict[int, tuple[str, PartOptim]] = {}       # id(param) -> (group name, part)
     scales: dict[str, float] = {BASE_GROUP: 1.0}
@@ -159,8 +150,7 @@ def build_optimizer(optimizer: Callable[..., torch.optim.Optimizer], modules: It
     opt = optimizer(param_groups(modules, weight_decay, include_frozen, parts=parts,
                                  layer_decay=layer_decay))
     for group in opt.param_groups:
-        # Before any scheduler exists: LambdaLR records each group's lr as its base lr, so the
-        # warmup and cosine multiply every group's own scaled lr.
+        # Before any scheduler exists: LambdaLR takes each group's scaled lr as its base lr.
         group["lr"] = group["lr"] * group["lr_scale"]
     return opt
 

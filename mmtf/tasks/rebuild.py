@@ -35,10 +35,10 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
                use_ema: bool = False) -> tuple[Task, dict[str, Any]]:
     """Re-instantiate the task module of a checkpoint and load its weights (strict).
 
-    ``safe_targets``: extra module prefixes the stored config may name (None:
-    ``MMTF_SAFE_TARGETS``); see :func:`check_targets`. ``use_ema``: load the EMA of the
-    weights (``callbacks=ema``) instead of the trained ones
-    (:func:`mmtf.checkpoint_io.model_state`; a CheckpointError when there is none).
+    Args:
+        checkpoint, path: the loaded checkpoint and where it was read from.
+        safe_targets: extra module prefixes the config may name (None: ``MMTF_SAFE_TARGETS``).
+        use_ema: load the EMA of the weights (``callbacks=ema``) instead of the trained ones.
 
     Returns:
         The task (with the checkpoint's tokenizer, if any) and the stored config.
@@ -49,8 +49,7 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
     for name in ("encoder", "decoder"):
         part = model_cfg.get(name)
         if isinstance(part, dict) and part.get("pretrained"):
-            # The checkpoint already holds the trained weights; do not re-read the export or
-            # the pretrained model (its sizes are in the stored config).
+            # The checkpoint holds the weights and the stored config the sizes.
             model_cfg[name] = {**part, "pretrained": None}
     tokenizer = stored_tokenizer(checkpoint)
     if str(model_cfg.get("_target_", "")).endswith(("CaptioningTask", "SpeechTask")):
@@ -78,17 +77,13 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
 
 
 def build_pretrained_task(source: str | os.PathLike) -> Task:
-    """A task straight from a Hugging Face folder or hub id, before any training: the
-    ``conf/model`` config of its family (:data:`ZERO_SHOT`; Whisper: ``model=whisper``, a
-    :class:`~mmtf.tasks.speech.SpeechTask`) composed as ``mmtf.train`` composes it, with the
-    folder's tokenizer and its zero-shot prompt (English transcription without timestamps,
-    :meth:`WhisperPrompt.token_strings`), greedy decoding of at most half the decoder's
-    positions per window (openai/whisper's ``sample_len``) and the folder's ``suppress_tokens``
-    / ``begin_suppress_tokens`` (``generation_config.json``).
+    """A task straight from a Hugging Face folder or hub id, before any training: its family's
+    ``conf/model`` config (:data:`ZERO_SHOT`) composed as ``mmtf.train`` does, with the folder's
+    tokenizer, its zero-shot prompt, and greedy decoding of at most half the decoder's positions
+    (openai/whisper's ``sample_len``) with the folder's suppressed tokens.
 
     Raises:
-        UserError: the folder is of no family used zero-shot (its ``model_type``), or is
-            incomplete.
+        UserError: the folder is of no family used zero-shot, or is incomplete.
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -1,10 +1,5 @@
 """The tokenizer of a run, resolved once by the entry point and handed to the task and the data
-module (as litgpt's ``data.connect(tokenizer=...)``).
-
-No task hook or data-module method builds one: ``mmtf.train`` calls :func:`resolve_tokenizer`,
-then ``task.use_tokenizer(tok)`` and ``datamodule.connect(tok)`` with the same object; the
-commands that start from a checkpoint get it from :func:`mmtf.tasks.build_task`.
-Why: see docs/design/tokenizer-ownership.md
+module (as litgpt's ``data.connect(tokenizer=...)``). Why: docs/design/tokenizer-ownership.md
 """
 
 from __future__ import annotations
@@ -32,21 +27,13 @@ def stored_tokenizer(checkpoint: Mapping[str, Any]) -> Tokenizer | None:
 def resolve_tokenizer(spec: Mapping[str, Any] | None, *,
                       train_captions: Callable[[], Iterable[str]],
                       ckpt_path: str | os.PathLike | None = None) -> Tokenizer:
-    """The one tokenizer of a run.
-
-    A resumed run (``ckpt_path``) takes the checkpoint's, whatever ``spec`` says: the weights
-    were trained on its ids, and training again (changed captions or options, another
-    ``tokenizers`` release) could give other ids for the same words. Otherwise ``spec`` (the
-    ``tokenizer`` config node) reads a pretrained model's or a saved one, or trains one on
-    ``train_captions()``. Deterministic, so under DDP every rank (each runs the entry point)
-    resolves the same tokenizer.
+    """The one tokenizer of a run: a resumed run's checkpoint's (its weights were trained on
+    those ids), else the one ``spec`` builds. Deterministic, so every DDP rank gets the same.
 
     Args:
-        spec: the ``tokenizer`` config node (``conf/tokenizer/``); see
-            :func:`mmtf.text.build_tokenizer`.
-        train_captions: the training split's reference captions
-            (``datamodule.train_captions``); called only when ``spec`` trains.
-        ckpt_path: the checkpoint the run resumes from, or None for a fresh run.
+        spec: the ``tokenizer`` config node (:func:`mmtf.text.build_tokenizer`).
+        train_captions: the training captions; called only when ``spec`` trains.
+        ckpt_path: the checkpoint the run resumes from, or None.
 
     Raises:
         CheckpointError: the checkpoint carries no tokenizer.
@@ -67,13 +54,11 @@ def resolve_tokenizer(spec: Mapping[str, Any] | None, *,
 
 
 def check_same_tokenizer_on_every_rank(tokenizer: Tokenizer, strategy: Any) -> None:
-    """Refuse to train when the ranks resolved different tokenizers (each rank runs the entry
-    point; resolution is deterministic, this proves it for the run). Collective: every rank of
-    ``strategy`` (a Lightning strategy) calls it, and every rank raises alike.
+    """Refuse to train when the ranks resolved different tokenizers. Collective: every rank
+    of ``strategy`` (a Lightning strategy) calls it and raises alike.
 
     Raises:
-        ConfigError: rank 0's tokenizer differs from another rank's (no checkpoint is involved:
-            the run's tokenizer settings did not resolve alike).
+        ConfigError: rank 0's tokenizer differs from another rank's.
     """
     digest = hashlib.sha256(tokenizer.to_json_str().encode()).hexdigest()
     same = strategy.broadcast(digest, src=0) == digest

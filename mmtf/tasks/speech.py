@@ -1,21 +1,12 @@
-"""Speech recognition and translation as a task: :class:`SpeechTask` is a
+"""Speech recognition and translation: :class:`SpeechTask` is a
 :class:`~mmtf.tasks.captioning.CaptioningTask` with a Whisper vocabulary that also decodes by
-language, job (transcribe / translate), timestamps and long-form audio, and scores WER / CER
-after a text normaliser (:mod:`mmtf.decoders.speech` holds Whisper's rules).
+language, job, timestamps and long-form audio, and scores WER / CER after a text normaliser.
 
-Generation settings (``model.generation``, ``generation.*`` of evaluate/predict, keyword
-arguments of ``caption``/``transcribe``) may hold, besides :class:`GenerationConfig`'s fields:
-
-* ``language``: a language code of the tokenizer (``en``, ``fr``), ``auto`` (detected per item
-  from the first 30 s, reported as ``language``), or null (the prompt's own);
-* ``task``: ``transcribe`` or ``translate`` (null: the prompt's own, else transcribe);
-* ``timestamps``: generate timestamp tokens; each item gets ``segments`` with start/end seconds;
-* ``long_form``: for audio longer than 30 s, ``sequential`` (Whisper's windows that move by the
-  last complete timestamp; timestamps are generated, whatever ``timestamps`` says) or
-  ``chunked`` (30 s chunks overlapping by ``chunk_overlap`` seconds, texts merged at the middle
-  of their longest common token run).
-
-Why these rules: docs/design/asr-decoding.md.
+Generation settings may hold, besides :class:`GenerationConfig`'s fields: ``language`` (a code,
+``auto`` to detect it per item, or null: the prompt's), ``task`` (``transcribe`` |
+``translate``), ``timestamps`` (items get ``segments``), ``long_form`` for audio over 30 s
+(``sequential``: Whisper's timestamp-driven windows; ``chunked``: chunks overlapping by
+``chunk_overlap`` seconds, texts merged). Why: docs/design/asr-decoding.md.
 
 Shapes: b batch, n samples.
 """
@@ -104,22 +95,15 @@ def check_speech(options: SpeechOptions, tokenizer: Tokenizer | None) -> None:
 @torch.no_grad()
 def decode_speech(model: EncoderDecoder, tokenizer, inputs: Tensor, lengths: Tensor | None,
                   options: SpeechOptions, config: GenerationConfig) -> list[dict[str, Any]]:
-    """One result per waveform: ``caption`` (the text), ``language`` (with a language option)
-    and ``segments`` (``[{start, end, text}]``, with timestamps or sequential long-form).
+    """One result per waveform: ``caption``, ``language`` (with a language option) and
+    ``segments`` (``[{start, end, text}]``, with timestamps or sequential long-form).
 
     Args:
-        model: the task's encoder-decoder (a Whisper-type audio encoder for timestamps and
-            long audio).
-        tokenizer: its :class:`~mmtf.text.PretrainedTokenizer` (Whisper's speech tokens).
-        inputs: (b, n) waveforms; lengths (b,) valid samples (None = all). Items longer than
-            30 s follow ``options.long_form``.
+        model: the task's encoder-decoder (a Whisper-type audio encoder).
+        tokenizer: its :class:`~mmtf.text.PretrainedTokenizer`.
+        inputs: (b, n) waveforms; lengths (b,) valid samples (None = all).
         options: the speech options; config: the decoding options.
     """
-    return _decode_speech(model, tokenizer, inputs, lengths, options, config)
-
-
-def _decode_speech(model: EncoderDecoder, tokenizer, inputs: Tensor, lengths: Tensor | None,
-                   options: SpeechOptions, config: GenerationConfig) -> list[dict[str, Any]]:
     encoder = model.encoder
     b, n = inputs.shape
     lengths = (torch.full((b,), n, dtype=torch.long) if lengths is None else lengths).cpu()
@@ -162,9 +146,8 @@ def _decode_speech(model: EncoderDecoder, tokenizer, inputs: Tensor, lengths: Te
             index = torch.tensor(plain, device=inputs.device)
             memory, mask = model.encode(first[index], first_lengths[plain].to(inputs.device))
         out = generate(model.decoder, memory, mask, config, prompt_ids=prompts,
-                       eos_id=model.eos_id, pad_id=model.pad_id)
-        tokens = out.tokens if out.tokens.dim() == 2 else out.tokens[:, 0]
-        for i, row in zip(plain, tokens.tolist()):
+                       eos_id=model.eos_id, pad_id=model.pad_id).best()
+        for i, row in zip(plain, out.tokens.tolist()):
             results[i]["caption"] = tokenizer.decode(row)
     rules = None
     for i in range(b):
@@ -205,10 +188,9 @@ def _chunked(model: EncoderDecoder, tokenizer, wave: Tensor, window: int,
     sizes = torch.tensor([z - a for a, z in bounds], device=wave.device)
     memory, mask = model.encode(chunks, sizes)
     out = generate(model.decoder, memory, mask, config, eos_id=model.eos_id, pad_id=model.pad_id,
-                   prompt_ids=WhisperPrompt(tokenizer).build(language, task))
-    tokens = out.tokens if out.tokens.dim() == 2 else out.tokens[:, 0]
+                   prompt_ids=WhisperPrompt(tokenizer).build(language, task)).best()
     special = tokenizer.special_ids
-    texts = [[t for t in row if t not in special] for row in tokens.tolist()]
+    texts = [[t for t in row if t not in special] for row in out.tokens.tolist()]
     reach = overlap_reach(texts, options.chunk_overlap, window / sample_rate)
     return tokenizer.decode(merge_overlapping(texts, max_overlap=reach))
 
@@ -223,14 +205,10 @@ def overlap_reach(texts: list[list[int]], overlap: float, chunk: float) -> int:
 class SpeechTask(CaptioningTask):
     """A captioner with a Whisper vocabulary that transcribes and translates speech.
 
-    Besides :class:`CaptioningTask`'s arguments:
-
     Args:
-        generation: also the speech options (module docstring): ``language`` (a code or
-            ``auto``), ``task`` (``transcribe`` | ``translate``), ``timestamps``, ``long_form``,
-            ``chunk_overlap``.
-        wer_normalizer: the text normaliser both sides go through before WER / CER:
-            ``whisper_english`` | ``whisper_basic`` | ``none`` (:mod:`mmtf.text.normalize`).
+        generation: also the speech options (see the module docstring).
+        wer_normalizer: the text normaliser applied before WER / CER
+            (:data:`mmtf.text.normalize.NORMALIZERS`).
         **kwargs: see :class:`CaptioningTask`.
     """
 
@@ -271,8 +249,7 @@ class SpeechTask(CaptioningTask):
         return limit is not None and lengths is not None and int(lengths.max()) > limit
 
     def decode_speech(self, inputs: Tensor, lengths: Tensor | None) -> list[dict[str, Any]]:
-        """Speech decoding of a batch of waveforms under the speech options
-        (:func:`decode_speech`): caption, language, segments."""
+        """:func:`decode_speech` of a batch under the speech options."""
         config = GenerationConfig.build(**self.generation)
         return decode_speech(self.model, self.require_tokenizer(), inputs, lengths, self.speech,
                              config)
@@ -294,11 +271,5 @@ class SpeechTask(CaptioningTask):
         return super().generate_captions(inputs, lengths, prompt_ids=prompt_ids)
 
 
-def task_class(tokenizer: Tokenizer | None) -> type[CaptioningTask]:
-    """The task a checkpoint of ``mmtf.tasks.CaptioningTask`` written before SpeechTask existed
-    is rebuilt as: SpeechTask with a Whisper vocabulary (it may decode speech), else itself."""
-    return SpeechTask if tokenizer is not None and is_whisper(tokenizer) else CaptioningTask
-
-
 __all__ = ["LONG_FORMS", "SpeechOptions", "SpeechTask", "check_speech", "decode_speech",
-           "overlap_reach", "split_generation", "task_class"]
+           "overlap_reach", "split_generation"]

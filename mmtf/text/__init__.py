@@ -1,10 +1,5 @@
-"""Tokenizers: BPE (trained with HuggingFace `tokenizers`), character-level, and pretrained
-(any ``tokenizer.json`` with its own special ids and decoder prompt); :func:`build_tokenizer`
-makes one from the ``tokenizer`` config node.
-
-mmtf's own tokenizers fix the specials at ``<pad>=0, <bos>=1, <eos>=2, <unk>=3``; every
-tokenizer names its ids (``pad_id``, ``bos_id``, ``eos_id``) and ``prompt_ids``.
-"""
+"""Tokenizers: BPE, character-level and pretrained (a ``tokenizer.json`` with its own special
+ids); :func:`build_tokenizer` makes one from the ``tokenizer`` config node."""
 
 from mmtf.text.base import SPECIAL_TOKENS, Tokenizer, load_tokenizer
 from mmtf.text.bpe import BPETokenizer

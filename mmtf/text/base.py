@@ -1,34 +1,14 @@
 """The tokenizer interface shared by every mmtf text model, and its JSON (de)serialisation.
 
-Every tokenizer maps text to a list of integer ids and back, and names its special ids
-(``pad_id``, ``bos_id``, ``eos_id``, ``unk_id``) and the decoder prompt (``prompt_ids``, the ids a
-target starts with and generation is fed first). Models, collate functions and generation read
-them from the tokenizer. mmtf's own tokenizers (BPE, char) fix the four specials at ids 0..3 and
-prompt with ``[bos]``:
+A tokenizer maps text to ids and back and names its special ids (``pad_id``, ``bos_id``,
+``eos_id``, ``unk_id``) and decoder prompt (``prompt_ids``). mmtf's own tokenizers fix
+``<pad>=0 <bos>=1 <eos>=2 <unk>=3``, prompt with ``[bos]`` and normalise text first (NFKC,
+optional lower-casing and punctuation removal, whitespace collapsed), so ``decode(encode(x)) ==
+normalize(x)`` for seen characters; an imported ``tokenizer.json`` keeps the original's ids. A
+tokenizer serialises to one JSON document whose ``kind`` picks the class on load, so a
+checkpoint carries it as a string. Why: docs/design/prompt-and-special-tokens.md.
 
-====== ==
-token  id
-====== ==
-<pad>  0
-<bos>  1
-<eos>  2
-<unk>  3
-====== ==
-
-A tokenizer imported from a ``tokenizer.json`` (:mod:`mmtf.text.pretrained`) keeps the
-original's ids: GPT-2's ``bos = eos = pad = <|endoftext|>``, Whisper's prompt
-``<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>``. Why: see
-docs/design/prompt-and-special-tokens.md.
-
-mmtf's own tokenizers normalise text before it is split (Unicode NFKC, optional lower-casing, optional punctuation
-removal, runs of whitespace collapsed to one space, leading/trailing whitespace stripped), so
-``decode(encode(x)) == normalize(x)`` whenever every character of ``x`` was seen in training.
-
-A tokenizer serialises to one JSON document ``{"kind": ..., "version": 1, ...}``; ``kind`` picks
-the class on load (:func:`load_tokenizer`, :meth:`Tokenizer.from_json_str`). A checkpoint can
-carry that document as a plain string, so loading a model never needs a side file.
-
-Shapes: every id sequence is a python ``list[int]`` of length n (no tensors here).
+Shapes: every id sequence is a python ``list[int]``.
 """
 
 from __future__ import annotations
@@ -36,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -49,19 +29,15 @@ PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)  # index == id in mmtf's own tokenizers
 FORMAT_VERSION = 1
 
-# What counts as punctuation: Unicode category P plus the ASCII symbols that Rust's
-# `is_ascii_punctuation` (and so the `tokenizers` Punctuation pre-tokenizer) also treats as
-# punctuation. Stripping and isolating punctuation therefore agree on one set of characters.
+# Unicode category P plus the ASCII symbols the `tokenizers` Punctuation pre-tokenizer also
+# isolates, so stripping and isolating punctuation agree.
 PUNCTUATION_PATTERN = r"[\p{P}$+<=>^`|~]"
 _WHITESPACE = re.compile(r"\s+")
 
 
 def build_normalizer(*, lowercase: bool, strip_punctuation: bool) -> normalizers.Normalizer:
-    """The text normaliser used by every mmtf tokenizer (a `tokenizers` normaliser).
-
-    NFKC, then optional lower-casing, then optional punctuation removal, then whitespace runs
-    collapsed to one space and the ends stripped (so removed punctuation leaves no double space).
-    """
+    """mmtf's tokenizer normaliser: NFKC, optional lower-casing and punctuation removal, then
+    whitespace runs collapsed and the ends stripped."""
     steps: list[normalizers.Normalizer] = [normalizers.NFKC()]
     if lowercase:
         steps.append(normalizers.Lowercase())
@@ -69,6 +45,16 @@ def build_normalizer(*, lowercase: bool, strip_punctuation: bool) -> normalizers
         steps.append(normalizers.Replace(Regex(PUNCTUATION_PATTERN), ""))
     steps += [normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
     return normalizers.Sequence(steps)
+
+
+def checked_texts(texts: Iterable[str], owner: str) -> Iterator[str]:
+    """Yield a training corpus, failing with the index of the first non-string item."""
+    if isinstance(texts, str):
+        raise TypeError(f"{owner}: texts must be an iterable of strings, not one str.")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{owner}: texts[{i}] must be a str, got {type(text).__name__}.")
+        yield text
 
 
 class Tokenizer(ABC):
@@ -143,15 +129,9 @@ class Tokenizer(ABC):
         """Ids of one text.
 
         Args:
-            text: the input string; "" encodes to ``[*prompt, eos]`` (or ``[]`` without
-                specials).
-            add_special: wrap the ids as ``[*prompt_ids, ..., eos]`` (``[bos, ..., eos]`` for
-                mmtf's own tokenizers).
-            max_len: keep at most this many ids in total; with specials the body is cut and the
-                final ``eos`` is kept, so ``max_len`` must be >= ``len(prompt_ids) + 1``.
-
-        Returns:
-            The ids, a list of length n <= max_len.
+            text: the input string.
+            add_special: wrap the ids as ``[*prompt_ids, ..., eos]``.
+            max_len: keep at most this many ids; with specials the body is cut and ``eos`` kept.
 
         Raises:
             TypeError: text is not a str.
@@ -159,25 +139,22 @@ class Tokenizer(ABC):
         """
         return self.encode_batch([text], add_special=add_special, max_len=max_len)[0]
 
-    def encode_batch(
-        self, texts: Iterable[str], add_special: bool = True, max_len: int | None = None
-    ) -> list[list[int]]:
+    def encode_batch(self, texts: Iterable[str], add_special: bool = True,
+                     max_len: int | None = None) -> list[list[int]]:
         """Ids of many texts, one list each (same rules as :meth:`encode`; not padded)."""
         texts = list(texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(
                     f"{type(self).__name__}.encode: texts[{i}] must be a str, got "
-                    f"{type(text).__name__} ({text!r})."
-                )
+                    f"{type(text).__name__} ({text!r}).")
         prompt = self.prompt_ids
         min_len = len(prompt) + 1 if add_special else 0
         if max_len is not None and (isinstance(max_len, bool) or max_len < min_len):
             raise UserError(
                 f"{type(self).__name__}.encode: max_len ({max_len}) must be >= {min_len}"
                 + (" to hold the prompt and <eos>; raise max_len or pass add_special=False."
-                   if add_special else "; pass max_len=None for no limit.")
-            )
+                   if add_special else "; pass max_len=None for no limit."))
         out = []
         for ids in self._encode_many(texts):
             if add_special:
@@ -194,14 +171,9 @@ class Tokenizer(ABC):
         """Text of one id sequence.
 
         Args:
-            ids: a sequence of ints (a list, or a 1-D tensor / array with ``tolist``).
-            skip_special: drop a leading prompt, stop at the first ``eos`` after it and drop
-                the other specials (pad, bos, unk); whitespace left behind by a dropped
-                ``<unk>`` is collapsed. Otherwise every id is rendered, specials as their
-                token text (``<eos>``).
-
-        Returns:
-            The text; ``decode([]) == ""``.
+            ids: a sequence of ints (or a 1-D tensor / array).
+            skip_special: drop a leading prompt, stop at the first ``eos`` and drop the other
+                specials; otherwise every id is rendered, specials as their token text.
 
         Raises:
             ValueError: an id is outside ``0 .. vocab_size - 1``.
@@ -214,8 +186,7 @@ class Tokenizer(ABC):
             raise ValueError(
                 f"{type(self).__name__}.decode: ids must lie in [0, {self.vocab_size - 1}] "
                 f"(vocab_size={self.vocab_size}); got {bad[:5]}. Strip ignore-index values "
-                f"such as -100 before decoding."
-            )
+                f"such as -100 before decoding.")
         if not skip_special:
             return self._decode_one(ids, skip_special=False)
         prompt = self.prompt_ids
@@ -244,10 +215,8 @@ class Tokenizer(ABC):
         """Rebuild a tokenizer from :meth:`to_json_str`; the ``kind`` field picks the class.
 
         Raises:
-            ValueError: the string is not JSON, ``kind`` is unknown, ``version`` is newer than
-                this code, the payload is rejected by its class (mmtf's own tokenizers: the
-                specials are not at ids 0..3), or ``cls`` is a subclass that does not match
-                ``kind``.
+            ValueError: not JSON, an unknown ``kind`` or newer ``version``, a payload its class
+                rejects, or ``cls`` a subclass that does not match ``kind``.
         """
         try:
             data = json.loads(s)
@@ -256,26 +225,22 @@ class Tokenizer(ABC):
         if not isinstance(data, dict) or "kind" not in data:
             raise UserError(
                 "Tokenizer.from_json_str: expected a JSON object with a 'kind' field "
-                f"(one of {sorted(cls._registry)}); was this file written by Tokenizer.save?"
-            )
+                f"(one of {sorted(cls._registry)}); was this file written by Tokenizer.save?")
         kind = data.pop("kind")
         if kind not in cls._registry:
             raise UserError(
                 f"Tokenizer.from_json_str: unknown kind ({kind!r}); "
-                f"expected one of {sorted(cls._registry)}."
-            )
+                f"expected one of {sorted(cls._registry)}.")
         version = data.pop("version", FORMAT_VERSION)
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise UserError(
                 f"Tokenizer.from_json_str: version ({version!r}) is not supported by this mmtf "
-                f"(format version {FORMAT_VERSION}); upgrade mmtf."
-            )
+                f"(format version {FORMAT_VERSION}); upgrade mmtf.")
         target = cls._registry[kind]
         if cls is not Tokenizer and not issubclass(target, cls):
             raise UserError(
                 f"{cls.__name__}.from_json_str: the JSON holds kind={kind!r}, not "
-                f"{cls.kind!r}; use Tokenizer.from_json_str or load_tokenizer to dispatch."
-            )
+                f"{cls.kind!r}; use Tokenizer.from_json_str or load_tokenizer to dispatch.")
         return target._from_dict(data)
 
     def save(self, path: str | Path) -> Path:
@@ -298,14 +263,11 @@ class Tokenizer(ABC):
 
 
 class BackedTokenizer(Tokenizer):
-    """A tokenizer whose pipeline is a `tokenizers.Tokenizer` (:class:`mmtf.text.BPETokenizer`,
-    :class:`mmtf.text.PretrainedTokenizer`): the id mapping, size, normaliser and JSON payload
-    are the backend's; a subclass adds its special ids and the constructor values in
-    ``_payload_keys`` (stored beside the backend's JSON).
+    """A tokenizer whose pipeline is a `tokenizers.Tokenizer`; a subclass adds its special ids
+    and the constructor values named in ``_payload_keys`` (stored beside the backend's JSON).
 
     Args:
-        tokenizer: the backend. Text that spells a special token is encoded as ordinary text,
-            never as the special id (a runtime flag, set on every load).
+        tokenizer: the backend; text that spells a special token encodes as ordinary text.
     """
 
     # Constructor arguments besides ``tokenizer``, stored in the JSON payload by name.
@@ -370,7 +332,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load a tokenizer written by :meth:`Tokenizer.save`; the JSON ``kind`` picks the class.
 
     Raises:
-        UserError: path is not a file, or the file is not an mmtf tokenizer (see :meth:`Tokenizer.from_json_str`).
+        UserError: path is not a file, or not an mmtf tokenizer.
     """
     path = require_file(path, what="load_tokenizer: tokenizer file",
                         fix="pass the tokenizer.json written by Tokenizer.save (a run folder "

@@ -1,20 +1,10 @@
 """Byte-pair-encoding tokenizer trained with HuggingFace `tokenizers` (Sennrich et al., 2016).
 
-The pipeline is the library's: a normaliser (NFKC, optional lower-casing and punctuation
-removal, whitespace collapsed), a Metaspace pre-tokenizer (a space becomes "▁" and starts a
-word, so decoding restores spaces exactly) followed by a Punctuation pre-tokenizer (each
-punctuation mark is its own piece, so merges never glue "dog" and "." together), a BPE model
-trained by ``BpeTrainer``, and the Metaspace decoder.
-
-Specials ``<pad> <bos> <eos> <unk>`` are ids 0..3; extra special tokens (``special_tokens``:
-a mixture's per-source prompt tokens such as ``<|clotho|>``) follow at ids 4.., never split,
-never produced from caption text, dropped by decode. The decoder prompt is ``[<bos>]`` unless
-``prompt`` names other tokens (``[<bos>, <|clotho|>]``). A character never seen in training encodes to
-``<unk>`` (id 3), one per character; decode drops it. The vocabulary holds at most
-``vocab_size`` entries: the trainer keeps at most ``vocab_size - 4`` distinct characters (rarest
-dropped, they become ``<unk>``) and stops merging when it reaches ``vocab_size`` or when no pair
-occurs ``min_frequency`` times. On a small corpus the learned vocabulary is therefore smaller
-than requested, and :attr:`BPETokenizer.vocab_size` reports what was learned.
+Pipeline: mmtf's normaliser, Metaspace then Punctuation pre-tokenizers (each mark its own
+piece), a BPE model from ``BpeTrainer``, the Metaspace decoder. Specials ``<pad> <bos> <eos>
+<unk>`` are ids 0..3; extra special tokens (a mixture's ``<|clotho|>``) follow at 4.. and can
+form the prompt. Unseen characters encode to ``<unk>``. A small corpus learns fewer than
+``vocab_size`` entries; :attr:`BPETokenizer.vocab_size` reports what was learned.
 
 Shapes: ids are python ``list[int]``.
 """
@@ -28,7 +18,15 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from mmtf.errors import UserError
-from mmtf.text.base import BOS, EOS, SPECIAL_TOKENS, UNK, BackedTokenizer, build_normalizer
+from mmtf.text.base import (
+    BOS,
+    EOS,
+    SPECIAL_TOKENS,
+    UNK,
+    BackedTokenizer,
+    build_normalizer,
+    checked_texts,
+)
 
 BOS_ID = SPECIAL_TOKENS.index(BOS)
 
@@ -54,8 +52,7 @@ class BPETokenizer(BackedTokenizer):
         if tuple(found) != SPECIAL_TOKENS:
             raise UserError(
                 f"BPETokenizer: tokenizer ids 0..3 must be {list(SPECIAL_TOKENS)}, got {found}; "
-                f"build it with BPETokenizer.train."
-            )
+                f"build it with BPETokenizer.train.")
         super().__init__(tokenizer)
         self.lowercase = bool(lowercase)
         self.strip_punctuation = bool(strip_punctuation)
@@ -69,7 +66,8 @@ class BPETokenizer(BackedTokenizer):
             bad = [t for t, i in zip(self.prompt, ids) if i is None or i not in self._special]
             if not self.prompt or bad:
                 raise UserError(f"BPETokenizer: prompt {self.prompt} must be a non-empty list of "
-                                f"the vocabulary's special tokens ({self.special_token_names}); "
+                                f"the vocabulary's special tokens "
+                                f"({[self.id_to_token(i) for i in sorted(self._special)]}); "
                                 f"{bad} are not; add them with tokenizer.special_tokens.")
             self._prompt = ids
 
@@ -81,11 +79,6 @@ class BPETokenizer(BackedTokenizer):
     def special_ids(self) -> frozenset[int]:
         return self._special
 
-    @property
-    def special_token_names(self) -> list[str]:
-        """Every special token of the vocabulary, by id (the four, then the extra ones)."""
-        return [self.id_to_token(i) for i in sorted(self._special)]
-
     def _to_dict(self) -> dict[str, Any]:
         payload = super()._to_dict()
         if payload["prompt"] is None:   # the JSON of a [<bos>] tokenizer stays what it was
@@ -93,33 +86,20 @@ class BPETokenizer(BackedTokenizer):
         return payload
 
     @classmethod
-    def train(
-        cls,
-        texts: Iterable[str],
-        *,
-        vocab_size: int,
-        lowercase: bool = True,
-        strip_punctuation: bool = False,
-        min_frequency: int = 2,
-        special_tokens: Sequence[str] = (),
-        prompt: Sequence[str] | None = None,
-    ) -> BPETokenizer:
+    def train(cls, texts: Iterable[str], *, vocab_size: int, lowercase: bool = True,
+              strip_punctuation: bool = False, min_frequency: int = 2,
+              special_tokens: Sequence[str] = (), prompt: Sequence[str] | None = None,
+              ) -> BPETokenizer:
         """Learn a BPE vocabulary from a corpus.
 
         Args:
             texts: training sentences (any iterable, consumed once).
-            vocab_size: the largest vocabulary, specials included; must be > 4. A corpus too
-                small to reach it gives a smaller vocabulary (see the module docstring).
-            lowercase: lower-case text before splitting (at training and at encoding).
+            vocab_size: the largest vocabulary, specials included; must be > 4.
+            lowercase: lower-case text before splitting.
             strip_punctuation: remove punctuation; otherwise each mark is its own token.
             min_frequency: a pair is merged only if it occurs at least this often.
-            special_tokens: extra special tokens (ids 4.. in this order), e.g. a mixture's
-                per-source prompt tokens; they count towards ``vocab_size``.
-            prompt: the decoder prompt as token strings, e.g. ``[<bos>, <|clotho|>]``;
-                None = ``[<bos>]``.
-
-        Returns:
-            The trained tokenizer.
+            special_tokens: extra special tokens (ids 4.. in this order).
+            prompt: the decoder prompt as token strings; None = ``[<bos>]``.
 
         Raises:
             ValueError: vocab_size or min_frequency out of range, or texts has no characters.
@@ -128,12 +108,10 @@ class BPETokenizer(BackedTokenizer):
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= n_special:
             raise UserError(
                 f"BPETokenizer.train: vocab_size ({vocab_size!r}) must be an int > {n_special}, "
-                f"the number of special tokens {list(SPECIAL_TOKENS)}; raise vocab_size."
-            )
+                f"the number of special tokens {list(SPECIAL_TOKENS)}; raise vocab_size.")
         if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
             raise UserError(
-                f"BPETokenizer.train: min_frequency ({min_frequency!r}) must be an int >= 1."
-            )
+                f"BPETokenizer.train: min_frequency ({min_frequency!r}) must be an int >= 1.")
         extra = [str(t) for t in special_tokens]
         clash = sorted({t for t in extra if extra.count(t) > 1 or t in SPECIAL_TOKENS or not t})
         if clash:
@@ -147,41 +125,23 @@ class BPETokenizer(BackedTokenizer):
         # Metaspace marks word starts with "▁"; Punctuation then isolates marks ("dog." ->
         # "▁dog", "."), which the Metaspace decoder glues back without a space.
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation("isolated")]
-        )
+            [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation("isolated")])
         tok.decoder = decoders.Metaspace()
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
+            vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
             special_tokens=[*SPECIAL_TOKENS, *extra],  # listed first: ids 0..3, then 4..
-            limit_alphabet=vocab_size - n_special - len(extra),  # never exceed vocab_size
-            show_progress=False,
-        )
-        tok.train_from_iterator(_checked_texts(texts), trainer=trainer)
+            limit_alphabet=vocab_size - n_special - len(extra))  # never exceed vocab_size
+        tok.train_from_iterator(checked_texts(texts, "BPETokenizer.train"), trainer=trainer)
         if tok.get_vocab_size(with_added_tokens=True) <= n_special:
             raise UserError(
                 "BPETokenizer.train: texts has no characters to learn from (empty corpus or "
-                "only whitespace/stripped punctuation); pass the training captions."
-            )
+                "only whitespace/stripped punctuation); pass the training captions.")
         # Lets the saved tokenizer.json add <bos>/<eos> by itself when used outside mmtf.
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{BOS} $A {EOS}", special_tokens=[(BOS, 1), (EOS, 2)]
-        )
+            single=f"{BOS} $A {EOS}", special_tokens=[(BOS, 1), (EOS, 2)])
         return cls(tokenizer=tok, lowercase=lowercase, strip_punctuation=strip_punctuation,
                    prompt=prompt)
 
     def __repr__(self) -> str:
         return (f"BPETokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
                 f"strip_punctuation={self.strip_punctuation})")
-
-
-def _checked_texts(texts: Iterable[str]) -> Iterable[str]:
-    """Yield the corpus, failing with the index of the first non-string item."""
-    if isinstance(texts, str):
-        raise TypeError("BPETokenizer.train: texts must be an iterable of strings, not one str.")
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TypeError(
-                f"BPETokenizer.train: texts[{i}] must be a str, got {type(text).__name__}."
-            )
-        yield text

@@ -38,16 +38,13 @@ def build_tokenizer(spec: Mapping[str, Any],
     """The tokenizer ``spec`` describes.
 
     Args:
-        spec: the ``tokenizer`` config node (``conf/tokenizer/``): ``{kind: bpe | char,
-            **training kwargs}``, e.g. ``{kind: bpe, vocab_size: 1000, lowercase: true}``;
-            ``{kind: pretrained, path: <model folder or hub id>, prompt: [token, ...] | null}``;
-            or ``{kind: saved, path: <a JSON written by Tokenizer.save>}``.
-        train_texts: returns the training captions (every reference of every training item);
-            called only for the kinds that train.
+        spec: the ``tokenizer`` config node (``conf/tokenizer/``): ``kind`` (bpe | char |
+            pretrained | saved) and that kind's keys.
+        train_texts: returns the training captions; called only for the kinds that train.
 
     Raises:
-        ConfigError: unknown ``kind``, a key the kind does not take, a kind that trains without
-            ``train_texts``, or a training option the tokenizer rejects.
+        ConfigError: an unknown kind or key, no ``train_texts`` to train on, or a training
+            option the tokenizer rejects.
     """
     spec = dict(spec)
     kind = spec.pop("kind", None) or "bpe"

@@ -1,10 +1,8 @@
 """Character-level tokenizer: one id per character, for tiny tests and small vocabularies.
 
-The vocabulary is the four specials (ids 0..3) followed by every distinct character of the
-normalised training text, in sorted order, so training is deterministic and does not depend on
-corpus order. A character not in the vocabulary encodes to ``<unk>`` (id 3). Normalisation is
-the same as the BPE tokenizer's (NFKC, optional lower-casing, whitespace collapsed and stripped);
-punctuation is kept, each mark one character.
+The vocabulary is the four specials then every distinct character of the normalised training
+text, sorted (deterministic); unknown characters encode to ``<unk>``. Normalised as the BPE
+tokenizer, punctuation kept.
 
 Shapes: ids are python ``list[int]``.
 """
@@ -15,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mmtf.errors import UserError
-from mmtf.text.base import SPECIAL_TOKENS, Tokenizer, build_normalizer
+from mmtf.text.base import SPECIAL_TOKENS, Tokenizer, build_normalizer, checked_texts
 
 
 class CharTokenizer(Tokenizer):
@@ -33,15 +31,13 @@ class CharTokenizer(Tokenizer):
         if tuple(vocab[: len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
             raise UserError(
                 f"CharTokenizer: vocab must start with {list(SPECIAL_TOKENS)}, got "
-                f"{vocab[: len(SPECIAL_TOKENS)]}; build it with CharTokenizer.train."
-            )
+                f"{vocab[: len(SPECIAL_TOKENS)]}; build it with CharTokenizer.train.")
         chars = vocab[len(SPECIAL_TOKENS):]
         bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
         if bad or len(set(chars)) != len(chars):
             raise UserError(
                 f"CharTokenizer: vocab entries after the specials must be distinct single "
-                f"characters; got {bad[:5] or 'duplicates'}."
-            )
+                f"characters; got {bad[:5] or 'duplicates'}.")
         self.vocab = list(vocab)
         self.lowercase = lowercase
         self._normalizer = build_normalizer(lowercase=lowercase, strip_punctuation=False)
@@ -61,21 +57,14 @@ class CharTokenizer(Tokenizer):
             TypeError: texts is a str or holds a non-string.
             ValueError: the corpus has no characters.
         """
-        if isinstance(texts, str):
-            raise TypeError("CharTokenizer.train: texts must be an iterable of strings, not one str.")
         normalizer = build_normalizer(lowercase=lowercase, strip_punctuation=False)
         chars: set[str] = set()
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(
-                    f"CharTokenizer.train: texts[{i}] must be a str, got {type(text).__name__}."
-                )
+        for text in checked_texts(texts, "CharTokenizer.train"):
             chars.update(normalizer.normalize_str(text))
         if not chars:
             raise UserError(
                 "CharTokenizer.train: texts has no characters to learn from (empty corpus or "
-                "only whitespace); pass the training captions."
-            )
+                "only whitespace); pass the training captions.")
         return cls(vocab=[*SPECIAL_TOKENS, *sorted(chars)], lowercase=lowercase)
 
     @property

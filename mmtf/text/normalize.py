@@ -1,25 +1,17 @@
 """Text normalizers applied before word/character error rates: Whisper's English and basic rules.
 
-Speech recognition is scored after both the reference and the hypothesis are normalised, and
-the published Whisper numbers (and the Hugging Face fine-tuning recipe) use Whisper's own
-normalizers; a WER is only comparable with theirs under the same rules. Three are offered,
-chosen by name (``model.wer_normalizer``):
+A WER is only comparable with Whisper's published numbers under the same normalisation. By name
+(``model.wer_normalizer``):
 
-* ``whisper_english``: Whisper's ``EnglishTextNormalizer`` rules: lower case; bracketed and
-  parenthesised spans and fillers (hmm, uh, um ...) removed; contractions and titles expanded
-  (won't -> will not, dr -> doctor); spelled-out numbers to digits (twenty one -> 21, one oh one
-  -> 101, two point five -> 2.5, five dollars -> $5, ten percent -> 10%); British spellings to
-  American (Whisper's ``english.json`` map, shipped here as ``whisper_english_spelling.json``);
-  symbols and diacritics removed.
+* ``whisper_english``: Whisper's ``EnglishTextNormalizer``: lower case; bracketed spans and
+  fillers removed; contractions and titles expanded; spelled-out numbers to digits; British
+  spellings to American (``whisper_english_spelling.json``); symbols and diacritics removed.
 * ``whisper_basic``: Whisper's ``BasicTextNormalizer``, for any language: lower case, bracketed
-  and parenthesised spans removed, every mark, symbol and punctuation character replaced by a
-  space (NFKC, diacritics kept).
+  spans removed, marks, symbols and punctuation to spaces (diacritics kept).
 * ``none``: the text as it is.
 
-Written here from Whisper's published rules (openai/whisper ``whisper/normalizers``, MIT), and
-checked equal to ``transformers``' copies on their test cases and a corpus of tricky strings
-(tests/unit/text/test_normalize.py). Why our own code and a shipped JSON: see
-docs/design/asr-normalizers.md.
+Written from openai/whisper ``whisper/normalizers`` (MIT) and checked equal to transformers'
+copies (tests/unit/text/test_normalize.py). Why: docs/design/asr-normalizers.md.
 """
 
 from __future__ import annotations

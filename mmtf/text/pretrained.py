@@ -1,31 +1,12 @@
 """A tokenizer imported from a Hugging Face ``tokenizer.json``, with the original's special ids.
 
-Pretrained decoders (GPT-2, Whisper) were trained with their own vocabulary and their own
-special tokens, so the ids must stay theirs. :meth:`PretrainedTokenizer.from_folder` reads a
-model folder (or hub id): ``tokenizer.json`` (the `tokenizers` pipeline, used as is) and the
-special tokens from ``tokenizer_config.json`` / ``special_tokens_map.json`` and the ids of
-``generation_config.json`` / ``config.json``:
-
-* ``eos``: the ``eos_token`` (GPT-2 and Whisper: ``<|endoftext|>``);
-* ``pad``: the ``pad_token``, else ``eos`` (GPT-2 has none; padding after eos is never scored);
-* ``bos``: the ``bos_token``, else ``eos``; ``unk``: the ``unk_token`` or None;
-* the prompt (the ids a target starts with and generation is fed first): the ``prompt``
-  argument (token strings, e.g. Whisper's ``[<|startoftranscript|>, <|en|>, <|transcribe|>,
-  <|notimestamps|>]``), else ``[decoder_start_token_id]`` when the folder names one, else
-  ``[bos]``.
-
-Whisper's speech tokens are read from the vocabulary itself (its added special tokens), so
-multilingual and English-only vocabularies both work: :attr:`PretrainedTokenizer.languages`
-(code -> id of every ``<|xx|>`` token), :attr:`~PretrainedTokenizer.task_ids`
-(``<|transcribe|>``, ``<|translate|>``), :attr:`~PretrainedTokenizer.no_timestamps_id`,
-:attr:`~PretrainedTokenizer.timestamp_begin` (``<|0.00|>``; timestamp ``k`` is
-``timestamp_begin + k``, ``k * 0.02`` s); :class:`mmtf.text.prompt.WhisperPrompt` builds the
-prompt of a (language, job, timestamps) from them. ``multilingual`` comes from the folder's
-``generation_config.json`` (``is_multilingual``; English-only models prompt with
-``<|startoftranscript|>`` alone, as Whisper's ``.en`` models were trained).
-
-The whole ``tokenizer.json`` is embedded in :meth:`to_json_str`, so a checkpoint needs no side
-file. Text is not normalised beyond the original pipeline's own normaliser. Why: see
+:meth:`PretrainedTokenizer.from_folder` reads a model folder (or hub id): ``tokenizer.json`` as
+is, the special tokens from ``tokenizer_config.json`` / ``special_tokens_map.json`` and ids from
+``generation_config.json`` / ``config.json``: ``eos`` the ``eos_token``; ``pad`` the
+``pad_token``, else eos; ``bos`` the ``bos_token``, else eos; the prompt the ``prompt``
+argument, else ``[decoder_start_token_id]``, else ``[bos]``. Whisper's speech tokens (languages,
+tasks, timestamps) are read from the vocabulary, ``multilingual`` from
+``generation_config.json``. The whole ``tokenizer.json`` is embedded in the JSON. Why:
 docs/design/prompt-and-special-tokens.md.
 
 Shapes: ids are python ``list[int]``.
@@ -66,8 +47,7 @@ class PretrainedTokenizer(BackedTokenizer):
         unk_id: the unknown-token id, or None (byte-level BPE never needs one).
         prompt_ids: the decoder prompt; default ``[bos_id]``.
         source: where it was read from (for messages and the repr).
-        multilingual: the model reads language and task tokens (Whisper; False for the ``.en``
-            models, whose prompt is ``<|startoftranscript|>`` alone).
+        multilingual: the model reads language and task tokens (False: Whisper's ``.en``).
 
     Raises:
         UserError: an id is outside the vocabulary or the prompt is empty.

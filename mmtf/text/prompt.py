@@ -45,13 +45,10 @@ class Prompt:
         """The prefix ids of an item.
 
         Args:
-            job: ``transcribe`` | ``translate``; None = the default prompt's (else transcribe).
-            language: a language code of the tokenizer, or None = the default prompt's (else
-                English on a multilingual model).
+            job, language, timestamps: ``transcribe`` | ``translate``, a language code, whether
+                timestamps are generated; None = as the default prompt.
             source: a mixture source's name (:class:`SourcePrompt`).
-            timestamps: whether timestamp tokens are generated; None = as the default prompt.
-            where: the data item (file and row) the prompt is for, named in data errors;
-                None = a generation setting, named as ``generation.*``.
+            where: the data item named in errors; None = a ``generation.*`` setting.
         """
         return self.default
 
