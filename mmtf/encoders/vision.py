@@ -35,9 +35,10 @@ Shapes: b batch, gh gw patch-grid height/width, p = gh * gw patches, s = p (+1 w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -47,17 +48,15 @@ from torch import Tensor, nn
 from mmtf.encoders.base import Encoder, EncoderOutput, record_config
 from mmtf.errors import UserError, in_config
 from mmtf.nn import TransformerStack
-from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind, make_norm
+from mmtf.nn.transformer import AttentionLayers, AttentionMaps, BlockOptions, make_norm
 
 
 class VisionEncoder(Encoder):
     """Images (b, in_channels, H, W) -> memory (b, s, c), mask (b, s) all True.
 
     Args:
-        dim, depth, num_heads, num_kv_heads, mlp_ratio, mlp, norm, norm_eps, dropout,
-            attn_dropout, bias, mlp_bias, final_norm: the transformer (see
-            :class:`mmtf.nn.TransformerStack`); ``bias`` are the attention projections' biases
-            (bool or letters of "qkvo").
+        dim, depth, num_heads, block, final_norm: the transformer (see
+            :class:`mmtf.nn.TransformerStack`; ``block.norm`` also for ``embed_norm``).
         patch_size: side of the square patches, in pixels.
         in_channels: image channels (3 for RGB).
         image_size: size of the position table's grid, ``H`` or ``(H, W)``; other multiples of
@@ -87,17 +86,16 @@ class VisionEncoder(Encoder):
     """
 
     def __init__(self, *, dim: int = 128, depth: int = 4, num_heads: int = 4,
-                 num_kv_heads: int | None = None, mlp_ratio: float = 4.0, mlp: MlpKind = "gelu",
-                 norm: NormKind = "layernorm", dropout: float = 0.0, attn_dropout: float = 0.0,
-                 patch_size: int = 8, in_channels: int = 3, image_size: int | Sequence[int] = 64,
+                 block: BlockOptions | Mapping[str, Any] | None = None, patch_size: int = 8, in_channels: int = 3, image_size: int | Sequence[int] = 64,
                  cls_token: bool = True, stem: Literal["patch", "conv"] = "patch",
                  stem_convs: int = 1, stem_norm: Literal["batch", "layer"] = "batch",
                  pos_embed: Literal["learned", "sincos"] = "learned", patch_bias: bool = True,
-                 embed_norm: bool = False, final_norm: bool = True, norm_eps: float = 1e-5,
-                 bias: bool | str = False, mlp_bias: bool | None = None, causal: bool = False,
-                 activation_checkpointing: bool = False, pretrained: str | Path | None = None, freeze: bool = False) -> None:
+                 embed_norm: bool = False, final_norm: bool = True, causal: bool = False,
+                 activation_checkpointing: bool = False, pretrained: str | Path | None = None,
+                 freeze: bool = False) -> None:
         super().__init__()
-        self.config = record_config(locals())
+        block = BlockOptions.of(block)
+        self.config = record_config({**locals(), **asdict(block)})
         if patch_size < 1 or in_channels < 1:
             raise UserError(f"VisionEncoder: patch_size ({patch_size}) and in_channels "
                             f"({in_channels}) must be >= 1; fix model.encoder.")
@@ -142,14 +140,13 @@ class VisionEncoder(Encoder):
         if cls_token:
             self.cls_token = nn.Parameter(torch.empty(1, 1, dim))
             nn.init.trunc_normal_(self.cls_token, std=0.02)
-        self.embed_norm = make_norm(norm, dim, norm_eps) if embed_norm else None
+        self.embed_norm = make_norm(block.norm, dim, block.norm_eps) if embed_norm else None
         with in_config("model.encoder"):     # the stack and Attention own their rules
             self.stack = TransformerStack(
-                depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
-                rope=False, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
-                dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias,
-                final_norm=final_norm, activation_checkpointing=activation_checkpointing)
-        self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
+                depth=depth, dim=dim, num_heads=num_heads, block=block, causal=causal,
+                rope=False, final_norm=final_norm,
+                activation_checkpointing=activation_checkpointing)
+        self.drop = nn.Dropout(block.dropout)    # after the stack: it checks dropout
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
 
     def position_table(self, gh: int, gw: int) -> Tensor:

@@ -63,8 +63,13 @@ def fingerprint(spec: Any, build: Any) -> dict[str, Any]:
     for key, value in state.items():
         digest.update(key.encode())
         digest.update(value.detach().contiguous().numpy().tobytes())
-    with torch.no_grad():
-        out = module(*_inputs(spec["_target_"], module))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)              # the reduction order of the reference's forward
+    try:
+        with torch.no_grad():
+            out = module(*_inputs(spec["_target_"], module))
+    finally:
+        torch.set_num_threads(threads)
     out = out[0] if isinstance(out, tuple) else out
     return {"keys": list(state), "state": digest.hexdigest(),
             "out": hashlib.sha256(out.contiguous().numpy().tobytes()).hexdigest()}
