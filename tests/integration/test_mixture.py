@@ -111,8 +111,8 @@ def test_sigkill_mid_epoch_on_a_mixture_then_ckpt_path_last_resumes_exactly(data
     """Reference run of 3 epochs (9 steps, random crops of 1.2 s from 1-1.5 s clips, dropout);
     the same run killed after step 5 (last.ckpt of step 4: epoch 1 after 1 of 3 batches);
     ckpt_path=last finishes it with the same weights, optimizer state and loops, bit for bit."""
-    exact = ["test=false", "trainer.max_epochs=3", "model.encoder.dropout=0.1",
-             "model.decoder.dropout=0.1", "trainer.deterministic=true",
+    exact = ["test=false", "trainer.max_epochs=3", "model.encoder.block.dropout=0.1",
+             "model.decoder.block.dropout=0.1", "trainer.deterministic=true",
              "callbacks.periodic_checkpoint.every_n_train_steps=2",
              "data.sources.synth_a.max_seconds=1.2", "data.sources.synth_b.max_seconds=1.2"]
     ref, run = tmp_path / "ref", tmp_path / "run"

@@ -119,7 +119,7 @@ def test_sigkill_mid_epoch_on_shards_then_ckpt_path_last_resumes_exactly(data_di
     ckpt_path=last finishes it with bit-equal weights, optimizer state and RNG."""
     def overrides(*extra: str) -> list[str]:
         return shard_overrides(data_dir, shards_root, "test=false", "trainer.max_epochs=3",
-                               "model.encoder.dropout=0.1", "model.decoder.dropout=0.1",
+                               "model.encoder.block.dropout=0.1", "model.decoder.block.dropout=0.1",
                                "trainer.deterministic=true",
                                "callbacks.periodic_checkpoint.every_n_train_steps=2", *extra)
 
