@@ -149,7 +149,7 @@ def share_cores(cfg: DictConfig, trainer: L.Trainer) -> None:
     jobs = 1
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         jobs = parallel_jobs(HydraConfig.get().launcher)
-    workers = int((cfg.get("data") or {}).get("num_workers") or 0)
+    workers = int(OmegaConf.select(cfg, "data.loader.num_workers", default=0) or 0)
     try:
         set_threads(cfg.get("cpu_threads"), processes=ranks * jobs, loader_workers=workers)
     except ValueError as err:

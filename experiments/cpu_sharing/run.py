@@ -82,7 +82,7 @@ def worker(steps: int, loop: bool) -> None:
     spec.loader.exec_module(tt)
     device = torch.device("cpu")
     model, opt, cfg = tt.build_mmtf([], device)
-    batches = tt.make_batches(cfg, 4, int(cfg.data.batch_size), 4.0, device)
+    batches = tt.make_batches(cfg, 4, int(cfg.data.batches.batch_size), 4.0, device)
 
     def run(n: int) -> float:
         start = time.perf_counter()
@@ -94,7 +94,7 @@ def worker(steps: int, loop: bool) -> None:
     if loop:
         while True:
             run(1)
-    print(json.dumps({"ready": describe_threads(), "batch": int(cfg.data.batch_size)}),
+    print(json.dumps({"ready": describe_threads(), "batch": int(cfg.data.batches.batch_size)}),
           flush=True)
     for _ in sys.stdin:
         print(json.dumps({"seconds": run(steps)}), flush=True)

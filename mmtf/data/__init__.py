@@ -3,6 +3,7 @@
 Public API::
 
     CaptionDataModule, ClassificationDataModule      LightningDataModules (Hydra `_target_`)
+    BatchOptions, LoaderOptions                      their batching and loader parts
     ShardDataModule, ShardStreamSampler              tar shards read as streams (data=shards)
     load_audio(path, sample_rate=, max_seconds=)      -> (s,) float32 mono waveform
     load_image(path)                                  -> (3, h, w) uint8 RGB
@@ -17,7 +18,12 @@ they write the formats read here; nothing here imports them.
 
 from mmtf.data.audio import audio_info, load_audio, resample
 from mmtf.data.collate import Collate
-from mmtf.data.datamodule import CaptionDataModule, ClassificationDataModule
+from mmtf.data.datamodule import (
+    BatchOptions,
+    CaptionDataModule,
+    ClassificationDataModule,
+    LoaderOptions,
+)
 from mmtf.data.errors import ErrorCounter
 from mmtf.data.image import build_eval_image_transform, build_transform, load_image
 from mmtf.data.loader import make_loader
@@ -26,8 +32,8 @@ from mmtf.data.shards import ShardDataModule, ShardStreamSampler
 from mmtf.errors import DataError
 
 __all__ = [
-    "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",
-    "DataError", "ErrorCounter", "SamplerState", "ShardDataModule", "ShardStreamSampler",
+    "BatchOptions", "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",
+    "DataError", "ErrorCounter", "LoaderOptions", "SamplerState", "ShardDataModule", "ShardStreamSampler",
     "audio_info", "build_eval_image_transform",
     "build_transform",
     "load_audio", "load_image", "make_loader",

@@ -141,7 +141,7 @@ def transformed_pixels(sizes: Sequence[tuple[int, int]],
                        transform: Callable[[Tensor], Tensor] | None) -> list[int]:
     """Pixels (h x w) of each image of ``(width, height)`` as ``transform`` outputs it, without
     decoding any: each distinct size is run through the transform on a blank image once (what
-    ``data.max_pixels_per_batch`` budgets; random transforms are seeded, and a pipeline that
+    ``data.batches.max_pixels_per_batch`` budgets; random transforms are seeded, and a pipeline that
     crops to a fixed size gives every image the same count)."""
     pixels: dict[tuple[int, int], int] = {}
     for w, h in set(sizes):

@@ -1,17 +1,22 @@
 """Where the flat constructor keys of configs written before issue #39 went.
 
 Encoders and decoders take their transformer block options (:class:`mmtf.nn.BlockOptions`), the
-audio front end (:class:`~mmtf.encoders.audio.LogMelFrontEnd`) and SpecAugment as parts instead
-of dozens of flat keywords. Run configs, checkpoints and export folders written before hold the
-flat keys; :func:`upgrade_config` moves them into the parts, so they still build the same module
-(same ``state_dict`` keys, same values). :func:`flatten_parts` is the way back: an encoder's
-``config`` stays flat, the form export folders of either age are compared against.
+audio front end (:class:`~mmtf.encoders.audio.LogMelFrontEnd`), SpecAugment and the vision patch
+embedding (:class:`~mmtf.encoders.vision.PatchOptions`) as parts, and data modules their batching
+(:class:`~mmtf.data.datamodule.BatchOptions`) and loader
+(:class:`~mmtf.data.datamodule.LoaderOptions`) settings, instead of dozens of flat keywords. Run
+configs, checkpoints and export folders written before hold the flat keys; :func:`upgrade_config`
+moves them into the parts, so they still build the same module (same ``state_dict`` keys, same
+values, same batches). :func:`flatten_parts` is the way back: an encoder's ``config`` stays
+flat, the form export folders of either age are compared against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 BLOCK = ("num_kv_heads", "mlp_ratio", "mlp", "norm", "norm_eps", "dropout", "attn_dropout",
          "bias", "mlp_bias")
@@ -19,42 +24,62 @@ FRONTEND = ("sample_rate", "n_mels", "n_fft", "hop_length", "win_length", "f_min
             "feature_norm", "feature_mean", "feature_std", "features", "pad_to_seconds")
 SPEC_AUGMENT = ("freq_masks", "freq_mask_width", "time_masks", "time_mask_width",
                 "time_mask_mode", "time_mask_fraction", "time_mask_multiplicity")
-# part name -> (its _target_, the flat keys it took over), per constructor that has parts.
+PATCH = ("patch_size", "in_channels", "stem", "stem_convs", "stem_norm", "patch_bias")
+BATCHES = ("batch_size", "eval_batch_size", "max_seconds_per_batch", "max_pixels_per_batch",
+           "eval_max_seconds_per_batch", "eval_max_pixels_per_batch", "bucketing",
+           "bucket_size", "drop_last")
+LOADER = ("num_workers", "pin_memory", "persistent_workers")
+# Class name -> {part: (its _target_, the flat keys it took over)}. By class name, so every
+# import path of a class (mmtf.encoders.AudioEncoder, mmtf.encoders.audio.AudioEncoder) and
+# every data module (subclasses of MediaDataModule end in "DataModule") is covered.
 _BLOCK = {"block": ("mmtf.nn.BlockOptions", BLOCK)}
 PARTS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
-    "mmtf.encoders.AudioEncoder": {
-        **_BLOCK, "frontend": ("mmtf.encoders.audio.LogMelFrontEnd", FRONTEND),
-        "spec_augment": ("mmtf.encoders.audio.SpecAugment", SPEC_AUGMENT)},
-    "mmtf.encoders.VisionEncoder": _BLOCK,
-    "mmtf.decoders.TextDecoder": _BLOCK,
+    "AudioEncoder": {**_BLOCK, "frontend": ("mmtf.encoders.audio.LogMelFrontEnd", FRONTEND),
+                     "spec_augment": ("mmtf.encoders.audio.SpecAugment", SPEC_AUGMENT)},
+    "VisionEncoder": {**_BLOCK, "patch": ("mmtf.encoders.vision.PatchOptions", PATCH)},
+    "TextDecoder": _BLOCK,
+    "DataModule": {"batches": ("mmtf.data.datamodule.BatchOptions", BATCHES),
+                   "loader": ("mmtf.data.datamodule.LoaderOptions", LOADER)},
 }
-PARTS["mmtf.encoders.audio.AudioEncoder"] = PARTS["mmtf.encoders.AudioEncoder"]
-PARTS["mmtf.encoders.vision.VisionEncoder"] = PARTS["mmtf.encoders.VisionEncoder"]
-PARTS["mmtf.decoders.text.TextDecoder"] = PARTS["mmtf.decoders.TextDecoder"]
+
+
+def _parts(target: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
+    name = str(target).rsplit(".", 1)[-1]
+    return PARTS.get("DataModule" if name.endswith("DataModule") else name, {})
 
 
 def upgrade_config(node: Any) -> Any:
     """``node`` (a config tree of dicts and lists) with every pre-#39 flat key of a constructor
-    in :data:`PARTS` moved into its part; anything else is returned as it is.
+    in :data:`PARTS` moved into its part (and a data module's ``image_cache_mb``, the name of
+    ``media_cache_mb`` until 2026-12-03, renamed); anything else is returned as it is.
 
     Raises:
         ValueError: a node holds a flat key and the part that replaced it (one config, two
-            values): the message names both.
+            values), or ``image_cache_mb`` and another ``media_cache_mb``: the message names
+            the key to keep.
     """
     if isinstance(node, list):
         return [upgrade_config(v) for v in node]
     if not isinstance(node, Mapping):
         return node
     node = {k: upgrade_config(v) for k, v in node.items()}
-    for part, (target, keys) in PARTS.get(str(node.get("_target_")), {}).items():
+    target = node.get("_target_")
+    for part, (part_target, keys) in _parts(target).items():
         flat = {k: node.pop(k) for k in keys if k in node}
         if not flat:
             continue
         if part in node:
-            raise ValueError(f"{node['_target_']}: {', '.join(flat)} are the pre-#39 flat "
-                             f"form of {part}.*, and the config also has {part}; keep only "
+            raise ValueError(f"{target}: {', '.join(flat)} are the pre-#39 flat form of "
+                             f"{part}.*, and the config also has {part}; keep only "
                              f"{part}.{next(iter(flat))}.")
-        node[part] = {"_target_": target, **flat}
+        node[part] = {"_target_": part_target, **flat}
+    old_cache = node.pop("image_cache_mb", None) if "batches" in _parts(target) else None
+    if old_cache is not None:
+        if node.get("media_cache_mb") and node["media_cache_mb"] != old_cache:
+            raise ValueError(f"{target}: data.image_cache_mb ({old_cache}) is the old name of "
+                             f"data.media_cache_mb ({node['media_cache_mb']}); keep only "
+                             f"data.media_cache_mb.")
+        node["media_cache_mb"] = old_cache
     return node
 
 
@@ -67,7 +92,16 @@ def nest(target: str, **flat: Any) -> dict[str, Any]:
 def flatten_parts(config: Mapping[str, Any]) -> dict[str, Any]:
     """The flat form of a (possibly upgraded) constructor config: each part's keys inlined."""
     flat = dict(config)
-    for part in ("block", "frontend", "spec_augment"):
+    for part in {p for parts in PARTS.values() for p in parts}:
         if isinstance(flat.get(part), Mapping):
             flat.update({k: v for k, v in flat.pop(part).items() if k != "_target_"})
     return flat
+
+
+def as_part(cls: type[T], value: T | Mapping[str, Any] | None) -> T:
+    """``value`` as the part ``cls``: a mapping of its fields (a config node, whose
+    ``_target_`` is dropped: a ``_recursive_: false`` node arrives uninstantiated) or None
+    (the defaults) converted."""
+    if isinstance(value, cls):
+        return value
+    return cls(**{k: v for k, v in (value or {}).items() if k != "_target_"})

@@ -56,7 +56,7 @@ def test_bad_config_is_one_readable_line_before_any_data(case, tmp_path):
         args = tiny_overrides("audio_captioning", data_dir, "model.decoder.context_dim=64",
                               run_dir)
     elif case == "duration_and_batch_size":
-        args = tiny_overrides("audio_captioning", data_dir, "data.max_seconds_per_batch=600.0",
+        args = tiny_overrides("audio_captioning", data_dir, "data.batches.max_seconds_per_batch=600.0",
                               run_dir)
     elif case == "lora_target":
         args = tiny_overrides("audio_captioning", data_dir, "model/lora=default",

@@ -185,7 +185,7 @@ def test_the_pretrain_mix_experiment_runs_on_audiocaps_wavcaps_and_clotho_layout
              "wavcaps": write_wavcaps(tmp_path / "wavcaps"), "clotho": clotho}
     overrides = ["experiment=audio_captioning_pretrain_mix", f"paths.data_dir={data_dir}",
                  *COMMON, *[a for a in AUDIO if not a.startswith("data.")], *CAPTION,
-                 "trainer.fast_dev_run=true", "data.eval_batch_size=16",
+                 "trainer.fast_dev_run=true", "data.batches.eval_batch_size=16",
                  *(f"data.sources.{name}.root={root}" for name, root in roots.items())]
     out = tmp_path / "run"
     train(compose_train(overrides, out))
