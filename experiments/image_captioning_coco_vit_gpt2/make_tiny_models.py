@@ -62,7 +62,7 @@ def overrides(out: Path, vocab: int, eos: int) -> list[str]:
     """The command-line overrides that run the experiment on the tiny folders."""
     return [f"model.encoder.pretrained={out / 'vit'}", f"model.decoder.pretrained={out / 'gpt2'}",
             f"model.encoder.dim={WIDTH}", f"model.encoder.depth={DEPTH}",
-            f"model.encoder.num_heads={HEADS}", "model.encoder.block.mlp_ratio=2.0",
+            f"model.encoder.num_heads={HEADS}", "model.encoder.mlp_ratio=2.0",
             "model.encoder.patch_size=8", "model.encoder.image_size=32",
             f"model.decoder.vocab_size={vocab}", f"model.decoder.dim={WIDTH}",
             f"model.decoder.depth={DEPTH}", f"model.decoder.num_heads={HEADS}",

@@ -233,7 +233,8 @@ class Encoder(nn.Module):
 def record_config(local_vars: dict[str, Any]) -> dict[str, Any]:
     """Constructor values (from ``locals()``) as plain Python, minus loading/freezing switches
     and the parts (whose values the caller adds flat, as :func:`mmtf.utils.parts.flatten_parts`)."""
-    skip = {"self", "__class__", "pretrained", "freeze", "block", "frontend", "spec_augment"}
+    skip = {"self", "__class__", "pretrained", "freeze", "block", "frontend", "spec_augment",
+            "patch"}
     return {k: _plain(v) for k, v in local_vars.items() if k not in skip}
 
 
