@@ -59,7 +59,7 @@ def crop_long_audio(task: Task, datamodule: L.LightningDataModule, split: str) -
 
     Evaluation scores one caption per clip against its references, so the predict CLI's
     ``long_audio=window`` does not apply: clips that fit are scored whole (as
-    ``data.eval_crop=full`` does), longer ones are cropped, with one warning naming them.
+    ``data.crop.eval=full`` does), longer ones are cropped, with one warning naming them.
     """
     limit = task.encoder.max_seconds if task.modality == "audio" else None
     if limit is None or datamodule.modality != "audio":

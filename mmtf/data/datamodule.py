@@ -114,11 +114,11 @@ class MediaDataModule(L.LightningDataModule):
         modality: ``audio`` | ``image``; fixed by the format except for ``manifest``.
         splits: our split -> the format's split name (e.g. COCO ``{train: train2017, ...}``).
         sample_rate: audio is resampled to this rate (Hz).
-        max_seconds: longer audio is cropped: per ``train_crop`` in training, per ``eval_crop``
-            otherwise.
-        eval_crop: ``full`` (never crop in val/test), ``center`` or ``start``.
-        train_crop: ``random`` (a random window each epoch: sound events) or ``start`` (the
-            first ``max_seconds``: speech, whose transcript follows the audio from its start).
+        max_seconds: longer audio is cropped, per ``crop``.
+        crop: ``{train: random | start, eval: full | center | start}``, either may be left
+            out: training takes a random window each epoch (sound events) or the first
+            ``max_seconds`` (speech, whose transcript follows the audio from its start);
+            val/test never crop (``full``), or take the centre or the start.
         channels: required audio channel count; None accepts any and mixes to mono.
         train_transforms: image transforms (``transforms.v2`` list) for training.
         eval_transforms: image transforms for val/test.
@@ -142,9 +142,7 @@ class MediaDataModule(L.LightningDataModule):
 
     def __init__(self, *, format: str, root: str, modality: str | None = None,
                  splits: Mapping[str, str] | None = None, sample_rate: int = 16000,
-                 max_seconds: float | None = None,
-                 eval_crop: Literal["full", "center", "start"] = "full",
-                 train_crop: Literal["random", "start"] = "random",
+                 max_seconds: float | None = None, crop: Mapping[str, str] | None = None,
                  channels: int | None = None, train_transforms: Sequence[Any] | None = None,
                  eval_transforms: Sequence[Any] | None = None,
                  batches: BatchOptions | Mapping[str, Any] | None = None,
@@ -165,12 +163,12 @@ class MediaDataModule(L.LightningDataModule):
         if modality not in ("audio", "image"):
             raise UserError(f"{type(self).__name__}: modality ({modality!r}) must be 'audio' "
                              f"or 'image'; set data.modality.")
-        if eval_crop not in ("full", "center", "start"):
-            raise UserError(f"eval_crop ({eval_crop!r}) must be 'full', 'center' or 'start'.")
-        if train_crop not in ("random", "start"):
-            raise UserError(f"train_crop ({train_crop!r}) must be 'random' or 'start'; fix "
-                            f"data.train_crop.")
-        self.train_crop = train_crop
+        crop = {"train": "random", "eval": "full", **(to_plain(crop) or {})}
+        if set(crop) != {"train", "eval"} or crop["train"] not in ("random", "start") or \
+                crop["eval"] not in ("full", "center", "start"):
+            raise UserError(f"data.crop ({crop}) must be {{train: random | start, eval: full | "
+                            f"center | start}}; fix data.crop.")
+        self.train_crop, eval_crop = crop["train"], crop["eval"]
         if max_seconds is not None and max_seconds <= 0:
             raise UserError(f"max_seconds ({max_seconds}) must be > 0, or null for no limit.")
         self.budget, self.eval_budget = _budgets(modality, batches)

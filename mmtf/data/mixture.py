@@ -68,8 +68,8 @@ log = logging.getLogger("mmtf.data")
 __all__ = ["MixtureDataModule", "MixtureDataset", "MixtureSampler", "Source"]
 
 # Reading and example settings: each source's own, never the mixture's.
-PER_SOURCE = ("format", "root", "modality", "splits", "sample_rate", "max_seconds", "eval_crop",
-              "train_crop", "channels", "train_transforms", "eval_transforms", "media_cache_mb",
+PER_SOURCE = ("format", "root", "modality", "splits", "sample_rate", "max_seconds", "crop",
+              "channels", "train_transforms", "eval_transforms", "media_cache_mb",
               "augment", "max_caption_tokens", "caption_policy",
               "captions_per_item", "language", "task", "on_error")
 

@@ -29,21 +29,24 @@ BATCHES = ("batch_size", "eval_batch_size", "max_seconds_per_batch", "max_pixels
            "eval_max_seconds_per_batch", "eval_max_pixels_per_batch", "bucketing",
            "bucket_size", "drop_last")
 LOADER = ("num_workers", "pin_memory", "persistent_workers")
-# Class name -> {part: (its _target_, the flat keys it took over)}. By class name, so every
-# import path of a class (mmtf.encoders.AudioEncoder, mmtf.encoders.audio.AudioEncoder) and
-# every data module (subclasses of MediaDataModule end in "DataModule") is covered.
+CROP = {"train_crop": "train", "eval_crop": "eval"}
+# Class name -> {part: (its _target_ or None for a plain mapping, the flat keys it took over,
+# or flat key -> its name in the part)}. By class name, so every import path of a class
+# (mmtf.encoders.AudioEncoder, mmtf.encoders.audio.AudioEncoder) and every data module
+# (subclasses of MediaDataModule end in "DataModule") is covered.
 _BLOCK = {"block": ("mmtf.nn.BlockOptions", BLOCK)}
-PARTS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
+PARTS: dict[str, dict[str, tuple[str | None, tuple[str, ...] | dict[str, str]]]] = {
     "AudioEncoder": {**_BLOCK, "frontend": ("mmtf.encoders.audio.LogMelFrontEnd", FRONTEND),
                      "spec_augment": ("mmtf.encoders.audio.SpecAugment", SPEC_AUGMENT)},
     "VisionEncoder": {**_BLOCK, "patch": ("mmtf.encoders.vision.PatchOptions", PATCH)},
     "TextDecoder": _BLOCK,
     "DataModule": {"batches": ("mmtf.data.datamodule.BatchOptions", BATCHES),
-                   "loader": ("mmtf.data.datamodule.LoaderOptions", LOADER)},
+                   "loader": ("mmtf.data.datamodule.LoaderOptions", LOADER),
+                   "crop": (None, CROP)},
 }
 
 
-def _parts(target: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
+def _parts(target: Any) -> dict[str, tuple[str | None, tuple[str, ...] | dict[str, str]]]:
     name = str(target).rsplit(".", 1)[-1]
     return PARTS.get("DataModule" if name.endswith("DataModule") else name, {})
 
@@ -65,14 +68,16 @@ def upgrade_config(node: Any) -> Any:
     node = {k: upgrade_config(v) for k, v in node.items()}
     target = node.get("_target_")
     for part, (part_target, keys) in _parts(target).items():
-        flat = {k: node.pop(k) for k in keys if k in node}
-        if not flat:
+        names = keys if isinstance(keys, dict) else {k: k for k in keys}
+        moved = [old for old in names if old in node]
+        if not moved:
             continue
         if part in node:
-            raise ValueError(f"{target}: {', '.join(flat)} are the pre-#39 flat form of "
+            raise ValueError(f"{target}: {', '.join(moved)} are the pre-#39 flat form of "
                              f"{part}.*, and the config also has {part}; keep only "
-                             f"{part}.{next(iter(flat))}.")
-        node[part] = {"_target_": part_target, **flat}
+                             f"{part}.{names[moved[0]]}.")
+        flat = {names[old]: node.pop(old) for old in moved}
+        node[part] = {"_target_": part_target, **flat} if part_target else flat
     old_cache = node.pop("image_cache_mb", None) if "batches" in _parts(target) else None
     if old_cache is not None:
         if node.get("media_cache_mb") and node["media_cache_mb"] != old_cache:

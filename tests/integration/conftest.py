@@ -206,7 +206,7 @@ def audio_captioner(tmp_path_factory) -> TrainedRun:
         limit = AUDIO_CAPTIONER_MAX_SECONDS
         overrides = [o if o != "logger=csv" else "logger=default" for o in tiny_overrides(
             "audio_captioning", folder / "data", f"model.encoder.max_seconds={limit}",
-            f"data.max_seconds={limit}", "data.eval_crop=start") if o != NO_FIGURE]
+            f"data.max_seconds={limit}", "data.crop.eval=start") if o != NO_FIGURE]
         out = run_cli("mmtf.train", [*overrides, f"hydra.run.dir={folder / 'run'}"], cwd=folder)
         assert out.returncode == 0, out.stderr[-3000:]
 

@@ -3,13 +3,16 @@ caption policies, determinism, and bad files under on_error=raise and skip."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from hydra.utils import instantiate
 from torchvision.transforms import v2
 
 from mmtf.data import (
@@ -20,6 +23,8 @@ from mmtf.data import (
 from mmtf.errors import UserError
 from mmtf.synthetic import audio as synthetic_audio
 from mmtf.text import CharTokenizer, build_tokenizer
+from mmtf.utils.parts import upgrade_config
+from tests.unit.data.datamodule_reference import CONFIGS, ROOTS, digest
 from tests.unit.presets import flat
 
 BPE = {"kind": "bpe", "vocab_size": 200}
@@ -347,3 +352,29 @@ def test_pin_memory_follows_the_trainer_device_when_unset(tiny_audio_captions, p
     dm.setup("fit")
     assert dm.train_dataloader().pin_memory is pinned
     assert dm.val_dataloader().pin_memory is pinned
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_pre_39_flat_data_config_gives_the_same_batches(name, tiny_audio_captions,
+                                                          tiny_image_captions):
+    """A stored flat config (batch, loader and crop keys, image_cache_mb), upgraded, gives the
+    batches the pre-#39 code gave, bit for bit (the reference: datamodule_reference.py)."""
+    reference = json.loads(Path(__file__).with_name("datamodule_reference.json").read_text())
+    root = {"audio_captions": tiny_audio_captions, "image_captions": tiny_image_captions}
+    cfg = upgrade_config({**CONFIGS[name], "root": str(root[ROOTS[name]])})
+    assert not set(cfg) & {"batch_size", "num_workers", "train_crop", "image_cache_mb"}
+    assert digest(instantiate(cfg)) == reference[name]
+
+
+def test_flat_data_keys_beside_their_part_are_refused_naming_the_new_key():
+    with pytest.raises(ValueError, match=r"keep only batches\.batch_size"):
+        upgrade_config({"_target_": "mmtf.data.CaptionDataModule", "batch_size": 4,
+                        "batches": {"batch_size": 8}})
+    with pytest.raises(ValueError, match=r"keep only crop\.eval"):
+        upgrade_config({"_target_": "mmtf.data.CaptionDataModule", "eval_crop": "start",
+                        "crop": {"train": "start"}})
+
+
+def test_bad_crop_names_the_key(tmp_path):
+    with pytest.raises(UserError, match=r"data.crop \(.*'middle'.*\) must be \{train: random"):
+        CaptionDataModule(format="clotho", root=str(tmp_path), crop={"eval": "middle"})
