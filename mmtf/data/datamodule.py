@@ -120,8 +120,8 @@ class MediaDataModule(L.LightningDataModule):
             ``max_seconds`` (speech, whose transcript follows the audio from its start);
             val/test never crop (``full``), or take the centre or the start.
         channels: required audio channel count; None accepts any and mixes to mono.
-        train_transforms: image transforms (``transforms.v2`` list) for training.
-        eval_transforms: image transforms for val/test.
+        transforms: ``{train: [...], eval: [...]}``: the image transforms (``transforms.v2``
+            lists) of training and of val/test.
         batches: batch sizes or budgets, bucketing (:class:`BatchOptions`, or a mapping of
             its fields).
         loader: workers and pinning (:class:`LoaderOptions`, or a mapping of its fields).
@@ -143,8 +143,8 @@ class MediaDataModule(L.LightningDataModule):
     def __init__(self, *, format: str, root: str, modality: str | None = None,
                  splits: Mapping[str, str] | None = None, sample_rate: int = 16000,
                  max_seconds: float | None = None, crop: Mapping[str, str] | None = None,
-                 channels: int | None = None, train_transforms: Sequence[Any] | None = None,
-                 eval_transforms: Sequence[Any] | None = None,
+                 channels: int | None = None,
+                 transforms: Mapping[str, Sequence[Any] | None] | None = None,
                  batches: BatchOptions | Mapping[str, Any] | None = None,
                  loader: LoaderOptions | Mapping[str, Any] | None = None, seed: int = 0,
                  on_error: Literal["raise", "skip"] = "raise", media_cache_mb: float = 0,
@@ -184,13 +184,17 @@ class MediaDataModule(L.LightningDataModule):
             task=self.task)
         if modality != "audio" and (self.augment or self.mixup):
             raise ConfigError(f"data.augment is for audio; this data is {modality} (image "
-                              f"augmentation: data.train_transforms); remove data.augment.")
+                              f"augmentation: data.transforms.train); remove data.augment.")
         self.format, self.modality = format, modality
         self.root = Path(root).expanduser().resolve()
         self.splits = dict(to_plain(splits)) if splits else None
         self.sample_rate, self.max_seconds, self.eval_crop = sample_rate, max_seconds, eval_crop
         self.channels = channels
-        self.train_transforms, self.eval_transforms = train_transforms, eval_transforms
+        transforms = dict(transforms or {})
+        if set(transforms) - {"train", "eval"}:
+            raise UserError(f"data.transforms has {sorted(transforms)}; it takes train and eval "
+                            f"(lists of image transforms); fix data.transforms.")
+        self.train_transforms, self.eval_transforms = transforms.get("train"), transforms.get("eval")
         # Attributes, not the parts: mmtf.evaluate sets batch_size on a built module.
         self.batch_size, self.eval_batch_size = batches.batch_size, batches.eval_batch_size
         self.bucketing, self.bucket_size = batches.bucketing, batches.bucket_size

@@ -99,7 +99,7 @@ def build_transform(transforms: Sequence[Any] | None) -> Callable[[Tensor], Tens
     scaled to 0..1 at the end (``ToDtype(float32, scale=True)``).
 
     Args:
-        transforms: the list from config (``data.train_transforms`` / ``eval_transforms``), or
+        transforms: the list from config (``data.transforms.train`` / ``eval``), or
             None for "only convert to float".
 
     Returns:
@@ -160,7 +160,7 @@ def build_eval_image_transform(data_cfg: Mapping[str, Any]) -> Callable[[Tensor]
 
     Used by ``mmtf.predict`` to preprocess raw images exactly as evaluation did.
     """
-    return build_transform(data_cfg.get("eval_transforms"))
+    return build_transform((data_cfg.get("transforms") or {}).get("eval"))
 
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -193,7 +193,7 @@ def pretrained_image_transform(source: str | os.PathLike | None = None,
     Args:
         source: the model folder (or hub id) holding ``preprocessor_config.json``; in a config,
             ``{_target_: mmtf.data.image.pretrained_image_transform, source:
-            ${model.encoder.pretrained}}`` as a ``data.*_transforms`` entry.
+            ${model.encoder.pretrained}}`` as a ``data.transforms.*`` entry.
         processor: the settings :func:`read_image_processor` resolved from that file; given,
             the file is not read. Training records them in the run's config
             (:func:`record_image_processors`), so a checkpoint preprocesses without the
@@ -248,7 +248,7 @@ def read_image_processor(source: str | os.PathLike | None) -> dict[str, Any]:
         raise UserError(f"{owner}: {file} has image_processor_type="
                         f"{config.get('image_processor_type')!r}; reproduced are "
                         f"{', '.join(sorted(PROCESSOR_DEFAULTS))} (and their Fast variants); "
-                        f"write data.*_transforms by hand for this model.")
+                        f"write data.transforms.* by hand for this model.")
     cfg = {**PROCESSOR_DEFAULTS[kind], **config}
     values: dict[str, Any] = {"resize": None, "resample": int(cfg["resample"]), "crop": None}
     if cfg.get("do_resize", True):
@@ -284,8 +284,8 @@ def record_image_processors(data_cfg: MutableMapping[str, Any]) -> None:
     ``data_cfg`` (a plain dict, the run's ``data`` config) as its ``processor``, in place, so
     the stored config rebuilds the pipeline without ``preprocessor_config.json``."""
     target = f"{__name__}.{pretrained_image_transform.__name__}"
-    for key in ("train_transforms", "eval_transforms"):
-        for entry in data_cfg.get(key) or []:
+    for entries in (data_cfg.get("transforms") or {}).values():
+        for entry in entries or []:
             if (isinstance(entry, MutableMapping) and entry.get("_target_") == target
                     and entry.get("processor") is None):
                 entry["processor"] = read_image_processor(entry.get("source"))

@@ -69,7 +69,7 @@ __all__ = ["MixtureDataModule", "MixtureDataset", "MixtureSampler", "Source"]
 
 # Reading and example settings: each source's own, never the mixture's.
 PER_SOURCE = ("format", "root", "modality", "splits", "sample_rate", "max_seconds", "crop",
-              "channels", "train_transforms", "eval_transforms", "media_cache_mb",
+              "channels", "transforms", "media_cache_mb",
               "augment", "max_caption_tokens", "caption_policy",
               "captions_per_item", "language", "task", "on_error")
 

@@ -30,6 +30,7 @@ BATCHES = ("batch_size", "eval_batch_size", "max_seconds_per_batch", "max_pixels
            "bucket_size", "drop_last")
 LOADER = ("num_workers", "pin_memory", "persistent_workers")
 CROP = {"train_crop": "train", "eval_crop": "eval"}
+TRANSFORMS = {"train_transforms": "train", "eval_transforms": "eval"}
 # Class name -> {part: (its _target_ or None for a plain mapping, the flat keys it took over,
 # or flat key -> its name in the part)}. By class name, so every import path of a class
 # (mmtf.encoders.AudioEncoder, mmtf.encoders.audio.AudioEncoder) and every data module
@@ -42,7 +43,7 @@ PARTS: dict[str, dict[str, tuple[str | None, tuple[str, ...] | dict[str, str]]]]
     "TextDecoder": _BLOCK,
     "DataModule": {"batches": ("mmtf.data.datamodule.BatchOptions", BATCHES),
                    "loader": ("mmtf.data.datamodule.LoaderOptions", LOADER),
-                   "crop": (None, CROP)},
+                   "crop": (None, CROP), "transforms": (None, TRANSFORMS)},
 }
 
 
