@@ -34,6 +34,7 @@ from mmtf.nn import KVCache, TransformerStack
 from mmtf.nn.linear import Linear
 from mmtf.nn.positions import LearnedPositions
 from mmtf.nn.transformer import AttentionLayers, AttentionMaps, BlockOptions
+from mmtf.utils.parts import as_part
 
 PositionKind = Literal["rope", "learned"]
 
@@ -113,7 +114,7 @@ class TextDecoder(nn.Module):
                  positions: PositionKind = "rope", rope_base: float = 10000.0,
                  activation_checkpointing: bool = False) -> None:
         super().__init__()
-        block = BlockOptions.of(block)
+        block = as_part(BlockOptions, block)
         # depth, num_heads and the width rules are the stack's and Attention's (in_config below).
         for name, value in (("vocab_size", vocab_size), ("dim", dim), ("context_dim", context_dim),
                             ("max_len", max_len)):

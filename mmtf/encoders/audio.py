@@ -57,6 +57,7 @@ from mmtf.nn import TransformerStack
 from mmtf.nn.positions import FixedPositions, sinusoidal_table
 from mmtf.nn.transformer import AttentionLayers, AttentionMaps, BlockOptions
 from mmtf.utils.compat import module_apply
+from mmtf.utils.parts import as_part
 
 FeatureNorm = Literal["utterance", "global"]
 FeatureKind = Literal["mmtf", "whisper"]
@@ -226,7 +227,7 @@ class SpecAugment(nn.Module):
                            ("time_masks", time_masks), ("time_mask_width", time_mask_width)):
             if value < 0:
                 raise UserError(f"SpecAugment: {key} ({value}) must be >= 0; use 0 to switch "
-                                f"that masking off (model.encoder.frontend.{key}).")
+                                f"that masking off (model.encoder.spec_augment.{key}).")
         if time_mask_mode not in ("fixed", "adaptive"):
             raise UserError(f"SpecAugment: time_mask_mode ({time_mask_mode!r}) must be 'fixed' "
                             f"or 'adaptive'; fix model.encoder.spec_augment.time_mask_mode.")
@@ -370,8 +371,9 @@ class AudioEncoder(Encoder):
                  activation_checkpointing: bool = False,
                  pretrained: str | Path | None = None, freeze: bool = False) -> None:
         super().__init__()
-        block = BlockOptions.of(block)
-        frontend, spec_augment = _part(LogMelFrontEnd, frontend), _part(SpecAugment, spec_augment)
+        block = as_part(BlockOptions, block)
+        frontend = as_part(LogMelFrontEnd, frontend)
+        spec_augment = as_part(SpecAugment, spec_augment)
         self.config = record_config({**locals(), **asdict(block), **frontend.config,
                                      **spec_augment.config})
         if positions not in ("rope", "sinusoidal"):
@@ -533,13 +535,6 @@ def _check_front_end(sample_rate: int, n_mels: int, n_fft: int, hop_length: int,
     for ok, message in rules:
         if not ok:
             raise UserError(f"LogMelFrontEnd: {message}; fix it in model.encoder.frontend.")
-
-
-def _part(cls: type[nn.Module], part: nn.Module | Mapping[str, Any] | None) -> Any:
-    """A part given as a module, or as its constructor arguments (None: the defaults)."""
-    if isinstance(part, nn.Module):
-        return part
-    return cls(**{k: v for k, v in (part or {}).items() if k != "_target_"})
 
 
 def _floats(value: float | Sequence[float]) -> list[float]:

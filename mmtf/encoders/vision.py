@@ -112,7 +112,7 @@ class VisionEncoder(Encoder):
                  activation_checkpointing: bool = False, pretrained: str | Path | None = None,
                  freeze: bool = False) -> None:
         super().__init__()
-        block, patch = BlockOptions.of(block), as_part(PatchOptions, patch)
+        block, patch = as_part(BlockOptions, block), as_part(PatchOptions, patch)
         self.config = record_config({**locals(), **asdict(block), **asdict(patch)})
         patch_size, in_channels, stem = patch.patch_size, patch.in_channels, patch.stem
         if patch_size < 1 or in_channels < 1:

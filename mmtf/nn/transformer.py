@@ -26,6 +26,7 @@ from mmtf.nn.attention import Attention, projection_biases
 from mmtf.nn.kv_cache import KVCache
 from mmtf.nn.linear import Linear
 from mmtf.nn.rope import RotaryEmbedding
+from mmtf.utils.parts import as_part
 
 NormKind = Literal["layernorm", "rmsnorm"]
 # gelu: exact (erf) GELU, as Whisper, ViT, BERT; gelu_tanh: the tanh approximation (GPT-2's
@@ -64,14 +65,6 @@ class BlockOptions:
     attn_dropout: float = 0.0
     bias: bool | str = False
     mlp_bias: bool | None = None
-
-    @classmethod
-    def of(cls, block: BlockOptions | Mapping[str, Any] | None) -> BlockOptions:
-        """``block`` as BlockOptions: a mapping (a config node without ``_target_``) or None
-        (the defaults) converted."""
-        if isinstance(block, BlockOptions):
-            return block
-        return cls(**{k: v for k, v in (block or {}).items() if k != "_target_"})
 
 
 def make_norm(kind: NormKind, dim: int, eps: float = 1e-5) -> nn.Module:
@@ -144,7 +137,7 @@ class TransformerBlock(nn.Module):
                  block: BlockOptions | Mapping[str, Any] | None = None, causal: bool = False,
                  cross_dim: int | None = None, rope: RotaryEmbedding | None = None) -> None:
         super().__init__()
-        o = BlockOptions.of(block)
+        o = as_part(BlockOptions, block)
         mlp_bias = bool(projection_biases(o.bias)) if o.mlp_bias is None else o.mlp_bias
         heads = dict(dim=dim, num_heads=num_heads, num_kv_heads=o.num_kv_heads, bias=o.bias,
                      dropout=o.attn_dropout)
@@ -221,7 +214,7 @@ class TransformerStack(nn.Module):
                  max_len: int = 4096, final_norm: bool = True,
                  activation_checkpointing: bool = False) -> None:
         super().__init__()
-        block = BlockOptions.of(block)
+        block = as_part(BlockOptions, block)
         if depth < 1:
             raise UserError(f"TransformerStack: depth ({depth}) must be >= 1.")
         if not 0.0 <= block.dropout < 1.0:
