@@ -4,7 +4,8 @@ Encoders and decoders take their transformer block options (:class:`mmtf.nn.Bloc
 audio front end (:class:`~mmtf.encoders.audio.LogMelFrontEnd`), SpecAugment and the vision patch
 embedding (:class:`~mmtf.encoders.vision.PatchOptions`) as parts, and data modules their batching
 (:class:`~mmtf.data.datamodule.BatchOptions`) and loader
-(:class:`~mmtf.data.datamodule.LoaderOptions`) settings, instead of dozens of flat keywords. Run
+(:class:`~mmtf.data.datamodule.LoaderOptions`) settings and their per-split crops and image
+transforms (``crop`` / ``transforms``: ``{train, eval}``), instead of dozens of flat keywords. Run
 configs, checkpoints and export folders written before hold the flat keys; :func:`upgrade_config`
 moves them into the parts, so they still build the same module (same ``state_dict`` keys, same
 values, same batches). :func:`flatten_parts` is the way back: an encoder's ``config`` stays
