@@ -36,7 +36,7 @@ from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.errors import ConfigError, DataError, UserError
 from mmtf.text import PretrainedTokenizer, Tokenizer
-from mmtf.utils.parts import as_part
+from mmtf.utils.parts import as_part, moved_keys
 
 log = logging.getLogger("mmtf.data")
 
@@ -444,7 +444,7 @@ class CaptionDataModule(MediaDataModule):
     def __init__(self, *, max_caption_tokens: int = 64,
                  caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
                  language: str | None = None, task: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**_current_keys(kwargs))
         self.max_caption_tokens = int(max_caption_tokens)
         if self.max_caption_tokens < 2:
             raise ConfigError(f"max_caption_tokens ({self.max_caption_tokens}) must be >= 2 to "
@@ -588,7 +588,7 @@ class ClassificationDataModule(MediaDataModule):
 
     def __init__(self, *, folds: Mapping[str, Sequence[int]] | None = None,
                  val_fraction: float = 0.1, test_fraction: float = 0.1, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**_current_keys(kwargs))
         self.folds = dict(to_plain(folds)) if folds else None
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.class_names: list[str] | None = None
@@ -621,6 +621,16 @@ class ClassificationDataModule(MediaDataModule):
     def _dataset(self, split: str, crop: str) -> LabelDataset:
         return LabelDataset(self.items(split), **self._media_kwargs(split, crop))
 
+
+
+def _current_keys(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs``, refused with the key's new place if one is a pre-#39 flat key (a user's
+    YAML; stored configs are upgraded before they get here)."""
+    old = sorted(set(kwargs) & set(moved := moved_keys("DataModule")))
+    if old:
+        raise ConfigError(f"data.{old[0]} is now data.{moved[old[0]]}; rename it in your "
+                          f"experiment YAML or override.")
+    return kwargs
 
 
 def _budgets(modality: str, batches: BatchOptions) -> tuple[float | None, float | None]:

@@ -53,6 +53,16 @@ def _parts(target: Any) -> dict[str, tuple[str | None, tuple[str, ...] | dict[st
     return PARTS.get("DataModule" if name.endswith("DataModule") else name, {})
 
 
+def moved_keys(target: Any) -> dict[str, str]:
+    """The pre-#39 flat keys of ``target`` (a ``_target_``) -> where they are now
+    (``n_mels`` -> ``frontend.n_mels``): what a config error suggests for an old key."""
+    out = {}
+    for part, (_, keys) in _parts(target).items():
+        names = keys if isinstance(keys, dict) else {k: k for k in keys}
+        out.update({old: f"{part}.{new}" for old, new in names.items()})
+    return out
+
+
 def upgrade_config(node: Any) -> Any:
     """``node`` (a config tree of dicts and lists) with every pre-#39 flat key of a constructor
     in :data:`PARTS` moved into its part (and a data module's ``image_cache_mb``, the name of

@@ -74,3 +74,25 @@ def test_flat_export_folder_loads(tmp_path):
     assert back.state_dict().keys() == enc.state_dict().keys()
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(),
                                                   enc.state_dict().values()))
+
+
+@pytest.mark.parametrize("node,new", [
+    ({"_target_": "mmtf.encoders.AudioEncoder", "n_mels": 80}, "frontend.n_mels"),
+    ({"_target_": "mmtf.encoders.VisionEncoder", "stem": "conv"}, "patch.stem"),
+    ({"_target_": "mmtf.decoders.TextDecoder", "dropout": 0.1}, "block.dropout")])
+def test_an_old_flat_key_in_a_yaml_names_its_new_place(node, new):
+    """A user's experiment YAML or override with a pre-#39 key fails up front, naming the key."""
+    from mmtf.errors import ConfigError
+    from mmtf.utils.config import check_target_signatures
+
+    with pytest.raises(ConfigError, match=rf"Did you mean '{new}'"):
+        check_target_signatures({"data": node})
+
+
+def test_an_old_flat_data_key_names_its_new_place(tmp_path):
+    """Data modules take **kwargs, so the signature check cannot see them: they refuse it."""
+    from mmtf.data import CaptionDataModule
+    from mmtf.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data.batch_size is now data.batches.batch_size"):
+        CaptionDataModule(format="clotho", root=str(tmp_path), batch_size=4)
