@@ -46,14 +46,9 @@ _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",
 
 def to_plain(x: Any) -> Any:
     """DictConfig/ListConfig -> dict/list (when Hydra's _convert_ was not set)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf import DictConfig, ListConfig, OmegaConf
 
-        if isinstance(x, DictConfig | ListConfig):
-            return OmegaConf.to_container(x, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return x
+    return OmegaConf.to_container(x, resolve=True) if isinstance(x, DictConfig | ListConfig) else x
 
 
 @dataclass(frozen=True)
@@ -73,9 +68,8 @@ class BatchOptions:
         eval_max_seconds_per_batch, eval_max_pixels_per_batch: the val/test counterparts.
             Val/test use the first that is set of: these, ``eval_batch_size``, ``batch_size``,
             the training budget.
-        bucketing: batch similar audio lengths together. bucket_size: batches per
-            length-sorting pool.
-        drop_last: drop the last incomplete training batch.
+        bucketing, bucket_size: batch similar audio lengths together, in pools of this many
+            batches. drop_last: drop the last incomplete training batch.
     """
 
     batch_size: int | None = 32
