@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from mmtf.errors import CheckpointError, require_file
+from mmtf.utils.parts import upgrade_config
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def stored_config(checkpoint: dict[str, Any], path: str | os.PathLike,
     stored = [str(s) for s in cfg.get("safe_targets") or []]
     for part in ("model", "data"):
         check_targets(cfg.get(part), f"config.{part}", safe_targets, stored)
-    return cfg
+    return upgrade_config(cfg)     # a checkpoint written before the constructors took parts
 
 
 # The EMA callback's averaged weights (mmtf.tasks.ema), beside the trained ``state_dict``.

@@ -28,6 +28,7 @@ from mmtf.tasks.rebuild import build_task
 from mmtf.utils.config import generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.cpu_sharing import share_cpu
+from mmtf.utils.parts import upgrade_config
 
 log = logging.getLogger("mmtf.evaluate")
 SPLITS = ("val", "test")
@@ -39,7 +40,12 @@ def build_datamodule(stored: dict[str, Any], overrides: Any) -> L.LightningDataM
     # data; the tokenizer itself is in the checkpoint (docs/design/tokenizer-ownership.md).
     stored_data = {k: v for k, v in stored["data"].items()
                    if k not in ("tokenizer", "tokenizer_path")}
-    data_cfg = OmegaConf.merge(OmegaConf.create(stored_data), overrides or {})
+    # Overrides in the pre-#39 flat form (data.num_workers=0) go into their parts.
+    extra = upgrade_config({"_target_": stored_data.get("_target_"),
+                            **OmegaConf.to_container(OmegaConf.create(overrides or {}))})
+    if "_target_" not in (overrides or {}):
+        del extra["_target_"]
+    data_cfg = OmegaConf.merge(OmegaConf.create(stored_data), extra)
     data_dict = OmegaConf.to_container(data_cfg, resolve=True)
     check_targets(data_dict, "data")
     return instantiate(OmegaConf.create(data_dict))
@@ -50,7 +56,7 @@ def crop_long_audio(task: Task, datamodule: L.LightningDataModule, split: str) -
 
     Evaluation scores one caption per clip against its references, so the predict CLI's
     ``long_audio=window`` does not apply: clips that fit are scored whole (as
-    ``data.eval_crop=full`` does), longer ones are cropped, with one warning naming them.
+    ``data.crop.eval=full`` does), longer ones are cropped, with one warning naming them.
     """
     limit = task.encoder.max_seconds if task.modality == "audio" else None
     if limit is None or datamodule.modality != "audio":

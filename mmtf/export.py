@@ -25,6 +25,7 @@ from mmtf.tasks.rebuild import build_task
 from mmtf.utils.config import require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.cpu_sharing import share_cpu
+from mmtf.utils.parts import upgrade_config
 
 PARTS = ("encoder", "decoder")
 FORMATS = ("mmtf", "hf", "peft")
@@ -110,7 +111,7 @@ def load_exported(path: str | Path, *, freeze: bool = False) -> nn.Module:
                                fix="pass the folder written by python -m mmtf.export",
                                error=CheckpointError)
     export = open_export(path, owner="exported weights", key="the path", error=CheckpointError)
-    cfg = export.config(resolve=True)
+    cfg = upgrade_config(export.config(resolve=True))
     if not cfg:
         raise CheckpointError(f"{config_file} holds no part config (a _target_ and its "
                               f"arguments); pass the folder written by python -m mmtf.export.")

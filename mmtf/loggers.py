@@ -30,7 +30,7 @@ def flat_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """The resolved config flattened to dotted keys.
 
     Lists of plain values (``tags``, ``snr_db``) stay one value, shown as ``"[a, b]"``; lists
-    holding mappings (transforms) are indexed: ``data.train_transforms.0._target_``.
+    holding mappings (transforms) are indexed: ``data.transforms.train.0._target_``.
     """
     tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     flat: dict[str, Any] = {}

@@ -148,7 +148,7 @@ def start_cpu_sharing(cfg: DictConfig, trainer: L.Trainer) -> None:
     jobs = 1
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         jobs = parallel_jobs(HydraConfig.get().launcher)
-    workers = int((cfg.get("data") or {}).get("num_workers") or 0)
+    workers = int(OmegaConf.select(cfg, "data.loader.num_workers", default=0) or 0)
     share_cpu(cfg.get("cpu_sharing"), processes=ranks * jobs, loader_workers=workers)
 
 

@@ -82,7 +82,7 @@ def worker(steps: int, loop: bool, overrides: list[str]) -> None:
     device = torch.device("cpu")
     model, opt, cfg = tt.build_mmtf(overrides, device)
     ready = share_cpu(cfg.cpu_sharing)                # one process, no loader workers
-    batches = tt.make_batches(cfg, 4, int(cfg.data.batch_size), 4.0, device)
+    batches = tt.make_batches(cfg, 4, int(cfg.data.batches.batch_size), 4.0, device)
 
     def run(n: int) -> float:
         start = time.perf_counter()
@@ -94,7 +94,7 @@ def worker(steps: int, loop: bool, overrides: list[str]) -> None:
     if loop:
         while True:
             run(1)
-    print(json.dumps({"ready": ready, "batch": int(cfg.data.batch_size)}),
+    print(json.dumps({"ready": ready, "batch": int(cfg.data.batches.batch_size)}),
           flush=True)
     for _ in sys.stdin:
         print(json.dumps({"seconds": run(steps)}), flush=True)

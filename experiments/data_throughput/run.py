@@ -56,9 +56,9 @@ SYNTH_44K = {**SYNTH, "num_train": 400, "num_val": 0, "num_test": 0, "sample_rat
 def _dm(root: Path, synth: dict, *, workers: int = 0, bucketing: bool = True
         ) -> SyntheticCaptionDataModule:
     dm = SyntheticCaptionDataModule(format="clotho", root=str(root), synthetic=synth,
-                                    sample_rate=16000, max_seconds=10.0, batch_size=32,
-                                    num_workers=workers, persistent_workers=False,
-                                    bucketing=bucketing, seed=0)
+                                    sample_rate=16000, max_seconds=10.0,
+                                    batches={"batch_size": 32, "bucketing": bucketing},
+                                    loader={"num_workers": workers}, seed=0)
     dm.setup("fit")
     dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=300))
     return dm
@@ -75,8 +75,7 @@ def time_epoch(root: Path, synth: dict, workers: int) -> dict[str, float]:
             "padding_fraction": dm.stats["train"]["padding_fraction"]}
 
 
-LOADER = {"sample_rate": 16000, "max_seconds": 10.0, "batch_size": 32,
-          "persistent_workers": False, "seed": 0}
+LOADER = {"sample_rate": 16000, "max_seconds": 10.0, "batches": {"batch_size": 32}, "seed": 0}
 
 
 def write_shard_copy(root: Path, out: Path) -> None:
@@ -92,18 +91,20 @@ def source_dm(kind: str, root: Path, shards: Path, workers: int) -> CaptionDataM
     """files | shards | mixture (files + shards, 1:1, 3000 draws), connected to a tokenizer."""
     patterns = {s: f"{s}/*.tar" for s in ("train", "val", "test")}
     if kind == "files":
-        dm = CaptionDataModule(format="clotho", root=str(root), num_workers=workers, **LOADER)
+        dm = CaptionDataModule(format="clotho", root=str(root), loader={"num_workers": workers},
+                               **LOADER)
     elif kind == "shards":
         dm = ShardDataModule(format="shards", root=str(shards), shards=patterns,
-                             num_workers=workers, **LOADER)
+                             loader={"num_workers": workers}, **LOADER)
     else:
         sources = {"files": {"_target_": "mmtf.data.CaptionDataModule", "format": "clotho",
                              "root": str(root), "max_seconds": 10.0, "weight": 1.0},
                    "shards": {"_target_": "mmtf.data.shards.ShardDataModule",
                               "format": "shards", "root": str(shards), "shards": patterns,
                               "max_seconds": 10.0, "weight": 1.0}}
-        dm = MixtureDataModule(sources=sources, epoch_samples=3000, num_workers=workers,
-                               batch_size=32, persistent_workers=False, seed=0)
+        dm = MixtureDataModule(sources=sources, epoch_samples=3000,
+                               loader={"num_workers": workers}, batches={"batch_size": 32},
+                               seed=0)
     dm.setup("fit")
     dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=300))
     return dm

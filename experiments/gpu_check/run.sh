@@ -68,7 +68,7 @@ step training_throughput 75 $PY experiments/training_throughput/run.py --device 
 # a temporary run dir, its metrics and log come back --
 RUN_DIR=$(mktemp -d)/run
 step main_job 100 $PY -m mmtf.train experiment=audio_captioning trainer=gpu trainer.max_epochs=2 \
-    data.num_workers=4 data.persistent_workers=true "hydra.run.dir=$RUN_DIR"
+    data.loader.num_workers=4 data.loader.persistent_workers=true "hydra.run.dir=$RUN_DIR"
 cp "$RUN_DIR/metrics.json" "$LOGS/main_job_metrics.json" 2>/dev/null
 grep -h "\[perf\]" "$LOGS/main_job.log" "$RUN_DIR"/*.log 2>/dev/null | sort -u | head -n 8 \
     | sed 's/^/perf: /' >> "$RESULTS"

@@ -11,7 +11,7 @@ hooks and validation are not timed: `python -m mmtf.train ... trainer.max_epochs
 epoch they make.
 
     python experiments/image_captioning_synth/step_time.py \
-        "model.encoder.dim=96" "model.encoder.dim=64" "model.encoder.mlp_ratio=2"
+        "model.encoder.dim=96" "model.encoder.dim=64" "model.encoder.block.mlp_ratio=2"
 
 Each positional argument is one variant: space-separated overrides. Prints a table and a JSON
 object as its last line.

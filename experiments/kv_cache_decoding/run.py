@@ -53,7 +53,7 @@ def build_mmtf(args: argparse.Namespace) -> TextDecoder:
     torch.manual_seed(0)
     return TextDecoder(vocab_size=args.vocab, dim=args.dim, depth=args.depth,
                        num_heads=args.heads, context_dim=args.dim, max_len=args.tokens,
-                       mlp_ratio=args.ffn / args.dim).eval()
+                       block={"mlp_ratio": args.ffn / args.dim}).eval()
 
 
 def run_mmtf(dec: TextDecoder, memory: torch.Tensor, tokens: int, use_cache: bool,

@@ -2,8 +2,8 @@
 # One arm of the experiment: train through experiment=audio_captioning_clotho on the short
 # utterances, test the best checkpoint with mmtf.evaluate, print the WER.
 #   experiments/short_utterances_specaugment/run.sh <name> [hydra overrides ...]
-# e.g. run.sh fixed model.encoder.time_mask_mode=fixed
-#      run.sh none model.encoder.time_masks=0
+# e.g. run.sh fixed model.encoder.spec_augment.time_mask_mode=fixed
+#      run.sh none model.encoder.spec_augment.time_masks=0
 # ROOT: the data (make_data.py); OUT: where runs go; PYTHON: the interpreter;
 # EPOCHS (6) and VAL_EVERY (3): the training budget and how often it validates; SEED (12345).
 set -euo pipefail
@@ -15,7 +15,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 $PYTHON -m mmtf.train experiment=audio_captioning_clotho data.root="$ROOT" \
     model/encoder=audio_small model/decoder=text_small tokenizer.vocab_size=256 \
-    data.num_workers=0 data.persistent_workers=false \
+    data.loader.num_workers=0 data.loader.persistent_workers=false \
     model.optimizer.lr=2e-3 model.warmup_steps=100 \
     model.generation.strategy=greedy '~model.generation.num_beams' \
     trainer.max_epochs=${EPOCHS:-6} trainer.check_val_every_n_epoch=${VAL_EVERY:-3} \

@@ -112,7 +112,7 @@ class PeerFrontEnd(torch.nn.Module):
 def make_batches(cfg, count: int, batch: int, seconds: float, device: torch.device):
     """``count`` batches: noise waveforms of 85-100% of ``seconds`` (as bucketing leaves them)
     and captions of 10-20 tokens ``[bos, words, eos, pad ..]``."""
-    rate, vocab = cfg.model.encoder.sample_rate, cfg.model.decoder.vocab_size
+    rate, vocab = cfg.model.encoder.frontend.sample_rate, cfg.model.decoder.vocab_size
     n = int(seconds * rate)
     out = []
     for i in range(count):

@@ -13,7 +13,8 @@ from typing import Any
 _LAZY = {
     "audio_info": "mmtf.data.audio", "load_audio": "mmtf.data.audio",
     "resample": "mmtf.data.audio", "Collate": "mmtf.data.collate",
-    "CaptionDataModule": "mmtf.data.datamodule",
+    "CaptionDataModule": "mmtf.data.datamodule", "BatchOptions": "mmtf.data.datamodule",
+    "LoaderOptions": "mmtf.data.datamodule",
     "ClassificationDataModule": "mmtf.data.datamodule", "ErrorCounter": "mmtf.data.errors",
     "build_eval_image_transform": "mmtf.data.image", "build_transform": "mmtf.data.image",
     "load_image": "mmtf.data.image", "make_loader": "mmtf.data.loader",
@@ -31,8 +32,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",
-    "DataError", "ErrorCounter", "SamplerState", "ShardDataModule", "ShardStreamSampler",
+    "BatchOptions", "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",
+    "DataError", "ErrorCounter", "LoaderOptions", "SamplerState", "ShardDataModule", "ShardStreamSampler",
     "audio_info", "build_eval_image_transform",
     "build_transform",
     "load_audio", "load_image", "make_loader",

@@ -139,7 +139,7 @@ def resample(wave: Tensor, orig: int, new: int) -> Tensor:
 
     On one thread: the convolution's result depends on how many threads split it (by one ulp,
     for some lengths), and a DataLoader worker has one; so a clip is the same bits in a worker
-    and in the main process (``data.num_workers`` changes no example)."""
+    and in the main process (``data.loader.num_workers`` changes no example)."""
     if orig == new:
         return wave
     threads = torch.get_num_threads()

@@ -69,7 +69,7 @@ class Collate:
             if len(shapes) > 1:
                 raise ValueError(
                     f"images in one batch have different sizes {sorted(shapes)}; add a resize "
-                    f"and crop to a fixed size to data.train_transforms and data.eval_transforms "
+                    f"and crop to a fixed size to data.transforms.train and data.transforms.eval "
                     f"(e.g. Resize(64) + CenterCrop(64)).")
             batch["image"] = torch.stack([e["image"] for e in examples])  # (b, 3, h, w)
         if self.targets == "caption":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +36,7 @@ from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.errors import ConfigError, DataError, UserError
 from mmtf.text import Tokenizer
 from mmtf.text.prompt import JOBS, Prompt, prompt_for
+from mmtf.utils.parts import as_part, moved_keys
 
 log = logging.getLogger("mmtf.data")
 
@@ -44,33 +46,16 @@ _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",
 
 def to_plain(x: Any) -> Any:
     """DictConfig/ListConfig -> dict/list (when Hydra's _convert_ was not set)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf import DictConfig, ListConfig, OmegaConf
 
-        if isinstance(x, DictConfig | ListConfig):
-            return OmegaConf.to_container(x, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return x
+    return OmegaConf.to_container(x, resolve=True) if isinstance(x, DictConfig | ListConfig) else x
 
 
-class MediaDataModule(L.LightningDataModule):
-    """What captioning and classification share: reading, probing, batching, reporting.
+@dataclass(frozen=True)
+class BatchOptions:
+    """How the splits are cut into batches (``data.batches``; a mixture's, not its sources').
 
     Args:
-        format: the index format (see the subclasses).
-        root: the dataset folder (relative paths resolve against the working directory).
-        modality: ``audio`` | ``image``; fixed by the format except for ``manifest``.
-        splits: our split -> the format's split name (e.g. COCO ``{train: train2017, ...}``).
-        sample_rate: audio is resampled to this rate (Hz).
-        max_seconds: longer audio is cropped: per ``train_crop`` in training, per ``eval_crop``
-            otherwise.
-        eval_crop: ``full`` (never crop in val/test), ``center`` or ``start``.
-        train_crop: ``random`` (a random window each epoch: sound events) or ``start`` (the
-            first ``max_seconds``: speech, whose transcript follows the audio from its start).
-        channels: required audio channel count; None accepts any and mixes to mono.
-        train_transforms: image transforms (``transforms.v2`` list) for training.
-        eval_transforms: image transforms for val/test.
         batch_size: training batch size; None with ``max_seconds_per_batch`` /
             ``max_pixels_per_batch`` (exactly one of them rules).
         eval_batch_size: val/test batch size (None: ``batch_size``, read when the loader is
@@ -83,13 +68,57 @@ class MediaDataModule(L.LightningDataModule):
         eval_max_seconds_per_batch, eval_max_pixels_per_batch: the val/test counterparts.
             Val/test use the first that is set of: these, ``eval_batch_size``, ``batch_size``,
             the training budget.
+        bucketing, bucket_size: batch similar audio lengths together, in pools of this many
+            batches. drop_last: drop the last incomplete training batch.
+    """
+
+    batch_size: int | None = 32
+    eval_batch_size: int | None = None
+    max_seconds_per_batch: float | None = None
+    max_pixels_per_batch: float | None = None
+    eval_max_seconds_per_batch: float | None = None
+    eval_max_pixels_per_batch: float | None = None
+    bucketing: bool = True
+    bucket_size: int = 50
+    drop_last: bool = False
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The DataLoader's processes and memory (``data.loader``; a mixture's, not its sources').
+
+    Args:
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in page-locked memory; None = when the trainer's device is
             CUDA (Lightning then copies them with ``non_blocking=True``).
         persistent_workers: keep workers between epochs (only with ``num_workers > 0``).
-        bucketing: batch similar audio lengths together.
-        bucket_size: batches per length-sorting pool.
-        drop_last: drop the last incomplete training batch.
+    """
+
+    num_workers: int = 0
+    pin_memory: bool | None = None
+    persistent_workers: bool = False
+
+
+class MediaDataModule(L.LightningDataModule):
+    """What captioning and classification share: reading, probing, batching, reporting.
+
+    Args:
+        format: the index format (see the subclasses).
+        root: the dataset folder (relative paths resolve against the working directory).
+        modality: ``audio`` | ``image``; fixed by the format except for ``manifest``.
+        splits: our split -> the format's split name (e.g. COCO ``{train: train2017, ...}``).
+        sample_rate: audio is resampled to this rate (Hz).
+        max_seconds: longer audio is cropped, per ``crop``.
+        crop: ``{train: random | start, eval: full | center | start}``, either may be left
+            out: training takes a random window each epoch (sound events) or the first
+            ``max_seconds`` (speech, whose transcript follows the audio from its start);
+            val/test never crop (``full``), or take the centre or the start.
+        channels: required audio channel count; None accepts any and mixes to mono.
+        transforms: ``{train: [...], eval: [...]}``: the image transforms (``transforms.v2``
+            lists) of training and of val/test.
+        batches: batch sizes or budgets, bucketing (:class:`BatchOptions`, or a mapping of
+            its fields).
+        loader: workers and pinning (:class:`LoaderOptions`, or a mapping of its fields).
         seed: shuffling, caption sampling and random crops are functions of it and the epoch.
         on_error: ``raise`` at the first bad file/row, or ``skip`` and count.
         media_cache_mb: decoded media kept in memory per split, up to this many MiB each, so
@@ -97,9 +126,8 @@ class MediaDataModule(L.LightningDataModule):
             transforms, audio as the file's samples before crop and resampling (16-bit PCM as
             int16), or, for a clip never cropped, as the resampled waveform (resampled once);
             MP3/Vorbis/Opus are decoded every time. Examples are the same bits as without it.
-            0 = off. Per process: with workers, set ``persistent_workers``.
-        image_cache_mb: the name of ``media_cache_mb`` until 2026-12-03, still read from the
-            configs stored with earlier runs.
+            0 = off. Per process: with workers, set ``loader.persistent_workers``. (Stored
+            configs' ``image_cache_mb`` is mapped to it: :mod:`mmtf.utils.parts`.)
         augment: audio only, training split only: ``{speed, noise, gain, mixup}`` (see
             :mod:`mmtf.data.augment` for every key); None or all ``p: 0`` = off.
     """
@@ -108,21 +136,15 @@ class MediaDataModule(L.LightningDataModule):
 
     def __init__(self, *, format: str, root: str, modality: str | None = None,
                  splits: Mapping[str, str] | None = None, sample_rate: int = 16000,
-                 max_seconds: float | None = None,
-                 eval_crop: Literal["full", "center", "start"] = "full",
-                 train_crop: Literal["random", "start"] = "random",
-                 channels: int | None = None, train_transforms: Sequence[Any] | None = None,
-                 eval_transforms: Sequence[Any] | None = None, batch_size: int | None = 32,
-                 eval_batch_size: int | None = None, max_seconds_per_batch: float | None = None,
-                 max_pixels_per_batch: float | None = None,
-                 eval_max_seconds_per_batch: float | None = None,
-                 eval_max_pixels_per_batch: float | None = None, num_workers: int = 0,
-                 pin_memory: bool | None = None, persistent_workers: bool = False,
-                 bucketing: bool = True, bucket_size: int = 50, drop_last: bool = False,
-                 seed: int = 0, on_error: Literal["raise", "skip"] = "raise",
-                 media_cache_mb: float = 0, augment: Mapping[str, Any] | None = None,
-                 image_cache_mb: float | None = None) -> None:
+                 max_seconds: float | None = None, crop: Mapping[str, str] | None = None,
+                 channels: int | None = None,
+                 transforms: Mapping[str, Sequence[Any] | None] | None = None,
+                 batches: BatchOptions | Mapping[str, Any] | None = None,
+                 loader: LoaderOptions | Mapping[str, Any] | None = None, seed: int = 0,
+                 on_error: Literal["raise", "skip"] = "raise", media_cache_mb: float = 0,
+                 augment: Mapping[str, Any] | None = None) -> None:
         super().__init__()
+        batches, loader = as_part(BatchOptions, batches), as_part(LoaderOptions, loader)
         formats = self._formats()
         if format not in formats:
             raise UserError(f"{type(self).__name__}: format ({format!r}) must be one of "
@@ -135,29 +157,18 @@ class MediaDataModule(L.LightningDataModule):
         if modality not in ("audio", "image"):
             raise UserError(f"{type(self).__name__}: modality ({modality!r}) must be 'audio' "
                              f"or 'image'; set data.modality.")
-        if eval_crop not in ("full", "center", "start"):
-            raise UserError(f"eval_crop ({eval_crop!r}) must be 'full', 'center' or 'start'.")
-        if train_crop not in ("random", "start"):
-            raise UserError(f"train_crop ({train_crop!r}) must be 'random' or 'start'; fix "
-                            f"data.train_crop.")
-        self.train_crop = train_crop
+        crop = {"train": "random", "eval": "full", **(to_plain(crop) or {})}
+        if set(crop) != {"train", "eval"} or crop["train"] not in ("random", "start") or \
+                crop["eval"] not in ("full", "center", "start"):
+            raise UserError(f"data.crop ({crop}) must be {{train: random | start, eval: full | "
+                            f"center | start}}; fix data.crop.")
+        self.train_crop, eval_crop = crop["train"], crop["eval"]
         if max_seconds is not None and max_seconds <= 0:
             raise UserError(f"max_seconds ({max_seconds}) must be > 0, or null for no limit.")
-        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise UserError(f"{name} ({value!r}) must be a positive int.")
-        self.budget, self.eval_budget = _budgets(
-            modality, batch_size, eval_batch_size, seconds=max_seconds_per_batch,
-            pixels=max_pixels_per_batch, eval_seconds=eval_max_seconds_per_batch,
-            eval_pixels=eval_max_pixels_per_batch)
-        if num_workers < 0:
-            raise UserError(f"num_workers ({num_workers}) must be >= 0.")
-        if image_cache_mb is not None:
-            if media_cache_mb and image_cache_mb != media_cache_mb:
-                raise UserError(f"{type(self).__name__}: data.image_cache_mb ({image_cache_mb}) "
-                                 f"is the old name of data.media_cache_mb ({media_cache_mb}); "
-                                 f"keep only data.media_cache_mb.")
-            media_cache_mb = image_cache_mb
+        self.budget, self.eval_budget = _budgets(modality, batches)
+        if loader.num_workers < 0:
+            raise UserError(f"num_workers ({loader.num_workers}) must be >= 0; fix "
+                            f"data.loader.num_workers.")
         if media_cache_mb < 0:
             raise UserError(f"{type(self).__name__}: media_cache_mb ({media_cache_mb}) must be "
                              f">= 0 (MiB per split; 0 = off); fix data.media_cache_mb.")
@@ -167,22 +178,29 @@ class MediaDataModule(L.LightningDataModule):
             targets=self.targets)
         if modality != "audio" and (self.augment or self.mixup):
             raise ConfigError(f"data.augment is for audio; this data is {modality} (image "
-                              f"augmentation: data.train_transforms); remove data.augment.")
+                              f"augmentation: data.transforms.train); remove data.augment.")
         self.format, self.modality = format, modality
         self.root = Path(root).expanduser().resolve()
         self.splits = dict(to_plain(splits)) if splits else None
         self.sample_rate, self.max_seconds, self.eval_crop = sample_rate, max_seconds, eval_crop
         self.channels = channels
-        self.train_transforms, self.eval_transforms = train_transforms, eval_transforms
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
-        self.num_workers, self.pin_memory = num_workers, pin_memory
-        self.persistent_workers = persistent_workers and num_workers > 0
-        if self.cache_bytes and num_workers > 0 and not persistent_workers:
-            log.warning("[data] data.media_cache_mb=%g with data.num_workers=%d and "
-                        "data.persistent_workers=false: each epoch's new workers start with an "
-                        "empty cache, so it only costs memory; set data.persistent_workers=true "
-                        "(or data.media_cache_mb=0)", media_cache_mb, num_workers)
-        self.bucketing, self.bucket_size, self.drop_last = bucketing, bucket_size, drop_last
+        transforms = dict(transforms or {})
+        if set(transforms) - {"train", "eval"}:
+            raise UserError(f"data.transforms has {sorted(transforms)}; it takes train and eval "
+                            f"(lists of image transforms); fix data.transforms.")
+        self.train_transforms, self.eval_transforms = transforms.get("train"), transforms.get("eval")
+        # Attributes, not the parts: mmtf.evaluate sets batch_size on a built module.
+        self.batch_size, self.eval_batch_size = batches.batch_size, batches.eval_batch_size
+        self.bucketing, self.bucket_size = batches.bucketing, batches.bucket_size
+        self.drop_last = batches.drop_last
+        self.num_workers, self.pin_memory = loader.num_workers, loader.pin_memory
+        self.persistent_workers = loader.persistent_workers and loader.num_workers > 0
+        if self.cache_bytes and loader.num_workers > 0 and not loader.persistent_workers:
+            log.warning("[data] data.media_cache_mb=%g with data.loader.num_workers=%d and "
+                        "data.loader.persistent_workers=false: each epoch's new workers start "
+                        "with an empty cache, so it only costs memory; set "
+                        "data.loader.persistent_workers=true (or data.media_cache_mb=0)",
+                        media_cache_mb, loader.num_workers)
         self.seed, self.on_error = seed, on_error
         self.error_counts = ErrorCounter()
         self.policy = ErrorPolicy(on_error, self.error_counts)
@@ -422,7 +440,7 @@ class CaptionDataModule(MediaDataModule):
                  caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
                  language: str | None = None, speech_job: str | None = None,
                  task: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**_current_keys(kwargs))
         self.max_caption_tokens = int(max_caption_tokens)
         if self.max_caption_tokens < 2:
             raise ConfigError(f"max_caption_tokens ({self.max_caption_tokens}) must be >= 2 to "
@@ -580,7 +598,7 @@ class ClassificationDataModule(MediaDataModule):
 
     def __init__(self, *, folds: Mapping[str, Sequence[int]] | None = None,
                  val_fraction: float = 0.1, test_fraction: float = 0.1, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**_current_keys(kwargs))
         self.folds = dict(to_plain(folds)) if folds else None
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.class_names: list[str] | None = None
@@ -615,33 +633,47 @@ class ClassificationDataModule(MediaDataModule):
 
 
 
-def _budgets(modality: str, batch_size: int | None, eval_batch_size: int | None, *,
-             seconds: float | None, pixels: float | None, eval_seconds: float | None,
-             eval_pixels: float | None) -> tuple[float | None, float | None]:
+def _current_keys(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs``, refused with the key's new place if one is a pre-#39 flat key (a user's
+    YAML; stored configs are upgraded before they get here)."""
+    old = sorted(set(kwargs) & set(moved := moved_keys("DataModule")))
+    if old:
+        raise ConfigError(f"data.{old[0]} is now data.{moved[old[0]]}; rename it in your "
+                          f"experiment YAML or override.")
+    return kwargs
+
+
+def _budgets(modality: str, batches: BatchOptions) -> tuple[float | None, float | None]:
     """The training and val/test budgets (per modality), after the checks of the keys."""
+    o = batches
+    for name, value in (("batch_size", o.batch_size), ("eval_batch_size", o.eval_batch_size)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise UserError(f"data.batches.{name} ({value!r}) must be a positive int.")
     mine, other = ("seconds", "pixels") if modality == "audio" else ("pixels", "seconds")
-    keys = {"seconds": (seconds, eval_seconds), "pixels": (pixels, eval_pixels)}
+    keys = {"seconds": (o.max_seconds_per_batch, o.eval_max_seconds_per_batch),
+            "pixels": (o.max_pixels_per_batch, o.eval_max_pixels_per_batch)}
     for key, value in zip((f"max_{other}_per_batch", f"eval_max_{other}_per_batch"),
                           keys[other]):
         if value is not None:
-            raise ConfigError(f"data.{key} ({value!r}) is for "
+            raise ConfigError(f"data.batches.{key} ({value!r}) is for "
                               f"{'images' if other == 'pixels' else 'audio'}; this data is "
-                              f"{modality}: use data.max_{mine}_per_batch or remove data.{key}.")
+                              f"{modality}: use data.batches.max_{mine}_per_batch or remove "
+                              f"data.batches.{key}.")
     budget, eval_budget = keys[mine]
     for key, value in ((f"max_{mine}_per_batch", budget), (f"eval_max_{mine}_per_batch",
                                                            eval_budget)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                   or not 0 < value < float("inf")):
-            raise ConfigError(f"data.{key} ({value!r}) must be a positive number of {mine}, "
-                              f"or null.")
-    if (budget is None) == (batch_size is None):
+            raise ConfigError(f"data.batches.{key} ({value!r}) must be a positive number of "
+                              f"{mine}, or null.")
+    if (budget is None) == (o.batch_size is None):
         raise ConfigError(
-            f"data.batch_size ({batch_size!r}) and data.max_{mine}_per_batch ({budget!r}): "
-            f"exactly one sets the training batches; "
-            + (f"set data.batch_size=null to batch by {mine}." if budget is not None
-               else f"set data.batch_size or data.max_{mine}_per_batch."))
-    if eval_budget is not None and eval_batch_size is not None:
-        raise ConfigError(f"data.eval_batch_size ({eval_batch_size!r}) and "
-                          f"data.eval_max_{mine}_per_batch ({eval_budget!r}) are both set; set "
-                          f"one of them to null.")
+            f"data.batches.batch_size ({o.batch_size!r}) and data.batches.max_{mine}_per_batch "
+            f"({budget!r}): exactly one sets the training batches; "
+            + (f"set data.batches.batch_size=null to batch by {mine}." if budget is not None
+               else f"set data.batches.batch_size or data.batches.max_{mine}_per_batch."))
+    if eval_budget is not None and o.eval_batch_size is not None:
+        raise ConfigError(f"data.batches.eval_batch_size ({o.eval_batch_size!r}) and "
+                          f"data.batches.eval_max_{mine}_per_batch ({eval_budget!r}) are both "
+                          f"set; set one of them to null.")
     return budget, eval_budget

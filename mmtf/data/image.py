@@ -86,7 +86,7 @@ def build_transform(transforms: Sequence[Any] | None) -> Callable[[Tensor], Tens
     A pipeline that leaves uint8 ends with ``ToDtype(float32, scale=True)``.
 
     Args:
-        transforms: ``data.train_transforms`` / ``eval_transforms``; None: only to float.
+        transforms: ``data.transforms.train`` / ``eval``; None: only to float.
 
     Returns:
         A callable (3, h, w) uint8 -> (3, h', w') float32.
@@ -127,7 +127,7 @@ def transformed_pixels(sizes: Sequence[tuple[int, int]],
                        transform: Callable[[Tensor], Tensor] | None) -> list[int]:
     """Pixels (h x w) of each image of ``(width, height)`` as ``transform`` outputs it, without
     decoding any: each distinct size is run through the transform on a blank image once (what
-    ``data.max_pixels_per_batch`` budgets; random transforms are seeded, and a pipeline that
+    ``data.batches.max_pixels_per_batch`` budgets; random transforms are seeded, and a pipeline that
     crops to a fixed size gives every image the same count)."""
     pixels: dict[tuple[int, int], int] = {}
     for w, h in set(sizes):
@@ -146,7 +146,7 @@ def build_eval_image_transform(data_cfg: Mapping[str, Any]) -> Callable[[Tensor]
 
     Used by ``mmtf.predict`` to preprocess raw images exactly as evaluation did.
     """
-    return build_transform(data_cfg.get("eval_transforms"))
+    return build_transform((data_cfg.get("transforms") or {}).get("eval"))
 
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -225,7 +225,7 @@ def read_image_processor(source: str | os.PathLike | None) -> dict[str, Any]:
         raise UserError(f"{owner}: {file} has image_processor_type="
                         f"{config.get('image_processor_type')!r}; reproduced are "
                         f"{', '.join(sorted(PROCESSOR_DEFAULTS))} (and their Fast variants); "
-                        f"write data.*_transforms by hand for this model.")
+                        f"write data.transforms.* by hand for this model.")
     cfg = {**PROCESSOR_DEFAULTS[kind], **config}
     values: dict[str, Any] = {"resize": None, "resample": int(cfg["resample"]), "crop": None}
     if cfg.get("do_resize", True):
@@ -261,8 +261,8 @@ def record_image_processors(data_cfg: MutableMapping[str, Any]) -> None:
     ``data_cfg`` (a plain dict, the run's ``data`` config) as its ``processor``, in place, so
     the stored config rebuilds the pipeline without ``preprocessor_config.json``."""
     target = f"{__name__}.{pretrained_image_transform.__name__}"
-    for key in ("train_transforms", "eval_transforms"):
-        for entry in data_cfg.get(key) or []:
+    for entries in (data_cfg.get("transforms") or {}).values():
+        for entry in entries or []:
             if (isinstance(entry, MutableMapping) and entry.get("_target_") == target
                     and entry.get("processor") is None):
                 entry["processor"] = read_image_processor(entry.get("source"))

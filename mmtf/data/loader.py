@@ -154,7 +154,7 @@ def make_loader(dataset: Any, batch_sampler: BucketBatchSampler, *, resumable: b
     """
     if num_workers < 0:
         raise UserError(f"make_loader: num_workers ({num_workers}) must be >= 0; set "
-                        f"data.num_workers.")
+                        f"data.loader.num_workers.")
     workers: dict[str, Any] = {}
     if num_workers > 0:
         workers = {"worker_init_fn": functools.partial(pl_worker_init_function, rank=world()[1]),

@@ -69,9 +69,9 @@ log = logging.getLogger("mmtf.data")
 __all__ = ["MixtureDataModule", "MixtureDataset", "MixtureSampler", "Source"]
 
 # Reading and example settings: each source's own, never the mixture's.
-PER_SOURCE = ("format", "root", "modality", "splits", "sample_rate", "max_seconds", "eval_crop",
-              "train_crop", "channels", "train_transforms", "eval_transforms", "media_cache_mb",
-              "image_cache_mb", "augment", "max_caption_tokens", "caption_policy",
+PER_SOURCE = ("format", "root", "modality", "splits", "sample_rate", "max_seconds", "crop",
+              "channels", "transforms", "media_cache_mb",
+              "augment", "max_caption_tokens", "caption_policy",
               "captions_per_item", "language", "speech_job", "task", "on_error")
 
 
@@ -336,9 +336,8 @@ class MixtureDataModule(CaptionDataModule):
             schedule count); None = the sum of the sources' examples per epoch.
         default_source: the source whose prompt token ends a trained tokenizer's prompt (what
             generation starts from when nothing else says); None = the first with a token.
-        **kwargs: the loader settings of :class:`MediaDataModule` (``batch_size``,
-            ``num_workers``, ``bucketing``, ``seed``, ...); the sources' own loader settings are
-            not used. Reading, crops, transforms, augmentation, caption policy and
+        **kwargs: the batching and loader settings of :class:`MediaDataModule` (``batches``,
+            ``loader``, ``seed``); the sources' own are not used. Reading, crops, transforms, augmentation, caption policy and
             ``max_caption_tokens`` are each source's (:data:`PER_SOURCE`: an error here).
 
     Raises:
@@ -354,8 +353,8 @@ class MixtureDataModule(CaptionDataModule):
         if own:
             raise ConfigError(f"data.{own[0]} is set on the mixture, but it is each source's "
                               f"setting; set data.sources.<name>.{own[0]} on the sources "
-                              f"instead (mixture keys: sources, epoch_samples, default_source "
-                              f"and the loader settings).")
+                              f"instead (mixture keys: sources, epoch_samples, default_source, "
+                              f"batches, loader and seed).")
         self.sources = build_sources(sources)
         mods = [s.module for s in self.sources]
         _same(self.sources, "modality", "a mixture is of one modality (audio or images); put "

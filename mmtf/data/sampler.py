@@ -86,15 +86,16 @@ class BucketBatchSampler:
         if budget is not None:
             if batch_size is not None:
                 raise UserError(f"{name}: batch_size ({batch_size!r}) and budget ({budget!r}) "
-                                f"are both set; one rules: set data.batch_size=null to cut "
-                                f"batches by data.max_seconds_per_batch / max_pixels_per_batch.")
+                                f"are both set; one rules: set data.batches.batch_size=null to "
+                                f"cut batches by data.batches.max_seconds_per_batch / "
+                                f"max_pixels_per_batch.")
             if isinstance(budget, bool) or not isinstance(budget, int | float) or \
                     not 0 < budget < math.inf:
                 raise UserError(f"{name}: budget ({budget!r}) must be a positive number; set "
-                                f"data.max_seconds_per_batch / data.max_pixels_per_batch.")
+                                f"data.batches.max_seconds_per_batch / max_pixels_per_batch.")
         elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"{name}: batch_size ({batch_size!r}) must be a positive int; set "
-                            f"data.batch_size.")
+                            f"data.batches.batch_size.")
         if caption_policy not in ("random", "all", "first"):
             raise UserError(f"{name}: caption_policy ({caption_policy!r}) must be 'random', "
                             f"'all' or 'first'; set data.caption_policy=random or all.")
@@ -102,7 +103,7 @@ class BucketBatchSampler:
             raise UserError(f"{name}: caption_policy={caption_policy!r} needs num_captions.")
         if bucket_size < 1:
             raise UserError(f"{name}: bucket_size ({bucket_size}) must be >= 1; set "
-                            f"data.bucket_size.")
+                            f"data.batches.bucket_size.")
         if len(lengths) < 1:
             raise UserError(f"{name}: lengths is empty; the dataset has no items.")
         if seed < 0:
@@ -340,8 +341,8 @@ class BucketBatchSampler:
         """
         refuse_other_settings(
             self, state, _ORDER_SETTINGS,
-            "the same data settings (data.batch_size, data.max_seconds_per_batch / "
-            "max_pixels_per_batch, data.caption_policy, data.bucketing, data.bucket_size, the "
+            "the same data settings (data.batches: batch_size, max_seconds_per_batch / "
+            "max_pixels_per_batch, bucketing, bucket_size; data.caption_policy, the "
             "same dataset) and number of devices")
         position = state["position"] if "position" in state else state["offset"]   # older checkpoints
         self.state.epoch, self.state.position = int(state["epoch"]), int(position)

@@ -22,8 +22,9 @@ c_ctx = context_dim, v = vocab_size.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -32,7 +33,8 @@ from mmtf.errors import UserError, in_config
 from mmtf.nn import KVCache, TransformerStack
 from mmtf.nn.linear import Linear
 from mmtf.nn.positions import LearnedPositions
-from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
+from mmtf.nn.transformer import AttentionLayers, AttentionMaps, BlockOptions
+from mmtf.utils.parts import as_part
 
 PositionKind = Literal["rope", "learned"]
 
@@ -92,32 +94,27 @@ class TextDecoder(nn.Module):
         dim: model width c.
         depth: number of transformer blocks.
         num_heads: attention heads; with RoPE ``dim // num_heads`` must be even.
-        num_kv_heads: key/value heads (grouped-query attention); None = ``num_heads``.
+        block: the blocks' other options (:class:`mmtf.nn.BlockOptions`: ``num_kv_heads``,
+            ``mlp``, ``norm``, ``dropout`` (also the embedding dropout), ``bias``, ...).
         context_dim: width of the encoder memory; must equal the encoder's ``dim``.
         max_len: most target positions a forward pass or a cache may hold (with learned
             positions: the size of the table).
         tie_embeddings: share the LM head weight with the token embedding.
-        mlp: an MLP kind of :class:`mmtf.nn.MLP`. mlp_ratio: hidden width over ``dim``.
-        norm, norm_eps: "layernorm" or "rmsnorm", and its epsilon.
-        dropout: embedding, residual and MLP dropout. attn_dropout: attention dropout.
         pad_id: id of the padding token (used by callers; kept here so configs carry it).
         positions: "rope" (rotary, in self-attention) or "learned" (a table added to the
             token embeddings).
         rope_base: RoPE wavelength base.
-        bias: attention projection biases (bool or letters of "qkvo", e.g. Whisper's "qvo").
-        mlp_bias: MLP biases (default: True when any attention projection has one).
         activation_checkpointing: recompute each block in backward instead of keeping its
             activations (see :class:`mmtf.nn.TransformerStack`).
     """
 
     def __init__(self, *, vocab_size: int, dim: int, depth: int, num_heads: int,
-                 num_kv_heads: int | None = None, context_dim: int, max_len: int = 256,
-                 tie_embeddings: bool = True, mlp: MlpKind = "gelu", mlp_ratio: float = 4.0,
-                 norm: NormKind = "layernorm", norm_eps: float = 1e-5, dropout: float = 0.0,
-                 attn_dropout: float = 0.0, pad_id: int = 0, positions: PositionKind = "rope",
-                 rope_base: float = 10000.0, bias: bool | str = False,
-                 mlp_bias: bool | None = None, activation_checkpointing: bool = False) -> None:
+                 block: BlockOptions | Mapping[str, Any] | None = None, context_dim: int,
+                 max_len: int = 256, tie_embeddings: bool = True, pad_id: int = 0,
+                 positions: PositionKind = "rope", rope_base: float = 10000.0,
+                 activation_checkpointing: bool = False) -> None:
         super().__init__()
+        block = as_part(BlockOptions, block)
         # depth, num_heads and the width rules are the stack's and Attention's (in_config below).
         for name, value in (("vocab_size", vocab_size), ("dim", dim), ("context_dim", context_dim),
                             ("max_len", max_len)):
@@ -137,12 +134,10 @@ class TextDecoder(nn.Module):
         self.positions = LearnedPositions(max_len, dim) if positions == "learned" else None
         with in_config("model.decoder"):
             self.stack = TransformerStack(
-                depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=True,
+                depth=depth, dim=dim, num_heads=num_heads, block=block, causal=True,
                 cross_dim=context_dim, rope=positions == "rope", rope_base=rope_base,
-                max_len=max_len, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
-                dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias,
-                activation_checkpointing=activation_checkpointing)
-        self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
+                max_len=max_len, activation_checkpointing=activation_checkpointing)
+        self.drop = nn.Dropout(block.dropout)    # after the stack: it checks dropout
         self.lm_head = Linear(dim, vocab_size, bias=False)
         # Unit-variance embeddings would make tied logits ~sqrt(dim) large; GPT-2's 0.02 keeps
         # the initial next-token distribution near uniform.

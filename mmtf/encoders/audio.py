@@ -40,9 +40,10 @@ Shapes: b batch, n samples, f mel bins, t frames, s memory length (= tokens), c 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +55,9 @@ from mmtf.encoders.base import Encoder, EncoderOutput, record_config
 from mmtf.errors import UserError, in_config
 from mmtf.nn import TransformerStack
 from mmtf.nn.positions import FixedPositions, sinusoidal_table
-from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind
+from mmtf.nn.transformer import AttentionLayers, AttentionMaps, BlockOptions
 from mmtf.utils.compat import module_apply
+from mmtf.utils.parts import as_part
 
 FeatureNorm = Literal["utterance", "global"]
 FeatureKind = Literal["mmtf", "whisper"]
@@ -98,6 +100,7 @@ class LogMelFrontEnd(nn.Module):
                  feature_std: float | Sequence[float] = 1.0, features: FeatureKind = "mmtf",
                  pad_to_seconds: float | None = None) -> None:
         super().__init__()
+        self.config = record_config(locals())
         win_length = n_fft if win_length is None else win_length
         f_max = sample_rate / 2 if f_max is None else f_max
         _check_front_end(sample_rate, n_mels, n_fft, hop_length, win_length, f_min, f_max,
@@ -119,7 +122,7 @@ class LogMelFrontEnd(nn.Module):
         for key, values in stats.items():   # checked as Python floats: works on meta too
             if len(values) not in (1, n_mels):
                 raise UserError(f"LogMelFrontEnd: {key} has {len(values)} values; give one "
-                                f"number or n_mels ({n_mels}) numbers (model.encoder.{key}).")
+                                f"number or n_mels ({n_mels}) numbers (model.encoder.frontend.{key}).")
         if min(stats["feature_std"]) <= 0:
             raise UserError(f"LogMelFrontEnd: feature_std ({feature_std}) must be > 0; compute "
                             f"it from the training set's log-mel features.")
@@ -219,22 +222,23 @@ class SpecAugment(nn.Module):
                  time_mask_width: int = 20, time_mask_mode: TimeMaskMode = "adaptive",
                  time_mask_fraction: float = 0.05, time_mask_multiplicity: float = 0.04) -> None:
         super().__init__()
+        self.config = record_config(locals())
         for key, value in (("freq_masks", freq_masks), ("freq_mask_width", freq_mask_width),
                            ("time_masks", time_masks), ("time_mask_width", time_mask_width)):
             if value < 0:
                 raise UserError(f"SpecAugment: {key} ({value}) must be >= 0; use 0 to switch "
-                                f"that masking off (model.encoder.{key}).")
+                                f"that masking off (model.encoder.spec_augment.{key}).")
         if time_mask_mode not in ("fixed", "adaptive"):
             raise UserError(f"SpecAugment: time_mask_mode ({time_mask_mode!r}) must be 'fixed' "
-                            f"or 'adaptive'; fix model.encoder.time_mask_mode.")
+                            f"or 'adaptive'; fix model.encoder.spec_augment.time_mask_mode.")
         if not 0 < time_mask_fraction <= 1:
             raise UserError(f"SpecAugment: time_mask_fraction ({time_mask_fraction}) must be in "
                             f"(0, 1] (a share of each clip's valid frames); fix "
-                            f"model.encoder.time_mask_fraction.")
+                            f"model.encoder.spec_augment.time_mask_fraction.")
         if time_mask_multiplicity <= 0:
             raise UserError(f"SpecAugment: time_mask_multiplicity ({time_mask_multiplicity}) "
                             f"must be > 0 (masks per valid frame, e.g. 0.04); fix "
-                            f"model.encoder.time_mask_multiplicity, or time_masks=0 for none.")
+                            f"model.encoder.spec_augment.time_mask_multiplicity, or time_masks=0 for none.")
         self.freq_masks, self.time_masks = freq_masks, time_masks
         self.time_mask_width, self.time_mask_mode = time_mask_width, time_mask_mode
         self.time_mask_fraction = float(time_mask_fraction)
@@ -341,17 +345,14 @@ class AudioEncoder(Encoder):
     """Waveforms (b, n) + lengths -> memory (b, s, c), mask (b, s); s ~ n / (4 * hop_length).
 
     Args:
-        dim, depth, num_heads, num_kv_heads, mlp_ratio, mlp, norm, norm_eps, dropout,
-            attn_dropout, bias: the transformer (see :class:`mmtf.nn.TransformerStack`).
+        dim, depth, num_heads, block: the transformer (see :class:`mmtf.nn.TransformerStack`).
         positions: "rope" (in the attention) or "sinusoidal" (Whisper's fixed table added after
             the stem, as long as ``max_seconds`` needs).
-        sample_rate, n_mels, n_fft, hop_length, win_length, f_min, f_max, feature_norm,
-            feature_mean, feature_std, features, pad_to_seconds: the log-mel front end
-            (:class:`LogMelFrontEnd`; "whisper" features and 30 s padding for Whisper).
+        frontend: the log-mel front end (:class:`LogMelFrontEnd`, or a mapping of its
+            arguments; None = its defaults; "whisper" features and 30 s padding for Whisper).
+        spec_augment: :class:`SpecAugment` (as ``frontend``), training mode only; 0 masks
+            switch it off.
         stem_strides: the conv stem's strides (:class:`ConvStem`; Whisper: [1, 2]).
-        freq_masks, freq_mask_width, time_masks, time_mask_width, time_mask_mode,
-            time_mask_fraction, time_mask_multiplicity: SpecAugment (:class:`SpecAugment`),
-            training mode only; 0 masks switch it off.
         max_seconds: longest input accepted (the padded width of the batch); longer batches
             raise ValueError. Crop in the data pipeline. None = no limit.
         causal: causal self-attention (streaming research only; warns).
@@ -362,29 +363,27 @@ class AudioEncoder(Encoder):
     """
 
     def __init__(self, *, dim: int = 128, depth: int = 4, num_heads: int = 4,
-                 num_kv_heads: int | None = None, mlp_ratio: float = 4.0, mlp: MlpKind = "gelu",
-                 norm: NormKind = "layernorm", norm_eps: float = 1e-5, dropout: float = 0.0,
-                 attn_dropout: float = 0.0, bias: bool | str = False,
-                 positions: PositionKind = "rope", features: FeatureKind = "mmtf",
-                 pad_to_seconds: float | None = None, stem_strides: Sequence[int] = (2, 2),
-                 sample_rate: int = 16000, n_mels: int = 64, n_fft: int = 400,
-                 hop_length: int = 160, win_length: int | None = None, f_min: float = 0.0,
-                 f_max: float | None = None, feature_norm: FeatureNorm = "utterance",
-                 feature_mean: float | Sequence[float] = 0.0,
-                 feature_std: float | Sequence[float] = 1.0, freq_masks: int = 2,
-                 freq_mask_width: int = 8, time_masks: int = 2, time_mask_width: int = 20,
-                 time_mask_mode: TimeMaskMode = "adaptive", time_mask_fraction: float = 0.05,
-                 time_mask_multiplicity: float = 0.04, max_seconds: float | None = 30.0, causal: bool = False,
+                 block: BlockOptions | Mapping[str, Any] | None = None,
+                 positions: PositionKind = "rope",
+                 frontend: LogMelFrontEnd | Mapping[str, Any] | None = None,
+                 spec_augment: SpecAugment | Mapping[str, Any] | None = None, stem_strides: Sequence[int] = (2, 2),
+                 max_seconds: float | None = 30.0, causal: bool = False,
                  activation_checkpointing: bool = False,
                  pretrained: str | Path | None = None, freeze: bool = False) -> None:
         super().__init__()
-        self.config = record_config(locals())
+        block = as_part(BlockOptions, block)
+        frontend = as_part(LogMelFrontEnd, frontend)
+        spec_augment = as_part(SpecAugment, spec_augment)
+        self.config = record_config({**locals(), **asdict(block), **frontend.config,
+                                     **spec_augment.config})
         if positions not in ("rope", "sinusoidal"):
             raise UserError(f"AudioEncoder: positions ({positions!r}) must be 'rope' or "
                             f"'sinusoidal'; fix model.encoder.positions.")
-        if freq_mask_width > n_mels:
-            raise UserError(f"AudioEncoder: freq_mask_width ({freq_mask_width}) must be <= "
-                            f"n_mels ({n_mels}); lower model.encoder.freq_mask_width.")
+        n_mels, pad_to_seconds = frontend.n_mels, self.config["pad_to_seconds"]
+        if spec_augment.freq.mask_param > n_mels:
+            raise UserError(f"AudioEncoder: freq_mask_width ({spec_augment.freq.mask_param}) "
+                            f"must be <= n_mels ({n_mels}); lower "
+                            f"model.encoder.spec_augment.freq_mask_width.")
         if max_seconds is not None and max_seconds <= 0:
             raise UserError(f"AudioEncoder: max_seconds ({max_seconds}) must be > 0 or null "
                             f"(no limit).")
@@ -393,17 +392,9 @@ class AudioEncoder(Encoder):
                             f"pad_to_seconds ({pad_to_seconds}): clips are padded to it, never "
                             f"cropped; set model.encoder.max_seconds: {pad_to_seconds}.")
         self.dim, self.max_seconds = dim, max_seconds
-        self.max_samples = None if max_seconds is None else int(round(max_seconds * sample_rate))
-        self.frontend = LogMelFrontEnd(
-            sample_rate=sample_rate, n_mels=n_mels, n_fft=n_fft, hop_length=hop_length,
-            win_length=win_length, f_min=f_min, f_max=f_max, feature_norm=feature_norm,
-            feature_mean=feature_mean, feature_std=feature_std, features=features,
-            pad_to_seconds=pad_to_seconds)
-        self.spec_augment = SpecAugment(freq_masks=freq_masks, freq_mask_width=freq_mask_width,
-                                        time_masks=time_masks, time_mask_width=time_mask_width,
-                                        time_mask_mode=time_mask_mode,
-                                        time_mask_fraction=time_mask_fraction,
-                                        time_mask_multiplicity=time_mask_multiplicity)
+        self.max_samples = (None if max_seconds is None
+                            else int(round(max_seconds * frontend.sample_rate)))
+        self.frontend, self.spec_augment = frontend, spec_augment
         self.stem = ConvStem(in_channels=n_mels, dim=dim, strides=stem_strides)
         max_tokens = 4096 if self.max_samples is None else int(self.output_lengths(
             torch.tensor([self.max_samples], device="cpu")).item())
@@ -415,11 +406,10 @@ class AudioEncoder(Encoder):
             self.positions = FixedPositions(table.to(torch.get_default_device()))
         with in_config("model.encoder"):     # the stack and Attention own their rules
             self.stack = TransformerStack(
-                depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
-                rope=positions == "rope", max_len=max_tokens, mlp_ratio=mlp_ratio, mlp=mlp,
-                norm=norm, norm_eps=norm_eps, dropout=dropout, attn_dropout=attn_dropout, bias=bias,
+                depth=depth, dim=dim, num_heads=num_heads, block=block, causal=causal,
+                rope=positions == "rope", max_len=max_tokens,
                 activation_checkpointing=activation_checkpointing)
-        self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
+        self.drop = nn.Dropout(block.dropout)    # after the stack: it checks dropout
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
 
     @property
@@ -470,7 +460,7 @@ class AudioEncoder(Encoder):
         (:mod:`mmtf.decoders.speech`)."""
         if self.frontend.features != "whisper" or self.frontend.pad_to_samples is None:
             raise UserError("long-form decoding needs Whisper's front end "
-                            "(model.encoder.features=whisper, pad_to_seconds=30).")
+                            "(model.encoder.frontend.features=whisper, pad_to_seconds=30).")
         with torch.autocast(wave.device.type, enabled=False):
             return self.frontend._whisper_features(wave.float()[None])[0]
 
@@ -544,7 +534,7 @@ def _check_front_end(sample_rate: int, n_mels: int, n_fft: int, hop_length: int,
     ]
     for ok, message in rules:
         if not ok:
-            raise UserError(f"LogMelFrontEnd: {message}; fix it in model.encoder.")
+            raise UserError(f"LogMelFrontEnd: {message}; fix it in model.encoder.frontend.")
 
 
 def _floats(value: float | Sequence[float]) -> list[float]:

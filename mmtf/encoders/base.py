@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from mmtf.errors import UserError
 from mmtf.hub import ExportFolder, open_export
 from mmtf.nn.positions import FixedPositions
+from mmtf.utils.parts import flatten_parts
 
 PoolMode = Literal["mean", "cls"]
 # Settings a downstream run may change on a pretrained encoder (regularisation, input limits,
@@ -190,7 +191,7 @@ class Encoder(nn.Module):
         if not problems:
             # Same shapes can still mean a different model (hop_length, patch grid, feature
             # normalisation): every setting that shapes the features must match the export.
-            exported = export.config()
+            exported = flatten_parts(export.config())
             differ = sorted(k for k in self.config if k in exported and k not in TUNABLE_KEYS
                             and _plain(exported[k]) != self.config[k])
             problems = [f"config {k}={self.config[k]!r} but the export has {k}="
@@ -203,7 +204,7 @@ class Encoder(nn.Module):
 
     def _config_hint(self, export: ExportFolder) -> str:
         """The fix for a mismatch: which config values differ from the exported ones."""
-        cfg_file, exported = export.config_file, export.config()
+        cfg_file, exported = export.config_file, flatten_parts(export.config())
         if not exported:
             return ("Build the encoder with the same config it was exported with (model.encoder "
                     "in the training run's .hydra/config.yaml).")
@@ -230,8 +231,10 @@ class Encoder(nn.Module):
 
 
 def record_config(local_vars: dict[str, Any]) -> dict[str, Any]:
-    """Constructor values (from ``locals()``) as plain Python, minus loading/freezing switches."""
-    skip = {"self", "__class__", "pretrained", "freeze"}
+    """Constructor values (from ``locals()``) as plain Python, minus loading/freezing switches
+    and the parts (whose values the caller adds flat, as :func:`mmtf.utils.parts.flatten_parts`)."""
+    skip = {"self", "__class__", "pretrained", "freeze", "block", "frontend", "spec_augment",
+            "patch"}
     return {k: _plain(v) for k, v in local_vars.items() if k not in skip}
 
 

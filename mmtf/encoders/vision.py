@@ -35,9 +35,10 @@ Shapes: b batch, gh gw patch-grid height/width, p = gh * gw patches, s = p (+1 w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -47,22 +48,17 @@ from torch import Tensor, nn
 from mmtf.encoders.base import Encoder, EncoderOutput, record_config
 from mmtf.errors import UserError, in_config
 from mmtf.nn import TransformerStack
-from mmtf.nn.transformer import AttentionLayers, AttentionMaps, MlpKind, NormKind, make_norm
+from mmtf.nn.transformer import AttentionLayers, AttentionMaps, BlockOptions, make_norm
+from mmtf.utils.parts import as_part
 
 
-class VisionEncoder(Encoder):
-    """Images (b, in_channels, H, W) -> memory (b, s, c), mask (b, s) all True.
+@dataclass(frozen=True)
+class PatchOptions:
+    """How images become patch tokens (``model.encoder.patch``; the module is ``patch_embed``).
 
     Args:
-        dim, depth, num_heads, num_kv_heads, mlp_ratio, mlp, norm, norm_eps, dropout,
-            attn_dropout, bias, mlp_bias, final_norm: the transformer (see
-            :class:`mmtf.nn.TransformerStack`); ``bias`` are the attention projections' biases
-            (bool or letters of "qkvo").
         patch_size: side of the square patches, in pixels.
         in_channels: image channels (3 for RGB).
-        image_size: size of the position table's grid, ``H`` or ``(H, W)``; other multiples of
-            ``patch_size`` are accepted and use an interpolated table.
-        cls_token: prepend a learned CLS token (position 0 of the memory; ``pool(mode="cls")``).
         stem: "patch" (one Conv2d, kernel = stride = patch_size, as ViT) or "conv" (stride-2 3x3
             convolutions, each with a norm and GELU, then a 1x1 projection; patch_size must be a
             power of two).
@@ -71,10 +67,31 @@ class VisionEncoder(Encoder):
         stem_norm: "batch" (BatchNorm2d, as the early-convolutions paper; per-rank statistics
             under DDP unless ``trainer.sync_batchnorm``) or "layer" (per-pixel LayerNorm over
             channels: batch-independent, for tiny fine-tuning batches).
-        pos_embed: "learned" (a trained table on the ``image_size`` grid) or "sincos" (fixed 2-D
-            sine-cosine; dim must be a multiple of 4).
         patch_bias: the patch-embedding convolution (``stem="patch"``) has a bias (ViT) or not
             (CLIP).
+    """
+
+    patch_size: int = 8
+    in_channels: int = 3
+    stem: Literal["patch", "conv"] = "patch"
+    stem_convs: int = 1
+    stem_norm: Literal["batch", "layer"] = "batch"
+    patch_bias: bool = True
+
+
+class VisionEncoder(Encoder):
+    """Images (b, in_channels, H, W) -> memory (b, s, c), mask (b, s) all True.
+
+    Args:
+        dim, depth, num_heads, block, final_norm: the transformer (see
+            :class:`mmtf.nn.TransformerStack`; ``block.norm`` also for ``embed_norm``).
+        patch: patch size, channels and stem (:class:`PatchOptions`, or a mapping of its
+            fields).
+        image_size: size of the position table's grid, ``H`` or ``(H, W)``; other multiples of
+            ``patch_size`` are accepted and use an interpolated table.
+        cls_token: prepend a learned CLS token (position 0 of the memory; ``pool(mode="cls")``).
+        pos_embed: "learned" (a trained table on the ``image_size`` grid) or "sincos" (fixed 2-D
+            sine-cosine; dim must be a multiple of 4).
         embed_norm: a norm over the embedded tokens before the first block (CLIP's
             ``pre_layrnorm``).
         causal: causal self-attention over the patch order (research only; warns).
@@ -87,46 +104,47 @@ class VisionEncoder(Encoder):
     """
 
     def __init__(self, *, dim: int = 128, depth: int = 4, num_heads: int = 4,
-                 num_kv_heads: int | None = None, mlp_ratio: float = 4.0, mlp: MlpKind = "gelu",
-                 norm: NormKind = "layernorm", dropout: float = 0.0, attn_dropout: float = 0.0,
-                 patch_size: int = 8, in_channels: int = 3, image_size: int | Sequence[int] = 64,
-                 cls_token: bool = True, stem: Literal["patch", "conv"] = "patch",
-                 stem_convs: int = 1, stem_norm: Literal["batch", "layer"] = "batch",
-                 pos_embed: Literal["learned", "sincos"] = "learned", patch_bias: bool = True,
-                 embed_norm: bool = False, final_norm: bool = True, norm_eps: float = 1e-5,
-                 bias: bool | str = False, mlp_bias: bool | None = None, causal: bool = False,
-                 activation_checkpointing: bool = False, pretrained: str | Path | None = None, freeze: bool = False) -> None:
+                 block: BlockOptions | Mapping[str, Any] | None = None,
+                 patch: PatchOptions | Mapping[str, Any] | None = None,
+                 image_size: int | Sequence[int] = 64, cls_token: bool = True,
+                 pos_embed: Literal["learned", "sincos"] = "learned", embed_norm: bool = False,
+                 final_norm: bool = True, causal: bool = False,
+                 activation_checkpointing: bool = False, pretrained: str | Path | None = None,
+                 freeze: bool = False) -> None:
         super().__init__()
-        self.config = record_config(locals())
+        block, patch = as_part(BlockOptions, block), as_part(PatchOptions, patch)
+        self.config = record_config({**locals(), **asdict(block), **asdict(patch)})
+        patch_size, in_channels, stem = patch.patch_size, patch.in_channels, patch.stem
         if patch_size < 1 or in_channels < 1:
             raise UserError(f"VisionEncoder: patch_size ({patch_size}) and in_channels "
-                            f"({in_channels}) must be >= 1; fix model.encoder.")
+                            f"({in_channels}) must be >= 1; fix model.encoder.patch.")
         height, width = _pair(image_size)
         if height < patch_size or width < patch_size or height % patch_size or width % patch_size:
             raise UserError(f"VisionEncoder: image_size ({height}, {width}) must be a positive "
                             f"multiple of patch_size ({patch_size}); change "
-                            f"model.encoder.image_size or model.encoder.patch_size.")
+                            f"model.encoder.image_size or model.encoder.patch.patch_size.")
         self.dim, self.patch_size, self.in_channels = dim, patch_size, in_channels
         self.grid = (height // patch_size, width // patch_size)
         self.has_cls, self.num_prefix_tokens = cls_token, int(cls_token)
         if stem not in ("patch", "conv"):
             raise UserError(f"VisionEncoder: stem ({stem!r}) must be 'patch' or 'conv'; fix "
-                            f"model.encoder.stem.")
+                            f"model.encoder.patch.stem.")
         if stem == "conv" and patch_size & (patch_size - 1):
             raise UserError(f"VisionEncoder: stem 'conv' halves the image log2(patch_size) "
                             f"times, so patch_size ({patch_size}) must be a power of two; use "
-                            f"stem: patch or change model.encoder.patch_size.")
-        if stem_convs < 1 or stem_norm not in ("batch", "layer"):
-            raise UserError(f"VisionEncoder: stem_convs ({stem_convs}) must be >= 1 and "
-                            f"stem_norm ({stem_norm!r}) 'batch' or 'layer'; fix model.encoder.")
+                            f"stem: patch or change model.encoder.patch.patch_size.")
+        if patch.stem_convs < 1 or patch.stem_norm not in ("batch", "layer"):
+            raise UserError(f"VisionEncoder: stem_convs ({patch.stem_convs}) must be >= 1 and "
+                            f"stem_norm ({patch.stem_norm!r}) 'batch' or 'layer'; fix "
+                            f"model.encoder.patch.")
         # Channels-last through the conv stem: oneDNN's NHWC convolutions, BatchNorm and GELU
         # are 1.2x faster per training step (experiments/image_captioning_synth, "Time"), and the
         # flatten to tokens below becomes a view instead of a copy.
         self.channels_last = stem == "conv"
-        self.patch_embed = (conv_stem(in_channels, dim, patch_size, convs=stem_convs,
-                                      norm=stem_norm) if stem == "conv" else
+        self.patch_embed = (conv_stem(in_channels, dim, patch_size, convs=patch.stem_convs,
+                                      norm=patch.stem_norm) if stem == "conv" else
                             nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size,
-                                      bias=patch_bias))
+                                      bias=patch.patch_bias))
         if pos_embed not in ("learned", "sincos"):
             raise UserError(f"VisionEncoder: pos_embed ({pos_embed!r}) must be 'learned' or "
                             f"'sincos'; fix model.encoder.pos_embed.")
@@ -142,14 +160,13 @@ class VisionEncoder(Encoder):
         if cls_token:
             self.cls_token = nn.Parameter(torch.empty(1, 1, dim))
             nn.init.trunc_normal_(self.cls_token, std=0.02)
-        self.embed_norm = make_norm(norm, dim, norm_eps) if embed_norm else None
+        self.embed_norm = make_norm(block.norm, dim, block.norm_eps) if embed_norm else None
         with in_config("model.encoder"):     # the stack and Attention own their rules
             self.stack = TransformerStack(
-                depth=depth, dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal,
-                rope=False, mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
-                dropout=dropout, attn_dropout=attn_dropout, bias=bias, mlp_bias=mlp_bias,
-                final_norm=final_norm, activation_checkpointing=activation_checkpointing)
-        self.drop = nn.Dropout(dropout)    # after the stack: it checks dropout
+                depth=depth, dim=dim, num_heads=num_heads, block=block, causal=causal,
+                rope=False, final_norm=final_norm,
+                activation_checkpointing=activation_checkpointing)
+        self.drop = nn.Dropout(block.dropout)    # after the stack: it checks dropout
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)
 
     def position_table(self, gh: int, gw: int) -> Tensor:
@@ -205,7 +222,7 @@ class VisionEncoder(Encoder):
         if images.dim() != 4 or images.shape[1] != self.in_channels:
             raise ValueError(f"VisionEncoder: inputs must be (batch, {self.in_channels}, H, W), "
                              f"got {tuple(images.shape)}; check the data transforms or "
-                             f"model.encoder.in_channels.")
+                             f"model.encoder.patch.in_channels.")
         if not images.is_floating_point():
             raise ValueError(f"VisionEncoder: inputs must be float images, got {images.dtype}; "
                              f"convert with transforms.v2.ToDtype(torch.float32, scale=True).")
@@ -214,7 +231,7 @@ class VisionEncoder(Encoder):
         if h < p or w < p or h % p or w % p:
             raise UserError(f"VisionEncoder: image size ({h}, {w}) must be divisible by "
                             f"patch_size ({p}); resize or pad the images (data transforms) or "
-                            f"change model.encoder.patch_size.")
+                            f"change model.encoder.patch.patch_size.")
 
 
 class LayerNorm2d(nn.LayerNorm):

@@ -189,11 +189,11 @@ def spans_table(spans: Sequence[WordSpan]) -> str:
 def display_image(image: Tensor, data_cfg: dict[str, Any] | None = None) -> np.ndarray:
     """A model input (3, H, W) back to a picture (H, W, 3) in [0, 1].
 
-    The last ``Normalize`` of the data config's ``eval_transforms`` is inverted; without one
+    The last ``Normalize`` of the data config's ``transforms.eval`` is inverted; without one
     each channel is min-max scaled.
     """
     x = image.float()
-    norm = [t for t in (data_cfg or {}).get("eval_transforms") or []
+    norm = [t for t in ((data_cfg or {}).get("transforms") or {}).get("eval") or []
             if isinstance(t, dict) and str(t.get("_target_", "")).endswith(".Normalize")]
     if norm:
         mean = torch.tensor(norm[-1]["mean"], dtype=torch.float32)[:, None, None]

@@ -5,8 +5,8 @@ from mmtf.nn.kv_cache import KVCache
 from mmtf.nn.linear import Linear, packed_linear_weights
 from mmtf.nn.positions import FixedPositions, LearnedPositions, sinusoidal_table
 from mmtf.nn.rope import RotaryEmbedding
-from mmtf.nn.transformer import MLP, TransformerBlock, TransformerStack, make_norm
+from mmtf.nn.transformer import MLP, BlockOptions, TransformerBlock, TransformerStack, make_norm
 
-__all__ = ["MLP", "Attention", "FixedPositions", "KVCache", "LearnedPositions", "Linear",
+__all__ = ["MLP", "Attention", "BlockOptions", "FixedPositions", "KVCache", "LearnedPositions", "Linear",
            "RotaryEmbedding", "TransformerBlock", "TransformerStack", "make_norm",
            "packed_linear_weights", "sinusoidal_table"]

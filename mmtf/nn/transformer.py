@@ -13,7 +13,8 @@ Shapes: b batch, h heads, n sequence length, m context (or key) length, c = dim.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ from mmtf.nn.attention import Attention, projection_biases
 from mmtf.nn.kv_cache import KVCache
 from mmtf.nn.linear import Linear
 from mmtf.nn.rope import RotaryEmbedding
+from mmtf.utils.parts import as_part
 
 NormKind = Literal["layernorm", "rmsnorm"]
 # gelu: exact (erf) GELU, as Whisper, ViT, BERT; gelu_tanh: the tanh approximation (GPT-2's
@@ -36,6 +38,33 @@ AttentionKind = Literal["self", "cross"]
 AttentionLayers = Mapping[AttentionKind, Sequence[int]]
 # {"cross": {1: (b, h, n, m)}}: the returned maps, keyed by kind then (non-negative) layer index.
 AttentionMaps = dict[str, dict[int, Tensor]]
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    """How each transformer block is built (one set of values for all ``depth`` blocks, so a
+    frozen value rather than a submodule: the stack builds ``depth`` blocks from it).
+
+    Args:
+        num_kv_heads: key/value heads (grouped-query when fewer than ``num_heads``); None =
+            ``num_heads``.
+        mlp_ratio, mlp: hidden width ratio and kind (see :class:`MLP`).
+        norm, norm_eps: "layernorm" or "rmsnorm", and its epsilon.
+        dropout: residual and MLP dropout. attn_dropout: attention-probability dropout.
+        bias: biases of the attention projections (bool or letters of "qkvo", see
+            :class:`~mmtf.nn.attention.Attention`). mlp_bias: biases of the MLP's linear layers
+            (default: True when any attention projection has one).
+    """
+
+    num_kv_heads: int | None = None
+    mlp_ratio: float = 4.0
+    mlp: MlpKind = "gelu"
+    norm: NormKind = "layernorm"
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    bias: bool | str = False
+    mlp_bias: bool | None = None
 
 
 def make_norm(kind: NormKind, dim: int, eps: float = 1e-5) -> nn.Module:
@@ -97,38 +126,31 @@ class TransformerBlock(nn.Module):
 
     Args:
         dim: width c.
-        num_heads, num_kv_heads: attention heads (grouped-query when they differ).
+        num_heads: attention heads.
+        block: the other options (:class:`BlockOptions`, or a mapping of its fields).
         causal: causal self-attention (decoders) or bidirectional (encoders).
         cross_dim: width of the cross-attention context; None = no cross-attention.
         rope: shared rotary table for self-attention, or None.
-        mlp_ratio, mlp: hidden width ratio and kind (see :class:`MLP`).
-        norm, norm_eps: "layernorm" or "rmsnorm", and its epsilon.
-        dropout: residual and MLP dropout. attn_dropout: attention-probability dropout.
-        bias: biases of the attention projections (bool or letters of "qkvo", see
-            :class:`~mmtf.nn.attention.Attention`). mlp_bias: biases of the MLP's linear layers
-            (default: True when any attention projection has one).
     """
 
-    def __init__(self, *, dim: int, num_heads: int, num_kv_heads: int | None = None,
-                 causal: bool = False, cross_dim: int | None = None,
-                 rope: RotaryEmbedding | None = None, mlp_ratio: float = 4.0,
-                 mlp: MlpKind = "gelu", norm: NormKind = "layernorm", norm_eps: float = 1e-5,
-                 dropout: float = 0.0, attn_dropout: float = 0.0, bias: bool | str = False,
-                 mlp_bias: bool | None = None) -> None:
+    def __init__(self, *, dim: int, num_heads: int,
+                 block: BlockOptions | Mapping[str, Any] | None = None, causal: bool = False,
+                 cross_dim: int | None = None, rope: RotaryEmbedding | None = None) -> None:
         super().__init__()
-        if mlp_bias is None:
-            mlp_bias = bool(projection_biases(bias))
-        self.norm_self = make_norm(norm, dim, norm_eps)
-        self.self_attn = Attention(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                   causal=causal, rope=rope, bias=bias, dropout=attn_dropout)
+        o = as_part(BlockOptions, block)
+        mlp_bias = bool(projection_biases(o.bias)) if o.mlp_bias is None else o.mlp_bias
+        heads = dict(dim=dim, num_heads=num_heads, num_kv_heads=o.num_kv_heads, bias=o.bias,
+                     dropout=o.attn_dropout)
+        self.norm_self = make_norm(o.norm, dim, o.norm_eps)
+        self.self_attn = Attention(causal=causal, rope=rope, **heads)
         self.norm_cross = self.cross_attn = None
         if cross_dim is not None:
-            self.norm_cross = make_norm(norm, dim, norm_eps)
-            self.cross_attn = Attention(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                        kv_dim=cross_dim, bias=bias, dropout=attn_dropout)
-        self.norm_mlp = make_norm(norm, dim, norm_eps)
-        self.mlp = MLP(dim=dim, mlp_ratio=mlp_ratio, kind=mlp, dropout=dropout, bias=mlp_bias)
-        self.drop = nn.Dropout(dropout)
+            self.norm_cross = make_norm(o.norm, dim, o.norm_eps)
+            self.cross_attn = Attention(kv_dim=cross_dim, **heads)
+        self.norm_mlp = make_norm(o.norm, dim, o.norm_eps)
+        self.mlp = MLP(dim=dim, mlp_ratio=o.mlp_ratio, kind=o.mlp, dropout=o.dropout,
+                       bias=mlp_bias)
+        self.drop = nn.Dropout(o.dropout)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None,
                 context: Tensor | None = None, context_mask: Tensor | None = None,
@@ -171,8 +193,7 @@ class TransformerStack(nn.Module):
 
     Args:
         depth: number of blocks.
-        dim, num_heads, num_kv_heads, causal, cross_dim, mlp_ratio, mlp, norm, norm_eps,
-            dropout, attn_dropout, bias, mlp_bias: as in :class:`TransformerBlock`.
+        dim, num_heads, block, causal, cross_dim: as in :class:`TransformerBlock`.
         rope: use rotary position embedding in self-attention (False: the caller adds
             absolute positions, see :mod:`mmtf.nn.positions`).
         rope_base, max_len: RoPE table base and initial length (extended on demand).
@@ -187,35 +208,31 @@ class TransformerStack(nn.Module):
             checkpoints do not depend on it. Why: docs/design/activation-checkpointing.md.
     """
 
-    def __init__(self, *, depth: int, dim: int, num_heads: int, num_kv_heads: int | None = None,
-                 causal: bool = False, cross_dim: int | None = None, rope: bool = False,
-                 rope_base: float = 10000.0, max_len: int = 4096, mlp_ratio: float = 4.0,
-                 mlp: MlpKind = "gelu", norm: NormKind = "layernorm", norm_eps: float = 1e-5,
-                 dropout: float = 0.0, attn_dropout: float = 0.0, bias: bool | str = False,
-                 mlp_bias: bool | None = None, final_norm: bool = True,
+    def __init__(self, *, depth: int, dim: int, num_heads: int,
+                 block: BlockOptions | Mapping[str, Any] | None = None, causal: bool = False,
+                 cross_dim: int | None = None, rope: bool = False, rope_base: float = 10000.0,
+                 max_len: int = 4096, final_norm: bool = True,
                  activation_checkpointing: bool = False) -> None:
         super().__init__()
+        block = as_part(BlockOptions, block)
         if depth < 1:
             raise UserError(f"TransformerStack: depth ({depth}) must be >= 1.")
-        if not 0.0 <= dropout < 1.0:
-            raise UserError(f"TransformerStack: dropout ({dropout}) must be in [0, 1).")
+        if not 0.0 <= block.dropout < 1.0:
+            raise UserError(f"TransformerStack: dropout ({block.dropout}) must be in [0, 1).")
         self.dim, self.depth = dim, depth
         self.activation_checkpointing = bool(activation_checkpointing)
         # Before head_dim is derived below: the width rule belongs to Attention.
         self.num_kv_heads = Attention.check_sizes(dim=dim, num_heads=num_heads,
-                                                  num_kv_heads=num_kv_heads)
+                                                  num_kv_heads=block.num_kv_heads)
         self.head_dim = dim // num_heads
         self.cross_dim = cross_dim
         self.rope = (RotaryEmbedding(head_dim=self.head_dim, max_len=max_len, base=rope_base)
                      if rope else None)
         self.blocks = nn.ModuleList(
-            TransformerBlock(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                             causal=causal, cross_dim=cross_dim, rope=self.rope,
-                             mlp_ratio=mlp_ratio, mlp=mlp, norm=norm, norm_eps=norm_eps,
-                             dropout=dropout, attn_dropout=attn_dropout, bias=bias,
-                             mlp_bias=mlp_bias)
+            TransformerBlock(dim=dim, num_heads=num_heads, block=block, causal=causal,
+                             cross_dim=cross_dim, rope=self.rope)
             for _ in range(depth))
-        self.norm = make_norm(norm, dim, norm_eps) if final_norm else nn.Identity()
+        self.norm = make_norm(block.norm, dim, block.norm_eps) if final_norm else nn.Identity()
 
     def make_cache(self, *, batch_size: int, max_len: int, context_len: int | None = None,
                    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,

@@ -2,7 +2,7 @@
 
 Inputs are preprocessed as the checkpoint's data pipeline does: audio files decoded, mixed to
 mono and resampled to the encoder's rate; images to RGB through the stored
-``data.eval_transforms``; in-memory waveforms (at the encoder's rate, or ``(waveform, rate)``),
+``data.transforms.eval``; in-memory waveforms (at the encoder's rate, or ``(waveform, rate)``),
 PIL images and (3, h, w) tensors too. Audio longer than ``model.encoder.max_seconds`` follows
 ``long_audio``: ``crop`` (its start, with a warning), ``window`` (the fewest equal windows, each
 row with its ``start``/``end``), or ``sequential`` / ``chunked`` (whole, to the task's speech

@@ -37,6 +37,7 @@ from mmtf.pretrained.names import (
     original_names,
     write_tokenizer_files,
 )
+from mmtf.utils.parts import nest
 
 MODEL_TYPES = frozenset({"gpt2"})
 ENCODER_DECODER = "vision-encoder-decoder"
@@ -93,9 +94,10 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
         needed = decoder_values(config, where)
     given = fill_sizes(OWNER, given, needed, pretrained=pretrained, source=str(source),
                        key_prefix="model.decoder", folder="Hugging Face GPT-2 folder")
-    decoder = TextDecoder(context_dim=context_dim, dropout=dropout, attn_dropout=attn_dropout,
-                          activation_checkpointing=activation_checkpointing,
-                          positions="learned", bias=True, mlp_bias=True, **given)
+    decoder = TextDecoder(**nest(
+        "mmtf.decoders.TextDecoder", context_dim=context_dim, dropout=dropout,
+        attn_dropout=attn_dropout, activation_checkpointing=activation_checkpointing,
+        positions="learned", bias=True, mlp_bias=True, **given))
     if hf:
         load_hf_gpt2(decoder, model, config)
     elif pretrained is not None:

@@ -13,6 +13,7 @@ from mmtf.errors import UserError
 from mmtf.hub import CONFIG_FILE, HFModel, is_export, open_hf_model
 from mmtf.pretrained import FAMILIES, family_module
 from mmtf.pretrained.names import copy_weights, fill_sizes, original_names, require_config
+from mmtf.utils.parts import nest
 
 ENCODER_DECODER = "vision-encoder-decoder"
 # The families whose folders hold a vision tower this builder reads.
@@ -56,8 +57,10 @@ def build_vision_encoder(family: str, *, pretrained: str | Path | None, sizes: d
     if isinstance(size, int):
         sizes["image_size"] = size                        # as the YAML wrote it
     export = pretrained if hf is None else None
-    encoder = VisionEncoder(**fixed, **sizes, dropout=dropout, attn_dropout=attn_dropout,
-                            activation_checkpointing=activation_checkpointing, pretrained=export)
+    encoder = VisionEncoder(**nest(
+        "mmtf.encoders.VisionEncoder", **fixed, **sizes, dropout=dropout,
+        attn_dropout=attn_dropout, activation_checkpointing=activation_checkpointing,
+        pretrained=export))
     if hf is not None:
         _copy(encoder, family, hf, config, owner)
     if freeze:

@@ -32,6 +32,7 @@ from mmtf.pretrained.names import (
     link,
     write_tokenizer_files,
 )
+from mmtf.utils.parts import flatten_parts, nest
 
 MODEL_TYPES = frozenset({"whisper"})
 # Whisper's fixed front end (whisper/audio.py): 16 kHz, 25 ms window, 10 ms hop, 30 s windows.
@@ -95,10 +96,10 @@ def whisper_encoder(*, pretrained: str | Path | None = None, dim: int | None = N
     if pad_to_seconds is not None and sizes["max_seconds"] is None:
         sizes["max_seconds"] = pad_to_seconds
     export = pretrained if pretrained is not None and hf is None else None
-    encoder = AudioEncoder(**sizes, **BLOCK, **options, positions="sinusoidal", features="whisper",
-                           stem_strides=STEM_STRIDES, pad_to_seconds=pad_to_seconds,
-                           sample_rate=SAMPLE_RATE, n_fft=N_FFT, hop_length=HOP_LENGTH,
-                           pretrained=export)
+    encoder = AudioEncoder(**nest(
+        "mmtf.encoders.AudioEncoder", **sizes, **BLOCK, **options, positions="sinusoidal",
+        features="whisper", stem_strides=STEM_STRIDES, pad_to_seconds=pad_to_seconds,
+        sample_rate=SAMPLE_RATE, n_fft=N_FFT, hop_length=HOP_LENGTH, pretrained=export))
     if hf is not None:
         tensors = hf.tensors()
         prefix = hf.prefix("encoder.conv1.weight", owner=owner)
@@ -137,7 +138,8 @@ def whisper_decoder(*, pretrained: str | Path | None = None, vocab_size: int | N
              "mlp_ratio": mlp_ratio, "context_dim": context_dim, "max_len": max_len,
              "pad_id": pad_id}
     hf, sizes = _sizes(pretrained, given, decoder_sizes, owner)
-    decoder = TextDecoder(**sizes, **BLOCK, **options, positions="learned", tie_embeddings=True)
+    decoder = TextDecoder(**nest("mmtf.decoders.TextDecoder", **sizes, **BLOCK, **options,
+                                 positions="learned", tie_embeddings=True))
     if pretrained is not None and hf is None:             # an mmtf export (weights.safetensors)
         export = open_export(pretrained, owner=owner, key="model.decoder.pretrained")
         decoder.load_state_dict(export.tensors(), strict=True)
@@ -283,7 +285,8 @@ def _sizes(pretrained: str | Path | None, given: dict[str, Any],
     null sizes) and the sizes, ``read`` from its ``config.json``."""
     hf = None
     if pretrained is not None and is_export(pretrained):
-        stored = open_export(pretrained, owner="whisper", key="model.encoder.pretrained").config()
+        stored = flatten_parts(open_export(pretrained, owner="whisper",
+                                           key="model.encoder.pretrained").config())
         given = {k: stored.get(k) if v is None else v for k, v in given.items()}
     elif pretrained is not None:
         hf = open_hf_model(pretrained, model_types=MODEL_TYPES, owner=owner)

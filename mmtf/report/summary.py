@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mmtf.report.logs import RunLogs, Series, load_run
 from mmtf.utils.config_dir import CONF_DIR
+from mmtf.utils.parts import upgrade_config
 
 # Keys that say where files go, not how the model trains: never part of the config diff.
 _PATH_ROOTS = ("paths",)
@@ -328,9 +329,11 @@ def _time_lines(logs: RunLogs) -> list[str]:
 
 
 def _samples_per_step(config: dict) -> int | None:
-    """data.batch_size x accumulate_grad_batches x devices x num_nodes, when all are ints."""
+    """data.batches.batch_size x accumulate_grad_batches x devices x num_nodes, when all are
+    ints (a run of before #39 stored data.batch_size: mapped)."""
     trainer = config.get("trainer") or {}
-    factors = [(config.get("data") or {}).get("batch_size"),
+    data = upgrade_config(config.get("data") or {})
+    factors = [(data.get("batches") or {}).get("batch_size", data.get("batch_size")),
                trainer.get("accumulate_grad_batches", 1), trainer.get("devices", 1),
                trainer.get("num_nodes", 1)]
     if not all(isinstance(f, int) and not isinstance(f, bool) for f in factors):

@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from mmtf.errors import ConfigError, UserError
+from mmtf.utils.parts import moved_keys
 
 PRINT_ORDER = ("data", "model", "callbacks", "logger", "trainer", "paths")
 
@@ -121,8 +122,9 @@ def check_target_signatures(cfg: Any, path: str = "") -> None:
                     continue
                 where = f"{path}.{key}" if path else key
                 if key not in params:
-                    close = difflib.get_close_matches(key, names, n=1)
-                    hint = f" Did you mean {close[0]!r}?" if close else ""
+                    moved = moved_keys(target)   # a pre-#39 flat key: name its part's key
+                    close = difflib.get_close_matches(key, [*names, *moved], n=1)
+                    hint = f" Did you mean {moved.get(close[0], close[0])!r}?" if close else ""
                     raise ConfigError(f"config key '{where}' is not an argument of {target}."
                                       f"{hint} Fix the key in your experiment YAML or override.")
                 if isinstance(value, str) and "${" in value:

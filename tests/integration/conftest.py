@@ -26,8 +26,8 @@ EXPERIMENTS = sorted(p.relative_to(CONF / "experiment").with_suffix("").as_posix
 NO_FIGURE = "++callbacks.attention_figure=null"
 COMMON = [
     "trainer.max_epochs=1", "logger=csv", "callbacks.rich_progress_bar=null",
-    "callbacks.model_summary=null", NO_FIGURE, "data.num_workers=0",
-    "data.persistent_workers=false", "data.batch_size=4", "trainer.log_every_n_steps=1",
+    "callbacks.model_summary=null", NO_FIGURE, "data.loader.num_workers=0",
+    "data.loader.persistent_workers=false", "data.batches.batch_size=4", "trainer.log_every_n_steps=1",
 ]
 AUDIO = ["model/encoder=audio_tiny", "data.synthetic.min_seconds=1.0",
          "data.synthetic.max_seconds=1.5", "data.synthetic.num_workers=0"]
@@ -206,7 +206,7 @@ def audio_captioner(tmp_path_factory) -> TrainedRun:
         limit = AUDIO_CAPTIONER_MAX_SECONDS
         overrides = [o if o != "logger=csv" else "logger=default" for o in tiny_overrides(
             "audio_captioning", folder / "data", f"model.encoder.max_seconds={limit}",
-            f"data.max_seconds={limit}", "data.eval_crop=start") if o != NO_FIGURE]
+            f"data.max_seconds={limit}", "data.crop.eval=start") if o != NO_FIGURE]
         out = run_cli("mmtf.train", [*overrides, f"hydra.run.dir={folder / 'run'}"], cwd=folder)
         assert out.returncode == 0, out.stderr[-3000:]
 

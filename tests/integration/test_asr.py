@@ -25,7 +25,7 @@ from .conftest import COMMON, cli_in_process, compose_train, evaluate_in_process
 pytest.importorskip("transformers")
 
 # The tiny Whisper's decoder has 48 positions: short targets and generations.
-TINY = ["model.generation.max_new_tokens=8", "data.max_caption_tokens=44", "data.batch_size=4",
+TINY = ["model.generation.max_new_tokens=8", "data.max_caption_tokens=44", "data.batches.batch_size=4",
         "model.warmup_steps=1"]
 
 

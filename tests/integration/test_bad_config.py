@@ -34,9 +34,9 @@ CASES = {
                          r"command line",
     "context_dim": r"EncoderDecoder: model\.encoder\.dim \(32\) != model\.decoder\.context_dim "
                    r"\(64\)",
-    "duration_and_batch_size": r"data\.batch_size \(4\) and data\.max_seconds_per_batch "
+    "duration_and_batch_size": r"data\.batches\.batch_size \(4\) and data\.batches\.max_seconds_per_batch "
                                r"\(600\.0\): exactly one sets the training batches; set "
-                               r"data\.batch_size=null to batch by seconds",
+                               r"data\.batches\.batch_size=null to batch by seconds",
     "lora_target": r"model\.lora\.targets: \['qkv'\] names no projection of the attention "
                    r"core; the valid targets are \['q', 'k', 'v', 'o', 'mlp'\]",
     "pretrained_shapes": r"load_pretrained: tensor '[\w.]+' has shape \([\d, ]*48[\d, ]*\) in "
@@ -56,8 +56,8 @@ def test_bad_config_is_one_readable_line_before_any_data(case, tmp_path):
         args = tiny_overrides("audio_captioning", data_dir, "model.decoder.context_dim=64",
                               run_dir)
     elif case == "duration_and_batch_size":
-        args = tiny_overrides("audio_captioning", data_dir, "data.max_seconds_per_batch=600.0",
-                              run_dir)
+        args = tiny_overrides("audio_captioning", data_dir,
+                              "data.batches.max_seconds_per_batch=600.0", run_dir)
     elif case == "lora_target":
         args = tiny_overrides("audio_captioning", data_dir, "model/lora=default",
                               "model.lora.targets=[q,qkv]", run_dir)

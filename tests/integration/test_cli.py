@@ -273,7 +273,7 @@ def test_misspelt_key_inside_an_experiment_yaml_fails_up_front(data_dir, tmp_pat
                          env=USER_ERRORS)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "'model.encoder.n_mel' is not an argument" in out.stderr
-    assert "Did you mean 'n_mels'" in out.stderr
+    assert "Did you mean 'frontend.n_mels'" in out.stderr   # the key's place since #39
     assert not (data_dir / "nothing").exists()
 
 

@@ -20,6 +20,7 @@ from mmtf.synthetic import caption_parser, ensure_synthetic
 from mmtf.text import build_tokenizer
 from tests.unit.data.conftest import TINY_AUDIO, TINY_IMAGE, sine, write_audio
 from tests.unit.data.speech_sets import write_common_voice, write_librispeech
+from tests.unit.presets import flat
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 DATA = sorted(p.stem for p in (CONF / "data").glob("*.yaml"))
@@ -95,8 +96,8 @@ def real_roots(tmp_path_factory) -> dict[str, Path]:
         write_coco_json(coco, name, entries)
     roots["coco_captions"] = coco
     # Tar shards (data=shards, data=shards_image) written from the Clotho and shapes sets.
-    for name, src in (("shards", CaptionDataModule(format="clotho", root=str(roots["clotho"]))),
-                      ("shards_image", CaptionDataModule(
+    for name, src in (("shards", flat(CaptionDataModule, format="clotho", root=str(roots["clotho"]))),
+                      ("shards_image", flat(CaptionDataModule,
                           format="coco", root=str(shapes),
                           splits={"train": "train", "val": "val", "test": "test"}))):
         for split in ("train", "val", "test"):
@@ -107,8 +108,8 @@ def real_roots(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("name", [n for n in DATA if n != "mixture"])
 def test_every_data_config_loads(name, tmp_path, real_roots):
-    overrides = [f"data={name}", f"paths.data_dir={tmp_path}", "data.num_workers=0",
-                 "data.batch_size=2"]
+    overrides = [f"data={name}", f"paths.data_dir={tmp_path}", "data.loader.num_workers=0",
+                 "data.batches.batch_size=2"]
     if name in SYNTHETIC_SIZES:
         overrides += [f"data.synthetic.{k}={v}" for k, v in SYNTHETIC_SIZES[name].items()]
     elif name == "synth_audio_captions_mix":

@@ -18,6 +18,7 @@ from mmtf.data import BucketBatchSampler, CaptionDataModule
 from mmtf.synthetic import ensure_synthetic
 from mmtf.text import BPETokenizer
 from tests.unit.data.conftest import TINY_AUDIO
+from tests.unit.presets import flat
 
 
 class Probe(L.LightningModule):
@@ -46,7 +47,7 @@ def test_fit_sets_epochs_and_counts_skips(tmp_path):
     x = np.zeros(8000, np.float32)
     x[5] = np.nan
     sf.write(str(bad), x, 16000, subtype="FLOAT")
-    dm = CaptionDataModule(format="clotho", root=str(root), batch_size=3, on_error="skip",
+    dm = flat(CaptionDataModule, format="clotho", root=str(root), batch_size=3, on_error="skip",
                            seed=0)
     dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=100))
     probe = Probe()

@@ -1,5 +1,5 @@
-"""Duration batching through the real (tiny) audio-captioning run: ``data.batch_size=null
-data.max_seconds_per_batch=4.2`` trains with batches of 1-3 clips (1-1.5 s each) under the
+"""Duration batching through the real (tiny) audio-captioning run: ``data.batches.batch_size=null
+data.batches.max_seconds_per_batch=4.2`` trains with batches of 1-3 clips (1-1.5 s each) under the
 budget, the same number every epoch as the LR schedule was built on; SIGKILLed mid-epoch and
 resumed with ``ckpt_path=last``, it ends bit for bit where the uninterrupted run does."""
 
@@ -24,7 +24,7 @@ from .test_reliability import (  # noqa: F401  (_isolate_global_torch_state: an 
 )
 
 BUDGET = 4.2
-DURATION = ("data.batch_size=null", f"data.max_seconds_per_batch={BUDGET}")
+DURATION = ("data.batches.batch_size=null", f"data.batches.max_seconds_per_batch={BUDGET}")
 
 
 class BatchShapes(Callback):

@@ -68,7 +68,7 @@ def kill_and_resume(data_dir: Path, tmp_path: Path, *extra: str, kill_at: int,
 @pytest.mark.slow
 def test_mid_epoch_kill_with_loader_workers_resumes_exactly(data_dir, tmp_path):
     # last.ckpt of step 4 = epoch 1 after 1 of 3 batches; 2 workers prefetch past it
-    ref, run = kill_and_resume(data_dir, tmp_path, "data.num_workers=2", kill_at=5, ckpt_step=4)
+    ref, run = kill_and_resume(data_dir, tmp_path, "data.loader.num_workers=2", kill_at=5, ckpt_step=4)
     assert_same_final_state(ref, run)
 
 
@@ -76,7 +76,7 @@ def test_mid_epoch_kill_with_loader_workers_resumes_exactly(data_dir, tmp_path):
 def test_mid_epoch_kill_with_gradient_accumulation_resumes_exactly(data_dir, tmp_path):
     # batch 2, 2 batches per optimizer step: 6 batches = 3 steps per epoch; last.ckpt of step 4
     # = epoch 1 after 2 of 6 batches (its second step); killed at step 5
-    ref, run = kill_and_resume(data_dir, tmp_path, "data.batch_size=2",
+    ref, run = kill_and_resume(data_dir, tmp_path, "data.batches.batch_size=2",
                                "trainer.accumulate_grad_batches=2", kill_at=5, ckpt_step=4)
     assert_same_final_state(ref, run)
     first = load(ref / "checkpoints" / "last.ckpt")["loops"]["fit_loop"]

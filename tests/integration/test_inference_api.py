@@ -24,7 +24,7 @@ RATE = 16000
 
 @pytest.fixture
 def ckpt(audio_captioner) -> Path:
-    """The session's tiny audio captioner (conftest.py): encoder limit LIMIT, eval_crop=start."""
+    """The session's tiny audio captioner (conftest.py): encoder limit LIMIT, crop.eval=start."""
     return audio_captioner.ckpt
 
 
@@ -68,11 +68,11 @@ def test_predict_cli_prints_window_spans(ckpt, clips, tmp_path):
 
 
 def test_evaluate_crops_clips_longer_than_the_encoder_accepts(ckpt, tmp_path, caplog):
-    """data.eval_crop=full used to pass clips over the encoder's limit (an error mid-test)."""
+    """data.crop.eval=full used to pass clips over the encoder's limit (an error mid-test)."""
     with caplog.at_level(logging.WARNING, logger="mmtf.evaluate"):
-        full = evaluate_in_process(ckpt, tmp_path / "full", "+data.eval_crop=full")
+        full = evaluate_in_process(ckpt, tmp_path / "full", "+data.crop.eval=full")
     assert any("longer than model.encoder.max_seconds" in r.getMessage() for r in caplog.records)
-    cropped = evaluate_in_process(ckpt, tmp_path / "start", "+data.eval_crop=start")
+    cropped = evaluate_in_process(ckpt, tmp_path / "start", "+data.crop.eval=start")
     assert full == cropped
     rows = (tmp_path / "full" / "predictions.jsonl").read_text().splitlines()
     assert rows == (tmp_path / "start" / "predictions.jsonl").read_text().splitlines()

@@ -111,8 +111,8 @@ def test_sigkill_mid_epoch_on_a_mixture_then_ckpt_path_last_resumes_exactly(data
     """Reference run of 3 epochs (9 steps, random crops of 1.2 s from 1-1.5 s clips, dropout);
     the same run killed after step 5 (last.ckpt of step 4: epoch 1 after 1 of 3 batches);
     ckpt_path=last finishes it with the same weights, optimizer state and loops, bit for bit."""
-    exact = ["test=false", "trainer.max_epochs=3", "model.encoder.dropout=0.1",
-             "model.decoder.dropout=0.1", "trainer.deterministic=true",
+    exact = ["test=false", "trainer.max_epochs=3", "model.encoder.block.dropout=0.1",
+             "model.decoder.block.dropout=0.1", "trainer.deterministic=true",
              "callbacks.periodic_checkpoint.every_n_train_steps=2",
              "data.sources.synth_a.max_seconds=1.2", "data.sources.synth_b.max_seconds=1.2"]
     ref, run = tmp_path / "ref", tmp_path / "run"
@@ -185,7 +185,7 @@ def test_the_pretrain_mix_experiment_runs_on_audiocaps_wavcaps_and_clotho_layout
              "wavcaps": write_wavcaps(tmp_path / "wavcaps"), "clotho": clotho}
     overrides = ["experiment=audio_captioning_pretrain_mix", f"paths.data_dir={data_dir}",
                  *COMMON, *[a for a in AUDIO if not a.startswith("data.")], *CAPTION,
-                 "trainer.fast_dev_run=true", "data.eval_batch_size=16",
+                 "trainer.fast_dev_run=true", "data.batches.eval_batch_size=16",
                  *(f"data.sources.{name}.root={root}" for name, root in roots.items())]
     out = tmp_path / "run"
     train(compose_train(overrides, out))

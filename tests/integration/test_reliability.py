@@ -137,7 +137,7 @@ def exact_overrides(data_dir: Path, *extra: str) -> list[str]:
     """3 epochs (9 steps) with dropout, SpecAugment, random captions, deterministic kernels,
     last.ckpt every 2 steps and after every validation."""
     return tiny_overrides("audio_captioning", data_dir, "test=false", "trainer.max_epochs=3",
-                          "model.encoder.dropout=0.1", "model.decoder.dropout=0.1",
+                          "model.encoder.block.dropout=0.1", "model.decoder.block.dropout=0.1",
                           "trainer.deterministic=true",
                           "callbacks.periodic_checkpoint.every_n_train_steps=2", *extra)
 

@@ -119,7 +119,7 @@ def test_sigkill_mid_epoch_on_shards_then_ckpt_path_last_resumes_exactly(data_di
     ckpt_path=last finishes it with bit-equal weights, optimizer state and RNG."""
     def overrides(*extra: str) -> list[str]:
         return shard_overrides(data_dir, shards_root, "test=false", "trainer.max_epochs=3",
-                               "model.encoder.dropout=0.1", "model.decoder.dropout=0.1",
+                               "model.encoder.block.dropout=0.1", "model.decoder.block.dropout=0.1",
                                "trainer.deterministic=true",
                                "callbacks.periodic_checkpoint.every_n_train_steps=2", *extra)
 
@@ -143,13 +143,13 @@ def test_sigkill_mid_epoch_on_shards_then_ckpt_path_last_resumes_exactly(data_di
 def test_two_ddp_ranks_by_two_workers_read_disjoint_items_covering_the_epoch(data_dir,
                                                                             shards_root,
                                                                             tmp_path):
-    """trainer=ddp_cpu (2 processes, both forked: tests/forked.py), data.num_workers=2: each
+    """trainer=ddp_cpu (2 processes, both forked: tests/forked.py), data.loader.num_workers=2: each
     rank's batches hold 6 of the 12 clips (3 per stream, batch 2: 4 batches a rank), the
     ranks' clips are disjoint and together the whole training split."""
     ids = tmp_path / "ids.jsonl"
     out = run_main("mmtf.train", [*shard_overrides(data_dir, shards_root, "test=false",
-                                                   "trainer=ddp_cpu", "data.num_workers=2",
-                                                   "data.batch_size=2"),
+                                                   "trainer=ddp_cpu", "data.loader.num_workers=2",
+                                                   "data.batches.batch_size=2"),
                                   f"+callbacks.ids._target_={__name__}.RecordIds",
                                   f"+callbacks.ids.path={ids}", f"hydra.run.dir={tmp_path / 'run'}"],
                    cwd=tmp_path, env=ENV, timeout=280, fork_ranks=True)

@@ -61,8 +61,8 @@ def test_every_logger_gets_the_flat_config_and_run_info(data_dir, tmp_path):
     hparams = yaml.safe_load((tmp_path / "csv" / "hparams.yaml").read_text())
     assert hparams["model.optimizer.lr"] == 0.00123
     assert hparams["seed"] == 12345 and hparams["tags"] == "[lab, sweep7]"
-    assert hparams["data.batch_size"] == 4 and hparams["data.format"] == "clotho"
-    assert {"model.optimizer.lr", "seed", "tags", "data.batch_size",
+    assert hparams["data.batches.batch_size"] == 4 and hparams["data.format"] == "clotho"
+    assert {"model.optimizer.lr", "seed", "tags", "data.batches.batch_size",
             "model.encoder.dim"} <= tb_hparams(tmp_path)
 
     info = json.loads((tmp_path / "run_info.json").read_text())["starts"]

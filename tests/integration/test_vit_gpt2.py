@@ -43,7 +43,7 @@ def test_fast_dev_run_on_tiny_pretrained_folders(tiny_models, data_dir, tmp_path
     _, models = tiny_models
     cfg = compose_train(_overrides(data_dir, models, "trainer.fast_dev_run=true"), tmp_path)
     assert cfg.tokenizer.kind == "pretrained"
-    assert cfg.data.train_transforms[0].source == cfg.model.encoder.pretrained
+    assert cfg.data.transforms.train[0].source == cfg.model.encoder.pretrained
     train(cfg)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert "test/cider_d" in metrics and all(v == v for v in metrics.values())

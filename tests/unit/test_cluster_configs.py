@@ -49,14 +49,14 @@ def srun_args(tmp_path_factory) -> list[str]:
     fake.write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" > {record}\n')
     fake.chmod(0o755)
     env = {**os.environ, **JOB, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
-    subprocess.run(["bash", str(SBATCH), "data.batch_size=8"], env=env, cwd=tmp, check=True,
+    subprocess.run(["bash", str(SBATCH), "data.batches.batch_size=8"], env=env, cwd=tmp, check=True,
                    timeout=60)
     return record.read_text().split("\0")[:-1]
 
 
 def test_sbatch_runs_the_training_cli_under_srun(srun_args):
     assert srun_args[:3] == ["python", "-m", "mmtf.train"]
-    assert srun_args[-1] == "data.batch_size=8"       # the user's overrides come last
+    assert srun_args[-1] == "data.batches.batch_size=8"       # the user's overrides come last
 
 
 def test_sbatch_asks_for_requeue_and_a_warning_signal():

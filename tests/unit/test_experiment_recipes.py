@@ -45,18 +45,18 @@ def test_the_default_audio_run_keeps_its_fixed_masks_bit_for_bit():
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=["experiment=audio_captioning"])
-    enc = cfg.model.encoder
+    aug, front = cfg.model.encoder.spec_augment, cfg.model.encoder.frontend
     keys = ("freq_masks", "time_masks", "time_mask_width")
-    adaptive = SpecAugment(**{k: enc[k] for k in keys}, freq_mask_width=enc.freq_mask_width,
-                           time_mask_mode=enc.time_mask_mode,
-                           time_mask_fraction=enc.time_mask_fraction,
-                           time_mask_multiplicity=enc.time_mask_multiplicity).train()
-    fixed = SpecAugment(**{k: enc[k] for k in keys}, freq_mask_width=enc.freq_mask_width,
+    adaptive = SpecAugment(**{k: aug[k] for k in keys}, freq_mask_width=aug.freq_mask_width,
+                           time_mask_mode=aug.time_mask_mode,
+                           time_mask_fraction=aug.time_mask_fraction,
+                           time_mask_multiplicity=aug.time_mask_multiplicity).train()
+    fixed = SpecAugment(**{k: aug[k] for k in keys}, freq_mask_width=aug.freq_mask_width,
                         time_mask_mode="fixed").train()
-    assert enc.time_mask_mode == "adaptive"
-    shortest = int(cfg.data.synthetic.min_seconds * enc.sample_rate) // enc.hop_length + 1
+    assert aug.time_mask_mode == "adaptive"
+    shortest = int(cfg.data.synthetic.min_seconds * front.sample_rate) // front.hop_length + 1
     frames = torch.arange(shortest, shortest + 101)                  # 2.0 .. 6.0 s
-    feats = torch.randn(len(frames), enc.n_mels, int(frames.max())) + 5.0
+    feats = torch.randn(len(frames), front.n_mels, int(frames.max())) + 5.0
     torch.manual_seed(0)
     a = fixed(feats, frames)
     torch.manual_seed(0)

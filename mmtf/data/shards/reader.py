@@ -170,7 +170,7 @@ class ShardStreamSampler(BucketBatchSampler):
         if self._pass_rank_size() < streams:
             raise UserError(f"{name}: {super().num_examples()} examples cannot fill "
                             f"{self.num_replicas} rank(s) x {streams} stream(s); use fewer "
-                            f"data.num_workers (streams) or more data.")
+                            f"data.loader.num_workers (streams) or more data.")
         self._passes: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
         self._batches: tuple[int, list[list[Key]]] | None = None
 
@@ -286,7 +286,7 @@ class ShardStreamSampler(BucketBatchSampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         refuse_other_settings(self, state, _STREAM_SETTINGS,
-                              "the same shards, data.num_workers (= streams per rank), "
+                              "the same shards, data.loader.num_workers (= streams per rank), "
                               "data.shuffle_buffer and data.epoch_samples")
         super().load_state_dict(state)
 

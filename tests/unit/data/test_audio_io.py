@@ -12,6 +12,7 @@ import torch
 from mmtf.data import DataError, audio_info, load_audio
 from mmtf.data.audio import crop_window, get_resampler, resample
 from tests.unit.data.conftest import sine, write_audio
+from tests.unit.presets import flat
 
 
 def _dominant_hz(x: np.ndarray, sr: int) -> float:
@@ -278,7 +279,7 @@ def _two_epochs(root, max_seconds=1.5, **kw):
     from mmtf.data import CaptionDataModule
     from mmtf.text import build_tokenizer
 
-    dm = CaptionDataModule(format="clotho", root=str(root), batch_size=3,
+    dm = flat(CaptionDataModule, format="clotho", root=str(root), batch_size=3,
                            max_seconds=max_seconds, seed=0, **kw)
     dm.setup("fit")
     dm.connect(build_tokenizer({"kind": "char"}, dm.train_captions))

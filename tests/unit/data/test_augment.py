@@ -20,6 +20,7 @@ from mmtf.decoders import EncoderDecoder, TextDecoder
 from mmtf.encoders import AudioEncoder
 from mmtf.errors import ConfigError
 from mmtf.text import BPETokenizer
+from tests.unit.presets import flat
 
 from .conftest import sine, write_audio
 
@@ -28,7 +29,7 @@ EVERYTHING = {"speed": {"p": 1.0, "factors": [0.9, 1.1]}, "noise": {"p": 1.0},
 
 
 def _dm(root, augment=None, **kw) -> CaptionDataModule:
-    dm = CaptionDataModule(format="clotho", root=str(root), batch_size=3, max_seconds=3.0,
+    dm = flat(CaptionDataModule, format="clotho", root=str(root), batch_size=3, max_seconds=3.0,
                            seed=3, augment=augment, **kw)
     dm.setup("fit")
     dm.setup("test")
@@ -105,7 +106,8 @@ def test_speed_matches_torchaudio_and_the_encoder_mask_follows_the_new_length():
         [{"audio": slow, "label": 0, "id": "a"}, {"audio": torch.randn(16000), "label": 0,
                                                   "id": "b"}])
     assert int(batch["audio_lengths"][0]) == slow.shape[0] == math.ceil(wave.shape[0] / 0.9)
-    enc = AudioEncoder(dim=32, depth=1, num_heads=4, n_mels=16, freq_masks=0, time_masks=0)
+    enc = flat(AudioEncoder, dim=32, depth=1, num_heads=4, n_mels=16, freq_masks=0,
+               time_masks=0)
     with torch.no_grad():
         out = enc(batch["audio"], batch["audio_lengths"])
         alone = enc(slow[None])
@@ -147,7 +149,8 @@ def test_noise_hits_the_drawn_snr_and_gain_the_drawn_db(tmp_path):
 
 def test_mixup_loss_is_the_lambda_weighted_sum_of_two_cross_entropies():
     torch.manual_seed(0)
-    enc = AudioEncoder(dim=32, depth=1, num_heads=4, n_mels=16, freq_masks=0, time_masks=0)
+    enc = flat(AudioEncoder, dim=32, depth=1, num_heads=4, n_mels=16, freq_masks=0,
+               time_masks=0)
     dec = TextDecoder(vocab_size=20, dim=32, depth=1, num_heads=4, context_dim=32)
     model = EncoderDecoder(encoder=enc, decoder=dec, label_smoothing=0.1).eval()
     audio = torch.randn(3, 4000)
@@ -218,10 +221,10 @@ def test_mixup_on_label_data_and_augment_on_images_are_config_errors(tiny_audio_
 
     with pytest.raises(ConfigError, match=r"data\.augment\.mixup\.p \(1\.0\) must be 0 for "
                                           r"label data"):
-        ClassificationDataModule(format="esc50", root=str(tiny_audio_labels),
+        flat(ClassificationDataModule, format="esc50", root=str(tiny_audio_labels),
                                  augment={"mixup": {"p": 1.0}})
     with pytest.raises(ConfigError, match=r"data\.augment is for audio; this data is image"):
-        CaptionDataModule(format="coco", root=str(tiny_image_captions),
+        flat(CaptionDataModule, format="coco", root=str(tiny_image_captions),
                           augment={"gain": {"p": 0.5}})
     # All p = 0 (the configs' default): nothing is built, on any data.
     assert build_augment(EVERYTHING | {k: {"p": 0.0} for k in EVERYTHING}, sample_rate=16000,

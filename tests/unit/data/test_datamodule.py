@@ -3,13 +3,16 @@ caption policies, determinism, and bad files under on_error=raise and skip."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from hydra.utils import instantiate
 from torchvision.transforms import v2
 
 from mmtf.data import (
@@ -20,6 +23,9 @@ from mmtf.data import (
 from mmtf.errors import UserError
 from mmtf.synthetic import audio as synthetic_audio
 from mmtf.text import CharTokenizer, build_tokenizer
+from mmtf.utils.parts import upgrade_config
+from tests.unit.data.datamodule_reference import CONFIGS, ROOTS, digest
+from tests.unit.presets import flat
 
 BPE = {"kind": "bpe", "vocab_size": 200}
 
@@ -28,7 +34,7 @@ def _audio_dm(root, *, tokenizer: dict | None = BPE, **kw) -> CaptionDataModule:
     """A Clotho data module, connected (as mmtf.train does) to a tokenizer trained on its train
     captions from ``tokenizer`` (None: none connected)."""
     args = dict(format="clotho", root=str(root), batch_size=4, max_seconds=1.5, seed=0)
-    dm = CaptionDataModule(**{**args, **kw})
+    dm = flat(CaptionDataModule, **{**args, **kw})
     if tokenizer is not None:
         dm.connect(build_tokenizer(tokenizer, dm.train_captions))
     return dm
@@ -54,7 +60,7 @@ def test_audio_caption_batches(tiny_audio_captions):
 
 def test_image_caption_batches(tiny_image_captions):
     norm = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)]
-    dm = CaptionDataModule(format="coco", root=str(tiny_image_captions), batch_size=3,
+    dm = flat(CaptionDataModule, format="coco", root=str(tiny_image_captions), batch_size=3,
                            train_transforms=norm, eval_transforms=norm, media_cache_mb=1)
     dm.setup("fit")
     dm.connect(build_tokenizer(BPE, dm.train_captions))
@@ -69,7 +75,7 @@ def test_image_caption_batches(tiny_image_captions):
 
 def test_image_augmentation_is_a_function_of_seed_epoch_and_item(tiny_image_labels):
     crop = [v2.RandomResizedCrop(16, scale=(0.1, 0.5), antialias=True)]
-    dm = ClassificationDataModule(format="image_folder", root=str(tiny_image_labels),
+    dm = flat(ClassificationDataModule, format="image_folder", root=str(tiny_image_labels),
                                   train_transforms=crop, seed=3)
     dm.setup("fit")
     ds = dm._dataset("train", "random")
@@ -82,7 +88,7 @@ def test_image_augmentation_is_a_function_of_seed_epoch_and_item(tiny_image_labe
 
 
 def test_classification_audio(tiny_audio_labels):
-    dm = ClassificationDataModule(format="esc50", root=str(tiny_audio_labels), batch_size=4)
+    dm = flat(ClassificationDataModule, format="esc50", root=str(tiny_audio_labels), batch_size=4)
     dm.setup("fit")
     assert dm.num_classes == 9 and dm.class_names == list(synthetic_audio.CLASS_NAMES)
     labels = []
@@ -94,7 +100,7 @@ def test_classification_audio(tiny_audio_labels):
 
 
 def test_classification_images(tiny_image_labels):
-    dm = ClassificationDataModule(format="image_folder", root=str(tiny_image_labels),
+    dm = flat(ClassificationDataModule, format="image_folder", root=str(tiny_image_labels),
                                   batch_size=8)
     dm.setup()
     assert dm.num_classes == 4 and dm.class_names == ["circle", "cross", "square", "triangle"]
@@ -215,34 +221,34 @@ def test_train_captions_are_every_reference_of_the_train_split(tiny_audio_captio
 
 def test_constructor_checks(tmp_path):
     with pytest.raises(ValueError, match=r"format \('clothoo'\) must be one of"):
-        CaptionDataModule(format="clothoo", root=str(tmp_path))
+        flat(CaptionDataModule, format="clothoo", root=str(tmp_path))
     with pytest.raises(ValueError, match=r"modality \('image'\) must be 'audio' for format"):
-        CaptionDataModule(format="clotho", root=str(tmp_path), modality="image")
+        flat(CaptionDataModule, format="clotho", root=str(tmp_path), modality="image")
     with pytest.raises(ValueError, match=r"on_error \('ignore'\) must be one of"):
-        CaptionDataModule(format="clotho", root=str(tmp_path), on_error="ignore")
+        flat(CaptionDataModule, format="clotho", root=str(tmp_path), on_error="ignore")
     with pytest.raises(ValueError, match=r"caption_policy \('first'\)"):
-        CaptionDataModule(format="clotho", root=str(tmp_path), caption_policy="first")
+        flat(CaptionDataModule, format="clotho", root=str(tmp_path), caption_policy="first")
     with pytest.raises(ValueError, match=r"media_cache_mb \(-1\) must be >= 0 .* fix "
                                          r"data.media_cache_mb"):
-        CaptionDataModule(format="clotho", root=str(tmp_path), media_cache_mb=-1)
+        flat(CaptionDataModule, format="clotho", root=str(tmp_path), media_cache_mb=-1)
     # The old name, as stored in earlier runs' configs, is read as the new one.
-    assert CaptionDataModule(format="clotho", root=str(tmp_path),
+    assert flat(CaptionDataModule, format="clotho", root=str(tmp_path),
                              image_cache_mb=2).cache_bytes == 2 * 2 ** 20
     with pytest.raises(ValueError, match=r"image_cache_mb \(2\) is the old name of "
                                          r"data.media_cache_mb \(4\)"):
-        CaptionDataModule(format="clotho", root=str(tmp_path), media_cache_mb=4,
+        flat(CaptionDataModule, format="clotho", root=str(tmp_path), media_cache_mb=4,
                           image_cache_mb=2)
 
 
 def test_media_cache_without_persistent_workers_warns(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="mmtf.data"):
-        CaptionDataModule(format="clotho", root=str(tmp_path), media_cache_mb=8, num_workers=2,
+        flat(CaptionDataModule, format="clotho", root=str(tmp_path), media_cache_mb=8, num_workers=2,
                           persistent_workers=True)
         assert "media_cache_mb" not in caplog.text
-        CaptionDataModule(format="clotho", root=str(tmp_path), media_cache_mb=8, num_workers=2,
+        flat(CaptionDataModule, format="clotho", root=str(tmp_path), media_cache_mb=8, num_workers=2,
                           persistent_workers=False)
-    assert ("data.media_cache_mb=8 with data.num_workers=2 and data.persistent_workers=false"
-            in caplog.text and "set data.persistent_workers=true" in caplog.text)
+    assert ("data.media_cache_mb=8 with data.loader.num_workers=2 and data.loader.persistent_workers=false"
+            in caplog.text and "set data.loader.persistent_workers=true" in caplog.text)
 
 
 # ------------------------------------------------------------------ bad files
@@ -346,3 +352,29 @@ def test_pin_memory_follows_the_trainer_device_when_unset(tiny_audio_captions, p
     dm.setup("fit")
     assert dm.train_dataloader().pin_memory is pinned
     assert dm.val_dataloader().pin_memory is pinned
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_pre_39_flat_data_config_gives_the_same_batches(name, tiny_audio_captions,
+                                                          tiny_image_captions):
+    """A stored flat config (batch, loader and crop keys, image_cache_mb), upgraded, gives the
+    batches the pre-#39 code gave, bit for bit (the reference: datamodule_reference.py)."""
+    reference = json.loads(Path(__file__).with_name("datamodule_reference.json").read_text())
+    root = {"audio_captions": tiny_audio_captions, "image_captions": tiny_image_captions}
+    cfg = upgrade_config({**CONFIGS[name], "root": str(root[ROOTS[name]])})
+    assert not set(cfg) & {"batch_size", "num_workers", "train_crop", "image_cache_mb"}
+    assert digest(instantiate(cfg)) == reference[name]
+
+
+def test_flat_data_keys_beside_their_part_are_refused_naming_the_new_key():
+    with pytest.raises(ValueError, match=r"keep only batches\.batch_size"):
+        upgrade_config({"_target_": "mmtf.data.CaptionDataModule", "batch_size": 4,
+                        "batches": {"batch_size": 8}})
+    with pytest.raises(ValueError, match=r"keep only crop\.eval"):
+        upgrade_config({"_target_": "mmtf.data.CaptionDataModule", "eval_crop": "start",
+                        "crop": {"train": "start"}})
+
+
+def test_bad_crop_names_the_key(tmp_path):
+    with pytest.raises(UserError, match=r"data.crop \(.*'middle'.*\) must be \{train: random"):
+        CaptionDataModule(format="clotho", root=str(tmp_path), crop={"eval": "middle"})

@@ -1,4 +1,4 @@
-"""Batches cut by a padded-size budget (``data.max_seconds_per_batch`` / ``max_pixels_per_batch``):
+"""Batches cut by a padded-size budget (``data.batches.max_seconds_per_batch`` / ``max_pixels_per_batch``):
 the budget holds, every example comes once per epoch, every rank and every epoch has the same
 number of batches (``__len__``), a resumed sampler or loader hands out the rest of the epoch,
 and the data module's keys are checked. Each against a reference computed here by hand."""
@@ -18,6 +18,7 @@ from mmtf.data import BucketBatchSampler, CaptionDataModule, ClassificationDataM
 from mmtf.data.image import build_transform, header_sizes, transformed_pixels
 from mmtf.errors import ConfigError, UserError
 from mmtf.text import BPETokenizer
+from tests.unit.presets import flat
 
 RNG = np.random.default_rng(0)
 LENGTHS = RNG.uniform(1.0, 30.0, size=300)       # seconds
@@ -193,7 +194,7 @@ def test_sampler_arguments_are_checked():
 def _dm(root, **kw) -> CaptionDataModule:
     args = dict(format="clotho", root=str(root), batch_size=None, max_seconds_per_batch=3.2,
                 seed=3, bucket_size=2)
-    dm = CaptionDataModule(**{**args, **kw})
+    dm = flat(CaptionDataModule, **{**args, **kw})
     dm.setup("fit")
     dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=200))
     return dm
@@ -262,22 +263,22 @@ def test_items_over_the_budget_are_named_in_a_warning(tiny_audio_captions, caplo
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"batch_size": 8}, r"data.batch_size \(8\) and data.max_seconds_per_batch \(3.2\): "
-                        r"exactly one.*set data.batch_size=null"),
-    ({"max_seconds_per_batch": None}, r"data.batch_size \(None\).*set data.batch_size or "
-                                      r"data.max_seconds_per_batch"),
-    ({"max_pixels_per_batch": 4096}, r"data.max_pixels_per_batch \(4096\) is for images; this "
-                                     r"data is audio: use data.max_seconds_per_batch"),
-    ({"eval_max_seconds_per_batch": 0}, r"data.eval_max_seconds_per_batch \(0\) must be a "
+    ({"batch_size": 8}, r"data.batches.batch_size \(8\) and data.batches.max_seconds_per_batch \(3.2\): "
+                        r"exactly one.*set data.batches.batch_size=null"),
+    ({"max_seconds_per_batch": None}, r"data.batches.batch_size \(None\).*set data.batches.batch_size or "
+                                      r"data.batches.max_seconds_per_batch"),
+    ({"max_pixels_per_batch": 4096}, r"data.batches.max_pixels_per_batch \(4096\) is for images; this "
+                                     r"data is audio: use data.batches.max_seconds_per_batch"),
+    ({"eval_max_seconds_per_batch": 0}, r"data.batches.eval_max_seconds_per_batch \(0\) must be a "
                                         r"positive number of seconds"),
-    ({"eval_max_seconds_per_batch": 5, "eval_batch_size": 2}, r"data.eval_batch_size \(2\) and "
-                                                              r"data.eval_max_seconds_per_batch"),
+    ({"eval_max_seconds_per_batch": 5, "eval_batch_size": 2}, r"data.batches.eval_batch_size \(2\) and "
+                                                              r"data.batches.eval_max_seconds_per_batch"),
 ])
 def test_data_module_keys_are_checked(tiny_audio_captions, kw, match):
     args = dict(format="clotho", root=str(tiny_audio_captions), batch_size=None,
                 max_seconds_per_batch=3.2)
     with pytest.raises(ConfigError, match=match):
-        CaptionDataModule(**{**args, **kw})
+        flat(CaptionDataModule, **{**args, **kw})
 
 
 # ---------------------------------------------------------------------------- images: pixels
@@ -296,18 +297,18 @@ def test_pixels_are_counted_after_the_transforms_from_the_header(tmp_path):
 
 def test_images_batch_by_pixels(tiny_image_captions, tiny_image_labels):
     """32x32 images (1024 pixels), 3000 pixels a batch: 2 images a batch."""
-    dm = CaptionDataModule(format="coco", root=str(tiny_image_captions), batch_size=None,
+    dm = flat(CaptionDataModule, format="coco", root=str(tiny_image_captions), batch_size=None,
                            max_pixels_per_batch=3000, seed=0)
     dm.setup("fit")
     s = dm.batch_sampler("train")
     assert set(s.lengths) == {1024.0} and len(s) == 3
     assert [len(b) for b in s.batches(0)] == [2, 2, 2]
-    labels = ClassificationDataModule(format="image_folder", root=str(tiny_image_labels),
+    labels = flat(ClassificationDataModule, format="image_folder", root=str(tiny_image_labels),
                                       batch_size=None, max_pixels_per_batch=4096,
                                       eval_max_pixels_per_batch=8192)
     labels.setup("fit")
     assert [len(b) for b in labels.batch_sampler("train").batches(0)] == [4, 4]
     assert len(labels.batch_sampler("val")) == 1
-    with pytest.raises(ConfigError, match=r"data.max_seconds_per_batch \(10\) is for audio"):
-        CaptionDataModule(format="coco", root=str(tiny_image_captions), batch_size=None,
+    with pytest.raises(ConfigError, match=r"data.batches.max_seconds_per_batch \(10\) is for audio"):
+        flat(CaptionDataModule, format="coco", root=str(tiny_image_captions), batch_size=None,
                           max_seconds_per_batch=10)

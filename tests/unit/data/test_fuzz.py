@@ -28,6 +28,7 @@ from mmtf.data.formats.clotho import read_clotho
 from mmtf.data.formats.coco import read_coco
 from mmtf.data.formats.manifest import read_manifest
 from mmtf.text import BPETokenizer
+from tests.unit.presets import flat
 
 EXAMPLES = Counter()  # examples run per kind, checked by _run_fuzz
 FUZZ = settings(max_examples=50, deadline=None, database=None,
@@ -218,7 +219,7 @@ def test_skip_policy_completes_an_epoch_and_counts_the_broken_files(tmp_path):
               "empty.wav": b"", "cut.flac": VALID["FLAC"][:300]}
     root = tmp_path / "clotho"
     _clotho_set(root, broken)
-    dm = CaptionDataModule(format="clotho", root=str(root), batch_size=2, max_seconds=1.0,
+    dm = flat(CaptionDataModule, format="clotho", root=str(root), batch_size=2, max_seconds=1.0,
                            seed=0, on_error="skip")
     dm.setup("fit")
     dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=120))
@@ -230,7 +231,7 @@ def test_skip_policy_completes_an_epoch_and_counts_the_broken_files(tmp_path):
     assert dm.error_counts.as_dict() == {"undecodable": 2, "truncated": 1, "empty_file": 1,
                                          "missing_file": 1}
     with pytest.raises(DataError, match=r"(random|cut|empty)\.(wav|flac)|gone\.wav"):
-        strict = CaptionDataModule(format="clotho", root=str(root), batch_size=2,
+        strict = flat(CaptionDataModule, format="clotho", root=str(root), batch_size=2,
                                    max_seconds=1.0)
         strict.setup("fit")
         strict.connect(BPETokenizer.train(strict.train_captions(), vocab_size=120))

@@ -97,7 +97,7 @@ def test_transform_pipeline_from_config_dicts():
 def test_pipeline_always_ends_in_float():
     out = build_transform(None)(torch.full((3, 2, 2), 51, dtype=torch.uint8))
     torch.testing.assert_close(out, torch.full((3, 2, 2), 0.2))
-    out = build_eval_image_transform({"eval_transforms": [v2.CenterCrop(1)]})(
+    out = build_eval_image_transform({"transforms": {"eval": [v2.CenterCrop(1)]}})(
         torch.full((3, 2, 2), 255, dtype=torch.uint8))
     assert out.dtype == torch.float32 and out.shape == (3, 1, 1) and float(out.max()) == 1.0
 

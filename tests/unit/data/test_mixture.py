@@ -17,6 +17,7 @@ from mmtf.data.mixture import MixtureDataModule, MixtureDataset, MixtureSampler
 from mmtf.data.sampler import BucketBatchSampler
 from mmtf.errors import ConfigError, UserError
 from mmtf.text import BPETokenizer, build_tokenizer
+from tests.unit.presets import flat
 
 
 # ---------------------------------------------------------------------------- the sampler
@@ -166,7 +167,7 @@ def connected(dm: MixtureDataModule) -> MixtureDataModule:
 
 def test_items_are_the_sources_concatenated_and_batches_carry_the_source(two_sources, caplog):
     caplog.set_level(logging.INFO, logger="mmtf.data")
-    dm = connected(MixtureDataModule(sources=two_sources, batch_size=4, epoch_samples=10))
+    dm = connected(flat(MixtureDataModule, sources=two_sources, batch_size=4, epoch_samples=10))
     assert len(dm.items("train")) == 12 and dm.source_names == ("clotho", "wavcaps")
     assert [it.captions[-1] for it in dm.items("train")[6:]] == ["a manifest clip"] * 6
     batches = list(dm.train_dataloader())
@@ -190,7 +191,7 @@ def test_items_are_the_sources_concatenated_and_batches_carry_the_source(two_sou
 
 def test_a_source_keeps_its_own_crop_and_its_epoch_reaches_its_dataset(two_sources):
     two_sources["wavcaps"]["max_seconds"] = 0.5
-    dm = connected(MixtureDataModule(sources=two_sources, batch_size=2, epoch_samples=40,
+    dm = connected(flat(MixtureDataModule, sources=two_sources, batch_size=2, epoch_samples=40,
                                      bucketing=False))
     ds = dm._dataset("train", "random")
     assert isinstance(ds, MixtureDataset)
@@ -207,13 +208,13 @@ def test_a_source_keeps_its_own_crop_and_its_epoch_reaches_its_dataset(two_sourc
 
 def test_a_source_without_evaluation_is_left_out_of_val_and_test(two_sources):
     two_sources["wavcaps"]["evaluate"] = False
-    dm = MixtureDataModule(sources=two_sources)
+    dm = flat(MixtureDataModule, sources=two_sources)
     assert dm.source_names == ("clotho",)
     assert len(dm.items("val")) == 3 and len(dm.items("train")) == 12
 
 
 def test_the_trained_tokenizer_gets_the_tokens_and_the_default_sources_prompt(two_sources):
-    dm = MixtureDataModule(sources=two_sources, default_source="wavcaps")
+    dm = flat(MixtureDataModule, sources=two_sources, default_source="wavcaps")
     spec = dm.tokenizer_spec({"kind": "bpe", "vocab_size": 64, "special_tokens": ["<|x|>"]})
     assert spec["special_tokens"] == ["<|x|>", "<|clotho|>", "<|wavcaps|>"]
     assert spec["prompt"] == ["<bos>", "<|wavcaps|>"]
@@ -224,7 +225,7 @@ def test_the_trained_tokenizer_gets_the_tokens_and_the_default_sources_prompt(tw
 
 
 def test_a_tokenizer_without_the_prompt_tokens_is_refused(two_sources):
-    dm = MixtureDataModule(sources=two_sources)
+    dm = flat(MixtureDataModule, sources=two_sources)
     plain = BPETokenizer.train(dm.train_captions(), vocab_size=64)
     with pytest.raises(ConfigError, match=r"prompt tokens <\|clotho\|> \(clotho\), "
                                           r"<\|wavcaps\|> \(wavcaps\) are not special tokens"
@@ -239,7 +240,7 @@ def test_a_tokenizer_without_the_prompt_tokens_is_refused(two_sources):
 
 def test_bad_sources_are_one_line_errors_naming_the_source(two_sources, tmp_path):
     def make(sources, **kw):
-        return MixtureDataModule(sources=sources, **kw)
+        return flat(MixtureDataModule, sources=sources, **kw)
 
     with pytest.raises(ConfigError, match=r"data.sources.clotho \(clotho\): weight \(0\) must "
                                           r"be a number > 0"):
@@ -282,8 +283,8 @@ def test_bad_sources_are_one_line_errors_naming_the_source(two_sources, tmp_path
 
 
 def test_modules_can_be_given_directly(tiny_audio_captions):
-    a = CaptionDataModule(format="clotho", root=str(tiny_audio_captions))
-    dm = MixtureDataModule(sources=[{"name": "a", "weight": 1, "module": a}])
+    a = flat(CaptionDataModule, format="clotho", root=str(tiny_audio_captions))
+    dm = flat(MixtureDataModule, sources=[{"name": "a", "weight": 1, "module": a}])
     assert dm.sources[0].module is a and len(dm.items("test")) == 3
     assert not isinstance(dm, ClassificationDataModule)
 
@@ -296,7 +297,7 @@ def test_a_shards_source_mixes_in_its_stream_order_and_decodes(two_sources, tmp_
 
     spec = {k: v for k, v in clotho_source(Path(two_sources["clotho"]["root"])).items()
             if k != "_target_"}
-    clotho = CaptionDataModule(**spec)
+    clotho = flat(CaptionDataModule, **spec)
     for split in ("train", "val", "test"):
         write_shards(clotho.items(split), tmp_path / "sh" / split, prefix=split, shard_size=2)
     sources = {"wavcaps": two_sources["wavcaps"],
@@ -304,7 +305,7 @@ def test_a_shards_source_mixes_in_its_stream_order_and_decodes(two_sources, tmp_
                           "root": str(tmp_path / "sh"), "max_seconds": 1.5, "weight": 1.0,
                           "prompt_token": "<|shards|>",
                           "shards": {s: f"{s}/*.tar" for s in ("train", "val", "test")}}}
-    dm = connected(MixtureDataModule(sources=sources, batch_size=3, epoch_samples=12))
+    dm = connected(flat(MixtureDataModule, sources=sources, batch_size=3, epoch_samples=12))
     shard_src = dm.sources[1].module
     stream = shard_src.batch_sampler("train")
     assert type(stream).__name__ == "ShardStreamSampler"
@@ -328,7 +329,7 @@ def test_a_shards_source_mixes_in_its_stream_order_and_decodes(two_sources, tmp_
 
 
 def test_a_mixture_batches_by_a_seconds_budget(two_sources):
-    dm = connected(MixtureDataModule(sources=two_sources, batch_size=None,
+    dm = connected(flat(MixtureDataModule, sources=two_sources, batch_size=None,
                                      max_seconds_per_batch=3.2, epoch_samples=24))
     sampler = dm.batch_sampler("train")
     lengths = sampler.lengths

@@ -14,13 +14,14 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from mmtf.data import BucketBatchSampler, CaptionDataModule, SamplerState, sample_rng
 from mmtf.errors import UserError
 from mmtf.text import BPETokenizer
+from tests.unit.presets import flat
 
 LENGTHS = np.random.default_rng(0).uniform(2, 6, size=40)
 
 
 def _dm(root, **kw) -> CaptionDataModule:
     args = dict(format="clotho", root=str(root), batch_size=2, max_seconds=1.0, seed=3)
-    dm = CaptionDataModule(**{**args, **kw})
+    dm = flat(CaptionDataModule, **{**args, **kw})
     dm.setup("fit")
     dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=200))
     return dm

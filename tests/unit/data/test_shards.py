@@ -32,6 +32,7 @@ from mmtf.data.shards.writer import write_shards
 from mmtf.errors import ConfigError, UserError
 from mmtf.text import BPETokenizer, CharTokenizer
 from tests.unit.data.conftest import sine, write_audio
+from tests.unit.presets import flat
 
 SPLITS = ("train", "val", "test")
 
@@ -44,7 +45,7 @@ def _shard_all(src: CaptionDataModule, out: Path, shard_size: int = 2) -> None:
 
 def _shard_dm(root: Path, modality: str = "audio", **kw) -> ShardDataModule:
     shards = {s: f"{s}/*.tar" for s in SPLITS}
-    return ShardDataModule(root=str(root), shards=kw.pop("shards", shards), modality=modality,
+    return flat(ShardDataModule, root=str(root), shards=kw.pop("shards", shards), modality=modality,
                            **kw)
 
 
@@ -123,7 +124,7 @@ def test_brace_patterns_expand_like_webdataset():
 
 # ---------------------------------------------------------------------------- writer round trip
 def test_writer_round_trips_the_builtin_audio_set(tiny_audio_captions, tmp_path):
-    src = CaptionDataModule(format="clotho", root=str(tiny_audio_captions))
+    src = flat(CaptionDataModule, format="clotho", root=str(tiny_audio_captions))
     _shard_all(src, tmp_path)
     assert sorted(p.name for p in (tmp_path / "train").iterdir()) == [
         "train-000000.tar", f"train-000000.tar{INDEX_SUFFIX}", "train-000001.tar",
@@ -132,7 +133,7 @@ def test_writer_round_trips_the_builtin_audio_set(tiny_audio_captions, tmp_path)
 
 
 def test_writer_round_trips_the_builtin_image_set(tiny_image_captions, tmp_path):
-    src = CaptionDataModule(format="coco", root=str(tiny_image_captions),
+    src = flat(CaptionDataModule, format="coco", root=str(tiny_image_captions),
                             splits={"train": "train", "val": "val", "test": "test"})
     _shard_all(src, tmp_path, shard_size=4)
     _assert_round_trip(src, _shard_dm(tmp_path, modality="image"))
@@ -149,7 +150,7 @@ def test_writer_round_trips_audiocaps_and_manifest_layouts(tmp_path):
             rows += [f"{k}1,yt{k},0,{split} clip {k} first", f"{k}2,yt{k},0,{split} clip {k} two"]
         (ac / f"{split}.csv").write_text("audiocap_id,youtube_id,start_time,caption\n"
                                          + "\n".join(rows) + "\n")
-    src = CaptionDataModule(format="audiocaps", root=str(ac))
+    src = flat(CaptionDataModule, format="audiocaps", root=str(ac))
     _shard_all(src, tmp_path / "ac_shards")
     _assert_round_trip(src, _shard_dm(tmp_path / "ac_shards"))
 
@@ -164,7 +165,7 @@ def test_writer_round_trips_audiocaps_and_manifest_layouts(tmp_path):
                 line.update(language="de", task="translate")
             lines.append(json.dumps(line))
         (man / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    src = CaptionDataModule(format="manifest", modality="audio", root=str(man))
+    src = flat(CaptionDataModule, format="manifest", modality="audio", root=str(man))
     _shard_all(src, tmp_path / "man_shards")
     _assert_round_trip(src, _shard_dm(tmp_path / "man_shards"))
 
@@ -177,13 +178,13 @@ def test_writer_round_trips_audiocaps_and_manifest_layouts(tmp_path):
             path.write_bytes(_png_bytes((40 * k, 0, 200)))
             lines.append(json.dumps({"image": f"img/{split}{k}.png", "caption": [f"c{k}", "d"]}))
         (img / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    src = CaptionDataModule(format="manifest", modality="image", root=str(img))
+    src = flat(CaptionDataModule, format="manifest", modality="image", root=str(img))
     _shard_all(src, tmp_path / "img_shards")
     _assert_round_trip(src, _shard_dm(tmp_path / "img_shards", modality="image"))
 
 
 def test_writer_limits_shards_by_bytes_and_rewrites_cleanly(tiny_audio_captions, tmp_path):
-    src = CaptionDataModule(format="clotho", root=str(tiny_audio_captions))
+    src = flat(CaptionDataModule, format="clotho", root=str(tiny_audio_captions))
     items = src.items("train")
     biggest = max(Path(it.path).stat().st_size for it in items)
     paths = write_shards(items, tmp_path, prefix="train", shard_size=100,
@@ -239,7 +240,7 @@ def test_a_rewritten_shard_is_indexed_again(tmp_path):
 def test_shards_through_an_fsspec_url(tiny_audio_captions, tmp_path):
     """memory:// (any fsspec file system): the writer's shards uploaded with their indexes,
     read by URL; a foreign shard there gets its index in index_cache."""
-    src = CaptionDataModule(format="clotho", root=str(tiny_audio_captions))
+    src = flat(CaptionDataModule, format="clotho", root=str(tiny_audio_captions))
     _shard_all(src, tmp_path / "local")
     fs = fsspec.filesystem("memory")
     for p in (tmp_path / "local").rglob("*"):
@@ -276,7 +277,7 @@ def test_a_missing_shard_is_one_error_or_skipped_and_counted(tmp_path):
                                         r"data\.shards\.test="):
         read_shards(tmp_path, "test", report=policy, shards=shards)
     with pytest.raises(ConfigError, match=r"needs data\.shards .* use data=shards"):
-        CaptionDataModule(format="shards", modality="audio", root=str(tmp_path)).items("train")
+        flat(CaptionDataModule, format="shards", modality="audio", root=str(tmp_path)).items("train")
 
 
 def test_bad_samples_are_named_by_shard_and_key(tmp_path):
@@ -345,13 +346,13 @@ def test_a_member_corrupt_past_its_header_is_skipped_when_decoded(tmp_path):
 
 def test_data_shards_config_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown split\(s\) \['dev'\]"):
-        ShardDataModule(root=str(tmp_path), shards={"dev": "x.tar"})
+        flat(ShardDataModule, root=str(tmp_path), shards={"dev": "x.tar"})
     with pytest.raises(ConfigError, match=r"reads format 'shards', not 'clotho'"):
-        ShardDataModule(root=str(tmp_path), shards={"train": "x"}, format="clotho")
+        flat(ShardDataModule, root=str(tmp_path), shards={"train": "x"}, format="clotho")
     with pytest.raises(ConfigError, match=r"data\.shuffle_buffer \(-1\) must be >= 0"):
-        ShardDataModule(root=str(tmp_path), shards={"train": "x"}, shuffle_buffer=-1)
+        flat(ShardDataModule, root=str(tmp_path), shards={"train": "x"}, shuffle_buffer=-1)
     with pytest.raises(ConfigError, match=r"data\.epoch_samples \(0\) must be >= 1"):
-        ShardDataModule(root=str(tmp_path), shards={"train": "x"}, epoch_samples=0)
+        flat(ShardDataModule, root=str(tmp_path), shards={"train": "x"}, epoch_samples=0)
 
 
 # ---------------------------------------------------------------------------- the stream
@@ -437,7 +438,7 @@ def test_caption_policy_all_streams_every_pair():
 
 def test_a_position_saved_with_other_stream_settings_is_refused():
     state = _sampler().state_dict()
-    with pytest.raises(UserError, match=r"streams=2 \(now 1\).* data\.num_workers"):
+    with pytest.raises(UserError, match=r"streams=2 \(now 1\).* data\.loader\.num_workers"):
         _sampler(streams=1).load_state_dict(state)
     with pytest.raises(UserError, match=r"shuffle_buffer=4 \(now 8\)"):
         _sampler(shuffle_buffer=8).load_state_dict(state)
@@ -477,7 +478,7 @@ def test_two_ranks_by_two_workers_read_their_own_streams():
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_the_train_loader_resumes_mid_epoch(tiny_audio_captions, tmp_path, num_workers):
     """Random crops, random captions, 0 or 2 workers (2 streams) reading the members."""
-    src = CaptionDataModule(format="clotho", root=str(tiny_audio_captions))
+    src = flat(CaptionDataModule, format="clotho", root=str(tiny_audio_captions))
     _shard_all(src, tmp_path)
 
     def loader():
@@ -507,7 +508,7 @@ def test_data_check_scans_shards(tiny_audio_captions, tmp_path, capsys):
     from mmtf.data.check import run_check
     from mmtf.utils.config_dir import CONF_DIR
 
-    src = CaptionDataModule(format="clotho", root=str(tiny_audio_captions))
+    src = flat(CaptionDataModule, format="clotho", root=str(tiny_audio_captions))
     _shard_all(src, tmp_path)
     shutil.copy(tmp_path / "val" / "val-000000.tar", tmp_path / "val" / "val-000009.tar")
     with open(tmp_path / "val" / "val-000009.tar", "r+b") as f:   # break a member's header
@@ -524,7 +525,7 @@ def test_data_check_scans_shards(tiny_audio_captions, tmp_path, capsys):
 def test_epoch_samples_and_channels_through_the_data_module(tiny_audio_captions, tmp_path):
     """data.epoch_samples sets the training loader's length (the LR schedule's); the index's
     channel count is checked against data.channels without reading the members."""
-    src = CaptionDataModule(format="clotho", root=str(tiny_audio_captions))
+    src = flat(CaptionDataModule, format="clotho", root=str(tiny_audio_captions))
     _shard_all(src, tmp_path)
     dm = _shard_dm(tmp_path, batch_size=2, epoch_samples=10)
     dm.connect(CharTokenizer.train(dm.train_captions()))
@@ -559,7 +560,7 @@ def test_stream_batches_under_a_seconds_budget_on_two_ranks():
 
 def test_image_shards_batch_by_pixels_from_the_index(tiny_image_captions, tmp_path):
     """max_pixels_per_batch on image shards reads sizes from the index (no member opened)."""
-    src = CaptionDataModule(format="coco", root=str(tiny_image_captions),
+    src = flat(CaptionDataModule, format="coco", root=str(tiny_image_captions),
                             splits={"train": "train", "val": "val", "test": "test"})
     _shard_all(src, tmp_path, shard_size=4)
     dm = _shard_dm(tmp_path, modality="image", batch_size=None, max_pixels_per_batch=2500)

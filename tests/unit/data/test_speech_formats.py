@@ -16,6 +16,7 @@ from mmtf.data.formats import read_common_voice, read_librispeech, read_manifest
 from mmtf.errors import ConfigError
 from mmtf.text import PretrainedTokenizer
 from tests.unit.data.speech_sets import TEXTS, clip, write_common_voice, write_librispeech
+from tests.unit.presets import flat
 
 RAISE = ErrorPolicy("raise")
 PROMPT = ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
@@ -126,7 +127,7 @@ def _manifest_module(root: Path, lines: list[dict], **kwargs) -> CaptionDataModu
     sf.write(str(root / "a.flac"), clip(0), 16000)
     for split in ("train", "val", "test"):
         (root / f"{split}.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
-    return CaptionDataModule(format="manifest", modality="audio", root=str(root), **kwargs)
+    return flat(CaptionDataModule, format="manifest", modality="audio", root=str(root), **kwargs)
 
 
 def test_each_item_trains_with_its_own_prompt(tmp_path, whisper_tokenizer):

@@ -7,6 +7,7 @@ import torch
 
 from mmtf.decoders import EncoderDecoder, TextDecoder
 from tests.unit.decoders.stubs import StubEncoder
+from tests.unit.presets import flat
 
 VOCAB, DIM, IN_DIM = 40, 32, 6
 
@@ -15,7 +16,7 @@ def make_model(seed: int = 0, *, depth: int = 2, num_kv_heads: int | None = None
                tie_embeddings: bool = True, label_smoothing: float = 0.0) -> EncoderDecoder:
     torch.manual_seed(seed)
     enc = StubEncoder(in_dim=IN_DIM, dim=DIM)
-    dec = TextDecoder(vocab_size=VOCAB, dim=DIM, depth=depth, num_heads=4,
+    dec = flat(TextDecoder, vocab_size=VOCAB, dim=DIM, depth=depth, num_heads=4,
                       num_kv_heads=num_kv_heads, context_dim=DIM, max_len=32,
                       tie_embeddings=tie_embeddings)
     # Sharper than the 0.02 init so the next-token distributions are far from uniform and

@@ -13,6 +13,7 @@ from mmtf.decoders import EncoderDecoder, TextDecoder
 from mmtf.decoders.generation import GenerationConfig, generate
 from tests.unit.decoders.conftest import DIM, IN_DIM, VOCAB
 from tests.unit.decoders.stubs import StubEncoder
+from tests.unit.presets import flat
 
 PROMPT = [30, 31, 5, 32]          # a 4-token prompt, as Whisper's sot / lang / task / notimestamps
 EOS = 7                           # pad == eos, as in Whisper and GPT-2
@@ -21,7 +22,7 @@ EOS = 7                           # pad == eos, as in Whisper and GPT-2
 def make(seed: int = 0, *, pad: int = EOS, eos: int = EOS, prompt=PROMPT) -> EncoderDecoder:
     torch.manual_seed(seed)
     enc = StubEncoder(in_dim=IN_DIM, dim=DIM)
-    dec = TextDecoder(vocab_size=VOCAB, dim=DIM, depth=2, num_heads=4, context_dim=DIM,
+    dec = flat(TextDecoder, vocab_size=VOCAB, dim=DIM, depth=2, num_heads=4, context_dim=DIM,
                       max_len=24, pad_id=pad, positions="learned", bias="qvo")
     with torch.no_grad():
         dec.embed.weight.normal_(0.0, 0.5)

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from mmtf.decoders import TextDecoder
 from mmtf.errors import UserError
-from tests.unit.presets import load_preset
+from tests.unit.presets import flat, load_preset
 
 CONF = Path(__file__).resolve().parents[3] / "conf" / "model" / "decoder"
 # Builders of imported architectures (mmtf.pretrained.*) are tested with their families.
@@ -21,7 +21,7 @@ DECODER_CONFIGS = sorted(p.stem for p in CONF.rglob("*.yaml")
 
 def tiny(**kw) -> TextDecoder:
     args = dict(vocab_size=30, dim=32, depth=2, num_heads=4, context_dim=24, max_len=16)
-    return TextDecoder(**(args | kw)).eval()
+    return flat(TextDecoder, **(args | kw)).eval()
 
 
 def test_forward_shape_and_tied_head():

@@ -11,6 +11,7 @@ import torchaudio
 
 from mmtf.encoders import AudioEncoder, LogMelFrontEnd, SpecAugment
 from mmtf.errors import UserError
+from tests.unit.presets import flat
 
 from .conftest import TINY_AUDIO
 
@@ -68,7 +69,7 @@ def test_global_normalisation_uses_config_constants():
 
 
 def test_output_lengths_and_mask_follow_the_frame_arithmetic():
-    enc = AudioEncoder(**TINY_AUDIO).eval()
+    enc = flat(AudioEncoder, **TINY_AUDIO).eval()
     lengths = torch.tensor([16000, 8000, 8037, 159, 0])
     out = enc(torch.randn(5, 16000), lengths)
     # frames = L // 160 + 1 = 101, 51, 51, 1, 1; two convs (t - 1) // 2 + 1: 101->51->26, 51->26->13
@@ -87,7 +88,7 @@ def test_output_lengths_and_mask_follow_the_frame_arithmetic():
 @pytest.mark.parametrize("n", [8037, 7717])   # 51 and 49 frames: 26 (even) / 25 (odd) after conv1
 def test_padding_never_changes_valid_memory(feature_norm, junk, n):
     # dropout set but off in eval; SpecAugment configured but off in eval.
-    enc = AudioEncoder(**TINY_AUDIO, feature_norm=feature_norm, feature_mean=-3.0, feature_std=2.5,
+    enc = flat(AudioEncoder, **TINY_AUDIO, feature_norm=feature_norm, feature_mean=-3.0, feature_std=2.5,
                        dropout=0.1, attn_dropout=0.1).eval()
     clip = 0.1 * torch.randn(n)                # n is not a multiple of the hop
     with torch.no_grad():
@@ -231,20 +232,20 @@ def test_adaptive_time_masks_equal_fixed_ones_where_no_limit_binds_and_follow_th
 
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"time_mask_mode": "relative"}, r"time_mask_mode \('relative'\) must be 'fixed' or "
-                                     r"'adaptive'.*model\.encoder\.time_mask_mode"),
+                                     r"'adaptive'.*model\.encoder\.spec_augment\.time_mask_mode"),
     ({"time_mask_fraction": 0.0}, r"time_mask_fraction \(0\.0\) must be in \(0, 1\]"),
     ({"time_mask_fraction": 1.5}, r"time_mask_fraction \(1\.5\).*model\.encoder"),
     ({"time_mask_multiplicity": 0}, r"time_mask_multiplicity \(0\) must be > 0"),
 ])
 def test_adaptive_time_mask_settings_are_checked(kwargs, match):
     with pytest.raises(UserError, match=match):
-        AudioEncoder(**{**TINY_AUDIO, **kwargs})
+        flat(AudioEncoder, **{**TINY_AUDIO, **kwargs})
 
 
 def test_encoder_spec_augment_only_in_train_mode():
     wave, lengths = 0.1 * torch.randn(2, 8000), torch.tensor([8000, 6000])
-    enc = AudioEncoder(**{**TINY_AUDIO, "freq_masks": 2, "time_masks": 2})
-    plain = AudioEncoder(**{**TINY_AUDIO, "freq_masks": 0, "time_masks": 0})
+    enc = flat(AudioEncoder, **{**TINY_AUDIO, "freq_masks": 2, "time_masks": 2})
+    plain = flat(AudioEncoder, **{**TINY_AUDIO, "freq_masks": 0, "time_masks": 0})
     plain.load_state_dict(enc.state_dict())
     with torch.no_grad():
         a, b = enc.train()(wave, lengths).memory, enc(wave, lengths).memory
@@ -255,7 +256,7 @@ def test_encoder_spec_augment_only_in_train_mode():
 
 
 def test_too_long_input_raises_naming_the_limit():
-    enc = AudioEncoder(**TINY_AUDIO, max_seconds=0.5)
+    enc = flat(AudioEncoder, **TINY_AUDIO, max_seconds=0.5)
     enc(torch.randn(1, 8000))
     with pytest.raises(UserError, match=r"8001 samples .* max_seconds=0\.5 allows 8000"):
         enc(torch.randn(1, 8001), torch.tensor([100]))
@@ -270,7 +271,7 @@ def test_too_long_input_raises_naming_the_limit():
 ])
 def test_bad_inputs_raise(wave, lengths, match):
     with pytest.raises(ValueError, match=match):
-        AudioEncoder(**TINY_AUDIO)(wave, lengths)
+        flat(AudioEncoder, **TINY_AUDIO)(wave, lengths)
 
 
 @pytest.mark.parametrize("override, match", [
@@ -292,21 +293,21 @@ def test_bad_inputs_raise(wave, lengths, match):
 ])
 def test_config_errors_name_the_key(override, match):
     with pytest.raises(UserError, match=match):
-        AudioEncoder(**{**TINY_AUDIO, **override})
+        flat(AudioEncoder, **{**TINY_AUDIO, **override})
 
 
 def test_causal_is_never_silent():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        enc = AudioEncoder(**TINY_AUDIO)                         # the default warns about nothing
+        enc = flat(AudioEncoder, **TINY_AUDIO)                         # the default warns about nothing
     assert not any(block.self_attn.causal for block in enc.stack.blocks)
     with pytest.warns(UserWarning, match=r"AudioEncoder built with causal=True"):
-        causal = AudioEncoder(**TINY_AUDIO, causal=True)
+        causal = flat(AudioEncoder, **TINY_AUDIO, causal=True)
     assert all(block.self_attn.causal for block in causal.stack.blocks)
 
 
 def test_half_precision_keeps_the_front_end_in_float32():
-    enc = AudioEncoder(**TINY_AUDIO).eval()
+    enc = flat(AudioEncoder, **TINY_AUDIO).eval()
     wave = 0.1 * torch.randn(2, 4000)
     ref = enc(wave).memory
     enc = enc.to(torch.bfloat16)

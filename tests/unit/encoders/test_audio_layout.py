@@ -7,10 +7,11 @@ from __future__ import annotations
 import torch
 
 from mmtf.encoders import AudioEncoder
+from tests.unit.presets import flat
 
 
 def test_blocks_receive_a_contiguous_residual_stream():
-    encoder = AudioEncoder(dim=32, depth=2, num_heads=4, n_mels=16).train()
+    encoder = flat(AudioEncoder, dim=32, depth=2, num_heads=4, n_mels=16).train()
     seen = []
     for block in encoder.stack.blocks:
         block.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))

@@ -11,14 +11,15 @@ from torch import nn
 
 from mmtf.encoders import AudioEncoder, Encoder, EncoderOutput, VisionEncoder, pool
 from mmtf.errors import UserError
+from tests.unit.presets import flat
 
 from .conftest import TINY_AUDIO, TINY_VISION
 
 
 def make(kind: str, **override) -> Encoder:
     if kind == "audio":
-        return AudioEncoder(**{**TINY_AUDIO, **override})
-    return VisionEncoder(**{**TINY_VISION, **override})
+        return flat(AudioEncoder, **{**TINY_AUDIO, **override})
+    return flat(VisionEncoder, **{**TINY_VISION, **override})
 
 
 def example(kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -113,13 +114,13 @@ def test_load_pretrained_round_trip(kind, tmp_path):
 
 def test_load_pretrained_carries_learned_batchnorm_statistics(tmp_path):
     conv = dict(TINY_VISION, stem="conv", stem_convs=2, stem_norm="batch")
-    src = VisionEncoder(**conv)
+    src = flat(VisionEncoder, **conv)
     src(torch.randn(4, 3, 32, 32) * 3 + 1)                  # train mode: running stats move
     bn = next(m for m in src.modules() if isinstance(m, nn.BatchNorm2d))
     assert not torch.allclose(bn.running_mean, torch.zeros_like(bn.running_mean))
     src.eval()
     _export(src, tmp_path / "enc", {"_target_": "mmtf.encoders.VisionEncoder", **src.config})
-    loaded = VisionEncoder(**conv, pretrained=tmp_path / "enc").eval()
+    loaded = flat(VisionEncoder, **conv, pretrained=tmp_path / "enc").eval()
     images = torch.randn(2, 3, 32, 32)
     assert torch.equal(loaded(images).memory, src(images).memory)
 

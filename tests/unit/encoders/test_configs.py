@@ -11,6 +11,9 @@ import torch
 from hydra.utils import instantiate
 
 from mmtf.encoders import AudioEncoder, Encoder, VisionEncoder
+from mmtf.encoders.audio import LogMelFrontEnd, SpecAugment
+from mmtf.encoders.vision import PatchOptions
+from mmtf.nn import BlockOptions
 from tests.unit.presets import load_preset
 
 CONF = Path(__file__).resolve().parents[3] / "conf" / "model" / "encoder"
@@ -33,8 +36,13 @@ def test_config_instantiates_and_runs(path):
     # Every constructor key but `causal` (set by role, never silently in YAML) is in the file.
     expected = set(inspect.signature(cls.__init__).parameters) - {"self", "causal"}
     assert set(cfg.keys()) - {"_target_"} == expected
+    # and every key of each part (block options, front end, SpecAugment)
+    parts = {"block": BlockOptions, "frontend": LogMelFrontEnd, "spec_augment": SpecAugment,
+             "patch": PatchOptions}
+    for key in set(cfg) & set(parts):
+        assert set(cfg[key]) - {"_target_"} == set(inspect.signature(parts[key]).parameters)
     if cls is AudioEncoder:
-        assert cfg.sample_rate == 16000
+        assert cfg.frontend.sample_rate == 16000
     if cfg.dim >= 512:                                      # GPU-sized (base, vit, clip)
         with torch.device("meta"):                           # shapes and signatures, no memory
             enc = instantiate(cfg)
@@ -50,5 +58,5 @@ def test_config_instantiates_and_runs(path):
         else:
             size = cfg.image_size
             out = enc(torch.randn(2, 3, size, size))
-            assert out.memory.shape[1] == (size // cfg.patch_size) ** 2 + int(cfg.cls_token)
+            assert out.memory.shape[1] == (size // cfg.patch.patch_size) ** 2 + int(cfg.cls_token)
     assert out.memory.shape[-1] == cfg.dim and torch.isfinite(out.memory).all()

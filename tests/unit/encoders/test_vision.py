@@ -12,13 +12,14 @@ from torch import nn
 from mmtf.encoders import VisionEncoder, pool
 from mmtf.encoders.vision import sincos_2d
 from mmtf.errors import UserError
+from tests.unit.presets import flat
 
 from .conftest import TINY_VISION
 
 
 @pytest.mark.parametrize("cls_token, tokens", [(True, 17), (False, 16)])
 def test_shapes_and_mask(cls_token, tokens):
-    enc = VisionEncoder(**TINY_VISION, cls_token=cls_token)
+    enc = flat(VisionEncoder, **TINY_VISION, cls_token=cls_token)
     out = enc(torch.randn(2, 3, 32, 32), lengths=torch.tensor([5, 7]))   # lengths are ignored
     assert out.memory.shape == (2, tokens, 32) and enc.dim == 32
     assert out.mask.dtype == torch.bool and out.mask.shape == (2, tokens) and out.mask.all()
@@ -28,7 +29,7 @@ def test_shapes_and_mask(cls_token, tokens):
 def test_patches_are_the_conv_of_each_block():
     # Patch i (row-major) must hold exactly pixels [r*8:(r+1)*8, c*8:(c+1)*8]: compare to a
     # hand-written dot product with the conv weight.
-    enc = VisionEncoder(**{**TINY_VISION, "image_size": (16, 24)}, cls_token=False)
+    enc = flat(VisionEncoder, **{**TINY_VISION, "image_size": (16, 24)}, cls_token=False)
     images = torch.randn(1, 3, 16, 24)
     seen = {}
     enc.stack.register_forward_pre_hook(lambda mod, args: seen.setdefault("x", args[0]))
@@ -45,27 +46,27 @@ def test_patches_are_the_conv_of_each_block():
 def test_image_size_not_a_multiple_of_patch_raises(size):
     with pytest.raises(UserError, match=rf"image size \({size[0]}, {size[1]}\) must be divisible "
                                         r"by patch_size \(8\); resize or pad"):
-        VisionEncoder(**TINY_VISION)(torch.randn(1, 3, *size))
+        flat(VisionEncoder, **TINY_VISION)(torch.randn(1, 3, *size))
 
 
 def test_bad_inputs_and_config_raise():
-    enc = VisionEncoder(**TINY_VISION)
+    enc = flat(VisionEncoder, **TINY_VISION)
     with pytest.raises(ValueError, match=r"inputs must be \(batch, 3, H, W\), got \(1, 1, 32, 32\)"):
         enc(torch.randn(1, 1, 32, 32))
     with pytest.raises(ValueError, match=r"must be float images, got torch\.uint8"):
         enc(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
     with pytest.raises(UserError, match=r"image_size \(36, 36\) must be a positive multiple of "
                                         r"patch_size \(8\)"):
-        VisionEncoder(**{**TINY_VISION, "image_size": 36})
+        flat(VisionEncoder, **{**TINY_VISION, "image_size": 36})
     with pytest.raises(UserError, match=r"^model\.encoder: Attention: dim \(30\) must be divisible by num_heads \(4\)"):
-        VisionEncoder(**{**TINY_VISION, "dim": 30})
+        flat(VisionEncoder, **{**TINY_VISION, "dim": 30})
     with pytest.raises(UserError, match=r"image_size \(\[32, 32, 3\]\) must be an int or"):
-        VisionEncoder(**{**TINY_VISION, "image_size": [32, 32, 3]})
+        flat(VisionEncoder, **{**TINY_VISION, "image_size": [32, 32, 3]})
 
 
 @pytest.mark.parametrize("size", [(48, 64), (16, 16), (32, 40)])
 def test_other_image_sizes_use_interpolated_positions(size):
-    enc = VisionEncoder(**TINY_VISION).eval()
+    enc = flat(VisionEncoder, **TINY_VISION).eval()
     out = enc(torch.randn(2, 3, *size))
     gh, gw = size[0] // 8, size[1] // 8
     assert out.memory.shape == (2, 1 + gh * gw, 32) and torch.isfinite(out.memory).all()
@@ -73,7 +74,7 @@ def test_other_image_sizes_use_interpolated_positions(size):
 
 
 def test_position_table_resampling():
-    enc = VisionEncoder(**TINY_VISION)                       # 4 x 4 grid
+    enc = flat(VisionEncoder, **TINY_VISION)                       # 4 x 4 grid
     assert enc.position_table(4, 4) is enc.pos_embed         # native grid: the table itself
     with torch.no_grad():
         # value = row index in channel 0, constant 3 in channel 1
@@ -109,7 +110,7 @@ def test_sincos_positions_match_a_float64_loop_and_fit_any_grid():
                             math.cos(col * w)]
                 got = [table[index, j * dim // 4 + k].item() for j in range(4)]
                 assert got == pytest.approx(expected, abs=1e-6)
-    enc = VisionEncoder(**TINY_VISION, pos_embed="sincos").eval()
+    enc = flat(VisionEncoder, **TINY_VISION, pos_embed="sincos").eval()
     assert enc.pos_embed is None and not any("pos" in k for k in enc.state_dict())
     for h, w in [(32, 32), (48, 24)]:
         out = enc(torch.randn(2, 3, h, w))
@@ -121,28 +122,28 @@ def test_sincos_positions_match_a_float64_loop_and_fit_any_grid():
     memory = enc(images).memory[0, 1:]
     assert (memory[0] - memory[5]).abs().max() > 1e-3
     with pytest.raises(UserError, match=r"pos_embed 'sincos' splits dim \(42\) into 4"):
-        VisionEncoder(dim=42, depth=1, num_heads=6, patch_size=8, image_size=32,
+        flat(VisionEncoder, dim=42, depth=1, num_heads=6, patch_size=8, image_size=32,
                       pos_embed="sincos")
     with pytest.raises(UserError, match=r"pos_embed \('rope'\) must be 'learned'"):
-        VisionEncoder(**TINY_VISION, pos_embed="rope")
+        flat(VisionEncoder, **TINY_VISION, pos_embed="rope")
 
 
 def test_cls_and_mean_pooling():
-    enc = VisionEncoder(**TINY_VISION)
+    enc = flat(VisionEncoder, **TINY_VISION)
     out = enc(torch.randn(3, 3, 32, 32))
     torch.testing.assert_close(pool(out.memory, out.mask, "cls", encoder=enc), out.memory[:, 0])
     torch.testing.assert_close(enc.pool(out, "cls"), out.memory[:, 0])
     # mean leaves out the CLS token when the encoder is known (timm's avg pool), not otherwise
     torch.testing.assert_close(enc.pool(out, "mean"), out.memory[:, 1:].mean(dim=1))
     torch.testing.assert_close(pool(out.memory, out.mask), out.memory.mean(dim=1))
-    plain = VisionEncoder(**TINY_VISION, cls_token=False)
+    plain = flat(VisionEncoder, **TINY_VISION, cls_token=False)
     out = plain(torch.randn(1, 3, 32, 32))
     with pytest.raises(UserError, match=r"mode='cls' but VisionEncoder has no CLS token"):
         plain.pool(out, "cls")
 
 
 def test_conv_stem_gives_the_patch_grid_and_sees_across_patch_borders():
-    enc = VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32,
+    enc = flat(VisionEncoder, dim=32, depth=1, num_heads=4, patch_size=8, image_size=32,
                         cls_token=False, stem="conv").eval()
     images = torch.randn(2, 3, 32, 48)
     out = enc(images)
@@ -163,7 +164,7 @@ def test_deeper_conv_stem_keeps_the_grid_and_widens_the_receptive_field(norm):
     reach = {}
     for convs in (1, 2):
         torch.manual_seed(0)
-        enc = VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32,
+        enc = flat(VisionEncoder, dim=32, depth=1, num_heads=4, patch_size=8, image_size=32,
                             cls_token=False, stem="conv", stem_convs=convs, stem_norm=norm).eval()
         strided = [m.stride[0] for m in enc.patch_embed if isinstance(m, nn.Conv2d)]
         assert strided == [2, *[1] * (convs - 1)] * 3 + [1]          # + the 1x1 projection
@@ -180,12 +181,12 @@ def test_deeper_conv_stem_keeps_the_grid_and_widens_the_receptive_field(norm):
 
 def test_bad_stem_arguments():
     with pytest.raises(UserError, match=r"stem_convs \(0\) must be >= 1"):
-        VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="conv",
+        flat(VisionEncoder, dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="conv",
                       stem_convs=0)
     with pytest.raises(UserError, match=r"stem_norm \('group'\) 'batch' or 'layer'"):
-        VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="conv",
+        flat(VisionEncoder, dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="conv",
                       stem_norm="group")
     with pytest.raises(UserError, match=r"stem \('vit'\) must be 'patch' or 'conv'"):
-        VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="vit")
+        flat(VisionEncoder, dim=32, depth=1, num_heads=4, patch_size=8, image_size=32, stem="vit")
     with pytest.raises(UserError, match=r"patch_size \(6\) must be a power of two"):
-        VisionEncoder(dim=32, depth=1, num_heads=4, patch_size=6, image_size=36, stem="conv")
+        flat(VisionEncoder, dim=32, depth=1, num_heads=4, patch_size=6, image_size=36, stem="conv")

@@ -10,6 +10,7 @@ from mmtf.decoders import EncoderDecoder, TextDecoder
 from mmtf.encoders import AudioEncoder, VisionEncoder
 from mmtf.errors import UserError
 from mmtf.inspect import caption_attention
+from tests.unit.presets import flat
 
 VOCAB = 24
 
@@ -23,8 +24,8 @@ class WordTokenizer:
 
 def audio_model(seed: int = 0) -> EncoderDecoder:
     torch.manual_seed(seed)
-    encoder = AudioEncoder(dim=32, depth=2, num_heads=4, n_mels=16, freq_mask_width=4)
-    decoder = TextDecoder(vocab_size=VOCAB, dim=32, depth=2, num_heads=4, context_dim=32,
+    encoder = flat(AudioEncoder, dim=32, depth=2, num_heads=4, n_mels=16, freq_mask_width=4)
+    decoder = flat(TextDecoder, vocab_size=VOCAB, dim=32, depth=2, num_heads=4, context_dim=32,
                           max_len=16)
     with torch.no_grad():       # sharp next-token distributions: greedy choices well apart
         decoder.embed.weight.normal_(0.0, 0.7)
@@ -90,7 +91,7 @@ def test_encoder_maps_leave_the_memory_unchanged():
 
 def test_vision_maps_cover_cls_and_patches():
     torch.manual_seed(0)
-    encoder = VisionEncoder(dim=32, depth=2, num_heads=4, patch_size=8, image_size=32).eval()
+    encoder = flat(VisionEncoder, dim=32, depth=2, num_heads=4, patch_size=8, image_size=32).eval()
     images = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         plain = encoder(images)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 
 from mmtf.encoders import AudioEncoder, ConvStem
+from tests.unit.presets import flat
 
 
 def tiny_audio(hop_length: int = 160) -> AudioEncoder:
     torch.manual_seed(0)
-    return AudioEncoder(dim=32, depth=1, num_heads=4, n_mels=16, hop_length=hop_length).eval()
+    return flat(AudioEncoder, dim=32, depth=1, num_heads=4, n_mels=16, hop_length=hop_length).eval()
 
 
 def test_seconds_per_position_by_hand():

@@ -16,6 +16,7 @@ from mmtf.pretrained.gpt2 import gpt2_decoder
 from mmtf.pretrained.vit import vit_encoder
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 from mmtf.tasks.fsdp import FSDP2Strategy
+from tests.unit.presets import flat
 
 DIM, CTX = 16, 8
 
@@ -23,7 +24,7 @@ DIM, CTX = 16, 8
 def _stack(dropout: float, checkpointing: bool) -> TransformerStack:
     torch.manual_seed(0)                      # the same weights for both settings
     return TransformerStack(depth=3, dim=DIM, num_heads=2, causal=True, cross_dim=CTX, rope=True,
-                            dropout=dropout, attn_dropout=dropout,
+                            block={"dropout": dropout, "attn_dropout": dropout},
                             activation_checkpointing=checkpointing).train()
 
 
@@ -76,8 +77,8 @@ def test_blocks_rerun_in_backward_only_when_autograd_records():
 def test_kv_cache_decoding_is_unchanged_and_never_recomputes():
     torch.manual_seed(0)
     kw = dict(vocab_size=20, dim=DIM, depth=2, num_heads=2, context_dim=CTX, dropout=0.1)
-    plain = TextDecoder(**kw).eval()
-    checkpointed = TextDecoder(**kw, activation_checkpointing=True).eval()
+    plain = flat(TextDecoder, **kw).eval()
+    checkpointed = flat(TextDecoder, **kw, activation_checkpointing=True).eval()
     checkpointed.load_state_dict(plain.state_dict())
     memory, tokens = torch.randn(2, 4, CTX), torch.randint(0, 20, (2, 5))
     calls = _count_block_calls(checkpointed.stack)
@@ -95,9 +96,9 @@ def test_kv_cache_decoding_is_unchanged_and_never_recomputes():
 def test_every_part_and_pretrained_builder_takes_the_key():
     tiny = dict(dim=DIM, depth=1, num_heads=2)
     parts = [
-        AudioEncoder(**tiny, n_mels=8, activation_checkpointing=True),
-        VisionEncoder(**tiny, image_size=16, activation_checkpointing=True),
-        TextDecoder(**tiny, vocab_size=10, context_dim=DIM, activation_checkpointing=True),
+        flat(AudioEncoder, **tiny, n_mels=8, activation_checkpointing=True),
+        flat(VisionEncoder, **tiny, image_size=16, activation_checkpointing=True),
+        flat(TextDecoder, **tiny, vocab_size=10, context_dim=DIM, activation_checkpointing=True),
         whisper_encoder(**tiny, mlp_ratio=4.0, n_mels=8, max_seconds=30.0,
                         activation_checkpointing=True),
         whisper_decoder(**tiny, vocab_size=10, mlp_ratio=4.0, context_dim=DIM, max_len=8,
@@ -108,17 +109,17 @@ def test_every_part_and_pretrained_builder_takes_the_key():
                      activation_checkpointing=True),
     ]
     assert [p.stack.activation_checkpointing for p in parts] == [True] * len(parts)
-    assert AudioEncoder(**tiny, n_mels=8).stack.activation_checkpointing is False
+    assert flat(AudioEncoder, **tiny, n_mels=8).stack.activation_checkpointing is False
 
 
 def test_an_exported_encoder_loads_with_checkpointing_switched_on(tmp_path):
     from mmtf.hub import write_export
 
-    encoder = AudioEncoder(dim=DIM, depth=1, num_heads=2, n_mels=8)
+    encoder = flat(AudioEncoder, dim=DIM, depth=1, num_heads=2, n_mels=8)
     write_export(tmp_path / "enc", encoder.state_dict(),
                  {"_target_": "mmtf.encoders.AudioEncoder", **encoder.config},
                  metadata={"part": "encoder"})
-    loaded = AudioEncoder(dim=DIM, depth=1, num_heads=2, n_mels=8, activation_checkpointing=True,
+    loaded = flat(AudioEncoder, dim=DIM, depth=1, num_heads=2, n_mels=8, activation_checkpointing=True,
                           pretrained=tmp_path / "enc")
     assert loaded.stack.activation_checkpointing
     assert torch.equal(loaded.stack.blocks[0].mlp.fc_in.weight,

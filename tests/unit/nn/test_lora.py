@@ -62,8 +62,9 @@ def test_fused_kv_adapts_k_and_v_separately():
 
 
 def _stack(cross: bool = True) -> TransformerStack:
-    return TransformerStack(depth=2, dim=16, num_heads=4, num_kv_heads=2, causal=cross,
-                            cross_dim=12 if cross else None, bias="qvo", mlp_ratio=2.0)
+    return TransformerStack(depth=2, dim=16, num_heads=4, causal=cross,
+                            cross_dim=12 if cross else None,
+                            block={"num_kv_heads": 2, "bias": "qvo", "mlp_ratio": 2.0})
 
 
 def test_merge_and_unmerge_keep_the_outputs_and_strip_gives_the_base_architecture():

@@ -10,6 +10,7 @@ import torch
 from mmtf.decoders.text import TextDecoder
 from mmtf.errors import UserError
 from mmtf.nn.positions import LearnedPositions, sinusoidal_table
+from tests.unit.presets import flat
 
 
 def test_sinusoidal_table_matches_whisper_formula_written_out():
@@ -32,7 +33,7 @@ def test_learned_positions_index_from_the_offset_and_refuse_past_the_table():
 
 def test_decoder_with_learned_positions_steps_equal_the_full_pass():
     torch.manual_seed(0)
-    dec = TextDecoder(vocab_size=20, dim=16, depth=2, num_heads=2, context_dim=8, max_len=6,
+    dec = flat(TextDecoder, vocab_size=20, dim=16, depth=2, num_heads=2, context_dim=8, max_len=6,
                       positions="learned", bias="qvo", mlp="gelu_tanh").eval()
     assert dec.stack.rope is None
     tokens, memory = torch.randint(0, 20, (2, 5)), torch.randn(2, 3, 8)

@@ -47,8 +47,8 @@ def test_swiglu_matches_the_formula_and_keeps_the_parameter_count():
 
 def test_block_with_swiglu_and_rmsnorm_matches_a_float64_reference():
     torch.manual_seed(0)
-    block = TransformerBlock(dim=32, num_heads=4, causal=True, mlp="swiglu",
-                             norm="rmsnorm").eval()
+    block = TransformerBlock(dim=32, num_heads=4, causal=True,
+                             block={"mlp": "swiglu", "norm": "rmsnorm"}).eval()
     with torch.no_grad():
         for norm in (block.norm_self, block.norm_mlp):
             norm.weight.normal_()
@@ -97,7 +97,7 @@ def test_gelu_variants_match_their_formulas(kind, reference):
 
 def test_norm_eps_reaches_every_norm_and_final_norm_can_be_left_out():
     from mmtf.nn import TransformerStack
-    stack = TransformerStack(depth=2, dim=16, num_heads=2, cross_dim=8, norm_eps=1e-12)
+    stack = TransformerStack(depth=2, dim=16, num_heads=2, cross_dim=8, block={"norm_eps": 1e-12})
     eps = {m.eps for m in stack.modules() if isinstance(m, torch.nn.LayerNorm)}
     assert eps == {1e-12}
     bare = TransformerStack(depth=1, dim=16, num_heads=2, final_norm=False).eval()

@@ -13,6 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mmtf.nn import Attention
 from mmtf.perf.device import sdpa_backends
+from tests.unit.presets import flat
 
 pytestmark = [
     pytest.mark.gpu,
@@ -56,7 +57,7 @@ def test_probe_reports_no_math_kernel_on_cuda():
 
 def test_log_mel_front_end_runs_on_the_gpu_inside_the_model():
     from mmtf.encoders import AudioEncoder
-    encoder = AudioEncoder(dim=64, depth=1, num_heads=4, n_mels=16).cuda().train()
+    encoder = flat(AudioEncoder, dim=64, depth=1, num_heads=4, n_mels=16).cuda().train()
     assert encoder.frontend.mel.mel_scale.fb.is_cuda                 # filterbank moved with it
     wave = torch.randn(2, 16000, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):

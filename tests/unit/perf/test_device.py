@@ -10,6 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from mmtf.decoders import TextDecoder
 from mmtf.encoders import AudioEncoder
 from mmtf.perf.device import bf16_warning, cpu_flags, sdpa_backends
+from tests.unit.presets import flat
 
 AVX2_ONLY = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
 AVX512_BF16 = {"avx2": True, "avx512f": True, "avx512_bf16": True, "amx_bf16": False}
@@ -37,8 +38,8 @@ def test_bf16_warning_only_for_bf16_on_a_cpu_without_native_bf16():
 
 @pytest.fixture(scope="module")
 def captioner() -> nn.Module:
-    return nn.ModuleList([AudioEncoder(dim=32, depth=1, num_heads=4, n_mels=16),
-                          TextDecoder(vocab_size=50, dim=32, depth=1, num_heads=4,
+    return nn.ModuleList([flat(AudioEncoder, dim=32, depth=1, num_heads=4, n_mels=16),
+                          flat(TextDecoder, vocab_size=50, dim=32, depth=1, num_heads=4,
                                       context_dim=32)])
 
 
@@ -50,7 +51,7 @@ def test_sdpa_probe_reports_the_fused_cpu_kernel_and_the_math_fallback(captioner
 
 
 def test_sdpa_probe_lists_only_the_roles_a_model_has():
-    encoder = AudioEncoder(dim=32, depth=1, num_heads=4, n_mels=16)
+    encoder = flat(AudioEncoder, dim=32, depth=1, num_heads=4, n_mels=16)
     assert list(sdpa_backends(encoder, "cpu", torch.float32)) == ["padded self-attention"]
 
 

@@ -10,6 +10,7 @@ from mmtf.encoders import AudioEncoder
 from mmtf.nn import Attention
 from mmtf.nn.kv_cache import KVCache
 from mmtf.perf.flops import FlopCounter
+from tests.unit.presets import flat
 
 
 def test_linear_and_conv_by_hand():
@@ -58,9 +59,9 @@ def test_attention_pairs_causal_bidirectional_cross_and_cached():
 def test_tiny_captioner_step_by_hand():
     """A whole encoder-decoder: every matmul of the forward pass counted from the config."""
     c, f, hop, vocab, depth = 32, 16, 160, 50, 1
-    encoder = AudioEncoder(dim=c, depth=depth, num_heads=4, n_mels=f, hop_length=hop,
+    encoder = flat(AudioEncoder, dim=c, depth=depth, num_heads=4, n_mels=f, hop_length=hop,
                            mlp_ratio=2.0)
-    decoder = TextDecoder(vocab_size=vocab, dim=c, depth=depth, num_heads=4, context_dim=c,
+    decoder = flat(TextDecoder, vocab_size=vocab, dim=c, depth=depth, num_heads=4, context_dim=c,
                           mlp_ratio=2.0)
     model = EncoderDecoder(encoder=encoder, decoder=decoder)
     b, samples, n = 3, 16000, 6                      # 1 s clips; 6 target tokens incl. bos/eos

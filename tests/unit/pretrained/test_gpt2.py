@@ -10,6 +10,7 @@ import torch
 
 from mmtf.errors import UserError
 from mmtf.pretrained.gpt2 import gpt2_decoder, hf_config, hf_state_dict
+from tests.unit.presets import flat
 
 from .vision_folders import perturb
 
@@ -279,7 +280,7 @@ def test_under_lora_the_new_cross_attention_trains_in_full(tmp_path):
     save_gpt2(tmp_path / "gpt2_cross", cross=True)
     assert not new_parameter_names(gpt2_decoder(**DECODER, pretrained=tmp_path / "gpt2_cross"))
     decoder = gpt2_decoder(**DECODER, pretrained=tmp_path / "gpt2")
-    task = CaptioningTask(encoder=AudioEncoder(dim=64, depth=1, num_heads=4, n_mels=16),
+    task = CaptioningTask(encoder=flat(AudioEncoder, dim=64, depth=1, num_heads=4, n_mels=16),
                           decoder=decoder, optimizer=partial(torch.optim.AdamW, lr=1e-3),
                           lora={"r": 2, "alpha": 4, "parts": ["decoder"], "targets": ["q"]})
     trainable = {n.removeprefix("model.decoder.") for n, p in task.model.decoder.named_parameters(

@@ -18,7 +18,7 @@ SIZES = [(37, 53), (64, 41), (20, 15), (25, 25)]
 
 def _compare(processor, folder):
     processor.save_pretrained(folder)
-    # As the data config lists it: one entry of data.eval_transforms.
+    # As the data config lists it: one entry of data.transforms.eval.
     entry = {"_target_": "mmtf.data.image.pretrained_image_transform", "source": str(folder)}
     ours = build_transform([entry])
     # The settings a run stores (plain JSON values) rebuild it without the folder's file.

@@ -18,11 +18,12 @@ from mmtf.synthetic import (
 from mmtf.synthetic.cache import MARKER
 from mmtf.text import BPETokenizer
 from tests.unit.data.conftest import TINY_AUDIO
+from tests.unit.presets import flat
 from tests.unit.tasks.conftest import captioner
 
 
 def test_caption_module_generates_the_set_then_reads_it_as_clotho(tmp_path):
-    dm = SyntheticCaptionDataModule(format="clotho", root=str(tmp_path / "set"), batch_size=4,
+    dm = flat(SyntheticCaptionDataModule, format="clotho", root=str(tmp_path / "set"), batch_size=4,
                                     synthetic={"kind": "audio_captions", **TINY_AUDIO})
     assert isinstance(dm, CaptionDataModule) and not (tmp_path / "set").exists()
     dm.setup("fit")                       # reading a split generates the set first
@@ -35,7 +36,7 @@ def test_caption_module_generates_the_set_then_reads_it_as_clotho(tmp_path):
 
 
 def test_classification_module_generates_an_image_folder(tmp_path):
-    dm = SyntheticClassificationDataModule(
+    dm = flat(SyntheticClassificationDataModule,
         format="image_folder", root=str(tmp_path / "set"), batch_size=4,
         synthetic={"kind": "image_labels", "num_train": 4, "num_val": 4, "num_test": 4,
                    "image_size": 32, "num_workers": 0})
@@ -47,10 +48,10 @@ def test_classification_module_generates_an_image_folder(tmp_path):
 def test_kind_must_write_the_format(tmp_path):
     with pytest.raises(UserError, match=r"synthetic\.kind \('image_captions'\) does not write "
                                         r"format 'clotho'; kinds: .*'image_captions': 'coco'"):
-        SyntheticCaptionDataModule(format="clotho", root=str(tmp_path),
+        flat(SyntheticCaptionDataModule, format="clotho", root=str(tmp_path),
                                    synthetic={"kind": "image_captions"})
     with pytest.raises(UserError, match=r"synthetic\.kind \('video'\) does not write"):
-        SyntheticClassificationDataModule(format="esc50", root=str(tmp_path),
+        flat(SyntheticClassificationDataModule, format="esc50", root=str(tmp_path),
                                           synthetic={"kind": "video"})
 
 

@@ -11,22 +11,23 @@ import torch
 from mmtf.decoders import TextDecoder
 from mmtf.encoders import AudioEncoder, VisionEncoder
 from mmtf.tasks import CaptioningTask, ClassificationTask
+from tests.unit.presets import flat
 
 ADAMW = partial(torch.optim.AdamW, lr=1e-2)
 
 
 def audio_encoder(**kw: Any) -> AudioEncoder:
-    return AudioEncoder(**{"dim": 32, "depth": 1, "num_heads": 4, "n_mels": 16,
+    return flat(AudioEncoder, **{"dim": 32, "depth": 1, "num_heads": 4, "n_mels": 16,
                            "max_seconds": 30.0, **kw})
 
 
 def vision_encoder(**kw: Any) -> VisionEncoder:
-    return VisionEncoder(**{"dim": 32, "depth": 1, "num_heads": 4, "patch_size": 8,
+    return flat(VisionEncoder, **{"dim": 32, "depth": 1, "num_heads": 4, "patch_size": 8,
                             "image_size": 32, **kw})
 
 
 def captioner(*, max_len: int = 64, vocab_size: int = 64, **kw: Any) -> CaptioningTask:
-    decoder = TextDecoder(vocab_size=vocab_size, dim=32, depth=1, num_heads=4, context_dim=32,
+    decoder = flat(TextDecoder, vocab_size=vocab_size, dim=32, depth=1, num_heads=4, context_dim=32,
                           max_len=max_len)
     return CaptioningTask(encoder=audio_encoder(), decoder=decoder, optimizer=ADAMW, **kw)
 
