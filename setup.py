@@ -15,7 +15,5 @@ CONF_PACKAGES = ["mmtf.conf", *(f"mmtf.conf.{name}" for name in find_namespace_p
 setup(
     packages=[*find_packages(include=["mmtf", "mmtf.*"]), *CONF_PACKAGES],
     package_dir={"mmtf.conf": "conf"},
-    package_data={**{name: ["*.yaml"] for name in CONF_PACKAGES},
-                  # Whisper's British -> American spelling map (mmtf.text.normalize)
-                  "mmtf.text": ["*.json", "*.txt"]},
+    package_data={name: ["*.yaml"] for name in CONF_PACKAGES},
 )

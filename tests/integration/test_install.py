@@ -72,13 +72,6 @@ def test_wheel_ships_every_config(installed):
     assert shipped == expected
 
 
-def test_wheel_ships_whispers_spelling_map_and_its_license(installed):
-    wheel, _, _ = installed
-    with zipfile.ZipFile(wheel) as archive:
-        names = set(archive.namelist())
-    assert {"mmtf/text/whisper_english_spelling.json", "mmtf/text/WHISPER_LICENSE.txt"} <= names
-
-
 def test_installed_mmtf_uses_its_own_configs(installed, tmp_path):
     _, venv, purelib = installed
     out = _run([venv / "bin" / "python", "-c",
