@@ -1,15 +1,11 @@
 """The batch sampler of every mmtf loader: length buckets, caption policy, DDP shards, resumable.
 
-Each epoch: list the examples (one per item, or per (item, caption) under
-``caption_policy="all"``), shuffle by ``(seed, epoch)``, give each DDP rank an equal share
-(repeating the start as ``DistributedSampler`` does), sort pools of ``bucket_size`` batches by
-length and cut them into batches (by ``batch_size`` or a padded-size ``budget``), shuffle the
-batch order. With a budget the batch count is fixed for the run (docs/design/duration-batching.md).
-
-It yields ``(item, caption, epoch)`` keys; the dataset draws per-item randomness from
-:func:`sample_rng`, so results depend neither on the worker count nor on a resume. The order is a
-pure function of ``(seed, epoch, rank)``; :class:`SamplerState` is all the sampler remembers
-(docs/design/exact-resume.md). Keep ``trainer.use_distributed_sampler=false``."""
+Each epoch: list the examples, shuffle by ``(seed, epoch)``, give each DDP rank an equal share,
+sort pools of ``bucket_size`` batches by length, cut them into batches (by ``batch_size`` or a
+padded-size ``budget``: docs/design/duration-batching.md) and shuffle the batch order. It yields
+``(item, caption, epoch)`` keys; per-item randomness comes from :func:`sample_rng`. The order is
+a pure function of ``(seed, epoch, rank)`` (docs/design/exact-resume.md). Keep
+``trainer.use_distributed_sampler=false``."""
 
 from __future__ import annotations
 
