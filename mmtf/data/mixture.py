@@ -2,18 +2,7 @@
 
 A :class:`MixtureDataModule` holds one ordinary caption data module per source (each its own
 root, format, transforms, crops and augmentation), built from any data config, plus the
-mixture's own keys::
-
-    data:
-      _target_: mmtf.data.mixture.MixtureDataModule
-      _recursive_: false            # the mixture builds its sources
-      epoch_samples: 20000          # examples per epoch over all ranks; null = the sources' sum
-      sources:                      # name -> a data config written out + the mixture's keys
-        clotho: {_target_: mmtf.data.CaptionDataModule, format: clotho, root: /data/clotho,
-                 max_seconds: 30.0, weight: 0.3, prompt_token: "<|clotho|>"}
-        audiocaps: {_target_: mmtf.data.CaptionDataModule, format: audiocaps,
-                    root: /data/audiocaps, max_seconds: 10.0, weight: 0.7,
-                    prompt_token: "<|audiocaps|>"}
+mixture's own keys (conf/data/mixture.yaml).
 
 The mixture's items are its sources' items concatenated (global index = the source's offset +
 its local index). Training draws ``epoch_samples / world`` source choices per epoch and rank by
