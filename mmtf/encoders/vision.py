@@ -111,8 +111,7 @@ class VisionEncoder(Encoder):
             raise UserError(f"VisionEncoder: stem_convs ({patch.stem_convs}) must be >= 1 and "
                             f"stem_norm ({patch.stem_norm!r}) 'batch' or 'layer'; fix "
                             f"model.encoder.patch.")
-        # Channels-last through the conv stem: oneDNN's NHWC convolutions, BatchNorm and GELU
-        # are 1.2x faster per training step (experiments/image_captioning_synth, "Time"), and the
+        # Channels-last through the conv stem: oneDNN's NHWC kernels are faster, and the
         # flatten to tokens below becomes a view instead of a copy.
         self.channels_last = stem == "conv"
         self.patch_embed = (conv_stem(in_channels, dim, patch_size, convs=patch.stem_convs,
