@@ -55,10 +55,8 @@ class BucketBatchSampler:
     Args:
         lengths: length of every item (seconds, samples or pixels; with ``budget`` in its unit).
         batch_size: examples per batch; None with ``budget``.
-        budget: instead, cut so that examples x the longest length stays <= ``budget`` (an
-            item over it is a batch alone); ``batch_size`` must then be None.
-        drop_last: drop incomplete batches and the uneven tail of the DDP split (with a
-            ``budget``: only the tail).
+        budget: instead, examples x the longest length <= ``budget`` (an item over it is a
+            batch alone). drop_last: drop incomplete batches and the DDP split's uneven tail.
         num_captions: captions per item (needed by the ``random`` and ``all`` policies).
         caption_policy: ``random`` (one caption per item per epoch), ``all`` (every pair) or
             ``first`` (caption 0: evaluation and classification).
@@ -66,8 +64,7 @@ class BucketBatchSampler:
         bucketing: sort by length inside pools; False gives plain (shuffled) batches.
         bucket_size: batches per sorting pool (bigger: less padding, less randomness).
         seed: base seed; the order is a function of (seed, epoch, rank).
-        num_replicas: DDP world size (default: from torch.distributed, else 1).
-        rank: DDP rank (default: from torch.distributed, else 0).
+        num_replicas, rank: DDP world size and rank (default: torch.distributed's, else 1, 0).
 
     Attributes:
         state: the :class:`SamplerState`.
