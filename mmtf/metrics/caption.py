@@ -122,7 +122,8 @@ def caption_metrics(
         candidates: one generated caption per item.
         references: the reference captions of each item (one or more each).
         metrics: names to compute (``bleu`` or ``bleu_1..bleu_4``, ``rouge_l``, ``cider_d``,
-            ``meteor``, ``spice``, ``spider``, ``spider_fl``); None = all.
+            ``meteor``, ``spice``, ``spider``, ``spider_fl``); None = all. METEOR starts a JVM
+            per call: validate per epoch with :data:`FAST_METRICS`.
         tokenize: run :func:`ptb_words`; False splits pre-tokenised captions on whitespace.
         java_timeout_s: time limit for each Java metric.
         backend: "mmtf" or "aac" (:mod:`mmtf.metrics.aac`).
