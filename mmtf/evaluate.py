@@ -40,7 +40,7 @@ def build_datamodule(stored: dict[str, Any], overrides: Any) -> L.LightningDataM
     # data; the tokenizer itself is in the checkpoint (docs/design/tokenizer-ownership.md).
     stored_data = {k: v for k, v in stored["data"].items()
                    if k not in ("tokenizer", "tokenizer_path")}
-    # Overrides in the pre-#39 flat form (data.num_workers=0) go into their parts.
+    # Overrides in the old flat form (data.num_workers=0) go into their parts.
     extra = upgrade_config({"_target_": stored_data.get("_target_"),
                             **OmegaConf.to_container(OmegaConf.create(overrides or {}))})
     if "_target_" not in (overrides or {}):

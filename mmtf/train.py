@@ -1,17 +1,9 @@
 """`python -m mmtf.train experiment=...`: compose, seed, train, test the best checkpoint, report.
 
-Writes into the Hydra run dir: the resolved config (``config.yaml``), ``run_info.json`` (git
-commit, command line, package versions; one entry per start), checkpoints, TensorBoard and CSV
-logs (every logger also gets the whole config, flattened: :mod:`mmtf.loggers`), validation sample
-tables, and ``metrics.json`` (flat keys such as ``test/cider_d``).
-Returns the best value of the metric named by ``optimized_metric`` (by ``optimized_mode``) so
-Hydra sweepers can optimise it.
-
-Resume: ``ckpt_path=last`` (the newest checkpoint of the run dir; nothing there is an error),
-``ckpt_path=auto`` (the same, or a fresh start) or ``ckpt_path=<file>``, with
-``hydra.run.dir=<the run dir>``; see :func:`mmtf.reliability.resolve_resume`. The default
-callbacks (``conf/callbacks/default.yaml``) make that resume exact and save ``last.ckpt`` on
-SIGTERM (exit status 143).
+Writes into the Hydra run dir the resolved ``config.yaml``, ``run_info.json``, checkpoints,
+logs and ``metrics.json`` (``test/cider_d``, ...); returns ``optimized_metric``'s best value
+for Hydra sweepers. Resume: ``ckpt_path=last | auto | <file>`` with ``hydra.run.dir=<the run
+dir>`` (:func:`mmtf.reliability.resolve_resume`).
 """
 
 from __future__ import annotations

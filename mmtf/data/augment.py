@@ -1,12 +1,7 @@
 """Waveform augmentation of training audio: speed, additive noise, gain per item; mixup per batch.
 
-Configured by ``data.augment`` (all off by default; train split only)::
-
-    augment:
-      speed: {p: 0.0, factors: [0.9, 1.0, 1.1]}
-      noise: {p: 0.0, snr_db: [10.0, 30.0], folder: null, exponent: [0.0, 2.0]}
-      gain: {p: 0.0, db: [-6.0, 6.0]}
-      mixup: {p: 0.0, alpha: 0.4}
+Configured by ``data.augment`` (all off by default, train split only; the keys and defaults are
+in conf/data/clotho.yaml and :data:`DEFAULTS`).
 
 Every draw is a pure function of ``(seed, epoch, item)`` (per item: ``sample_rng(...,
 stream=AUGMENT_STREAM)``; mixup: seeded by the batch's items), so nothing is checkpointed. Order

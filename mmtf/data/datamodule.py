@@ -60,15 +60,13 @@ class BatchOptions:
             ``max_pixels_per_batch`` (exactly one of them rules).
         eval_batch_size: val/test batch size (None: ``batch_size``, read when the loader is
             built, so setting ``datamodule.batch_size`` later changes both).
-        max_seconds_per_batch: audio: cut training batches by padded duration instead
-            (examples x the longest clip, after the crop, <= this many seconds), in length
-            buckets; see docs/design/duration-batching.md.
-        max_pixels_per_batch: images: the same in pixels (examples x the largest image as the
-            transforms output it).
-        eval_max_seconds_per_batch, eval_max_pixels_per_batch: the val/test counterparts.
-            Val/test use the first that is set of: these, ``eval_batch_size``, ``batch_size``,
-            the training budget.
-        bucketing, bucket_size: batch similar audio lengths together, in pools of this many
+        max_seconds_per_batch, max_pixels_per_batch: cut training batches by padded size
+            instead (examples x the longest clip / largest image <= this);
+            docs/design/duration-batching.md.
+        eval_max_seconds_per_batch, eval_max_pixels_per_batch: the val/test counterparts
+            (val/test use the first set of: these, ``eval_batch_size``, ``batch_size``, the
+            training budget).
+        bucketing, bucket_size: batch similar lengths together, in pools of this many
             batches. drop_last: drop the last incomplete training batch.
     """
 
@@ -109,10 +107,8 @@ class MediaDataModule(L.LightningDataModule):
         splits: our split -> the format's split name (e.g. COCO ``{train: train2017, ...}``).
         sample_rate: audio is resampled to this rate (Hz).
         max_seconds: longer audio is cropped, per ``crop``.
-        crop: ``{train: random | start, eval: full | center | start}``, either may be left
-            out: training takes a random window each epoch (sound events) or the first
-            ``max_seconds`` (speech, whose transcript follows the audio from its start);
-            val/test never crop (``full``), or take the centre or the start.
+        crop: ``{train: random | start, eval: full | center | start}`` (defaults: random,
+            full); speech trains on ``start`` (its transcript follows the audio's start).
         channels: required audio channel count; None accepts any and mixes to mono.
         transforms: ``{train: [...], eval: [...]}``: the image transforms (``transforms.v2``
             lists) of training and of val/test.
@@ -121,15 +117,11 @@ class MediaDataModule(L.LightningDataModule):
         loader: workers and pinning (:class:`LoaderOptions`, or a mapping of its fields).
         seed: shuffling, caption sampling and random crops are functions of it and the epoch.
         on_error: ``raise`` at the first bad file/row, or ``skip`` and count.
-        media_cache_mb: decoded media kept in memory per split, up to this many MiB each, so
-            epochs after the first skip reading and decoding them: images as uint8 before the
-            transforms, audio as the file's samples before crop and resampling (16-bit PCM as
-            int16), or, for a clip never cropped, as the resampled waveform (resampled once);
-            MP3/Vorbis/Opus are decoded every time. Examples are the same bits as without it.
-            0 = off. Per process: with workers, set ``loader.persistent_workers``. (Stored
-            configs' ``image_cache_mb`` is mapped to it: :mod:`mmtf.utils.parts`.)
-        augment: audio only, training split only: ``{speed, noise, gain, mixup}`` (see
-            :mod:`mmtf.data.augment` for every key); None or all ``p: 0`` = off.
+        media_cache_mb: decoded media kept in memory per split, up to this many MiB each
+            (the same bits as without it; MP3/Vorbis/Opus are not cached); 0 = off. Per
+            process: with workers, set ``loader.persistent_workers``.
+        augment: audio training only: ``{speed, noise, gain, mixup}``
+            (:mod:`mmtf.data.augment`); None = off.
     """
 
     targets = "label"      # what items are labelled with: "caption" | "label"
@@ -404,28 +396,18 @@ class CaptionDataModule(MediaDataModule):
             ``caption_truncated`` (a warning).
         caption_policy: ``random`` (one reference per item per epoch) or ``all`` (every
             (item, reference) pair per epoch). Evaluation always keeps every reference.
-        captions_per_item: training captions per item per step, sharing one encoder pass
-            (``seq_per_img`` of the neuraltalk2 / self-critical.pytorch lineage): the item's
-            references from the epoch's drawn one on, cycling when it has fewer. The batch's
-            ``tokens`` then hold ``batch_size * captions_per_item`` rows, item-major, and every
-            item keeps the same weight. Only with ``caption_policy: random``.
-        language: speech: the language code of items that name none (``en``, ``de``); None =
-            the tokenizer's prompt as configured.
-        speech_job: speech: ``transcribe`` | ``translate`` for items that name none; None =
-            the tokenizer's prompt as configured. ``task``, its name until 2026-12-03, is still
-            read (with a warning) from the configs stored with earlier runs.
+        captions_per_item: training captions per item per step sharing one encoder pass
+            (``seq_per_img``); ``tokens`` then hold ``batch_size * captions_per_item`` rows,
+            item-major. Only with ``caption_policy: random``.
+        language, speech_job: speech: the language code and ``transcribe`` | ``translate`` of
+            items that name none; None = the tokenizer's prompt. (``task``: the old name of
+            ``speech_job``, read with a warning.)
         **kwargs: see :class:`MediaDataModule`.
 
-    Speech items (a format that reads a ``language`` / ``task`` per item, or ``language`` /
-    ``speech_job`` set here) start their token ids with their own prompt (Whisper's
-    ``<|startoftranscript|> <|de|> <|transcribe|> <|notimestamps|>``) in place of the
-    tokenizer's, so one multilingual set trains one model and the task generates each item from
-    its own prompt (:meth:`tokens`). A tokenizer without language tokens (mmtf's own BPE)
-    keeps its prompt; there, setting ``language`` / ``task`` is an error.
-
-    The data module never builds a tokenizer: the entry point resolves one
-    (:func:`mmtf.tasks.resolve_tokenizer`, which reads :meth:`train_captions` on a fresh run)
-    and hands the same object to the data module (:meth:`connect`) and the task.
+    Speech items start their ids with their own prompt (:meth:`item_prompt`; Whisper's
+    language and job tokens), so one multilingual set trains one model
+    (docs/design/asr-prompts-per-item.md). The tokenizer is resolved by the entry point
+    (:func:`mmtf.tasks.resolve_tokenizer`) and handed over with :meth:`connect`.
 
     Attributes:
         tokenizer: the ``mmtf.text.Tokenizer`` the ids are built with (None until connected).
@@ -594,8 +576,6 @@ class ClassificationDataModule(MediaDataModule):
         num_classes: ``len(class_names)`` (after ``setup``).
     """
 
-    task = "label"
-
     def __init__(self, *, folds: Mapping[str, Sequence[int]] | None = None,
                  val_fraction: float = 0.1, test_fraction: float = 0.1, **kwargs: Any) -> None:
         super().__init__(**_current_keys(kwargs))
@@ -634,8 +614,8 @@ class ClassificationDataModule(MediaDataModule):
 
 
 def _current_keys(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs``, refused with the key's new place if one is a pre-#39 flat key (a user's
-    YAML; stored configs are upgraded before they get here)."""
+    """``kwargs``, refused with the key's new place if one is an old flat key (a user's YAML;
+    stored configs are upgraded before they get here)."""
     old = sorted(set(kwargs) & set(moved := moved_keys("DataModule")))
     if old:
         raise ConfigError(f"data.{old[0]} is now data.{moved[old[0]]}; rename it in your "

@@ -84,9 +84,8 @@ class MediaDataset(Dataset):
         on_error: ``raise`` | ``skip`` (replace by the next good item and record it).
         seed: seeds random crops together with the key's epoch and item.
         max_retries: how many following items to try before giving up under ``skip``.
-        cache_bytes: keep decoded media (images as uint8, lossless audio as
-            :class:`mmtf.data.audio.StoredAudio`) in memory up to this many bytes, per decoding
-            process (use persistent workers); the same bits as without it. 0 = off.
+        cache_bytes: decoded media kept in memory per process, up to this many bytes (0 = off;
+            ``media_cache_mb`` of :class:`~mmtf.data.datamodule.MediaDataModule`).
         augment: audio only: per-item :class:`mmtf.data.augment.WaveAugment`; None = off.
     """
 

@@ -134,15 +134,13 @@ def make_loader(dataset: Any, batch_sampler: BucketBatchSampler, *, resumable: b
                 ) -> DataLoader | StatefulDataLoader:
     """A reporting loader over ``batch_sampler`` that draws nothing from the global generators.
 
-    Its own ``torch.Generator`` supplies the workers' base seed (a loader without one draws from
-    the global generator at each ``iter()``, shifting dropout after a resume or a validation);
-    workers are seeded by Lightning's ``pl_worker_init_function``.
+    Its own ``torch.Generator`` supplies the workers' base seed (else each ``iter()`` draws
+    from the global generator, shifting dropout after a resume or a validation).
 
     Args:
         dataset: map-style dataset taking the sampler's ``(item, caption, epoch)`` keys.
         batch_sampler: the split's sampler.
-        resumable: a :class:`StatefulDataLoader` (train: Lightning checkpoints its position)
-            instead of a :class:`DataLoader`.
+        resumable: a :class:`StatefulDataLoader` (train) instead of a :class:`DataLoader`.
         seed: seed of the loader's generator.
         collate_fn, num_workers, pin_memory, persistent_workers: as
             ``torch.utils.data.DataLoader`` (``persistent_workers`` only with workers).

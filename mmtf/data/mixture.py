@@ -2,45 +2,15 @@
 
 A :class:`MixtureDataModule` holds one ordinary caption data module per source (each its own
 root, format, transforms, crops and augmentation), built from any data config, plus the
-mixture's own keys::
-
-    data:
-      _target_: mmtf.data.mixture.MixtureDataModule
-      _recursive_: false            # the mixture builds its sources
-      epoch_samples: 20000          # examples per epoch over all ranks; null = the sources' sum
-      sources:                      # name -> a data config written out + the mixture's keys
-        clotho: {_target_: mmtf.data.CaptionDataModule, format: clotho, root: /data/clotho,
-                 max_seconds: 30.0, weight: 0.3, prompt_token: "<|clotho|>"}
-        audiocaps: {_target_: mmtf.data.CaptionDataModule, format: audiocaps,
-                    root: /data/audiocaps, max_seconds: 10.0, weight: 0.7,
-                    prompt_token: "<|audiocaps|>"}
+mixture's own keys (conf/data/mixture.yaml).
 
 The mixture's items are its sources' items concatenated (global index = the source's offset +
-its local index); :class:`MixtureDataset` hands each key to the source's own dataset.
-
-Training order (:class:`MixtureSampler`, a :class:`~mmtf.data.sampler.BucketBatchSampler`
-whose ``rank_examples`` is replaced): per epoch and rank, ``epoch_samples / world`` source
-choices drawn by weight, with replacement, from ``(seed, epoch, rank)``; each choice takes the
-next example of that source's own training sampler (its ``rank_examples``: its shuffle, caption
-policy and DDP split), moving into the source's next epoch when it runs out. A source's
-position at the start of an epoch is the count of its draws in the epochs before (replayed, a
-pure function too), so the order resumes exactly mid-epoch like any map-style set; bucketing,
-batching, the batch shuffle and ``__len__`` are the shared sampler's. The source's epoch rides
-in the key's caption slot (``caption + num_captions * source_epoch``) so that an item drawn in
-two of its source's epochs gets that epoch's crop and augmentation, as it would alone.
-
-Validation and test hold the sources with ``evaluate: true`` (the default), concatenated;
-batches carry each item's ``sources`` name and the captioning task logs every metric per source
-(``val/clotho/cider_d``) besides the all-sources value (``val/cider_d``).
-
-Per-source prompt tokens (CoNeTTE's task embedding; Labbé et al., 2024): the source's token
-takes the last position of the prompt, so ``[<bos>, <|clotho|>]`` starts a Clotho caption and
-``[<bos>, <|audiocaps|>]`` an AudioCaps one; the loss never scores it and generation starts
-from the item's own prompt (the per-item prompt path of speech items). A tokenizer mmtf trains
-(``tokenizer=bpe``) gets the tokens as special tokens and ``[<bos>, <default source's token>]``
-as its prompt (:meth:`MixtureDataModule.tokenizer_spec`): what ``mmtf.predict`` and a later
-fine-tune generate from. A pretrained or saved tokenizer is never grown: it must hold the tokens.
-Why: see docs/design/mixtures.md
+its local index). Training draws ``epoch_samples / world`` source choices per epoch and rank by
+weight (:class:`MixtureSampler`), each taking the next example of that source's own training
+sampler, so order is a pure function of ``(seed, epoch, rank)`` and resumes mid-epoch.
+Validation and test hold the sources with ``evaluate: true``; metrics are logged per source
+(``val/clotho/cider_d``) and overall. A source's ``prompt_token`` takes the last position of
+the prompt (CoNeTTE's task embedding; Labbé et al., 2024). Why and how: docs/design/mixtures.md.
 """
 
 from __future__ import annotations
@@ -336,15 +306,13 @@ class MixtureDataModule(CaptionDataModule):
             schedule count); None = the sum of the sources' examples per epoch.
         default_source: the source whose prompt token ends a trained tokenizer's prompt (what
             generation starts from when nothing else says); None = the first with a token.
-        **kwargs: the batching and loader settings of :class:`MediaDataModule` (``batches``,
-            ``loader``, ``seed``); the sources' own are not used. Reading, crops, transforms, augmentation, caption policy and
-            ``max_caption_tokens`` are each source's (:data:`PER_SOURCE`: an error here).
+        **kwargs: ``batches``, ``loader``, ``seed`` as :class:`MediaDataModule`; every other
+            setting is each source's (:data:`PER_SOURCE`: an error here).
 
     Raises:
-        ConfigError: bad sources (:func:`build_sources`), a source's setting given to the
-            mixture, audio mixed with images, sample rates
-            or ``captions_per_item`` that differ, mixup on a source, prompt tokens on some
-            sources only, or an unknown ``default_source``.
+        ConfigError: bad sources, a source's setting given to the mixture, sources that differ
+            in modality, sample rate or ``captions_per_item``, mixup on a source, prompt tokens
+            on some sources only, or an unknown ``default_source``.
     """
 
     def __init__(self, *, sources: Any, epoch_samples: int | None = None,

@@ -1,15 +1,11 @@
 """The batch sampler of every mmtf loader: length buckets, caption policy, DDP shards, resumable.
 
-Each epoch: list the examples (one per item, or per (item, caption) under
-``caption_policy="all"``), shuffle by ``(seed, epoch)``, give each DDP rank an equal share
-(repeating the start as ``DistributedSampler`` does), sort pools of ``bucket_size`` batches by
-length and cut them into batches (by ``batch_size`` or a padded-size ``budget``), shuffle the
-batch order. With a budget the batch count is fixed for the run (docs/design/duration-batching.md).
-
-It yields ``(item, caption, epoch)`` keys; the dataset draws per-item randomness from
-:func:`sample_rng`, so results depend neither on the worker count nor on a resume. The order is a
-pure function of ``(seed, epoch, rank)``; :class:`SamplerState` is all the sampler remembers
-(docs/design/exact-resume.md). Keep ``trainer.use_distributed_sampler=false``."""
+Each epoch: list the examples, shuffle by ``(seed, epoch)``, give each DDP rank an equal share,
+sort pools of ``bucket_size`` batches by length, cut them into batches (by ``batch_size`` or a
+padded-size ``budget``: docs/design/duration-batching.md) and shuffle the batch order. It yields
+``(item, caption, epoch)`` keys; per-item randomness comes from :func:`sample_rng`. The order is
+a pure function of ``(seed, epoch, rank)`` (docs/design/exact-resume.md). Keep
+``trainer.use_distributed_sampler=false``."""
 
 from __future__ import annotations
 
@@ -59,10 +55,8 @@ class BucketBatchSampler:
     Args:
         lengths: length of every item (seconds, samples or pixels; with ``budget`` in its unit).
         batch_size: examples per batch; None with ``budget``.
-        budget: instead, cut so that examples x the longest length stays <= ``budget`` (an
-            item over it is a batch alone); ``batch_size`` must then be None.
-        drop_last: drop incomplete batches and the uneven tail of the DDP split (with a
-            ``budget``: only the tail).
+        budget: instead, examples x the longest length <= ``budget`` (an item over it is a
+            batch alone). drop_last: drop incomplete batches and the DDP split's uneven tail.
         num_captions: captions per item (needed by the ``random`` and ``all`` policies).
         caption_policy: ``random`` (one caption per item per epoch), ``all`` (every pair) or
             ``first`` (caption 0: evaluation and classification).
@@ -70,8 +64,7 @@ class BucketBatchSampler:
         bucketing: sort by length inside pools; False gives plain (shuffled) batches.
         bucket_size: batches per sorting pool (bigger: less padding, less randomness).
         seed: base seed; the order is a function of (seed, epoch, rank).
-        num_replicas: DDP world size (default: from torch.distributed, else 1).
-        rank: DDP rank (default: from torch.distributed, else 0).
+        num_replicas, rank: DDP world size and rank (default: torch.distributed's, else 1, 0).
 
     Attributes:
         state: the :class:`SamplerState`.

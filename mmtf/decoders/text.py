@@ -1,20 +1,13 @@
 """Autoregressive text decoder with cross-attention to an encoder memory.
 
-Token embedding -> ``depth`` pre-norm blocks (causal self-attention, cross-attention to the
-encoder memory, MLP; :class:`mmtf.nn.TransformerStack`) -> final norm -> LM head, tied to the
-embedding by default (Press & Wolf 2017, arXiv:1608.05859). Positions come from RoPE in the
-self-attention (``positions="rope"``, mmtf's own decoders) or from a learned table added to the
-token embeddings (``positions="learned"``: GPT-2, Whisper's decoder). ``max_len`` bounds the
-positions a forward pass or a cache may hold and longer inputs raise (truncate in the caller,
-e.g. the tokenizer).
+Token embedding -> pre-norm blocks (:class:`mmtf.nn.TransformerStack`: causal self-attention,
+cross-attention, MLP) -> final norm -> LM head, tied to the embedding by default (Press & Wolf
+2017). Positions: RoPE (``rope``) or a learned table (``learned``: GPT-2, Whisper); ``max_len``
+bounds them and longer inputs raise.
 
-Two ways to run it:
-
-* ``decoder(tokens, memory, memory_mask)``: all positions at once (teacher forcing, and the
-  uncached reference for generation).
-* ``cache = decoder.make_cache(...)`` then ``decoder.step(tokens, cache, memory=...)`` per new
-  token: the self-attention K/V go to a preallocated static cache, the cross-attention K/V are
-  projected from ``memory`` on the first step and reused afterwards.
+``decoder(tokens, memory, memory_mask)`` runs all positions at once (teacher forcing);
+``decoder.step(tokens, cache, memory=...)`` one new token at a time on a static K/V cache
+(:meth:`make_cache`), cross-attention K/V projected on the first step and reused.
 
 Shapes: b batch (or batch * beams), n target length, m memory length, c = dim,
 c_ctx = context_dim, v = vocab_size.
@@ -91,21 +84,13 @@ class TextDecoder(nn.Module):
 
     Args:
         vocab_size: token ids are in ``[0, vocab_size)``.
-        dim: model width c.
-        depth: number of transformer blocks.
-        num_heads: attention heads; with RoPE ``dim // num_heads`` must be even.
-        block: the blocks' other options (:class:`mmtf.nn.BlockOptions`: ``num_kv_heads``,
-            ``mlp``, ``norm``, ``dropout`` (also the embedding dropout), ``bias``, ...).
-        context_dim: width of the encoder memory; must equal the encoder's ``dim``.
-        max_len: most target positions a forward pass or a cache may hold (with learned
-            positions: the size of the table).
+        dim, depth, num_heads, block, activation_checkpointing: as
+            :class:`mmtf.nn.TransformerStack` (``block.dropout`` also after the embedding).
+        context_dim: width of the encoder memory (the encoder's ``dim``).
+        max_len: most positions a forward pass or cache may hold (the learned table's size).
         tie_embeddings: share the LM head weight with the token embedding.
-        pad_id: id of the padding token (used by callers; kept here so configs carry it).
-        positions: "rope" (rotary, in self-attention) or "learned" (a table added to the
-            token embeddings).
-        rope_base: RoPE wavelength base.
-        activation_checkpointing: recompute each block in backward instead of keeping its
-            activations (see :class:`mmtf.nn.TransformerStack`).
+        pad_id: the padding token's id (carried for callers).
+        positions: "rope" or "learned". rope_base: RoPE wavelength base.
     """
 
     def __init__(self, *, vocab_size: int, dim: int, depth: int, num_heads: int,
@@ -162,9 +147,7 @@ class TextDecoder(nn.Module):
             memory: encoder output, (b, m, c_ctx).
             memory_mask: (b, m) bool, True = real memory position; None = all real.
             attention_layers: ``{"self": [..], "cross": [..]}`` layers whose attention
-                probabilities to return (see :meth:`mmtf.nn.TransformerStack.forward`); only
-                they leave the fused kernel. Query row i is the position that predicts
-                ``tokens[:, i + 1]``.
+                probabilities to return (:meth:`mmtf.nn.TransformerStack.forward`).
 
         Returns:
             Logits, (b, n, v); with ``attention_layers`` also ``{kind: {layer: (b, h, n, k)}}``,

@@ -1,38 +1,19 @@
 """Audio encoder: raw waveform -> log-mel -> SpecAugment -> conv stem (stride 4) -> transformer.
 
-The log-mel front end lives inside the model, so features are computed on the model's device (the
-GPU in training) and an exported encoder takes the same waveforms the data pipeline produces.
-The design follows Whisper (Radford et al. 2022, arXiv:2212.04356): two GELU convolutions in front
-of a pre-norm transformer, except that both convolutions have stride 2 (4x fewer tokens, 40 ms
-each at hop 160 / 16 kHz). Positions come from RoPE inside the shared attention core, so there is
-no position table to outgrow; ``max_seconds`` bounds the compute instead.
+Features are computed inside the model (on its device; an export takes raw waveforms). After
+Whisper (Radford et al. 2022, arXiv:2212.04356): two GELU convolutions before a pre-norm
+transformer, both stride 2 by default (40 ms tokens at hop 160 / 16 kHz), RoPE positions.
 
-Padding never leaks into valid positions. Waveform samples past ``lengths`` are zeroed before the
-STFT, which is centred by hand (``n_fft // 2`` zeros each side, ``center=False``) so the last
-valid frame of a padded clip sees exactly the zeros an unpadded clip sees. A clip of ``L`` samples
-has ``L // hop_length + 1`` valid frames; per-utterance statistics use valid frames only; invalid
-frames are zeroed before each convolution (``(t - 1) // 2 + 1`` valid after each); the
-transformer gets the key mask, and memory at padded positions is zero.
-
-SpecAugment (Park et al. 2019, arXiv:1904.08779) masks mel bands and frame spans of the
-normalised features (value 0 = the utterance mean) in training mode only.
+Padding never leaks into valid positions: samples past ``lengths`` are zeroed before a
+hand-centred STFT (``n_fft // 2`` zeros each side), a clip of ``L`` samples has
+``L // hop_length + 1`` valid frames, statistics use valid frames only, invalid frames are
+zeroed before each convolution, and the transformer gets the key mask.
 
 Whisper's configuration (``features="whisper"``, ``stem_strides=(1, 2)``,
-``positions="sinusoidal"``, ``bias="qvo"``; :mod:`mmtf.pretrained.whisper` builds it) computes
-Whisper's log-mel exactly: the same STFT (n_fft 400, hop 160, Hann, reflect padding at the
-start), the power spectrum, Slaney mel filters, ``log10(max(x, 1e-10))``, a floor 8 below each
-clip's maximum, ``(x + 4) / 4``; then its conv stem (stride 1 then 2) and fixed sinusoidal
-positions. Padding, two ways:
-
-* ``pad_to_seconds=30`` (Whisper's own behaviour, the whisper preset's default, what pretrained
-  weights expect): every clip is zero-padded to 30 s, the last STFT frame is dropped (3000
-  frames), and the encoder attends to the padding; the output equals Whisper's on the padded
-  clip.
-* ``pad_to_seconds=None``: mmtf's padding mask. A short clip's valid frames equal Whisper's
-  features of the same clip padded to 30 s (zeros follow the clip before the STFT, as in the
-  padded clip; the per-clip maximum cannot come from padding, whose frames hold the 1e-10
-  floor), and the encoder attends to valid positions only, so its output differs from
-  Whisper's, which also sees the padding. Why: see docs/design/whisper-import.md.
+``positions="sinusoidal"``; :mod:`mmtf.pretrained.whisper`) computes Whisper's log-mel exactly.
+``pad_to_seconds=30`` pads every clip to 30 s as Whisper does; ``None`` keeps mmtf's padding
+mask (valid frames equal Whisper's, the output differs since Whisper also attends to padding).
+Why: docs/design/whisper-import.md.
 
 Shapes: b batch, n samples, f mel bins, t frames, s memory length (= tokens), c = dim.
 """
@@ -197,17 +178,12 @@ class LogMelFrontEnd(nn.Module):
 class SpecAugment(nn.Module):
     """Frequency and time masking, a fresh mask per item, in training mode only.
 
-    Each time mask has a width drawn from ``[0, W)`` and lies within the item's ``L`` valid
-    frames, so a short clip in a long padded batch is masked as much as alone
-    (docs/design/spec-augment-valid-frames.md). Two modes:
-
-    * ``fixed``: ``time_masks`` masks per item, ``W = min(time_mask_width, L)``.
-    * ``adaptive`` (Park et al. 2020, "SpecAugment on large scale datasets"): the masks fit the
-      item's length, ``W = min(time_mask_width, floor(time_mask_fraction * L))`` and
-      ``min(time_masks, floor(time_mask_multiplicity * L))`` masks, so a 1 s utterance loses a
-      syllable where a 30 s clip loses half a second. The random draws are the fixed mode's: an
-      item long enough for neither limit to bind is masked exactly as in ``fixed``
-      (docs/design/spec-augment-adaptive.md).
+    Park et al. 2019 (arXiv:1904.08779). Time masks lie within the item's ``L`` valid frames
+    (docs/design/spec-augment-valid-frames.md). ``fixed``: ``time_masks`` masks of width
+    < ``min(time_mask_width, L)``; ``adaptive`` (Park et al. 2020): width
+    < ``min(time_mask_width, floor(time_mask_fraction * L))`` and at most
+    ``floor(time_mask_multiplicity * L)`` masks, same draws as ``fixed``
+    (docs/design/spec-augment-adaptive.md).
 
     Args:
         freq_masks: bands masked per clip; freq_mask_width: max width of each, in mel bins.
@@ -356,8 +332,7 @@ class AudioEncoder(Encoder):
         max_seconds: longest input accepted (the padded width of the batch); longer batches
             raise ValueError. Crop in the data pipeline. None = no limit.
         causal: causal self-attention (streaming research only; warns).
-        activation_checkpointing: recompute each block in backward instead of keeping its
-            activations (see :class:`mmtf.nn.TransformerStack`).
+        activation_checkpointing: as :class:`mmtf.nn.TransformerStack`.
         pretrained: export folder to load weights from (:meth:`Encoder.load_pretrained`).
         freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
     """

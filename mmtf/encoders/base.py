@@ -4,13 +4,10 @@ Every encoder is called the same way, ``out = encoder(inputs, lengths=None)``, a
 :class:`EncoderOutput` of ``memory`` (b, s, c) and ``mask`` (b, s), so any encoder plugs into any
 decoder (cross-attention ``context`` / ``context_mask``) or downstream head (:func:`pool`).
 
-Pretrained weights are a folder written by the export CLI (``weights.safetensors``, the encoder's
-``state_dict()``, plus ``config.yaml``), read through :func:`mmtf.hub.open_export`, the one reader
-of that layout (a leaf module below the encoders, so :mod:`mmtf.export` and the pretrained
-families read exports the same way). :meth:`Encoder.load_pretrained` adds what only an encoder
-knows: every tensor, config-derived buffer and setting compared before anything is copied. It
-never unpickles anything. Hugging Face folders are read by the builders of
-:mod:`mmtf.pretrained`, never here.
+Pretrained weights are an export folder (``weights.safetensors`` + ``config.yaml``) read through
+:func:`mmtf.hub.open_export`; :meth:`Encoder.load_pretrained` compares every tensor, buffer and
+setting before copying anything, and never unpickles. Hugging Face folders are read by
+:mod:`mmtf.pretrained`.
 
 Shapes: b batch, s memory length (frames or patches, CLS included), c = dim.
 """
@@ -30,9 +27,7 @@ from mmtf.nn.positions import FixedPositions
 from mmtf.utils.parts import flatten_parts
 
 PoolMode = Literal["mean", "cls"]
-# Settings a downstream run may change on a pretrained encoder (regularisation, input limits,
-# memory);
-# every other constructor value must equal the exported one.
+# Settings a downstream run may change on a pretrained encoder; every other must equal the export's.
 TUNABLE_KEYS = frozenset({"dropout", "attn_dropout", "freq_masks", "freq_mask_width", "time_masks",
                           "time_mask_width", "time_mask_mode", "time_mask_fraction",
                           "time_mask_multiplicity", "max_seconds",
@@ -65,15 +60,14 @@ def pool(memory: Tensor, mask: Tensor | None = None, mode: PoolMode = "mean", *,
         memory: (b, s, c).
         mask: (b, s) bool, True = valid; None = all valid.
         mode: "mean" (masked mean over valid positions) or "cls" (position 0, the CLS token).
-        encoder: the encoder that produced ``memory``. When given, "cls" is checked against
-            ``encoder.has_cls`` and "mean" leaves out its prefix (CLS) tokens, as timm's
-            ``global_pool="avg"`` does.
+        encoder: the encoder that produced ``memory``: "cls" is checked against its
+            ``has_cls``, "mean" leaves out its prefix tokens (as timm's ``global_pool="avg"``).
 
     Returns:
         (b, c).
 
     Raises:
-        ValueError: unknown ``mode``, bad shapes, or "cls" with an encoder that has no CLS token.
+        ValueError: bad shapes. UserError: unknown ``mode``, or "cls" without a CLS token.
     """
     if memory.dim() != 3:
         raise ValueError(f"pool: memory must be (batch, length, dim), got {tuple(memory.shape)}.")
@@ -102,9 +96,8 @@ class Encoder(nn.Module):
     token), record their constructor values in ``self.config`` and call :meth:`_finish_init` last
     in ``__init__``.
 
-    Freezing sets ``requires_grad=False`` on every parameter and pins the encoder in eval mode:
-    ``.train()`` on it or on any parent (Lightning calls it) leaves it in eval, so dropout and
-    SpecAugment stay off. :meth:`unfreeze` undoes both, e.g. "unfreeze after N epochs".
+    Freezing sets ``requires_grad=False`` and pins eval mode (``.train()`` on any parent leaves
+    it in eval); :meth:`unfreeze` undoes both.
     """
 
     dim: int
@@ -142,21 +135,19 @@ class Encoder(nn.Module):
         return super().train(train)
 
     def train(self, mode: bool = True) -> Encoder:
-        # A frozen encoder ignores train(True) from Lightning or a parent module: its dropout
-        # and SpecAugment must stay off, else "frozen" features would still change every step.
+        # A frozen encoder ignores train(True) from a parent: dropout and SpecAugment stay off.
         return super().train(False if self._frozen else mode)
 
     # ---------------------------------------------------------------------- loading
     def load_pretrained(self, path: str | Path) -> None:
         """Load ``path/weights.safetensors`` (or a ``.safetensors`` file) into this encoder.
 
-        Every key and shape is compared with ``self.state_dict()`` before anything is copied,
-        and the values of persistent buffers derived from the config (e.g. the mel filterbank;
-        learned BatchNorm statistics are loaded, not compared).
+        Keys, shapes, config-derived buffers (the mel filterbank; not learned statistics) and
+        settings are compared before anything is copied.
 
         Raises:
-            UserError: the weights file does not exist or is not safetensors; missing, unexpected or differently shaped tensors, or config-derived
-                buffers that differ; the message names them and the config to rebuild with.
+            UserError: no safetensors file, or tensors, buffers or settings that differ; the
+                message names them and the config to rebuild with.
         """
         name = type(self).__name__
         export = open_export(path, owner=f"{name}.load_pretrained")
@@ -174,11 +165,8 @@ class Encoder(nn.Module):
             problems.append(f"{len(unexpected)} tensor(s) in {file} are not in this model: "
                             f"{_clip(unexpected)}")
         if not problems:
-            # Persistent buffers (mel filterbank, STFT window, feature statistics) are computed
-            # from the config, not learned: different values mean a different front-end config,
-            # which loading would otherwise override without a word.
-            # BatchNorm running statistics and position tables are persistent buffers too, but
-            # loaded data: skip them.
+            # Config-derived buffers (mel filterbank, window) that differ mean another front-end
+            # config; running statistics and position tables are loaded data, not compared.
             learned = {f"{m_name}.{b_name}" if m_name else b_name
                        for m_name, module in self.named_modules()
                        if isinstance(module, LOADED_BUFFER_MODULES)
@@ -189,8 +177,7 @@ class Encoder(nn.Module):
                         if not own[k].is_meta and not torch.allclose(
                             weights[k].to(own[k]), own[k], rtol=1e-4, atol=1e-6)]
         if not problems:
-            # Same shapes can still mean a different model (hop_length, patch grid, feature
-            # normalisation): every setting that shapes the features must match the export.
+            # Same shapes can still mean another model (hop_length, feature normalisation).
             exported = flatten_parts(export.config())
             differ = sorted(k for k in self.config if k in exported and k not in TUNABLE_KEYS
                             and _plain(exported[k]) != self.config[k])

@@ -1,34 +1,16 @@
 """Vision encoder: a ViT (Dosovitskiy et al. 2021, arXiv:2010.11929) on the shared attention core.
 
-Images are cut into non-overlapping ``patch_size`` patches by a Conv2d with kernel = stride =
-patch_size (``stem="patch"``), or embedded by a small convolutional stem of log2(patch_size)
-stride-2 3x3 convolutions with BatchNorm (``stem="conv"``; Xiao et al. 2021, "Early convolutions
-help transformers see better", arXiv:2106.14881), optionally followed at each resolution by more
-stride-1 3x3 convolutions (``stem_convs``), that gives the same patch grid but sees across patch
-borders and trains faster from scratch on small data (docs/design/vision-stem-and-positions.md).
-An optional CLS token is prepended, and a bidirectional ``TransformerStack`` runs over the
-sequence.
+Patches come from one Conv2d (``stem="patch"``) or a convolutional stem of stride-2 3x3
+convolutions (``stem="conv"``; Xiao et al. 2021, arXiv:2106.14881); an optional CLS token is
+prepended and a bidirectional ``TransformerStack`` runs over the sequence. Positions are added
+to the patch tokens only (an imported CLS position is folded into the token): fixed 2-D
+sine-cosine (``sincos``) or a learned table on the ``image_size`` grid, resampled bicubically
+for other sizes as Hugging Face's ``interpolate_pos_encoding`` does. Why both, and why not RoPE:
+docs/design/vision-stem-and-positions.md.
 
-Imported towers are the same class configured: Hugging Face ViT (``patch_bias``, qkv biases,
-LayerNorm eps 1e-12, final norm) and CLIP's vision tower (no patch bias, ``embed_norm`` = its
-``pre_layrnorm``, quick-GELU, ``final_norm=False``: CLIP's ``post_layernorm`` is for the pooled
-token only). Their builders, :func:`mmtf.pretrained.vit.vit_encoder` and
-:func:`mmtf.pretrained.clip.clip_vision_encoder`, read the Hugging Face folders; this class loads
-only mmtf exports (:meth:`Encoder.load_pretrained`).
-
-Positions are added to the patch tokens (the CLS token has none: it is learned itself; an
-imported table's CLS position is folded into it, the same sum), either
-``pos_embed="sincos"``: fixed 2-D sine-cosine embeddings (half the channels encode the row, half
-the column, as MAE and MoCo v3 do), computed for any grid; or ``pos_embed="learned"``: one
-learned vector per patch of the ``image_size`` grid, resampled bicubically for images of another
-size as Hugging Face's ``interpolate_pos_encoding`` (DINO, DeiT) does: bicubic, no antialiasing.
-A learned table starts as noise beside O(1) patch features, so the model first has to learn
-*where* things are; the fixed table knows it from the start. Both are absolute tables rather than
-RoPE because the shared RoPE in ``mmtf.nn`` is 1-D and would see a row break of the flattened
-patches as a jump (docs/design/vision-stem-and-positions.md).
-
-Inputs are float images already normalised by the data transforms; every position is valid, so
-the mask is all True and ``lengths`` is ignored.
+Hugging Face ViT and CLIP towers are this class configured; their builders
+(:mod:`mmtf.pretrained.vit`, :mod:`mmtf.pretrained.clip`) read the folders, this class loads only
+mmtf exports. Inputs are normalised float images; every position is valid (mask all True).
 
 Shapes: b batch, gh gw patch-grid height/width, p = gh * gw patches, s = p (+1 with CLS), c = dim.
 """
@@ -59,16 +41,12 @@ class PatchOptions:
     Args:
         patch_size: side of the square patches, in pixels.
         in_channels: image channels (3 for RGB).
-        stem: "patch" (one Conv2d, kernel = stride = patch_size, as ViT) or "conv" (stride-2 3x3
-            convolutions, each with a norm and GELU, then a 1x1 projection; patch_size must be a
-            power of two).
-        stem_convs: 3x3 convolutions per resolution of the conv stem (the first one strided);
-            more see larger shapes before the transformer at the cost of compute.
-        stem_norm: "batch" (BatchNorm2d, as the early-convolutions paper; per-rank statistics
-            under DDP unless ``trainer.sync_batchnorm``) or "layer" (per-pixel LayerNorm over
-            channels: batch-independent, for tiny fine-tuning batches).
-        patch_bias: the patch-embedding convolution (``stem="patch"``) has a bias (ViT) or not
-            (CLIP).
+        stem: "patch" (one Conv2d, as ViT) or "conv" (stride-2 3x3 convolutions with norm and
+            GELU, then a 1x1 projection; patch_size must be a power of two).
+        stem_convs: 3x3 convolutions per resolution of the conv stem (the first one strided).
+        stem_norm: "batch" (BatchNorm2d; per-rank under DDP unless ``trainer.sync_batchnorm``)
+            or "layer" (per-pixel LayerNorm: batch-independent, for tiny batches).
+        patch_bias: the ``stem="patch"`` convolution has a bias (ViT) or not (CLIP).
     """
 
     patch_size: int = 8
@@ -92,14 +70,10 @@ class VisionEncoder(Encoder):
         cls_token: prepend a learned CLS token (position 0 of the memory; ``pool(mode="cls")``).
         pos_embed: "learned" (a trained table on the ``image_size`` grid) or "sincos" (fixed 2-D
             sine-cosine; dim must be a multiple of 4).
-        embed_norm: a norm over the embedded tokens before the first block (CLIP's
-            ``pre_layrnorm``).
+        embed_norm: a norm before the first block (CLIP's ``pre_layrnorm``).
         causal: causal self-attention over the patch order (research only; warns).
-        activation_checkpointing: recompute each block in backward instead of keeping its
-            activations (see :class:`mmtf.nn.TransformerStack`).
-        pretrained: an mmtf export folder (:meth:`Encoder.load_pretrained`); Hugging Face ViT
-            and CLIP folders are read by their builders (``model/encoder=vit``,
-            ``clip_vision``).
+        activation_checkpointing: as :class:`mmtf.nn.TransformerStack`.
+        pretrained: an mmtf export folder (:meth:`Encoder.load_pretrained`).
         freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
     """
 
@@ -137,8 +111,7 @@ class VisionEncoder(Encoder):
             raise UserError(f"VisionEncoder: stem_convs ({patch.stem_convs}) must be >= 1 and "
                             f"stem_norm ({patch.stem_norm!r}) 'batch' or 'layer'; fix "
                             f"model.encoder.patch.")
-        # Channels-last through the conv stem: oneDNN's NHWC convolutions, BatchNorm and GELU
-        # are 1.2x faster per training step (experiments/image_captioning_synth, "Time"), and the
+        # Channels-last through the conv stem: oneDNN's NHWC kernels are faster, and the
         # flatten to tokens below becomes a view instead of a copy.
         self.channels_last = stem == "conv"
         self.patch_embed = (conv_stem(in_channels, dim, patch_size, convs=patch.stem_convs,

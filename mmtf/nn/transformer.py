@@ -42,12 +42,10 @@ AttentionMaps = dict[str, dict[int, Tensor]]
 
 @dataclass(frozen=True)
 class BlockOptions:
-    """How each transformer block is built (one set of values for all ``depth`` blocks, so a
-    frozen value rather than a submodule: the stack builds ``depth`` blocks from it).
+    """How each transformer block is built (one frozen value for all ``depth`` blocks).
 
     Args:
-        num_kv_heads: key/value heads (grouped-query when fewer than ``num_heads``); None =
-            ``num_heads``.
+        num_kv_heads: key/value heads (grouped-query when fewer); None = ``num_heads``.
         mlp_ratio, mlp: hidden width ratio and kind (see :class:`MLP`).
         norm, norm_eps: "layernorm" or "rmsnorm", and its epsilon.
         dropout: residual and MLP dropout. attn_dropout: attention-probability dropout.
@@ -197,15 +195,10 @@ class TransformerStack(nn.Module):
         rope: use rotary position embedding in self-attention (False: the caller adds
             absolute positions, see :mod:`mmtf.nn.positions`).
         rope_base, max_len: RoPE table base and initial length (extended on demand).
-        final_norm: end with a norm (pre-norm stacks do). False for a model whose sequence
-            output is read before its last norm, e.g. CLIP's vision tower, whose
-            ``post_layernorm`` applies to the pooled token only.
-        activation_checkpointing: keep only each block's input for backward and recompute the
-            block there (``torch.utils.checkpoint``, non-reentrant: the recomputation replays
-            the forward's RNG state, so dropout masks and gradients are the plain path's).
-            Only where autograd records (training); a forward without grad, with KV caches or
-            returning attention maps runs plainly. The parameter names do not change, so
-            checkpoints do not depend on it. Why: docs/design/activation-checkpointing.md.
+        final_norm: end with a norm; False where the output is read before it (CLIP's tower).
+        activation_checkpointing: recompute each block in backward (non-reentrant: same RNG,
+            same gradients), only where autograd records; parameter names do not change.
+            Why: docs/design/activation-checkpointing.md.
     """
 
     def __init__(self, *, depth: int, dim: int, num_heads: int,
@@ -261,9 +254,8 @@ class TransformerStack(nn.Module):
                 returns the output alone.
 
         Returns:
-            (b, n, c), after the final norm (if the stack has one). With ``attention_layers`` also the maps
-            ``{kind: {layer: (b, h, n, m)}}`` of exactly the layers asked for (rows sum to 1,
-            masked keys are 0).
+            (b, n, c), after the final norm if any; with ``attention_layers`` also
+            ``{kind: {layer: (b, h, n, m)}}`` of the layers asked for (masked keys are 0).
         """
         for name, caches in (("cache", cache), ("cross_cache", cross_cache)):
             if caches is not None and len(caches) != self.depth:

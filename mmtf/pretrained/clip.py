@@ -53,16 +53,11 @@ def clip_vision_encoder(*, pretrained: str | Path | None = None, dim: int | None
     ``pretrained``.
 
     Args:
-        pretrained: a ``CLIPVisionModel`` or ``CLIPModel`` folder or hub id, the encoder of a
-            ``VisionEncoderDecoderModel`` folder, an mmtf export of such an encoder, or None
-            (random weights).
-        dim, depth, num_heads, mlp_ratio, mlp, norm_eps, patch_size, in_channels, image_size:
-            the tower's ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
-            ``intermediate_size / hidden_size``, ``hidden_act``, ``layer_norm_eps``,
-            ``patch_size``, ``num_channels`` and ``image_size``: None reads them from
-            ``config.json`` (``vision_config`` of a ``CLIPModel``), a value must equal it.
-        dropout, attn_dropout, activation_checkpointing, freeze: as :class:`VisionEncoder`
-            (freeze after loading).
+        pretrained: a ``CLIPVisionModel`` or ``CLIPModel`` folder or hub id (or a
+            ``VisionEncoderDecoderModel``'s encoder), an mmtf export, or None (random weights).
+        dim, ..., image_size: the tower's ``config.json`` fields of :func:`encoder_values`;
+            None reads them, a value must equal them.
+        dropout, attn_dropout, activation_checkpointing, freeze: as :class:`VisionEncoder`.
 
     Raises:
         UserError: see :func:`mmtf.pretrained.vision.build_vision_encoder`.

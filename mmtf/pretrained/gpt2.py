@@ -65,20 +65,14 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
     """A GPT-2-shaped ``TextDecoder`` with cross-attention, filled from ``pretrained``.
 
     Args:
-        pretrained: a Hugging Face GPT-2 folder or hub id (``GPT2LMHeadModel``, ``GPT2Model`` or
-            the decoder of a ``VisionEncoderDecoderModel``), an mmtf decoder export, or None
-            (random weights).
-        vocab_size, dim, depth, num_heads, max_len, mlp_ratio, mlp, norm_eps, tie_embeddings:
-            GPT-2's ``vocab_size``, ``n_embd``, ``n_layer``, ``n_head``, ``n_positions``,
-            ``n_inner / n_embd``, ``activation_function``, ``layer_norm_epsilon`` and
-            ``tie_word_embeddings``: None reads them from the folder's ``config.json``, a value
-            must equal it.
+        pretrained: a Hugging Face GPT-2 folder or hub id (or a ``VisionEncoderDecoderModel``'s
+            decoder), an mmtf decoder export, or None (random weights).
+        vocab_size, ..., tie_embeddings: the ``config.json`` fields of
+            :func:`decoder_values`; None reads them, a value must equal them.
         context_dim: width of the encoder memory the cross-attention reads.
-        dropout, attn_dropout, activation_checkpointing: as :class:`TextDecoder` (GPT-2
-            trained with dropout 0.1).
-        pad_id: padding id (GPT-2's ``<|endoftext|>``, 50256); None: the folder's
-            ``pad_token_id``, else its ``eos_token_id``.
-        freeze: frozen and in eval mode after loading (in a task: ``model.finetuning.freeze_decoder``).
+        dropout, attn_dropout, activation_checkpointing: as :class:`TextDecoder`.
+        pad_id: padding id; None: the folder's ``pad_token_id``, else its ``eos_token_id``.
+        freeze: frozen and in eval mode after loading.
 
     Raises:
         UserError: as :func:`mmtf.pretrained.vision.build_vision_encoder`.

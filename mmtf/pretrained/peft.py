@@ -112,10 +112,8 @@ def pattern_value(pattern: Mapping[str, Any], module: str, default: Any) -> Any:
 
 # ------------------------------------------------------------------------------- reading
 # The adapter_config.json keys of plain LoRA and the values mmtf computes (None: any value).
-# Any other key, set to anything but an empty value (peft's default of every other option), is
-# a method mmtf does not compute (DoRA, rsLoRA, aLoRA, layer_replication, an init that also
-# changes the base weights: PiSSA, OLoRA, CorDA, LoftQ), whose tensors would load as plain
-# LoRA and give other outputs than PeftModel.
+# Any other key set to a non-empty value is a method mmtf does not compute (DoRA, PiSSA, ...),
+# whose tensors would load as plain LoRA and give other outputs than PeftModel.
 _PLAIN_LORA: dict[str, Callable[[Any], bool] | None] = {
     "peft_type": lambda v: v == "LORA", "bias": lambda v: v in (None, *BIAS_MODES),
     # only how A and B were drawn before training

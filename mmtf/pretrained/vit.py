@@ -54,17 +54,11 @@ def vit_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
     """A ``VisionEncoder`` in ViT's configuration, filled from ``pretrained``.
 
     Args:
-        pretrained: a Hugging Face ViT folder or hub id (``ViTModel``, ``ViTFor*`` or the
-            encoder of a ``VisionEncoderDecoderModel``), an mmtf export of such an encoder, or
-            None (random weights).
-        dim, depth, num_heads, mlp_ratio, mlp, norm_eps, patch_size, in_channels, image_size,
-            bias: ViT's ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
-            ``intermediate_size / hidden_size``, ``hidden_act``, ``layer_norm_eps``,
-            ``patch_size``, ``num_channels``, ``image_size`` (the position table's grid; other
-            sizes interpolate as HF does) and ``qkv_bias`` (True, or "o" without it): None reads
-            them from ``config.json``, a value must equal it.
-        dropout, attn_dropout, activation_checkpointing, freeze: as :class:`VisionEncoder`
-            (freeze after loading).
+        pretrained: a Hugging Face ViT folder or hub id (or a ``VisionEncoderDecoderModel``'s
+            encoder), an mmtf export of such an encoder, or None (random weights).
+        dim, ..., bias: the ``config.json`` fields of :func:`encoder_values` (``bias``: True,
+            or "o" without ``qkv_bias``); None reads them, a value must equal them.
+        dropout, attn_dropout, activation_checkpointing, freeze: as :class:`VisionEncoder`.
 
     Raises:
         UserError: see :func:`mmtf.pretrained.vision.build_vision_encoder`.

@@ -74,12 +74,9 @@ class LastCheckpoint(ModelCheckpoint):
         checkpoint_save_last(self, trainer, candidates)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The fit's final state, always: with validation every 2nd epoch and an odd max_epochs
-        # the last epoch's steps come after the last trigger, and even after a validation at
-        # the final step the loops have moved on (epoch finished). A run killed and resumed
-        # writes this state too (model_checkpoint's own on_train_end save_last fires when it
-        # saved nothing in the resumed fit), so both leave the same last.ckpt. Every rank calls
-        # this (the save is collective); ends by exception or SIGTERM do not come here.
+        # The fit's final state, always (the last steps may follow the last trigger, and the
+        # loops have moved on after it), so a killed-and-resumed run leaves the same last.ckpt.
+        # Every rank calls this (collective save); exceptions and SIGTERM do not come here.
         if trainer.fast_dev_run or trainer.state.fn != TrainerFn.FITTING or trainer.global_step == 0:
             return
         checkpoint_save_last(self, trainer, checkpoint_monitor_candidates(self, trainer))

@@ -273,21 +273,23 @@ def _flow(value: Any) -> str:
 
 def _sample_lines(run_dir: Path) -> list[str]:
     """The newest reference-vs-prediction table of each split (``samples/<split>_epoch...md``)."""
-    newest: dict[str, Path] = {}
-    for path in sorted((run_dir / "samples").glob("*_epoch*.md")):   # zero-padded: sorts in time
-        newest[path.name.split("_epoch", 1)[0]] = path
     return [f"- last {split} captions: `{path.relative_to(run_dir)}`"
-            for split, path in sorted(newest.items(), key=lambda item: item[0] != "val")]
+            for split, path in _newest_per_split(run_dir / "samples", "md")]
+
+
+def _newest_per_split(folder: Path, suffix: str) -> list[tuple[str, Path]]:
+    """``(split, newest <split>_epoch*.<suffix> file)``, val first."""
+    newest: dict[str, Path] = {}
+    for path in sorted(folder.glob(f"*_epoch*.{suffix}")):   # zero-padded: sorts in time
+        newest[path.name.split("_epoch", 1)[0]] = path
+    return sorted(newest.items(), key=lambda item: item[0] != "val")
 
 
 def error_tables(run_dir: Path, worst: int = 10) -> list[str]:
     """Speech recognition: per split, the totals of the newest per-utterance errors table
     (``errors/<split>_epoch...csv``, written with WER / CER) and its ``worst`` utterances."""
-    newest: dict[str, Path] = {}
-    for path in sorted((run_dir / "errors").glob("*_epoch*.csv")):   # zero-padded: sorts in time
-        newest[path.name.split("_epoch", 1)[0]] = path
     lines: list[str] = []
-    for split, path in sorted(newest.items(), key=lambda item: item[0] != "val"):
+    for split, path in _newest_per_split(run_dir / "errors", "csv"):
         with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
         totals = {k: sum(int(r[k]) for r in rows)
@@ -330,7 +332,7 @@ def _time_lines(logs: RunLogs) -> list[str]:
 
 def _samples_per_step(config: dict) -> int | None:
     """data.batches.batch_size x accumulate_grad_batches x devices x num_nodes, when all are
-    ints (a run of before #39 stored data.batch_size: mapped)."""
+    ints (an older run's flat data.batch_size is mapped)."""
     trainer = config.get("trainer") or {}
     data = upgrade_config(config.get("data") or {})
     factors = [(data.get("batches") or {}).get("batch_size", data.get("batch_size")),
@@ -338,10 +340,7 @@ def _samples_per_step(config: dict) -> int | None:
                trainer.get("num_nodes", 1)]
     if not all(isinstance(f, int) and not isinstance(f, bool) for f in factors):
         return None
-    total = 1
-    for f in factors:
-        total *= f
-    return total
+    return math.prod(factors)
 
 
 def format_duration(seconds: float) -> str:

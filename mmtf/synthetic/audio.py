@@ -408,15 +408,9 @@ def write_label_set(root: str | Path, *, num_clips: int = 2000, num_folds: int =
     clips on) and goes to fold ``i % num_folds + 1``.
 
     Args:
-        root: output folder (created).
-        num_clips: clips over all folds.
-        num_folds: folds (ESC-50 has 5).
-        seed: everything is a function of (seed, clip index).
-        sample_rate: Hz of the written WAVs.
-        min_seconds, max_seconds: clip length range.
-        min_events, max_events: events per clip (the label is the first).
-        snr_db: range of background-noise SNR.
-        num_workers: processes used to render.
+        num_clips: clips over all folds. num_folds: folds (ESC-50 has 5).
+        root, seed, sample_rate, min_seconds, max_seconds, min_events, max_events, snr_db,
+            num_workers: as :func:`write_caption_set` (the label is the first event).
     """
     _check_scene_args(min_seconds, max_seconds, min_events, max_events)
     root = Path(root)

@@ -270,11 +270,8 @@ def write_label_set(root: str | Path, *, num_train: int = 2000, num_val: int = 2
     a split shows shape ``i % 4`` (balanced classes).
 
     Args:
-        root: output folder (created).
-        num_train, num_val, num_test: images per split.
-        seed: everything is a function of (seed, split, image index).
-        image_size: side of the square images in pixels (>= 32).
-        num_workers: processes used to render.
+        root, num_train, num_val, num_test, seed, image_size, num_workers: as
+            :func:`write_caption_set`.
     """
     _check_args(image_size, 1, 1)
     root = Path(root)

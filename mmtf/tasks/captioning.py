@@ -58,13 +58,11 @@ class CaptioningTask(Task):
         encoder: any mmtf encoder (``forward(inputs, lengths) -> EncoderOutput``).
         decoder: a ``TextDecoder`` whose ``context_dim`` equals ``encoder.dim``.
         optimizer: partial optimizer (Hydra ``_partial_: true``), called on parameter groups.
-        weight_decay, warmup_steps, min_lr_ratio: AdamW groups and the warmup + cosine
-            schedule (:mod:`mmtf.tasks.optim`).
+        weight_decay, warmup_steps, min_lr_ratio: :mod:`mmtf.tasks.optim`.
         label_smoothing: of the teacher-forced cross-entropy.
         generation: :class:`GenerationConfig` fields for validation, test and predict.
         val_generate: generate and score captions in validation (loss only when False).
-        val_metrics, test_metrics: metric names (None = every available one); validation
-            defaults to the fast ones (METEOR starts a JVM).
+        val_metrics, test_metrics: metric names (None = all; validation: the fast ones).
         metrics_backend: "mmtf" (built-in) or "aac" (aac-metrics, :mod:`mmtf.metrics.aac`).
         num_logged_samples: reference-vs-prediction rows logged per validation epoch.
         finetuning: :class:`~mmtf.tasks.base.Finetuning` or its keys; None = all trainable.

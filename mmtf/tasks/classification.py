@@ -18,20 +18,14 @@ class ClassificationTask(Task):
     """Encoder -> pooled features (b, c) -> head -> class logits (b, k).
 
     Args:
-        encoder: any mmtf encoder; load exported weights with its ``pretrained`` argument and
-            freeze it with ``freeze=True``.
+        encoder: any mmtf encoder (``pretrained`` / ``freeze`` are its own arguments).
         num_classes: k.
-        optimizer: partial optimizer (Hydra ``_partial_: true``).
         pooling: "mean" (masked mean over valid positions) or "cls".
         head: "linear" (a linear probe) or "mlp" (one hidden layer of ``hidden_dim``).
-        unfreeze_encoder_at_epoch: unfreeze a frozen encoder at the start of this epoch, also
-            when a run resumes past it (None = keep it as built).
-        encoder_lr_scale: multiplier of the optimizer's lr for the encoder (the head keeps it).
-        layer_decay: layer-wise lr decay inside the encoder (None = off); see
-            :mod:`mmtf.tasks.optim`.
-        weight_decay, warmup_steps, min_lr_ratio, label_smoothing: as in captioning.
-        lora: LoRA adapters on the encoder (``{r, alpha, dropout, parts, targets, ...}``, None
-            = off); the head trains in full (:meth:`Task.init_lora`).
+        unfreeze_encoder_at_epoch, encoder_lr_scale, layer_decay: the encoder's fine-tuning
+            controls (:meth:`Task.init_finetuning`; the head keeps the optimizer's lr).
+        optimizer, weight_decay, warmup_steps, min_lr_ratio, label_smoothing, lora: as
+            :class:`~mmtf.tasks.captioning.CaptioningTask` (LoRA on the encoder only).
     """
 
     def __init__(self, *, encoder: nn.Module, num_classes: int, optimizer: Callable,

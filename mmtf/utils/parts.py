@@ -1,15 +1,9 @@
-"""Where the flat constructor keys of configs written before issue #39 went.
+"""Constructor parts (block, front end, SpecAugment, patch, batches, loader, crop, transforms)
+and the flat keys they replaced.
 
-Encoders and decoders take their transformer block options (:class:`mmtf.nn.BlockOptions`), the
-audio front end (:class:`~mmtf.encoders.audio.LogMelFrontEnd`), SpecAugment and the vision patch
-embedding (:class:`~mmtf.encoders.vision.PatchOptions`) as parts, and data modules their batching
-(:class:`~mmtf.data.datamodule.BatchOptions`) and loader
-(:class:`~mmtf.data.datamodule.LoaderOptions`) settings and their per-split crops and image
-transforms (``crop`` / ``transforms``: ``{train, eval}``), instead of dozens of flat keywords. Run
-configs, checkpoints and export folders written before hold the flat keys; :func:`upgrade_config`
-moves them into the parts, so they still build the same module (same ``state_dict`` keys, same
-values, same batches). :func:`flatten_parts` is the way back: an encoder's ``config`` stays
-flat, the form export folders of either age are compared against.
+Stored run configs, checkpoints and exports may hold the flat keys; :func:`upgrade_config`
+moves them into the parts so they build the same module. :func:`flatten_parts` is the way
+back: an encoder's ``config`` stays flat, the form exports of either age are compared in.
 """
 
 from __future__ import annotations
@@ -33,9 +27,8 @@ LOADER = ("num_workers", "pin_memory", "persistent_workers")
 CROP = {"train_crop": "train", "eval_crop": "eval"}
 TRANSFORMS = {"train_transforms": "train", "eval_transforms": "eval"}
 # Class name -> {part: (its _target_ or None for a plain mapping, the flat keys it took over,
-# or flat key -> its name in the part)}. By class name, so every import path of a class
-# (mmtf.encoders.AudioEncoder, mmtf.encoders.audio.AudioEncoder) and every data module
-# (subclasses of MediaDataModule end in "DataModule") is covered.
+# or flat key -> its name in the part)}. By class name: every import path and every
+# *DataModule subclass is covered.
 _BLOCK = {"block": ("mmtf.nn.BlockOptions", BLOCK)}
 PARTS: dict[str, dict[str, tuple[str | None, tuple[str, ...] | dict[str, str]]]] = {
     "AudioEncoder": {**_BLOCK, "frontend": ("mmtf.encoders.audio.LogMelFrontEnd", FRONTEND),
@@ -54,7 +47,7 @@ def _parts(target: Any) -> dict[str, tuple[str | None, tuple[str, ...] | dict[st
 
 
 def moved_keys(target: Any) -> dict[str, str]:
-    """The pre-#39 flat keys of ``target`` (a ``_target_``) -> where they are now
+    """The old flat keys of ``target`` (a ``_target_``) -> where they are now
     (``n_mels`` -> ``frontend.n_mels``): what a config error suggests for an old key."""
     out = {}
     for part, (_, keys) in _parts(target).items():
@@ -64,14 +57,12 @@ def moved_keys(target: Any) -> dict[str, str]:
 
 
 def upgrade_config(node: Any) -> Any:
-    """``node`` (a config tree of dicts and lists) with every pre-#39 flat key of a constructor
-    in :data:`PARTS` moved into its part (and a data module's ``image_cache_mb``, the name of
-    ``media_cache_mb`` until 2026-12-03, renamed); anything else is returned as it is.
+    """``node`` (a config tree) with every old flat key of a constructor in :data:`PARTS`
+    moved into its part and a data module's ``image_cache_mb`` renamed ``media_cache_mb``.
 
     Raises:
-        ValueError: a node holds a flat key and the part that replaced it (one config, two
-            values), or ``image_cache_mb`` and another ``media_cache_mb``: the message names
-            the key to keep.
+        ValueError: a flat key beside the part that replaced it, or ``image_cache_mb`` beside
+            another ``media_cache_mb``; the message names the key to keep.
     """
     if isinstance(node, list):
         return [upgrade_config(v) for v in node]

@@ -307,8 +307,7 @@ class ShardDataModule(CaptionDataModule):
 
     Args:
         shards: ``{train: ..., val: ..., test: ...}``, each a brace pattern
-            (``/data/wavcaps/{000000..000127}.tar``), a glob (``train/*.tar``), a list of either,
-            or fsspec URLs (``s3://``, ``memory://``, ...).
+            (``{000000..000127}.tar``), a glob, a list of either, or fsspec URLs.
         shuffle_buffer: training samples per stream in the shuffle buffer (memory: keys only).
         epoch_samples: training examples per epoch (all ranks); null = one pass over the shards.
         index_cache: where indexes of shards without a writable folder are cached (null:
