@@ -187,6 +187,7 @@ def window_segments(tokens: Sequence[int], *, timestamp_begin: int, offset: floa
     return segments, (tokens[begin - 2] - timestamp_begin) * FRAMES_PER_TOKEN
 
 
+@torch.no_grad()
 def transcribe_long(model, features: Tensor, *, prompt: Sequence[int], config: GenerationConfig,
                     rules: TimestampRules, options: WindowRules = PLAIN,
                     frames: int | None = None, text: Callable[[list[int]], str] = str,

@@ -106,6 +106,10 @@ def test_predict_sequential_long_form_equals_transformers_and_prints_srt(whisper
     np.testing.assert_allclose([(s["start"], s["end"]) for s in row["segments"]],
                                [e[:2] for e in expected], atol=1e-3)
     assert max(s["end"] for s in row["segments"]) > 60.0
+    # openai's per-segment statistics (no_speech_prob: null with the threshold off).
+    assert all(set(s) == {"start", "end", "text", "avg_logprob", "no_speech_prob",
+                          "compression_ratio", "temperature"} for s in row["segments"])
+    assert {s["temperature"] for s in row["segments"]} == {0.0}
     out = cli_in_process("mmtf.predict", [
         f"ckpt_path={folder}", f"inputs=[{clips['long']}]", "long_audio=sequential",
         "generation.language=en", *(f"generation.{k}={'off' if v is None else v}"
