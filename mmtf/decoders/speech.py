@@ -9,17 +9,21 @@ Shapes: r decoder rows, v vocab, t generated tokens, f mel bins, n mel frames.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import logging
 import math
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mmtf.decoders.align import caption_words, word_spans
 from mmtf.decoders.generation import GenerationConfig, StepDecoder, generate
 
 TIME_PRECISION = 0.02          # seconds per timestamp token: one encoder position
@@ -103,10 +107,12 @@ class TimedSegment:
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     stats: dict[str, float | None] = field(default_factory=dict)
+    words: list[dict] | None = None
 
     def as_dict(self) -> dict:
-        return {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text,
-                **{k: None if v is None else round(v, 4) for k, v in self.stats.items()}}
+        out = {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text,
+               **{k: None if v is None else round(v, 4) for k, v in self.stats.items()}}
+        return out if self.words is None else {**out, "words": self.words}
 
 
 @dataclass
@@ -125,6 +131,8 @@ class WindowRules:
         condition_on_previous_text: the text so far (``<|startofprev|>`` prompt) conditions the
             next window; reset after a window decoded above temperature 0.5.
         sample_len: tokens per window; None = half the decoder's positions (openai's).
+        word_timestamps: each segment gets ``words`` (``word``, ``start``, ``end``) from the
+            cross-attention of the upper half of the decoder layers (:mod:`mmtf.decoders.align`).
     """
 
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -133,6 +141,7 @@ class WindowRules:
     no_speech_threshold: float | None = 0.6
     condition_on_previous_text: bool = True
     sample_len: int | None = None
+    word_timestamps: bool = False
 
 
 # One pass per window, no thresholds, no context (transformers' temperature=0.0 without them).
@@ -264,11 +273,43 @@ def transcribe_long(model, features: Tensor, *, prompt: Sequence[int], config: G
             # openai's history holds no segment's closing second timestamp.
             ends_in_pair = len(segment.tokens) > 2 and segment.tokens[-2] >= tb
             history += segment.tokens[:-1] if ends_in_pair else segment.tokens
+        if options.word_timestamps:
+            _add_words(model, memory, mask, [*prompt, rules.no_timestamps_id], found, tb,
+                       size, offset, text)
         segments += found
         if not options.condition_on_previous_text or stats["temperature"] > 0.5:
             reset = len(history)
         seek += advance if advance > 0 else size
     return segments
+
+
+def _add_words(model, memory: Tensor, mask: Tensor | None, head: list[int],
+               segments: list[TimedSegment], timestamp_begin: int, frames: int, offset: float,
+               text: Callable[[list[int]], str]) -> None:
+    """Time the words of a window's segments: its text tokens teacher-forced after ``head``
+    (``<|startoftranscript|> .. <|notimestamps|>``, openai's alignment prompt), the
+    cross-attention of the upper half of the decoder layers over the window's audio positions,
+    DTW (:func:`mmtf.decoders.align.word_spans`); a word goes to the segment of its first
+    token."""
+    pieces = [[t for t in s.tokens if t < timestamp_begin] for s in segments]
+    ids = [t for piece in pieces for t in piece]
+    for segment in segments:
+        segment.words = []
+    if not ids:
+        return
+    decoder = model.decoder
+    layers = list(range(decoder.depth // 2, decoder.depth))
+    tokens = torch.tensor([[*head, *ids]], device=memory.device)
+    _, maps = decoder(tokens, memory, mask, attention_layers={"cross": layers})
+    # Row t is the query that produced text token t (the last one: eos), (k, n, m).
+    weights = torch.cat([maps["cross"][layer][0] for layer in layers])
+    weights = weights[:, len(head) - 1:, :frames // FRAMES_PER_TOKEN].float()
+    words = caption_words(SimpleNamespace(decode=text), ids)
+    ends = list(itertools.accumulate(len(piece) for piece in pieces))
+    for span in word_spans(weights, words, TIME_PRECISION, duration=frames * FRAME_SECONDS):
+        owner = segments[bisect.bisect_right(ends, span.tokens[0])]
+        owner.words.append({"word": span.word, "start": round(offset + span.start, 3),
+                            "end": round(offset + span.end, 3)})
 
 
 def _decode_window(model, memory: Tensor, mask: Tensor | None, full: list[int], sot: int,

@@ -29,7 +29,7 @@ FINETUNING_KEYS = tuple(Finetuning.__dataclass_fields__)
 SPEECH_KEYS = frozenset({"language", "task", "timestamps", "long_form", "chunk_overlap",
                          "temperatures", "compression_ratio_threshold", "logprob_threshold",
                          "no_speech_threshold", "condition_on_previous_text", "sample_len",
-                         "initial_prompt"})
+                         "initial_prompt", "word_timestamps"})
 
 
 def finetuning_controls(value: Finetuning | Mapping[str, Any] | None) -> Finetuning:

@@ -9,7 +9,8 @@ Generation settings may hold, besides :class:`GenerationConfig`'s fields: ``lang
 ``chunk_overlap`` seconds, texts merged), and openai's window rules of timed decoding with its
 defaults (:class:`~mmtf.decoders.speech.WindowRules`): ``temperatures``,
 ``compression_ratio_threshold``, ``logprob_threshold``, ``no_speech_threshold``,
-``condition_on_previous_text``, ``sample_len``, and ``initial_prompt`` (text).
+``condition_on_previous_text``, ``sample_len``, ``word_timestamps``, and ``initial_prompt``
+(text).
 Why: docs/design/asr-decoding.md.
 
 Shapes: b batch, n samples.

@@ -337,3 +337,63 @@ def test_silence_and_noise_give_no_text_with_openais_defaults(detector, kind):
     (loud,) = model.transcribe([wave], language="en", timestamps=True, temperatures=[0.0],
                                no_speech_threshold="off")
     assert loud["text"]                    # the model does write text here without the rule
+
+
+@torch.no_grad()
+def test_word_timestamps_time_each_segments_words_inside_it(whisper):
+    """Words of every segment, in order, inside the audio; together they are the text."""
+    _, _, model, tokenizer = whisper
+    wave = scene(40.0, 11)
+    options = dataclasses.replace(PLAIN, word_timestamps=True)
+    # Words only: no single bytes, no special ids.
+    config = GenerationConfig(suppress_tokens=(*range(256), *range(tokenizer.eos_id + 1,
+                                                                    tokenizer.timestamp_begin)))
+    found = transcribe_long(model, model.encoder.whisper_features(torch.from_numpy(wave)),
+                            prompt=WhisperPrompt(tokenizer).build("en", timestamps=True),
+                            config=config, rules=rules_of(tokenizer), options=options,
+                            text=lambda ids: tokenizer.decode(ids))
+    words = [w for s in found for w in s.words]
+    assert len(words) >= 4
+    times = [t for w in words for t in (w["start"], w["end"])]
+    assert times == sorted(times) and times[-1] <= 40.0
+    # The words are the text (a word cut by a segment boundary goes to its first segment).
+    text = "".join(tokenizer.decode([t for t in s.tokens if t < tokenizer.timestamp_begin])
+                   for s in found)
+    assert "".join(w["word"] for w in words) == text.replace(" ", "")
+    assert any(w["start"] >= 29.0 for w in words)       # words of both windows
+    assert "words" in found[0].as_dict()
+
+
+@torch.no_grad()
+def test_word_timestamps_equal_dtw_over_transformers_cross_attention(whisper):
+    """The first window's words equal mmtf.decoders.align.word_spans over transformers'
+    cross-attention of the same teacher-forced ids (the upper half of the layers, the rows
+    that produced the text tokens and eos)."""
+    from mmtf.decoders.align import caption_words, word_spans
+
+    _, hf, model, tokenizer = whisper
+    tb, wave = tokenizer.timestamp_begin, scene(40.0, 11)
+    prompt = WhisperPrompt(tokenizer).build("en", timestamps=True)
+    config = GenerationConfig(suppress_tokens=(*range(256), *range(tokenizer.eos_id + 1, tb)))
+    features = model.encoder.whisper_features(torch.from_numpy(wave))
+    found = transcribe_long(model, features, prompt=prompt, config=config,
+                            rules=rules_of(tokenizer),
+                            options=dataclasses.replace(PLAIN, word_timestamps=True),
+                            text=tokenizer.decode)
+    # The first window's segments: those whose first timestamp counts from 0 s.
+    first = [s for s in found if abs(s.start - (s.tokens[0] - tb) * 0.02) < 1e-9]
+    ids = [t for s in first for t in s.tokens if t < tb]
+    head = [*prompt, tokenizer.no_timestamps_id]
+    previous = hf.config._attn_implementation
+    hf.set_attn_implementation("eager")             # the one that returns attention weights
+    try:
+        out = hf.model(input_features=features[None, :, :3000],
+                       decoder_input_ids=torch.tensor([[*head, *ids]]), output_attentions=True)
+    finally:
+        hf.set_attn_implementation(previous)
+    layers = range(hf.config.decoder_layers // 2, hf.config.decoder_layers)
+    weights = torch.cat([out.cross_attentions[k][0] for k in layers])[:, len(head) - 1:]
+    spans = word_spans(weights, caption_words(tokenizer, ids), 0.02, duration=30.0)
+    assert len(spans) >= 2
+    assert [(w["word"], w["start"], w["end"]) for s in first for w in s.words] == [
+        (w.word, round(w.start, 3), round(w.end, 3)) for w in spans]
