@@ -199,7 +199,7 @@ def window_segments(tokens: Sequence[int], *, timestamp_begin: int, offset: floa
 @torch.no_grad()
 def transcribe_long(model, features: Tensor, *, prompt: Sequence[int], config: GenerationConfig,
                     rules: TimestampRules, options: WindowRules = PLAIN,
-                    frames: int | None = None, text: Callable[[list[int]], str] = str,
+                    frames: int | None = None, text: Callable[[list[int]], str] | None = None,
                     prev_id: int | None = None, initial_prompt: Sequence[int] = (),
                     generator: torch.Generator | None = None) -> list[TimedSegment]:
     """Whisper's sequential decoding of one clip (openai's ``transcribe``).
@@ -219,7 +219,7 @@ def transcribe_long(model, features: Tensor, *, prompt: Sequence[int], config: G
             and the timestamp rules.
         options: the window rules (default :data:`PLAIN`).
         frames: mel frames of real audio (default all of ``features``): decoding stops there.
-        text: the text of text tokens (the compression ratio's input).
+        text: the text of text ids (the compression ratio's and the words' input).
         prev_id: ``<|startofprev|>``, needed to condition on earlier text.
         initial_prompt: text ids that condition the first window (openai's ``initial_prompt``).
         generator: random generator of the sampled (temperature > 0) windows.
@@ -233,6 +233,10 @@ def transcribe_long(model, features: Tensor, *, prompt: Sequence[int], config: G
     if (options.condition_on_previous_text or initial_prompt) and prev_id is None:
         raise ValueError("transcribe_long: conditioning on earlier text needs prev_id "
                          "(<|startofprev|>).")
+    if (options.compression_ratio_threshold is not None or options.word_timestamps) and \
+            text is None:
+        raise ValueError("transcribe_long: the compression ratio and word timestamps need "
+                         "text (the decoder of text ids).")
     # Never generated (openai's bans): the prompt's special ids, <|startofprev|> and
     # <|nospeech|> (the id before <|notimestamps|>); earlier text may be generated again.
     banned = {*prompt, rules.no_timestamps_id - 1, *(() if prev_id is None else (prev_id,))}
@@ -314,7 +318,8 @@ def _add_words(model, memory: Tensor, mask: Tensor | None, head: list[int],
 
 def _decode_window(model, memory: Tensor, mask: Tensor | None, full: list[int], sot: int,
                    config: GenerationConfig, rules: TimestampRules, options: WindowRules,
-                   suppress: tuple[int, ...], sample_len: int, text: Callable[[list[int]], str],
+                   suppress: tuple[int, ...], sample_len: int,
+                   text: Callable[[list[int]], str] | None,
                    generator: torch.Generator | None) -> dict:
     """One window decoded with temperature fallback: its tokens (no eos), the budget, and the
     statistics of the decode kept (``avg_logprob``, ``no_speech_prob``, ``compression_ratio``,
@@ -345,10 +350,11 @@ def _decode_window(model, memory: Tensor, mask: Tensor | None, full: list[int], 
         # openai averages over the tokens and eos, present or not.
         total = float(out.scores) * (length ** cfg.length_penalty
                                      if cfg.strategy == "beam" else 1.0)
+        ratio = None if text is None else compression_ratio(
+            text([t for t in tokens if t < rules.timestamp_begin]))
         stats = {"tokens": tokens, "budget": budget, "temperature": float(temperature),
                  "avg_logprob": total / (len(tokens) + 1), "no_speech_prob": no_speech,
-                 "compression_ratio": compression_ratio(text([t for t in tokens
-                                                              if t < rules.timestamp_begin]))}
+                 "compression_ratio": ratio}
         failed = ((options.compression_ratio_threshold is not None
                    and stats["compression_ratio"] > options.compression_ratio_threshold)
                   or (options.logprob_threshold is not None
