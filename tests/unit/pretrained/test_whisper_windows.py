@@ -160,7 +160,6 @@ def test_timestamps_on_a_tokenizer_without_timestamp_strings_equal_transformers(
                                [(min(a, 6.0), min(z, 6.0)) for a, z, _ in expected], atol=1e-6)
 
 
-@pytest.mark.slow
 @torch.no_grad()
 def test_long_form_with_context_and_thresholds_equals_transformers(whisper):
     """openai's rules at one temperature (deterministic on both sides): the text so far as the
@@ -301,7 +300,6 @@ def detector(tmp_path_factory):
     return folder, model, tokenizer
 
 
-@pytest.mark.slow
 @torch.no_grad()
 def test_a_silent_stretch_of_a_long_file_gets_no_text(detector):
     """The window at 30 s is silence by the no-speech rule (probability > 0.6 and average
