@@ -193,7 +193,7 @@ class _Stepper:
 
     def __init__(self, decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
                  config: GenerationConfig, *, prompt: Tensor, pad_id: int, eos_id: int,
-                 pack: bool, processors: Sequence[LogitsProcessor]) -> None:
+                 pack: bool, processors: Sequence[LogitsProcessor], ban_prompt: bool) -> None:
         self.decoder, self.memory, self.memory_mask = decoder, memory, memory_mask
         self.prompt, self.eos_id = prompt, eos_id                                # (r, p)
         self.min_new_tokens = config.min_new_tokens
@@ -215,13 +215,15 @@ class _Stepper:
         # in the first min_new_tokens steps; step t masks banned[t >= min_new_tokens] in place.
         # Ids that only some rows' prompts hold are banned per row (row_banned).
         device = memory.device
-        shared = set(prompt[0].tolist()).intersection(*(set(r) for r in prompt.tolist()))
+        shared = (set(prompt[0].tolist()).intersection(*(set(r) for r in prompt.tolist()))
+                  if ban_prompt else set())
         never = [*sorted({pad_id, *shared} - {eos_id}), *config.suppress_tokens]
         self.banned = (torch.tensor([*never, eos_id], device=device),
                        torch.tensor(never, dtype=torch.long, device=device))
         self.first_banned = torch.tensor(config.begin_suppress_tokens, dtype=torch.long,
                                          device=device)
-        self.row_banned = prompt if any(set(r) - shared for r in prompt.tolist()) else None
+        self.row_banned = (prompt if ban_prompt and any(set(r) - shared for r in prompt.tolist())
+                           else None)
 
     def step(self, last: Tensor, generated: Tensor) -> Tensor:
         """Raw logits (r, v); last: (r,) latest token of each row (unused on the first,
@@ -305,7 +307,8 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
              config: GenerationConfig, *, prompt_ids: Sequence[int] | Sequence[Sequence[int]]
              | Tensor, eos_id: int, pad_id: int,
              generator: torch.Generator | None = None, callback: StepCallback | None = None,
-             processors: Sequence[LogitsProcessor] = ()) -> GenerationOutput:
+             processors: Sequence[LogitsProcessor] = (), ban_prompt: bool = True,
+             ) -> GenerationOutput:
     """Decode from an encoder memory (use :meth:`EncoderDecoder.generate` for raw inputs).
 
     Args:
@@ -321,6 +324,8 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
             tokens already at -inf.
         processors: ``processor(logits, generated)`` on every step's logits after the bans,
             masking in place (Whisper's timestamp rules); the scores include them.
+        ban_prompt: False: the prompt's ids may be generated (a prompt holding earlier text,
+            Whisper's ``<|startofprev|>`` context); ban its specials with suppress_tokens.
 
     Returns:
         A :class:`GenerationOutput`.
@@ -346,7 +351,7 @@ def generate(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | None,
     # The one switch for oneDNN-packed weights; only cached steps of an nn.Module pack.
     pack = config.pack_weights and config.use_cache and isinstance(decoder, nn.Module)
     stepper = _Stepper(decoder, memory, memory_mask, config, prompt=prompt, pad_id=pad_id,
-                       eos_id=eos_id, pack=pack, processors=processors)
+                       eos_id=eos_id, pack=pack, processors=processors, ban_prompt=ban_prompt)
     ids = dict(start_id=int(prompt[0, -1]), eos_id=eos_id, pad_id=pad_id)
     # The compiled step's graph holds its own copies by identity: attach those, never new ones.
     packs: Packs | None = stepper.compiled.packs if stepper.compiled is not None else None

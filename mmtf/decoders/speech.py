@@ -9,14 +9,21 @@ Shapes: r decoder rows, v vocab, t generated tokens, f mel bins, n mel frames.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import itertools
+import logging
 import math
-from collections.abc import Sequence
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mmtf.decoders.align import caption_words, word_spans
 from mmtf.decoders.generation import GenerationConfig, StepDecoder, generate
 
 TIME_PRECISION = 0.02          # seconds per timestamp token: one encoder position
@@ -24,6 +31,7 @@ FRAME_SECONDS = 0.01           # seconds per mel frame (hop 160 at 16 kHz)
 FRAMES_PER_TOKEN = 2           # mel frames per encoder position (the stem's stride)
 WINDOW_FRAMES = 3000           # mel frames of Whisper's 30 s window
 MAX_INITIAL_TIMESTAMP = 1.0    # seconds; Whisper's max_initial_timestamp (index 50)
+log = logging.getLogger(__name__)
 
 
 class TimestampRules:
@@ -90,15 +98,63 @@ def detect_language(decoder: StepDecoder, memory: Tensor, memory_mask: Tensor | 
 @dataclass
 class TimedSegment:
     """A stretch of speech: ``start``/``end`` seconds from the clip start, its tokens
-    (timestamps included) and, once decoded, its text."""
+    (timestamps included), once decoded its text, and the decoding statistics of its window
+    (openai's per-segment ``avg_logprob``, ``no_speech_prob``, ``compression_ratio``,
+    ``temperature``; None where not computed)."""
 
     start: float
     end: float
     tokens: list[int] = field(default_factory=list)
     text: str = ""
+    stats: dict[str, float | None] = field(default_factory=dict)
+    words: list[dict] | None = None
 
     def as_dict(self) -> dict:
-        return {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text}
+        out = {"start": round(self.start, 3), "end": round(self.end, 3), "text": self.text,
+               **{k: None if v is None else round(v, 4) for k, v in self.stats.items()}}
+        return out if self.words is None else {**out, "words": self.words}
+
+
+@dataclass
+class WindowRules:
+    """openai/whisper ``transcribe``'s rules for each 30 s window; the defaults are openai's.
+
+    Args:
+        temperatures: decode at the first; on a failed window retry at the next (sampling).
+        compression_ratio_threshold: a window whose text's zlib ratio exceeds it failed (a
+            repetition loop); None = off.
+        logprob_threshold: a window whose average token log-probability is below it failed;
+            None = off.
+        no_speech_threshold: a window whose ``<|nospeech|>`` probability at
+            ``<|startoftranscript|>`` exceeds it, and whose average log-probability is below
+            ``logprob_threshold``, is silence: skipped, no text. None = off.
+        condition_on_previous_text: the text so far (``<|startofprev|>`` prompt) conditions the
+            next window; reset after a window decoded above temperature 0.5.
+        sample_len: tokens per window; None = half the decoder's positions (openai's).
+        word_timestamps: each segment gets ``words`` (``word``, ``start``, ``end``) from the
+            cross-attention of the upper half of the decoder layers (:mod:`mmtf.decoders.align`).
+    """
+
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    condition_on_previous_text: bool = True
+    sample_len: int | None = None
+    word_timestamps: bool = False
+
+
+# One pass per window, no thresholds, no context (transformers' temperature=0.0 without them).
+PLAIN = WindowRules(temperatures=(0.0,), compression_ratio_threshold=None,
+                    logprob_threshold=None, no_speech_threshold=None,
+                    condition_on_previous_text=False)
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes of ``text`` over bytes of its zlib compression (openai's ``get_compression_ratio``;
+    transformers compresses token ids instead)."""
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
 def window_segments(tokens: Sequence[int], *, timestamp_begin: int, offset: float,
@@ -109,7 +165,7 @@ def window_segments(tokens: Sequence[int], *, timestamp_begin: int, offset: floa
 
     Args:
         offset: seconds of the window's start in the clip.
-        window_frames: mel frames the window holds (fewer than 3000 at the clip's end).
+        window_frames: mel frames of audio the window holds (fewer than 3000 at the clip's end).
 
     Returns:
         The segments, and how many mel frames the next window moves by.
@@ -140,39 +196,176 @@ def window_segments(tokens: Sequence[int], *, timestamp_begin: int, offset: floa
     return segments, (tokens[begin - 2] - timestamp_begin) * FRAMES_PER_TOKEN
 
 
+@torch.no_grad()
 def transcribe_long(model, features: Tensor, *, prompt: Sequence[int], config: GenerationConfig,
-                    rules: TimestampRules, window_frames: int = WINDOW_FRAMES,
-                    ) -> list[TimedSegment]:
-    """Whisper's sequential long-form decoding of one clip.
+                    rules: TimestampRules, options: WindowRules = PLAIN,
+                    frames: int | None = None, text: Callable[[list[int]], str] | None = None,
+                    prev_id: int | None = None, initial_prompt: Sequence[int] = (),
+                    generator: torch.Generator | None = None) -> list[TimedSegment]:
+    """Whisper's sequential decoding of one clip (openai's ``transcribe``).
 
-    Each window is decoded with the timestamp rules and cut into segments
-    (:func:`window_segments`); the next starts at its last complete timestamp (or after it).
-    The last window is zero-padded. No temperature fallback, no conditioning on the previous
-    window's text.
+    Each 30 s window from ``seek`` is decoded with the timestamp rules, at the next of
+    ``options.temperatures`` while it fails the thresholds, skipped when it is silence, and cut
+    into segments (:func:`window_segments`); the next starts at its last complete timestamp
+    pair (or after it), until the audio's frames are used up. Windows past 30 s are
+    zero-padded.
 
     Args:
         model: an :class:`~mmtf.decoders.EncoderDecoder` with an ``AudioEncoder``.
-        features: (f, n) the whole clip's log-mel (``AudioEncoder.whisper_features``).
-        prompt, config, rules: the decoder prompt, decoding options and timestamp rules.
+        features: (f, n) log-mel: the whole clip's (``AudioEncoder.whisper_features``) or a
+            short clip's padded to 3000 frames.
+        prompt, config, rules: the decoder prompt (``<|startoftranscript|>`` ..), the decoding
+            options (strategy, bans; ``max_new_tokens`` is replaced by the window's budget)
+            and the timestamp rules.
+        options: the window rules (default :data:`PLAIN`).
+        frames: mel frames of real audio (default all of ``features``): decoding stops there.
+        text: the text of text ids (the compression ratio's and the words' input).
+        prev_id: ``<|startofprev|>``, needed to condition on earlier text.
+        initial_prompt: text ids that condition the first window (openai's ``initial_prompt``).
+        generator: random generator of the sampled (temperature > 0) windows.
 
     Returns:
-        The clip's segments in order (no text yet).
+        The clip's segments in order (no text yet), times clamped to the audio.
     """
-    total, seek, segments = features.shape[-1], 0, []
+    total = features.shape[-1] if frames is None else int(frames)
+    max_len, tb = model.decoder.max_len, rules.timestamp_begin
+    sample_len = options.sample_len or max_len // 2
+    if (options.condition_on_previous_text or initial_prompt) and prev_id is None:
+        raise ValueError("transcribe_long: conditioning on earlier text needs prev_id "
+                         "(<|startofprev|>).")
+    if (options.compression_ratio_threshold is not None or options.word_timestamps) and \
+            text is None:
+        raise ValueError("transcribe_long: the compression ratio and word timestamps need "
+                         "text (the decoder of text ids).")
+    # Never generated (openai's bans): the prompt's special ids, <|startofprev|> and
+    # <|nospeech|> (the id before <|notimestamps|>); earlier text may be generated again.
+    banned = {*prompt, rules.no_timestamps_id - 1, *(() if prev_id is None else (prev_id,))}
+    suppress = (*config.suppress_tokens, *sorted(banned - set(config.suppress_tokens)))
+    history, reset = list(initial_prompt), 0
+    seek, segments = 0, []
+    end_of_audio = total * FRAME_SECONDS
     while seek < total:
-        frames = min(total - seek, window_frames)
-        window = F.pad(features[:, seek:seek + frames], (0, window_frames - frames))
+        size = min(total - seek, WINDOW_FRAMES)
+        window = features[:, seek:seek + WINDOW_FRAMES]
+        window = F.pad(window, (0, WINDOW_FRAMES - window.shape[-1]))           # (f, 3000)
         memory, mask = model.encode_features(window[None])
-        out = generate(model.decoder, memory, mask, config, prompt_ids=list(prompt),
-                       eos_id=model.eos_id, pad_id=model.pad_id, processors=[rules]).best()
-        row = out.tokens[0, :int(out.lengths)].tolist()
-        if row and row[-1] == model.eos_id:
-            row = row[:-1]
-        found, advance = window_segments(row, timestamp_begin=rules.timestamp_begin,
-                                         offset=seek * FRAME_SECONDS, window_frames=frames)
+        context = history[reset:][-(max_len // 2 - 1):]
+        full = [prev_id, *context, *prompt] if context else list(prompt)
+        stats = _decode_window(model, memory, mask, full, len(full) - len(prompt), config,
+                               rules, options, suppress, sample_len, text, generator)
+        tokens = stats.pop("tokens")
+        silent = (options.no_speech_threshold is not None
+                  and stats["no_speech_prob"] > options.no_speech_threshold
+                  and not (options.logprob_threshold is not None
+                           and stats["avg_logprob"] > options.logprob_threshold))
+        offset = seek * FRAME_SECONDS
+        if silent:
+            seek += size
+            continue
+        found, advance = window_segments(tokens, timestamp_begin=tb, offset=offset,
+                                         window_frames=size)
+        if not any(a >= tb and b >= tb for a, b in zip(tokens, tokens[1:])) and \
+                len(tokens) >= stats["budget"]:
+            log.warning("speech window at %.2f s: no timestamp pair within %d tokens; its "
+                        "text is kept whole and decoding moves to the window's end.", offset,
+                        stats["budget"])
+        del stats["budget"]
+        for segment in found:
+            segment.start = min(segment.start, end_of_audio)
+            segment.end = min(max(segment.end, segment.start), end_of_audio)
+            segment.stats = dict(stats)
+            # openai's history holds no segment's closing second timestamp.
+            ends_in_pair = len(segment.tokens) > 2 and segment.tokens[-2] >= tb
+            history += segment.tokens[:-1] if ends_in_pair else segment.tokens
+        if options.word_timestamps:
+            _add_words(model, memory, mask, [*prompt, rules.no_timestamps_id], found, tb,
+                       size, offset, text)
         segments += found
-        seek += advance if advance > 0 else frames
+        if not options.condition_on_previous_text or stats["temperature"] > 0.5:
+            reset = len(history)
+        seek += advance if advance > 0 else size
     return segments
+
+
+def _add_words(model, memory: Tensor, mask: Tensor | None, head: list[int],
+               segments: list[TimedSegment], timestamp_begin: int, frames: int, offset: float,
+               text: Callable[[list[int]], str]) -> None:
+    """Time the words of a window's segments: its text tokens teacher-forced after ``head``
+    (``<|startoftranscript|> .. <|notimestamps|>``, openai's alignment prompt), the
+    cross-attention of the upper half of the decoder layers over the window's audio positions,
+    DTW (:func:`mmtf.decoders.align.word_spans`); a word goes to the segment of its first
+    token."""
+    pieces = [[t for t in s.tokens if t < timestamp_begin] for s in segments]
+    ids = [t for piece in pieces for t in piece]
+    for segment in segments:
+        segment.words = []
+    if not ids:
+        return
+    decoder = model.decoder
+    layers = list(range(decoder.depth // 2, decoder.depth))
+    tokens = torch.tensor([[*head, *ids]], device=memory.device)
+    _, maps = decoder(tokens, memory, mask, attention_layers={"cross": layers})
+    # Row t is the query that produced text token t (the last one: eos), (k, n, m).
+    weights = torch.cat([maps["cross"][layer][0] for layer in layers])
+    weights = weights[:, len(head) - 1:, :frames // FRAMES_PER_TOKEN].float()
+    words = caption_words(SimpleNamespace(decode=text), ids)
+    ends = list(itertools.accumulate(len(piece) for piece in pieces))
+    for span in word_spans(weights, words, TIME_PRECISION, duration=frames * FRAME_SECONDS):
+        owner = segments[bisect.bisect_right(ends, span.tokens[0])]
+        owner.words.append({"word": span.word, "start": round(offset + span.start, 3),
+                            "end": round(offset + span.end, 3)})
+
+
+def _decode_window(model, memory: Tensor, mask: Tensor | None, full: list[int], sot: int,
+                   config: GenerationConfig, rules: TimestampRules, options: WindowRules,
+                   suppress: tuple[int, ...], sample_len: int,
+                   text: Callable[[list[int]], str] | None,
+                   generator: torch.Generator | None) -> dict:
+    """One window decoded with temperature fallback: its tokens (no eos), the budget, and the
+    statistics of the decode kept (``avg_logprob``, ``no_speech_prob``, ``compression_ratio``,
+    ``temperature``)."""
+    decoder, eos = model.decoder, model.eos_id
+    no_speech = None
+    if options.no_speech_threshold is not None:
+        # openai: <|nospeech|> (the id before <|notimestamps|>) at <|startoftranscript|>'s
+        # position, from the raw logits.
+        head = torch.tensor([full[:sot + 1]], device=memory.device)
+        logits = decoder(head, memory, mask)[0, -1].float()
+        no_speech = float(logits.softmax(dim=-1)[rules.no_timestamps_id - 1])
+    budget = min(sample_len, decoder.max_len - len(full))
+    stats: dict = {}
+    for temperature in options.temperatures:
+        cfg = dataclasses.replace(config, max_new_tokens=budget, suppress_tokens=suppress,
+                                  num_return_sequences=1)
+        if temperature > 0:
+            cfg = dataclasses.replace(cfg, strategy="sample", temperature=temperature)
+        out = generate(decoder, memory, mask, cfg, prompt_ids=full, eos_id=eos,
+                       pad_id=model.pad_id, processors=[rules], ban_prompt=False,
+                       generator=generator).best()
+        length = int(out.lengths)
+        tokens = out.tokens[0, :length].tolist()
+        if tokens and tokens[-1] == eos:
+            tokens = tokens[:-1]
+        # The sum of log-probabilities (beam scores are divided by length ** length_penalty);
+        # openai averages over the tokens and eos, present or not.
+        total = float(out.scores) * (length ** cfg.length_penalty
+                                     if cfg.strategy == "beam" else 1.0)
+        ratio = None if text is None else compression_ratio(
+            text([t for t in tokens if t < rules.timestamp_begin]))
+        stats = {"tokens": tokens, "budget": budget, "temperature": float(temperature),
+                 "avg_logprob": total / (len(tokens) + 1), "no_speech_prob": no_speech,
+                 "compression_ratio": ratio}
+        failed = ((options.compression_ratio_threshold is not None
+                   and stats["compression_ratio"] > options.compression_ratio_threshold)
+                  or (options.logprob_threshold is not None
+                      and stats["avg_logprob"] < options.logprob_threshold))
+        if failed and no_speech is not None and no_speech > options.no_speech_threshold and \
+                options.logprob_threshold is not None and \
+                stats["avg_logprob"] < options.logprob_threshold:
+            failed = False                # silence: skipped, not retried (openai)
+        if not failed:
+            break
+    return stats
 
 
 def chunk_bounds(n: int, *, chunk: int, overlap: int) -> list[tuple[int, int]]:
@@ -220,6 +413,6 @@ def merge_overlapping(chunks: Sequence[Sequence[int]], *, max_overlap: int | Non
     return merged
 
 
-__all__ = ["FRAMES_PER_TOKEN", "FRAME_SECONDS", "TIME_PRECISION", "WINDOW_FRAMES",
-           "TimedSegment", "TimestampRules", "chunk_bounds", "detect_language",
-           "merge_overlapping", "transcribe_long", "window_segments"]
+__all__ = ["FRAMES_PER_TOKEN", "FRAME_SECONDS", "PLAIN", "TIME_PRECISION", "WINDOW_FRAMES",
+           "TimedSegment", "TimestampRules", "WindowRules", "chunk_bounds", "compression_ratio",
+           "detect_language", "merge_overlapping", "transcribe_long", "window_segments"]

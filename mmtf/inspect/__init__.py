@@ -4,7 +4,7 @@ timestamps). ``python -m mmtf.inspect ckpt_path=... input=clip.wav``, or ``align
 after ``load_task(ckpt)``. The maps come from the attention core's explicit path
 (``attention_layers=``, :mod:`mmtf.nn.transformer`)."""
 
-from mmtf.inspect.align import WordSpan, dtw_path, word_spans
+from mmtf.decoders.align import WordSpan, dtw_path, word_spans
 from mmtf.inspect.attention import CaptionAttention, caption_attention
 from mmtf.inspect.core import align, inspect_input, inspection_figures, load_task
 

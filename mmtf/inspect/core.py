@@ -15,15 +15,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mmtf.errors import UserError
-from mmtf.inspect import plot
-from mmtf.inspect.align import (
+from mmtf.decoders.align import (
     WordSpan,
     caption_words,
     dtw_path,
     token_time_matrix,
     word_spans,
 )
+from mmtf.errors import UserError
+from mmtf.inspect import plot
 from mmtf.inspect.attention import CaptionAttention, caption_attention, layer_indices
 
 
@@ -106,12 +106,12 @@ def align_attention(attention: CaptionAttention, tokenizer, seconds_per_position
                     layers: Sequence[int], heads: Sequence[int] | None = None,
                     duration: float | None = None, medfilt_width: int = 7,
                     ) -> tuple[list[WordSpan], Tensor, tuple[np.ndarray, np.ndarray]]:
-    """Word spans of a caption from its cross-attention (see :mod:`mmtf.inspect.align`).
+    """Word spans of a caption from its cross-attention (see :mod:`mmtf.decoders.align`).
 
     Args:
         attention: from :func:`caption_attention`; ``layers`` must be among its cross layers.
         tokenizer: to group tokens into words.
-        seconds_per_position, duration, medfilt_width: as :func:`mmtf.inspect.align.word_spans`.
+        seconds_per_position, duration, medfilt_width: as :func:`mmtf.decoders.align.word_spans`.
         layers, heads: the cross-attention to use (heads None = all).
 
     Returns:

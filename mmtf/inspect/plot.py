@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from mmtf.inspect.align import WordSpan
+from mmtf.decoders.align import WordSpan
 
 CMAP = "magma"
 LABEL_SIZE, TICK_SIZE, TITLE_SIZE = 11, 9, 12

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mmtf.data.formats.clotho import SPLIT_NAMES
+from mmtf.decoders.align import WordSpan
 from mmtf.errors import UserError, require_file
-from mmtf.inspect.align import WordSpan
 from mmtf.synthetic import audio as synthetic_audio
 from mmtf.synthetic.audio import EVENTS, PHRASES, Scene
 from mmtf.synthetic.cache import MARKER
@@ -153,7 +153,7 @@ def event_overlap(task, data_root: str | Path, *, split: str = "val",
         data_root: the ``synth_audio_captions`` folder (with its marker file).
         split: "train", "val" or "test".
         num_clips: the first clips of the split to use (None = all).
-        layers, heads, medfilt_width: as in :func:`mmtf.inspect.align`.
+        layers, heads, medfilt_width: as in :func:`mmtf.decoders.align`.
     """
     from mmtf.inspect.core import align
 

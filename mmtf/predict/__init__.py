@@ -1,7 +1,8 @@
 """`python -m mmtf.predict ckpt_path=... inputs=[a.wav,b.flac]` (files and/or folders).
 
 Prints one caption (or class name) per input: ``path<TAB>caption`` (``format=tsv``), JSON lines
-(``format=json``), or subtitles of the timed segments (``format=srt|vtt``, printed or written to
+(``format=json``; timed segments carry openai's ``avg_logprob``, ``no_speech_prob``,
+``compression_ratio`` and ``temperature``), or subtitles of the timed segments (``format=srt|vtt``, printed or written to
 ``output_dir``). Long audio follows ``long_audio`` (:mod:`mmtf.predict.inputs`). ``ckpt_path``
 may be a Hugging Face Whisper folder or hub id (zero-shot).
 """

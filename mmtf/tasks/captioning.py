@@ -26,7 +26,10 @@ log = logging.getLogger(__name__)
 # The model keys that were flat before they became model.finetuning.*: old configs still load.
 FINETUNING_KEYS = tuple(Finetuning.__dataclass_fields__)
 # The generation keys of speech decoding (mmtf.tasks.speech.SpeechOptions): SpeechTask's only.
-SPEECH_KEYS = frozenset({"language", "task", "timestamps", "long_form", "chunk_overlap"})
+SPEECH_KEYS = frozenset({"language", "task", "timestamps", "long_form", "chunk_overlap",
+                         "temperatures", "compression_ratio_threshold", "logprob_threshold",
+                         "no_speech_threshold", "condition_on_previous_text", "sample_len",
+                         "initial_prompt", "word_timestamps"})
 
 
 def finetuning_controls(value: Finetuning | Mapping[str, Any] | None) -> Finetuning:

@@ -6,7 +6,12 @@ Generation settings may hold, besides :class:`GenerationConfig`'s fields: ``lang
 ``auto`` to detect it per item, or null: the prompt's), ``task`` (``transcribe`` |
 ``translate``), ``timestamps`` (items get ``segments``), ``long_form`` for audio over 30 s
 (``sequential``: Whisper's timestamp-driven windows; ``chunked``: chunks overlapping by
-``chunk_overlap`` seconds, texts merged). Why: docs/design/asr-decoding.md.
+``chunk_overlap`` seconds, texts merged), and openai's window rules of timed decoding with its
+defaults (:class:`~mmtf.decoders.speech.WindowRules`): ``temperatures``,
+``compression_ratio_threshold``, ``logprob_threshold``, ``no_speech_threshold``,
+``condition_on_previous_text``, ``sample_len``, ``word_timestamps``, and ``initial_prompt``
+(text).
+Why: docs/design/asr-decoding.md.
 
 Shapes: b batch, n samples.
 """
@@ -25,6 +30,7 @@ from mmtf.decoders.generation import GenerationConfig, generate
 from mmtf.decoders.speech import (
     WINDOW_FRAMES,
     TimestampRules,
+    WindowRules,
     chunk_bounds,
     detect_language,
     merge_overlapping,
@@ -34,13 +40,13 @@ from mmtf.errors import UserError
 from mmtf.tasks.captioning import SPEECH_KEYS, CaptioningTask
 from mmtf.text import Tokenizer
 from mmtf.text.normalize import get_normalizer
-from mmtf.text.prompt import JOBS, WhisperPrompt, is_whisper
+from mmtf.text.prompt import FIRST_TIMESTAMP, JOBS, NO_TIMESTAMPS, WhisperPrompt, is_whisper
 
 LONG_FORMS = ("sequential", "chunked")
 
 
 @dataclass
-class SpeechOptions:
+class SpeechOptions(WindowRules):
     """The speech keys of the generation settings (see the module docstring)."""
 
     language: str | None = None
@@ -48,8 +54,21 @@ class SpeechOptions:
     timestamps: bool = False
     long_form: str = "sequential"
     chunk_overlap: float = 5.0
+    initial_prompt: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
+            value = getattr(self, name)     # `off` where YAML's null means "not set"
+            setattr(self, name, None if value in (None, "off") else float(value))
+        temperatures = self.temperatures
+        self.temperatures = tuple(float(t) for t in (
+            temperatures if isinstance(temperatures, list | tuple) else [temperatures]))
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise UserError(f"generation.temperatures={temperatures!r} must be temperatures "
+                            f">= 0, tried in order (openai's: [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]).")
+        if self.sample_len is not None and int(self.sample_len) < 1:
+            raise UserError(f"generation.sample_len={self.sample_len} must be >= 1 (or null: "
+                            f"half the decoder's positions).")
         if self.task is not None and self.task not in JOBS:
             raise UserError(f"generation.task={self.task!r} must be transcribe or translate "
                             f"(or null: the prompt's own).")
@@ -74,8 +93,10 @@ def split_generation(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     return decoding, {k: v for k, v in settings.items() if k in SPEECH_KEYS}
 
 
-def check_speech(options: SpeechOptions, tokenizer: Tokenizer | None) -> None:
-    """The options fit the tokenizer: known language and job, timestamp tokens if asked."""
+def check_speech(options: SpeechOptions, tokenizer: Tokenizer | None,
+                 vocab_size: int | None = None) -> None:
+    """The options fit the tokenizer (known language and job) and the decoder's ``vocab_size``
+    (timestamp rows if asked)."""
     if not options.active:
         return
     if tokenizer is None or not is_whisper(tokenizer):
@@ -90,6 +111,10 @@ def check_speech(options: SpeechOptions, tokenizer: Tokenizer | None) -> None:
     else:
         language = options.language or prompt.default_language()
     prompt.build(language, options.task or "transcribe", timestamps=options.timestamps)
+    if options.timestamps and vocab_size is not None and tokenizer.timestamp_begin >= vocab_size:
+        raise UserError(f"generation.timestamps=true: the tokenizer ({tokenizer.source}) has "
+                        f"no timestamp tokens ({FIRST_TIMESTAMP} ..) and the decoder no rows "
+                        f"past {NO_TIMESTAMPS}; set generation.timestamps=false.")
 
 
 @torch.no_grad()
@@ -149,22 +174,36 @@ def decode_speech(model: EncoderDecoder, tokenizer, inputs: Tensor, lengths: Ten
                        eos_id=model.eos_id, pad_id=model.pad_id).best()
         for i, row in zip(plain, out.tokens.tolist()):
             results[i]["caption"] = tokenizer.decode(row)
-    rules = None
+    tb = tokenizer.timestamp_begin
+    rules = None if tb is None else TimestampRules(
+        timestamp_begin=tb, no_timestamps_id=tokenizer.no_timestamps_id, eos_id=tokenizer.eos_id)
+
+    def text(ids: list[int]) -> str:       # timestamp ids may lie past the tokenizer's strings
+        return tokenizer.decode([t for t in ids if t < tb])
+
+    if any(sequential):
+        backend = tokenizer.backend
+        initial = (backend.encode(" " + options.initial_prompt.strip()).ids
+                   if options.initial_prompt else [])
+        # Undecodable ids are suppressed for plain decoding; timestamps past the tokenizer's
+        # strings are the model's own rows.
+        timed = dataclasses.replace(config, suppress_tokens=[
+            i for i in config.suppress_tokens if i < tb or tb < tokenizer.vocab_size])
     for i in range(b):
         wave = inputs[i, :int(lengths[i])]
         if sequential[i]:
-            rules = rules or TimestampRules(timestamp_begin=tokenizer.timestamp_begin,
-                                            no_timestamps_id=tokenizer.no_timestamps_id,
-                                            eos_id=tokenizer.eos_id)
             if long[i]:
                 features = encoder.whisper_features(wave)                   # (f, n // hop)
-            else:
+            else:                    # padded to 3000 frames, decoded up to the audio's end
                 features = encoder.frontend(wave[None], lengths[i:i + 1].to(wave.device))[0][0]
-            segments = transcribe_long(model, features, config=config, rules=rules,
-                                       prompt=prompt.build(languages[i], task, timestamps=True))
+            segments = transcribe_long(
+                model, features, config=timed, rules=rules, options=options,
+                prompt=prompt.build(languages[i], task, timestamps=True),
+                frames=int(lengths[i]) // encoder.frontend.hop_length, text=text,
+                prev_id=backend.token_to_id("<|startofprev|>"), initial_prompt=initial)
             for segment in segments:
-                segment.text = tokenizer.decode(segment.tokens)
-            results[i]["caption"] = tokenizer.decode([t for s in segments for t in s.tokens])
+                segment.text = text(segment.tokens)
+            results[i]["caption"] = text([t for s in segments for t in s.tokens])
             results[i]["segments"] = [s.as_dict() for s in segments]
         elif long[i]:
             results[i]["caption"] = _chunked(model, tokenizer, wave, window, options,
@@ -240,7 +279,7 @@ class SpeechTask(CaptioningTask):
     def check_generation(self) -> None:
         super().check_generation()
         if self.tokenizer is not None:
-            check_speech(self.speech, self.tokenizer)
+            check_speech(self.speech, self.tokenizer, self.model.decoder.vocab_size)
 
     def too_long(self, lengths: Tensor | None) -> bool:
         """Whether an audio batch holds clips longer than the encoder takes (handed over whole

@@ -168,9 +168,13 @@ class PretrainedTokenizer(BackedTokenizer):
 
     @property
     def timestamp_begin(self) -> int | None:
-        """Id of ``<|0.00|>``; every id from it on is a timestamp (0.02 s apart), or None when
-        the vocabulary has no timestamp tokens."""
-        return self._tok.token_to_id(FIRST_TIMESTAMP)
+        """Id of ``<|0.00|>``; every id from it on is a timestamp (0.02 s apart). Folders whose
+        ``tokenizer.json`` lacks the timestamp strings (older hub revisions, CTranslate2
+        conversions) still have the model's rows: ``<|notimestamps|>`` + 1, as openai/whisper
+        and transformers take it. None without either token."""
+        found = self._tok.token_to_id(FIRST_TIMESTAMP)
+        no_timestamps = self.no_timestamps_id
+        return found if found is not None or no_timestamps is None else no_timestamps + 1
 
     @property
     def special_ids(self) -> frozenset[int]:

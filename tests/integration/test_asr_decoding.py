@@ -18,7 +18,7 @@ from mmtf.decoders.speech import merge_overlapping
 from mmtf.predict import predict
 from mmtf.predict.subtitles import to_srt
 from mmtf.tasks.speech import overlap_reach
-from tests.unit.pretrained.tiny_hf import write_whisper
+from tests.unit.pretrained.tiny_hf import whisper_bans, write_whisper
 
 from .conftest import cli_in_process
 
@@ -26,6 +26,10 @@ transformers = pytest.importorskip("transformers")
 
 RATE = 16000
 MAX_NEW = 24
+# transformers' greedy long-form without thresholds or context, MAX_NEW tokens per window.
+ONE_PASS = {"temperatures": [0.0], "compression_ratio_threshold": None,
+            "logprob_threshold": None, "no_speech_threshold": None,
+            "condition_on_previous_text": False, "sample_len": MAX_NEW}
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +65,10 @@ def hf_generate(hf, wave: np.ndarray, language: str, **options) -> list[tuple]:
     out = hf.generate(features.input_features, attention_mask=features.get("attention_mask"),
                       return_timestamps=True, return_segments=True, language=language,
                       task="transcribe", max_new_tokens=MAX_NEW, temperature=0.0,
-                      condition_on_prev_tokens=False, suppress_tokens=prompt,
-                      begin_suppress_tokens=None, **options)
+                      condition_on_prev_tokens=False, begin_suppress_tokens=None,
+                      suppress_tokens=whisper_bans(hf.generation_config.no_timestamps_token_id,
+                                                   prompt),
+                      **options)
     return [(float(s["start"]), float(s["end"]), s["tokens"].tolist())
             for s in out["segments"][0]]
 
@@ -71,7 +77,8 @@ def test_zero_shot_transcribe_detects_the_language_and_times_segments_as_transfo
         whisper, clips):
     folder, hf = whisper
     model, tokenizer = mmtf.load(str(folder), max_new_tokens=MAX_NEW)
-    (row,) = model.transcribe([str(clips["short"])], language="auto", timestamps=True)
+    (row,) = model.transcribe([str(clips["short"])], language="auto", timestamps=True,
+                              **ONE_PASS)
     wave = load_audio(clips["short"], sample_rate=RATE).numpy()
     features = transformers.WhisperFeatureExtractor(feature_size=80)(
         wave, sampling_rate=RATE, return_tensors="pt").input_features
@@ -90,8 +97,7 @@ def test_zero_shot_transcribe_detects_the_language_and_times_segments_as_transfo
 def test_predict_sequential_long_form_equals_transformers_and_prints_srt(whisper, clips,
                                                                          tmp_path):
     folder, hf = whisper
-    (row,) = predict(str(folder), [str(clips["long"])], {"max_new_tokens": MAX_NEW,
-                                                         "language": "en"},
+    (row,) = predict(str(folder), [str(clips["long"])], {"language": "en", **ONE_PASS},
                      long_audio="sequential")
     wave = load_audio(clips["long"], sample_rate=RATE).numpy()
     expected = hf_generate(hf, wave, "en")
@@ -100,9 +106,14 @@ def test_predict_sequential_long_form_equals_transformers_and_prints_srt(whisper
     np.testing.assert_allclose([(s["start"], s["end"]) for s in row["segments"]],
                                [e[:2] for e in expected], atol=1e-3)
     assert max(s["end"] for s in row["segments"]) > 60.0
+    # openai's per-segment statistics (no_speech_prob: null with the threshold off).
+    assert all(set(s) == {"start", "end", "text", "avg_logprob", "no_speech_prob",
+                          "compression_ratio", "temperature"} for s in row["segments"])
+    assert {s["temperature"] for s in row["segments"]} == {0.0}
     out = cli_in_process("mmtf.predict", [
         f"ckpt_path={folder}", f"inputs=[{clips['long']}]", "long_audio=sequential",
-        "generation.language=en", f"generation.max_new_tokens={MAX_NEW}", "format=srt",
+        "generation.language=en", *(f"generation.{k}={'off' if v is None else v}"
+                                    for k, v in ONE_PASS.items()), "format=srt",
         f"output_dir={tmp_path / 'subs'}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "subs" / "long.srt").read_text() == to_srt(row["segments"])
@@ -168,7 +179,7 @@ def test_evaluation_scores_whole_long_clips_with_long_form_decoding(whisper, cli
     from mmtf.predict.model import Model
 
     task = build_pretrained_task(str(folder)).eval()
-    task.update_generation({"max_new_tokens": MAX_NEW, "long_form": "sequential"})
+    task.update_generation({"long_form": "sequential", **ONE_PASS})
     wave = load_audio(clips["long"], sample_rate=RATE)
     audio, lengths = pad_1d([wave, wave[: 40 * RATE]], dtype=torch.float32)
     batch = {"audio": audio, "audio_lengths": lengths, "ids": ["a", "b"],

@@ -9,8 +9,7 @@ import pytest
 import scipy.ndimage
 import torch
 
-from mmtf.errors import UserError
-from mmtf.inspect.align import (
+from mmtf.decoders.align import (
     caption_words,
     dtw_path,
     median_filter,
@@ -18,6 +17,7 @@ from mmtf.inspect.align import (
     token_time_matrix,
     word_spans,
 )
+from mmtf.errors import UserError
 
 
 def all_monotonic_paths(n: int, m: int):

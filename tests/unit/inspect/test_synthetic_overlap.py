@@ -7,8 +7,8 @@ import csv
 
 import pytest
 
+from mmtf.decoders.align import WordSpan
 from mmtf.errors import UserError
-from mmtf.inspect.align import WordSpan
 from mmtf.inspect.synthetic import (
     OverlapReport,
     chance_overlap,

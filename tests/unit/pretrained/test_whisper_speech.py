@@ -14,12 +14,15 @@ languages, 1501 timestamp tokens; tests/unit/pretrained/tiny_hf.py), saved with
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from mmtf.decoders import EncoderDecoder, GenerationConfig
 from mmtf.decoders.speech import (
+    PLAIN,
     TimedSegment,
     TimestampRules,
     detect_language,
@@ -30,12 +33,13 @@ from mmtf.decoders.speech import (
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 from mmtf.text import PretrainedTokenizer
 from mmtf.text.prompt import WhisperPrompt
-from tests.unit.pretrained.tiny_hf import padded_batch, write_whisper
+from tests.unit.pretrained.tiny_hf import padded_batch, whisper_bans, write_whisper
 
 transformers = pytest.importorskip("transformers")
 
 SR = 16000
 MAX_NEW = 40
+ONE_PASS = dataclasses.replace(PLAIN, sample_len=MAX_NEW)     # transformers' max_new_tokens
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +138,8 @@ def test_short_clips_with_timestamps_equal_transformers_generate(speech):
     prompt = WhisperPrompt(tokenizer).build("en", timestamps=True)
     out = hf.generate(hf_features(waves).input_features, return_timestamps=True,
                       return_segments=True, language="en", task="transcribe",
-                      max_new_tokens=MAX_NEW, suppress_tokens=sorted(set(prompt)),
+                      max_new_tokens=MAX_NEW,
+                      suppress_tokens=whisper_bans(tokenizer.no_timestamps_id, prompt, prev=False),
                       begin_suppress_tokens=None)
     x, lengths = padded_batch(waves)
     features, _ = model.encoder.frontend(x, lengths)                           # (b, f, 3000)
@@ -144,7 +149,7 @@ def test_short_clips_with_timestamps_equal_transformers_generate(speech):
     stamped = 0
     for i in range(len(waves)):
         mine = ours(transcribe_long(model, features[i], prompt=prompt, config=config,
-                                    rules=rules))
+                                    rules=rules, options=ONE_PASS, frames=len(waves[i]) // 160))
         assert_same_segments(mine, hf_segments(out["segments"][i]))
         stamped += sum(t >= tokenizer.timestamp_begin for s in mine for t in s[2])
     assert stamped > 0
@@ -164,13 +169,15 @@ def test_english_only_model_prompts_with_start_of_transcript_alone_as_transforme
     assert prompt == [tokenizer.start_of_transcript_id]
     waves = [scene(5.0, 4)]
     out = hf.generate(hf_features(waves).input_features, return_timestamps=True,
-                      return_segments=True, max_new_tokens=MAX_NEW, suppress_tokens=prompt,
+                      return_segments=True, max_new_tokens=MAX_NEW,
+                      suppress_tokens=whisper_bans(tokenizer.no_timestamps_id, prompt, prev=False),
                       begin_suppress_tokens=None)
     features, _ = model.encoder.frontend(*padded_batch(waves))
     rules = TimestampRules(timestamp_begin=tokenizer.timestamp_begin,
                            no_timestamps_id=tokenizer.no_timestamps_id, eos_id=tokenizer.eos_id)
     mine = ours(transcribe_long(model, features[0], prompt=prompt,
-                                config=GenerationConfig(max_new_tokens=MAX_NEW), rules=rules))
+                                config=GenerationConfig(max_new_tokens=MAX_NEW), rules=rules,
+                                options=ONE_PASS))
     assert_same_segments(mine, hf_segments(out["segments"][0]))
     # A timestamp first (the rules' first step), then text: the prompt and rules were read.
     tokens = [t for s in mine for t in s[2]]
@@ -187,7 +194,8 @@ def test_long_form_equals_transformers_sequential_long_form_generate(speech):
     out = hf.generate(features.input_features, attention_mask=features.attention_mask,
                       return_timestamps=True, return_segments=True, language="en",
                       task="transcribe", max_new_tokens=MAX_NEW, temperature=0.0,
-                      condition_on_prev_tokens=False, suppress_tokens=sorted(set(prompt)),
+                      condition_on_prev_tokens=False,
+                      suppress_tokens=whisper_bans(tokenizer.no_timestamps_id, prompt, prev=False),
                       begin_suppress_tokens=None)
     expected = hf_segments(out["segments"][0])
     mine_features = model.encoder.whisper_features(torch.from_numpy(wave))     # (f, 15000)
@@ -195,7 +203,8 @@ def test_long_form_equals_transformers_sequential_long_form_generate(speech):
     rules = TimestampRules(timestamp_begin=tokenizer.timestamp_begin,
                            no_timestamps_id=tokenizer.no_timestamps_id, eos_id=tokenizer.eos_id)
     mine = ours(transcribe_long(model, mine_features, prompt=prompt,
-                                config=GenerationConfig(max_new_tokens=MAX_NEW), rules=rules))
+                                config=GenerationConfig(max_new_tokens=MAX_NEW), rules=rules,
+                                options=ONE_PASS))
     assert_same_segments(mine, expected)
     # Meaningful: several windows, and at least one moved by a timestamp rather than by 30 s
     # (a window start that is not a multiple of 30 s).

@@ -133,3 +133,10 @@ def padded_batch(waves: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     for i, w in enumerate(waves):
         out[i, : len(w)] = torch.from_numpy(w)
     return out, lengths
+
+
+def whisper_bans(no_timestamps_id: int, prompt: list[int], *, prev: bool = True) -> list[int]:
+    """transformers' ``suppress_tokens`` equal to mmtf's bans in timed decoding: the prompt,
+    ``<|nospeech|>`` and (``prev``: when the context id is given) ``<|startofprev|>``, the two
+    ids before ``<|notimestamps|>`` in Whisper's layout."""
+    return sorted({*prompt, no_timestamps_id - 1, *((no_timestamps_id - 2,) if prev else ())})

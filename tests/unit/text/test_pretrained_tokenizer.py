@@ -132,9 +132,15 @@ def test_whisper_speech_tokens_come_from_the_vocabulary(tmp_path):
 
 
 def test_timestamps_on_a_vocabulary_without_timestamp_tokens_is_a_one_line_error(tmp_path):
+    """Without the timestamp strings the first timestamp is <|notimestamps|> + 1 (openai,
+    transformers); a decoder without those rows is refused in one line."""
+    from mmtf.tasks.speech import SpeechOptions, check_speech
+
     write_tokenizer(tmp_path, family="whisper")
     tok = PretrainedTokenizer.from_folder(tmp_path)
-    assert tok.timestamp_begin is None
+    assert tok.timestamp_begin == tok.no_timestamps_id + 1 == tok.vocab_size
+    options = SpeechOptions(timestamps=True)
+    check_speech(options, tok, vocab_size=tok.vocab_size + 1501)      # the model has the rows
     with pytest.raises(UserError, match=r"generation.timestamps=true: the tokenizer .* has no "
                                         r"timestamp tokens .*; set generation.timestamps=false"):
-        WhisperPrompt(tok).build("en", timestamps=True)
+        check_speech(options, tok, vocab_size=tok.vocab_size)
