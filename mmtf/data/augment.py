@@ -45,7 +45,8 @@ class WaveAugment:
 
     Args:
         sample_rate: Hz of the clips.
-        max_samples: a sped-up clip is cut to this many samples (None = never).
+        max_samples: the longest clip a speed change may give (None = any): a factor that
+            would exceed it gives way to the next larger configured one (:meth:`speed`).
         speed_p, speed_factors: probability of a speed change and the factors to pick from.
         noise_p, snr_db: probability of added noise and the (low, high) SNR range in dB.
         noise_files: noise recordings to draw from; empty = generated 1/f^e noise.
@@ -74,15 +75,25 @@ class WaveAugment:
         factor = float(self.speed_factors[int(rng.integers(len(self.speed_factors)))])
         snr = float(rng.uniform(*self.snr_db))
         gain = float(rng.uniform(*self.gain_db))
-        if do_speed and factor != 1.0:
-            wave = speed(wave, self.sample_rate, factor)
-            if self.max_samples is not None:
-                wave = wave[: self.max_samples]
+        if do_speed:
+            wave = self.speed(wave, factor)
         if do_noise:
             wave = add_noise(wave, self.noise(wave.shape[0], rng), snr)
         if do_gain:
             wave = wave * 10.0 ** (gain / 20.0)
         return wave.contiguous()
+
+    def speed(self, wave: Tensor, drawn: float) -> Tensor:
+        """``wave`` at the drawn factor, or at the next configured factor up when it would
+        outgrow ``max_samples`` (none fits: unchanged). Never cut: a cut drops the clip's end
+        but not the words of its transcript or the events of its caption."""
+        for factor in sorted(f for f in set(self.speed_factors) if f >= drawn):
+            if factor == 1.0:
+                return wave
+            out = speed(wave, self.sample_rate, factor)
+            if self.max_samples is None or out.shape[0] <= self.max_samples:
+                return out
+        return wave
 
     def noise(self, n: int, rng: np.random.Generator) -> Tensor:
         """n samples of noise (float32): a random window of a random noise file, repeated when
@@ -190,7 +201,7 @@ def build_augment(spec: Mapping[str, Any] | None, *, sample_rate: int,
     Args:
         spec: the ``data.augment`` mapping (missing groups and keys take the defaults above);
             None = no augmentation.
-        sample_rate, max_seconds: the data's (a sped-up clip is cut to ``max_seconds``).
+        sample_rate, max_seconds: the data's (a speed change never makes a clip longer).
         seed: the data seed.
         targets: ``caption`` | ``label``; mixup needs captions.
 

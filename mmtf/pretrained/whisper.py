@@ -11,6 +11,7 @@ docs/design/whisper-import.md.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from mmtf.pretrained.names import (
 )
 from mmtf.utils.parts import flatten_parts, nest
 
+log = logging.getLogger(__name__)
 MODEL_TYPES = frozenset({"whisper"})
 # Whisper's fixed front end (whisper/audio.py): 16 kHz, 25 ms window, 10 ms hop, 30 s windows.
 SAMPLE_RATE, N_FFT, HOP_LENGTH = 16000, 400, 160
@@ -185,8 +187,15 @@ def export_hf(task: Any, out: Path) -> None:
     config.update(ids)
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-    generation = {**ids, "forced_decoder_ids": None, "max_length": decoder.max_len,
-                  "begin_suppress_tokens": None, "suppress_tokens": None}
+    # The source folder's own rules (suppressed tokens, languages, tasks) as the tokenizer
+    # kept them; a tokenizer stored before it kept them has only its ids to give.
+    generation = tokenizer.generation_config
+    if generation is None:
+        log.warning("export format=hf: the checkpoint's tokenizer holds no generation_config."
+                    "json of its Whisper folder (stored by an older mmtf, or the folder had "
+                    "none): the export's has no token suppression, languages or tasks; copy "
+                    "the source folder's generation_config.json into %s", out)
+        generation = {**ids, "max_length": decoder.max_len}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     write_tokenizer_files(tokenizer, out, tokenizer_class="WhisperTokenizer",

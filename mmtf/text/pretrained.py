@@ -6,7 +6,9 @@ is, the special tokens from ``tokenizer_config.json`` / ``special_tokens_map.jso
 ``pad_token``, else eos; ``bos`` the ``bos_token``, else eos; the prompt the ``prompt``
 argument, else ``[decoder_start_token_id]``, else ``[bos]``. Whisper's speech tokens (languages,
 tasks, timestamps) are read from the vocabulary, ``multilingual`` from
-``generation_config.json``. The whole ``tokenizer.json`` is embedded in the JSON. Why:
+``generation_config.json``, which is kept whole (token suppression, languages, tasks: ids of
+this vocabulary) for ``export format=hf``. The whole ``tokenizer.json`` is embedded in the
+JSON. Why:
 docs/design/prompt-and-special-tokens.md.
 
 Shapes: ids are python ``list[int]``.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -48,21 +50,26 @@ class PretrainedTokenizer(BackedTokenizer):
         prompt_ids: the decoder prompt; default ``[bos_id]``.
         source: where it was read from (for messages and the repr).
         multilingual: the model reads language and task tokens (False: Whisper's ``.en``).
+        generation_config: the folder's ``generation_config.json`` (None: it had none, or the
+            tokenizer was stored before mmtf kept it), written back by ``export format=hf``.
 
     Raises:
         UserError: an id is outside the vocabulary or the prompt is empty.
     """
 
     kind = "pretrained"
-    _payload_keys = ("pad_id", "bos_id", "eos_id", "unk_id", "prompt_ids", "multilingual")
-    _payload_defaults = {"multilingual": True}
+    _payload_keys = ("pad_id", "bos_id", "eos_id", "unk_id", "prompt_ids", "multilingual",
+                     "generation_config")
+    _payload_defaults = {"multilingual": True, "generation_config": None}
 
     def __init__(self, *, tokenizer: HFTokenizer, pad_id: int, bos_id: int, eos_id: int,
                  unk_id: int | None = None, prompt_ids: Sequence[int] | None = None,
-                 source: str = "", multilingual: bool = True) -> None:
+                 source: str = "", multilingual: bool = True,
+                 generation_config: Mapping[str, Any] | None = None) -> None:
         super().__init__(tokenizer)
         self.source = source
         self.multilingual = bool(multilingual)
+        self.generation_config = None if generation_config is None else dict(generation_config)
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = pad_id, bos_id, eos_id, unk_id
         self._prompt = [int(i) for i in (prompt_ids if prompt_ids is not None else [bos_id])]
         if not self._prompt:
@@ -134,7 +141,8 @@ class PretrainedTokenizer(BackedTokenizer):
         return cls(tokenizer=tok, pad_id=eos if pad is None else pad,
                    bos_id=eos if bos is None else bos, eos_id=eos, unk_id=token_id("unk_token"),
                    prompt_ids=prompt_ids, source=str(source),
-                   multilingual=bool(numbers.get("is_multilingual", True)))
+                   multilingual=bool(numbers.get("is_multilingual", True)),
+                   generation_config=_merged(folder, _ID_FILES[:1], owner) or None)
 
     @property
     def prompt_ids(self) -> list[int]:

@@ -104,6 +104,9 @@ def test_a_trained_checkpoint_rebuilds_alone_and_exports_for_transformers(tiny_w
                                          f"out={tmp_path / 'hf'}",
                                          f"hydra.run.dir={tmp_path / 'x'}"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
+    generation = "generation_config.json"       # the source's, through the checkpoint
+    assert (json.loads((tmp_path / "hf" / generation).read_text())
+            == json.loads((tiny_whisper / generation).read_text()))
     hf = transformers.WhisperForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
     wave = 0.1 * torch.randn(1, 16000 * 2, generator=torch.Generator().manual_seed(0))
     features = transformers.WhisperFeatureExtractor()(wave[0].numpy(), sampling_rate=16000,

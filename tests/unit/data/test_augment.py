@@ -117,9 +117,41 @@ def test_speed_matches_torchaudio_and_the_encoder_mask_follows_the_new_length():
     torch.testing.assert_close(out.memory[0, :valid], alone.memory[0], atol=1e-5, rtol=0)
 
 
-def test_speed_cut_to_max_seconds():
-    aug = WaveAugment(sample_rate=16000, max_samples=16000, speed_p=1.0, speed_factors=(0.5,))
-    assert aug(torch.randn(16000), np.random.default_rng(0)).shape == (16000,)
+def test_a_slowed_clip_is_never_cut_the_nearest_faster_factor_that_fits_is_used():
+    # Cutting a slowed clip at max_seconds drops its end but keeps the whole transcript
+    # (issue 40, defect 9): the drawn factor is kept when the clip fits, else the next
+    # configured factor up that fits, else none (the clip as it came).
+    sr, wave = 16000, torch.randn(16000)
+    ref = {f: torchaudio.functional.speed(wave[None], sr, f)[0][0] for f in (0.5, 0.8, 2.0)}
+    rng = np.random.default_rng
+    fits = WaveAugment(sample_rate=sr, max_samples=32000, speed_p=1.0, speed_factors=(0.5,))
+    torch.testing.assert_close(fits(wave, rng(0)), ref[0.5], atol=1e-5, rtol=0)
+    full = dict(sample_rate=sr, max_samples=16000, speed_p=1.0)
+    for factors, want in (((0.5, 0.8, 2.0), ref[2.0]), ((0.5, 1.0, 2.0), wave),
+                          ((0.5, 0.8), wave)):
+        out = WaveAugment(**full, speed_factors=factors)(wave, rng(0))   # draws 0.5 (index 0)
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+    roomy = WaveAugment(sample_rate=sr, max_samples=20000, speed_p=1.0, speed_factors=(0.5, 0.8))
+    torch.testing.assert_close(roomy(wave, rng(0)), ref[0.8], atol=1e-5, rtol=0)
+
+
+def test_speed_in_the_data_path_keeps_every_slowed_clip_whole(tiny_audio_captions):
+    def dataset(augment):
+        dm = flat(CaptionDataModule, format="clotho", root=str(tiny_audio_captions),
+                  batch_size=3, max_seconds=2.2, seed=3, augment=augment)
+        dm.setup("fit")
+        dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=200))
+        return dm._dataset("train", "random")
+    plain, slowed = dataset(None), dataset({"speed": {"p": 1.0, "factors": [0.9]}})
+    kept = 0
+    for item in range(len(plain)):
+        clip, out = plain[(item, 0, 1)]["audio"], slowed[(item, 0, 1)]["audio"]
+        assert out.shape[0] <= 35200                                   # max_seconds still holds
+        if torch.equal(out, clip):             # 0.9 would not fit: the clip as it came, whole
+            continue
+        torch.testing.assert_close(out, speed(clip, 16000, 0.9))        # slowed, not cut
+        kept += 1
+    assert 0 < kept < len(plain)       # 1.2-2 s clips, 2.2 s at most: both cases occur
 
 
 def test_noise_hits_the_drawn_snr_and_gain_the_drawn_db(tmp_path):

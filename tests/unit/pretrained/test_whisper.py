@@ -257,6 +257,53 @@ def test_export_to_the_hugging_face_layout_loads_in_transformers_with_equal_outp
         export_hf(task, {"encoder": {"_target_": "mmtf.encoders.AudioEncoder"}}, tmp_path / "x")
 
 
+def test_export_keeps_the_source_generation_config_and_transformers_generates_the_same(
+        tmp_path, caplog):
+    """format=hf wrote ``suppress_tokens: None`` (and no languages, tasks, begin suppression):
+    transformers' ``generate`` on the export then gave other tokens than on the source folder
+    (issue 40, defect 10). The source's generation_config.json goes through the checkpoint's
+    tokenizer (here: its JSON round trip) into the export unchanged."""
+    import json
+    from functools import partial
+
+    from mmtf.pretrained import export_hf
+    from mmtf.tasks import CaptioningTask
+    from mmtf.text import Tokenizer
+
+    source = tmp_path / "source"
+    write_whisper(source, suppress=True)
+    stored = Tokenizer.from_json_str(PretrainedTokenizer.from_folder(source).to_json_str())
+    task = CaptioningTask(encoder=whisper_encoder(pretrained=source),
+                          decoder=whisper_decoder(pretrained=source),
+                          optimizer=partial(torch.optim.AdamW, lr=1e-3))
+    task.use_tokenizer(stored)
+    cfg = {"encoder": {"_target_": "mmtf.pretrained.whisper.whisper_encoder"},
+           "decoder": {"_target_": "mmtf.pretrained.whisper.whisper_decoder"}}
+    out = export_hf(task, cfg, tmp_path / "hf")
+    generation = "generation_config.json"
+    assert (json.loads((out / generation).read_text())
+            == json.loads((source / generation).read_text()))
+    features = hf_features(transformers.WhisperFeatureExtractor(), clips()[:2])
+
+    def generate(folder, **options) -> torch.Tensor:
+        hf = transformers.WhisperForConditionalGeneration.from_pretrained(folder).eval()
+        return hf.generate(features, max_new_tokens=12, **options)
+
+    expected = generate(source)
+    assert torch.equal(generate(out), expected)
+    # The rules decide tokens here, so a lost suppression shows.
+    assert not torch.equal(generate(source, suppress_tokens=None, begin_suppress_tokens=None),
+                           expected)
+    # A tokenizer stored before it kept the file still loads; the export says what is missing.
+    older = json.loads(stored.to_json_str())
+    del older["generation_config"]
+    task.use_tokenizer(Tokenizer.from_json_str(json.dumps(older)))
+    with caplog.at_level("WARNING", logger="mmtf.pretrained.whisper"):
+        export_hf(task, cfg, tmp_path / "old")
+    assert "copy the source folder's generation_config.json" in caplog.text
+    assert json.loads((tmp_path / "old" / generation).read_text())["eos_token_id"] == 300
+
+
 def test_the_yaml_parts_build_from_a_folder_with_null_sizes(whisper):
     """conf/model/{encoder,decoder}/whisper_*.yaml: every size null, read from config.json."""
     from pathlib import Path

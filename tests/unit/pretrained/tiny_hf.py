@@ -60,14 +60,17 @@ def write_tokenizer(folder: Path, *, family: str = "whisper", vocab_size: int = 
 
 def write_whisper(folder: Path, *, n_mels: int = 80, d_model: int = 64, layers: int = 2,
                   heads: int = 4, seed: int = 0, speech: bool = False,
-                  multilingual: bool = True, max_target_positions: int = 48):
+                  multilingual: bool = True, max_target_positions: int = 48,
+                  suppress: bool = False):
     """A random-weight ``WhisperForConditionalGeneration`` and its tokenizer in ``folder``;
     returns the model (eval mode). Weights are drawn far from the default init (biases,
     decoder positions, cross-attention) so that outputs depend on every tensor and the random
     decoder does not just repeat one token. ``speech``: Whisper's full special layout (8
     languages, timestamps) and the ``generation_config.json`` fields transformers' Whisper
     ``generate`` reads (``lang_to_id``, ``task_to_id``, ``no_timestamps_token_id``,
-    ``is_multilingual``, ``max_initial_timestamp_index``)."""
+    ``is_multilingual``, ``max_initial_timestamp_index``). ``suppress``: the token suppression
+    of the hub's Whisper generation configs (``begin_suppress_tokens`` space and eos,
+    ``suppress_tokens`` the symbols of openai's ``Tokenizer.non_speech_tokens``)."""
     import torch
     import transformers
 
@@ -122,6 +125,11 @@ def write_whisper(folder: Path, *, n_mels: int = 80, d_model: int = 64, layers: 
         generation.suppress_tokens = None
         generation.begin_suppress_tokens = None
         generation._from_model_config = False      # from_pretrained keeps the file's fields
+    if suppress:
+        symbols = [tok.token_to_id(c) for c in '"#()*+/:;<=>@[\\]^_`{|}~-']
+        model.generation_config.suppress_tokens = sorted({i for i in symbols if i is not None})
+        model.generation_config.begin_suppress_tokens = [tok.token_to_id("Ġ"), end]
+        model.generation_config._from_model_config = False
     model.save_pretrained(folder)
     return model
 
