@@ -74,12 +74,8 @@ def _allowed(target: str, safe_targets: tuple[str, ...]) -> bool:
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
                     *, mmap: bool = False) -> dict[str, Any]:
-    """Load a Lightning/mmtf checkpoint with ``weights_only=True``.
-
-    Args:
-        path: the ``.ckpt`` file.
-        map_location: where tensors go.
-        mmap: memory-map the file (tensors are read only when touched).
+    """Load a Lightning/mmtf checkpoint with ``weights_only=True`` (``mmap``: tensors are read
+    only when touched).
 
     Raises:
         CheckpointError: a missing file, or one that is not a weights-only checkpoint.

@@ -40,7 +40,6 @@ class Collate:
     """Batch examples of one modality and kind of targets (picklable, for DataLoader workers).
 
     Args:
-        modality: ``audio`` | ``image``.
         targets: ``caption`` | ``label``.
         pad_id: token padding id (the tokenizer's; 0 in mmtf's own).
         mixup: audio captioning, training only: mix pairs of the batch's waveforms, seeded by

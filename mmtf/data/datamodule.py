@@ -596,8 +596,7 @@ class ClassificationDataModule(MediaDataModule):
         return kw
 
     def _read(self, split: str) -> list:
-        reader = LABEL_FORMATS[self.format][0]
-        label_set = reader(self.root, split, report=self.policy, **self._reader_kwargs())
+        label_set = super()._read(split)
         if self.class_names is None:
             self.class_names = list(label_set.class_names)
             self.num_classes = len(self.class_names)

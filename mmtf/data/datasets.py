@@ -46,10 +46,8 @@ def probe(items: Sequence[CaptionItem | LabelItem], *, modality: str, policy: Er
     """Check every item's file without decoding it; drop (or raise on) the bad ones.
 
     Args:
-        items: from a format reader.
         modality: ``audio`` (:func:`mmtf.data.audio.audio_info`) or ``image`` (exists, not
             empty).
-        policy: raises or counts each problem.
         channels: required audio channel count, or None for any.
         threads: parallel header reads (I/O bound).
 
@@ -77,7 +75,6 @@ class MediaDataset(Dataset):
 
     Args:
         items: from a format reader (after :func:`probe`).
-        modality: ``audio`` | ``image``.
         sample_rate, max_seconds, crop, channels: as :func:`mmtf.data.audio.load_audio`.
         transform: image pipeline (uint8 (3, h, w) -> float32), e.g. from
             :func:`mmtf.data.image.build_transform`.
@@ -218,7 +215,6 @@ class CaptionDataset(MediaDataset):
     """Media + tokenized training caption(s) + all references per item.
 
     Args:
-        items: caption items.
         tokens: token ids per item per caption (``tokens[i][k]`` for ``items[i].captions[k]``).
         captions_per_item: 1: ``tokens`` is the key's caption; k > 1: a list of the k captions
             from the key's one on, cycling through the item's references.

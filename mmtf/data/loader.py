@@ -21,7 +21,6 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 
 from mmtf.data.errors import ErrorCounter
 from mmtf.data.sampler import BucketBatchSampler
-from mmtf.errors import UserError
 from mmtf.utils.compat import shutdown_loader_workers
 from mmtf.utils.distributed import world
 
@@ -109,10 +108,8 @@ class DataLoader(_Reporting, torch.utils.data.DataLoader):
     """``torch.utils.data.DataLoader`` plus per-epoch skip counts and padding stats.
 
     Args:
-        dataset: the dataset.
         counter: where skipped items are added (the data module's ``error_counts``).
         split: ``train`` | ``val`` | ``test``, for the log line.
-        **kwargs: passed to ``torch.utils.data.DataLoader``.
     """
 
 
@@ -120,10 +117,7 @@ class StatefulDataLoader(_Reporting, torchdata.stateful_dataloader.StatefulDataL
     """torchdata's ``StatefulDataLoader`` (mid-epoch ``state_dict``) with the same reports.
 
     ``state_dict()`` counts exactly the batches handed out (the report does not read ahead).
-
-    Args:
-        dataset, counter, split: as :class:`DataLoader`.
-        **kwargs: passed to ``StatefulDataLoader``.
+    ``counter``, ``split``: as :class:`DataLoader`.
     """
 
 
@@ -139,20 +133,13 @@ def make_loader(dataset: Any, batch_sampler: BucketBatchSampler, *, resumable: b
 
     Args:
         dataset: map-style dataset taking the sampler's ``(item, caption, epoch)`` keys.
-        batch_sampler: the split's sampler.
         resumable: a :class:`StatefulDataLoader` (train) instead of a :class:`DataLoader`.
         seed: seed of the loader's generator.
         collate_fn, num_workers, pin_memory, persistent_workers: as
             ``torch.utils.data.DataLoader`` (``persistent_workers`` only with workers).
         counter: where skipped items are added (the data module's ``error_counts``).
         split: ``train`` | ``val`` | ``test``, for the log line.
-
-    Raises:
-        UserError: ``num_workers < 0``.
     """
-    if num_workers < 0:
-        raise UserError(f"make_loader: num_workers ({num_workers}) must be >= 0; set "
-                        f"data.loader.num_workers.")
     workers: dict[str, Any] = {}
     if num_workers > 0:
         workers = {"worker_init_fn": functools.partial(pl_worker_init_function, rank=world()[1]),

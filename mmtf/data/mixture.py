@@ -182,7 +182,6 @@ class MixtureDataset(Dataset):
 
     Args:
         parts: each source's dataset (a :class:`~mmtf.data.datasets.CaptionDataset`).
-        names: each source's name.
         offsets: each source's first global item index.
         num_captions: captions per global item; given when the key's caption slot carries the
             source's epoch (training under :class:`MixtureSampler`).

@@ -409,9 +409,7 @@ def sample_rng(seed: int, epoch: int, index: int, stream: int = 0) -> np.random.
     resume, unlike a worker's global generators.
 
     Args:
-        seed: the run's data seed (non-negative).
         epoch: the epoch of the key ``(item, caption, epoch)`` the sampler yielded.
-        index: the item index in the dataset.
         stream: one independent stream per use (0: the crop; :mod:`mmtf.data.augment` has its
             own), so switching one use on does not move another's draws.
     """
@@ -423,14 +421,8 @@ def sample_rng(seed: int, epoch: int, index: int, stream: int = 0) -> np.random.
 
 
 def padding_fraction(batches: Sequence[Sequence[Key | int]], lengths: Sequence[float]) -> float:
-    """Share of a padded batch tensor that is padding, over all batches.
-
-    Args:
-        batches: batches of keys (``(item, caption, epoch)``) or item indices.
-        lengths: length of every item.
-
-    Returns:
-        ``1 - sum(lengths) / sum(batch_size * longest)``.
+    """Share of a padded batch tensor that is padding over all ``batches`` (of keys
+    ``(item, caption, epoch)`` or item indices): ``1 - sum(lengths) / sum(batch_size * longest)``.
     """
     lengths = np.asarray(lengths, dtype=np.float64)
     real = padded = 0.0

@@ -73,13 +73,8 @@ def token_time_matrix(weights: Tensor, *, medfilt_width: int = 7) -> Tensor:
 def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The monotonic path of least summed cost from (0, 0) to (n - 1, m - 1).
 
-    Steps are (1, 1), (1, 0) and (0, 1); ties prefer the diagonal, then (1, 0).
-
-    Args:
-        cost: (n, m) float.
-
-    Returns:
-        (rows, cols), each (p,) int, the cells of the path in order.
+    Steps are (1, 1), (1, 0) and (0, 1); ties prefer the diagonal, then (1, 0). ``cost``: (n, m)
+    float; returns (rows, cols), each (p,) int, the cells of the path in order.
     """
     n, m = cost.shape
     total = np.full((n + 1, m + 1), np.inf)
@@ -159,12 +154,8 @@ def caption_words(tokenizer, token_ids: Sequence[int]) -> list[tuple[str, list[i
     space of a character tokenizer) goes with the word before it, one before any word with the
     first word.
 
-    Args:
-        tokenizer: an mmtf tokenizer (``decode``).
-        token_ids: the caption's ids without bos and eos.
-
-    Returns:
-        ``(word, token indices)`` per word of ``decode(token_ids).split()``.
+    ``token_ids``: the caption's ids without bos and eos; returns ``(word, token indices)`` per
+    word of ``decode(token_ids).split()``.
     """
     words = tokenizer.decode(list(token_ids)).split()
     groups: list[list[int]] = [[] for _ in words]

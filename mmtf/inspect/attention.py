@@ -75,16 +75,11 @@ def caption_attention(model: nn.Module, inputs: Tensor, lengths: Tensor | None, 
     Runs in eval mode (every submodule's state restored after) and draws no random numbers.
 
     Args:
-        model: an :class:`mmtf.decoders.EncoderDecoder` (``encoder``, ``decoder``, ``generate``).
         inputs: one input as a batch of 1: waveform (1, samples) or image (1, 3, H, W).
         lengths: (1,) valid samples, or None.
-        tokenizer: the checkpoint's tokenizer (``decode``).
         cross_layers: decoder layers whose cross-attention to return (None = all).
         decoder_self_layers, encoder_self_layers: self-attention layers to return as well.
         generation: options of ``EncoderDecoder.generate`` (default greedy; no sampling).
-
-    Returns:
-        :class:`CaptionAttention`.
     """
     if inputs.shape[0] != 1:
         raise ValueError(f"caption_attention: one input at a time (batch of 1), got a batch of "

@@ -25,16 +25,8 @@ def corpus_bleu(
     references: Sequence[Sequence[Sequence[str]]],
     max_n: int = 4,
 ) -> list[float]:
-    """BLEU-1..max_n of a corpus.
-
-    Args:
-        candidates: one tokenised caption per item.
-        references: the tokenised reference captions of each item (at least one each).
-        max_n: the largest n-gram order.
-
-    Returns:
-        ``[BLEU-1, ..., BLEU-max_n]``.
-    """
+    """``[BLEU-1, ..., BLEU-max_n]`` of a corpus: one tokenised candidate per item, and each
+    item's tokenised references (at least one each)."""
     correct, guess = [0] * max_n, [0] * max_n
     test_len = ref_len = 0
     for cand, refs in zip(candidates, references):

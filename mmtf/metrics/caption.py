@@ -119,8 +119,6 @@ def caption_metrics(
     """Score a corpus of captions.
 
     Args:
-        candidates: one generated caption per item.
-        references: the reference captions of each item (one or more each).
         metrics: names to compute (``bleu`` or ``bleu_1..bleu_4``, ``rouge_l``, ``cider_d``,
             ``meteor``, ``spice``, ``spider``, ``spider_fl``); None = all. METEOR starts a JVM
             per call: validate per epoch with :data:`FAST_METRICS`.

@@ -17,7 +17,6 @@ def event_sequence_accuracy(predictions: Sequence[str], references: Sequence[Seq
     """Share of predictions whose parsed sequence equals the references' parsed sequence.
 
     Args:
-        predictions: one generated caption per item.
         references: all reference captions per item (they all parse to the same sequence).
         parser: caption -> sequence (None when the caption does not parse).
 

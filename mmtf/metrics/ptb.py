@@ -36,15 +36,8 @@ PUNCTUATION_CHARS = frozenset(".,?!:;-'\"`()[]{}\u2026\u2013\u2014\u00ab\u00bb")
 
 
 def ptb_words(text: str) -> list[str]:
-    """Tokens of one caption, as the COCO evaluation's PTB step would give them.
-
-    Args:
-        text: a raw caption.
-
-    Returns:
-        Lower-cased tokens without punctuation, e.g. ``"A dog's bone."`` -> ``["a", "dog",
-        "'s", "bone"]``.
-    """
+    """Tokens of one caption, as the COCO evaluation's PTB step would give them: lower-cased,
+    without punctuation (``"A dog's bone."`` -> ``["a", "dog", "'s", "bone"]``)."""
     text = text.lower().translate(_QUOTES)
     text = _SPLIT_WORDS.sub(lambda m: " ".join(g for g in m.groups() if g), text)
     text = _CLITIC.sub(r"\1 \2", text)

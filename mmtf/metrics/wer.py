@@ -67,8 +67,6 @@ def error_rates(hypotheses: Sequence[str], references: Sequence[str], *,
     """WER, CER and the per-utterance errors of ``hypotheses`` against ``references``.
 
     Args:
-        hypotheses: one transcript per utterance.
-        references: the reference transcript of each utterance.
         normalizer: ``whisper_english`` | ``whisper_basic`` | ``none``, applied to both sides.
         ids: utterance ids for the rows (default: positions).
 

@@ -16,10 +16,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from mmtf.errors import UserError
 from mmtf.nn.transformer import MlpKind
-from mmtf.pretrained.names import Link, Rule, block_links, export_tensors, link, require_config
-from mmtf.pretrained.vision import build_vision_encoder, resolved_sizes
+from mmtf.pretrained.names import Link, Rule, block_links, export_tensors, link
+from mmtf.pretrained.vision import (
+    build_vision_encoder,
+    hf_tower_config,
+    resolved_sizes,
+    tower_values,
+)
 
 if TYPE_CHECKING:
     from mmtf.encoders.vision import VisionEncoder
@@ -37,8 +41,6 @@ DEFAULTS: dict[str, Any] = {"hidden_size": 768, "intermediate_size": 3072,
 BLOCK = {"norm_self": "layer_norm1", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
          "v": "self_attn.v_proj", "out": "self_attn.out_proj", "norm_mlp": "layer_norm2",
          "fc_in": "mlp.fc1", "fc_out": "mlp.fc2"}
-ACTIVATIONS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_new": "gelu_tanh",
-               "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 def clip_vision_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
@@ -81,30 +83,10 @@ def encoder_values(config: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     """The ``VisionEncoder`` settings a CLIP tower needs: ``{key: (value, its config field)}``."""
     tower = tower_config(config)
     where = "vision_config." if config.get("model_type") == "clip" else ""
-    kind = f"model_type={config.get('model_type')!r}"
-
-    def field(key: str) -> str:
-        return f"{where}{key}={tower[key]!r}"
-
-    size = tower["image_size"]
-    act = tower["hidden_act"]
-    return {
-        "dim": (tower["hidden_size"], field("hidden_size")),
-        "depth": (tower["num_hidden_layers"], field("num_hidden_layers")),
-        "num_heads": (tower["num_attention_heads"], field("num_attention_heads")),
-        "mlp_ratio": (tower["intermediate_size"] / tower["hidden_size"],
-                      field("intermediate_size")),
-        "mlp": (ACTIVATIONS.get(act, act), field("hidden_act")),
-        "norm_eps": (tower["layer_norm_eps"], field("layer_norm_eps")),
-        "patch_size": (tower["patch_size"], field("patch_size")),
-        "in_channels": (tower["num_channels"], field("num_channels")),
-        "image_size": ([size, size] if isinstance(size, int) else list(size),
-                       field("image_size")),
-        "num_kv_heads": (None, kind), "norm": ("layernorm", kind), "stem": ("patch", kind),
-        "pos_embed": ("learned", kind), "cls_token": (True, kind), "patch_bias": (False, kind),
-        "embed_norm": (True, kind), "final_norm": (False, kind), "bias": (True, kind),
-        "mlp_bias": (True, kind), "causal": (False, kind),
-    }
+    return tower_values(tower, lambda key: f"{where}{key}={tower[key]!r}",
+                        f"model_type={config.get('model_type')!r}", patch_bias=False,
+                        embed_norm=True, final_norm=False, bias=True, mlp_bias=True,
+                        causal=False)
 
 
 def links(config: dict[str, Any], prefix: str) -> list[Link]:
@@ -127,22 +109,8 @@ def hf_config(encoder: VisionEncoder) -> dict[str, Any]:
     Raises:
         UserError: the encoder is not in CLIP's configuration (the setting is named).
     """
-    (gh, gw), block = encoder.grid, encoder.stack.blocks[0]
-    if gh != gw:
-        raise UserError(f"export format=hf: CLIP's position table is square, this encoder's "
-                        f"grid is {gh}x{gw} (model.encoder.image_size).")
-    config = {"model_type": "clip_vision_model", "architectures": ["CLIPVisionModel"],
-              "hidden_size": encoder.dim, "intermediate_size": block.mlp.fc_in.out_features,
-              "num_hidden_layers": encoder.stack.depth,
-              "num_attention_heads": block.self_attn.num_heads,
-              "num_channels": encoder.in_channels, "image_size": gh * encoder.patch_size,
-              "patch_size": encoder.patch_size,
-              "hidden_act": {"gelu_tanh": "gelu_new"}.get(block.mlp.kind, block.mlp.kind),
-              "layer_norm_eps": block.norm_self.eps, "attention_dropout": 0.0}
-    built = {**encoder.config, "image_size": [gh * encoder.patch_size] * 2}
-    require_config("export format=hf", built, encoder_values(config), source="CLIP",
-                   key_prefix="model.encoder")
-    return config
+    return hf_tower_config(encoder, "CLIP", model_type="clip_vision_model",
+                           architectures=["CLIPVisionModel"], attention_dropout=0.0)
 
 
 def part_links(part: str, module: VisionEncoder, prefix: str = "") -> list[Link]:

@@ -5,6 +5,7 @@ from or checked against ``config.json``, every name and shape checked before cop
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,10 @@ VISION_FAMILIES = ("vit", "clip")
 # What the YAML of a vision family sets: sizes, read from config.json when null.
 SIZE_KEYS = ("dim", "depth", "num_heads", "mlp_ratio", "mlp", "norm_eps", "patch_size",
              "in_channels", "image_size", "bias")
+# config.json's hidden_act -> the VisionEncoder's mlp (and back for the export, gelu_tanh ->
+# gelu_new).
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "quick_gelu": "quick_gelu"}
 
 
 def build_vision_encoder(family: str, *, pretrained: str | Path | None, sizes: dict[str, Any],
@@ -117,3 +122,54 @@ def _open(family: str, source: str | Path, owner: str) -> tuple[HFModel, dict[st
     reads = " or ".join(repr(t) for t in sorted(vision[family].model_types))
     raise UserError(f"{owner}: {model.source}/{CONFIG_FILE} has {field}={kind!r}, but this "
                     f"loader reads {reads}; {fix}.")
+
+
+def tower_values(tower: Mapping[str, Any], field: Callable[[str], str], kind: str, *,
+                 read: Mapping[str, tuple[Any, str]] | None = None,
+                 **fixed: Any) -> dict[str, tuple[Any, str]]:
+    """A family's ``encoder_values``: the sizes of a ViT-shaped tower from its config fields
+    ``tower`` (``field`` names one in messages), the family's ``read`` settings, then the
+    settings the architecture fixes (``fixed``, after those every family shares)."""
+    size, act = tower.get("image_size"), tower.get("hidden_act")
+    return {
+        "dim": (tower.get("hidden_size"), field("hidden_size")),
+        "depth": (tower.get("num_hidden_layers"), field("num_hidden_layers")),
+        "num_heads": (tower.get("num_attention_heads"), field("num_attention_heads")),
+        "mlp_ratio": (tower.get("intermediate_size", 0) / tower.get("hidden_size", 1),
+                      field("intermediate_size")),
+        "mlp": (ACTIVATIONS.get(act, act), field("hidden_act")),
+        "norm_eps": (tower.get("layer_norm_eps"), field("layer_norm_eps")),
+        "patch_size": (tower.get("patch_size"), field("patch_size")),
+        "in_channels": (tower.get("num_channels"), field("num_channels")),
+        "image_size": ([size, size] if isinstance(size, int) else list(size),
+                       field("image_size")),
+        **(read or {}),
+        **{key: (value, kind) for key, value in dict(
+            num_kv_heads=None, norm="layernorm", stem="patch", pos_embed="learned",
+            cls_token=True, **fixed).items()},
+    }
+
+
+def hf_tower_config(encoder: VisionEncoder, source: str, **config: Any) -> dict[str, Any]:
+    """``config.json`` of ``encoder`` as ``source``'s tower: ``config`` with the sizes, checked
+    against every setting of ``encoder`` (a family's ``hf_config``).
+
+    Raises:
+        UserError: the encoder is not in that configuration (the setting is named).
+    """
+    (gh, gw), block = encoder.grid, encoder.stack.blocks[0]
+    if gh != gw:
+        raise UserError(f"export format=hf: {source}'s position table is square, this "
+                        f"encoder's grid is {gh}x{gw} (model.encoder.image_size).")
+    config.update(
+        hidden_size=encoder.dim, num_hidden_layers=encoder.stack.depth,
+        num_attention_heads=block.self_attn.num_heads,
+        intermediate_size=block.mlp.fc_in.out_features,
+        hidden_act={"gelu_tanh": "gelu_new"}.get(block.mlp.kind, block.mlp.kind),
+        layer_norm_eps=block.norm_self.eps, image_size=gh * encoder.patch_size,
+        patch_size=encoder.patch_size, num_channels=encoder.in_channels)
+    built = {**encoder.config, "image_size": [gh * encoder.patch_size] * 2}
+    values = family_module({"ViT": "vit", "CLIP": "clip"}[source]).encoder_values(config)
+    require_config("export format=hf", built, values, source=source,
+                   key_prefix="model.encoder")
+    return config

@@ -17,10 +17,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from mmtf.errors import UserError
 from mmtf.nn.transformer import MlpKind
-from mmtf.pretrained.names import Link, Rule, block_links, export_tensors, link, require_config
-from mmtf.pretrained.vision import build_vision_encoder, resolved_sizes
+from mmtf.pretrained.names import Link, Rule, block_links, export_tensors, link
+from mmtf.pretrained.vision import (
+    build_vision_encoder,
+    hf_tower_config,
+    resolved_sizes,
+    tower_values,
+)
 
 if TYPE_CHECKING:
     from mmtf.encoders.vision import VisionEncoder
@@ -39,8 +43,9 @@ LIVE_BLOCK = {"q": "attention.q_proj", "k": "attention.k_proj", "v": "attention.
               "out": "attention.o_proj", "fc_in": "mlp.fc1", "fc_out": "mlp.fc2"}
 _LIVE = {BLOCK[role]: live for role, live in LIVE_BLOCK.items()}
 _LAYER = re.compile(r"(?:^|(?<=\.))encoder\.layer\.(\d+)\.(.+)$")
-ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-               "quick_gelu": "quick_gelu"}
+# ViTConfig's defaults of the fields a config may leave out.
+DEFAULTS: dict[str, Any] = {"image_size": 224, "hidden_act": "gelu", "layer_norm_eps": 1e-12,
+                            "patch_size": 16, "num_channels": 3, "qkv_bias": True}
 
 
 def vit_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
@@ -73,32 +78,14 @@ def vit_encoder(*, pretrained: str | Path | None = None, dim: int | None = 768,
 
 def encoder_values(config: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     """The ``VisionEncoder`` settings a ViT needs: ``{key: (value, its config field)}``."""
-    kind = f"model_type={config.get('model_type')!r}"
-
     def field(key: str) -> str:
         return f"{key}={config.get(key)!r}"
 
-    size = config.get("image_size", 224)
-    act = config.get("hidden_act", "gelu")
-    qkv_bias = config.get("qkv_bias", True)
-    return {
-        "dim": (config.get("hidden_size"), field("hidden_size")),
-        "depth": (config.get("num_hidden_layers"), field("num_hidden_layers")),
-        "num_heads": (config.get("num_attention_heads"), field("num_attention_heads")),
-        "mlp_ratio": (config.get("intermediate_size", 0) / config.get("hidden_size", 1),
-                      field("intermediate_size")),
-        "mlp": (ACTIVATIONS.get(act, act), field("hidden_act")),
-        "norm_eps": (config.get("layer_norm_eps", 1e-12), field("layer_norm_eps")),
-        "patch_size": (config.get("patch_size", 16), field("patch_size")),
-        "in_channels": (config.get("num_channels", 3), field("num_channels")),
-        "image_size": ([size, size] if isinstance(size, int) else list(size),
-                       field("image_size")),
-        "bias": (True if qkv_bias else "o", field("qkv_bias")),
-        "num_kv_heads": (None, kind), "norm": ("layernorm", kind), "stem": ("patch", kind),
-        "pos_embed": ("learned", kind), "cls_token": (True, kind), "patch_bias": (True, kind),
-        "embed_norm": (False, kind), "final_norm": (True, kind), "mlp_bias": (True, kind),
-        "causal": (False, kind),
-    }
+    tower = {**DEFAULTS, **config}
+    return tower_values(tower, field, f"model_type={config.get('model_type')!r}",
+                        read={"bias": (True if tower["qkv_bias"] else "o", field("qkv_bias"))},
+                        patch_bias=True, embed_norm=False, final_norm=True, mlp_bias=True,
+                        causal=False)
 
 
 def links(config: dict[str, Any], prefix: str) -> list[Link]:
@@ -122,24 +109,10 @@ def hf_config(encoder: VisionEncoder) -> dict[str, Any]:
     Raises:
         UserError: the encoder is not in ViT's configuration (the setting is named).
     """
-    dim, (gh, gw) = encoder.dim, encoder.grid
     block = encoder.stack.blocks[0]
-    if gh != gw:
-        raise UserError(f"export format=hf: ViT's position table is square, this encoder's "
-                        f"grid is {gh}x{gw} (model.encoder.image_size).")
-    config = {"model_type": "vit", "architectures": ["ViTModel"], "hidden_size": dim,
-              "num_hidden_layers": encoder.stack.depth,
-              "num_attention_heads": block.self_attn.num_heads,
-              "intermediate_size": block.mlp.fc_in.out_features,
-              "hidden_act": {"gelu_tanh": "gelu_new"}.get(block.mlp.kind, block.mlp.kind),
-              "layer_norm_eps": block.norm_self.eps, "image_size": gh * encoder.patch_size,
-              "patch_size": encoder.patch_size, "num_channels": encoder.in_channels,
-              "qkv_bias": block.self_attn.to_q.bias is not None, "hidden_dropout_prob": 0.0,
-              "attention_probs_dropout_prob": 0.0}
-    built = {**encoder.config, "image_size": [gh * encoder.patch_size] * 2}
-    require_config("export format=hf", built, encoder_values(config), source="ViT",
-                   key_prefix="model.encoder")
-    return config
+    return hf_tower_config(encoder, "ViT", model_type="vit", architectures=["ViTModel"],
+                           qkv_bias=block.self_attn.to_q.bias is not None,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 def part_links(part: str, module: VisionEncoder, prefix: str = "") -> list[Link]:

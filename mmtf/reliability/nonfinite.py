@@ -51,7 +51,6 @@ def check_finite_loss(loss: Tensor, *, step: int, batch_idx: int, policy: Policy
     Call it on every rank at every training step (it is a collective under DDP).
 
     Args:
-        loss: the scalar loss of this rank.
         step, batch_idx: the global step and the batch index in the epoch, for the message.
         policy: ``raise`` (stop with :class:`NonFiniteLossError`) or ``skip`` (return False).
         batch_ids: sample ids of the batch (``batch["ids"]``), named in the error.

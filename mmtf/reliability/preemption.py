@@ -34,7 +34,6 @@ class PreemptionCheckpoint(Callback):
     Args:
         dirpath: where to write; None = the ModelCheckpoint's dirpath, else
             ``<default_root_dir>/checkpoints`` (where ``ckpt_path=last`` looks).
-        filename: file name of the checkpoint.
         exit_code: process exit status after saving (143 = "terminated by SIGTERM").
     """
 

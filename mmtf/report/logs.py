@@ -52,7 +52,6 @@ class RunLogs:
     """Everything :func:`load_run` reads from one run dir.
 
     Attributes:
-        run_dir: the run dir.
         config: the run's resolved config (``config.yaml``, else ``.hydra/config.yaml``).
         overrides, config_name: the command-line overrides and the root config (``train``).
         scalars: ``{key: [(step, value), ...]}`` over all segments, sorted by step.

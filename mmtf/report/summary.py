@@ -41,16 +41,8 @@ LOWER_IS_BETTER = re.compile(r"(^|_)(loss|wer|cer|error|perplexity|ppl)($|_)")
 
 @dataclass
 class Best:
-    """The best value of one logged metric.
-
-    Attributes:
-        key: the logged name (``val/cider_d``).
-        mode: ``max`` or ``min``.
-        value: the best value.
-        step: the step it was logged at.
-        epoch: the epoch it was logged in (None if the logs hold no epoch).
-        last: the last logged value.
-    """
+    """The best value of one logged metric (``key``: ``val/cider_d``), the step and epoch
+    (None if the logs hold none) it was logged at, and the ``last`` value logged."""
 
     key: str
     mode: Literal["min", "max"]
@@ -74,7 +66,6 @@ class RunSummary:
     """What :func:`summarize` finds; :meth:`to_markdown` renders it.
 
     Attributes:
-        logs: the run's files, as read.
         best: the best value of each validation/test metric, optimized metric first.
         changes: the config keys that differ from the experiment's defaults.
         experiment: the ``experiment=`` override (None: the root config's defaults).

@@ -373,14 +373,10 @@ def write_caption_set(root: str | Path, *, num_train: int = 3000, num_val: int =
     """Write the sound-events captioning set in the Clotho v2 layout under ``root``.
 
     Args:
-        root: output folder (created).
         num_train, num_val, num_test: clips in development/, validation/, evaluation/.
         seed: everything is a function of (seed, split, clip index).
-        sample_rate: Hz of the written WAVs.
-        min_seconds, max_seconds: clip length range.
         min_events, max_events: events per clip (at most 3).
         snr_db: range of background-noise SNR, relative to the quietest event.
-        captions_per_clip: references per clip (Clotho has 5).
         num_workers: processes used to render.
     """
     _check_scene_args(min_seconds, max_seconds, min_events, max_events)

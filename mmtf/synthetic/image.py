@@ -240,12 +240,9 @@ def write_caption_set(root: str | Path, *, num_train: int = 3000, num_val: int =
     Writes ``annotations/captions_{train,val,test}.json`` and ``{train,val,test}/*.png``.
 
     Args:
-        root: output folder (created).
-        num_train, num_val, num_test: images per split.
         seed: everything is a function of (seed, split, image index).
         image_size: side of the square images in pixels (>= 32).
         min_objects, max_objects: shapes per image (at most 3).
-        captions_per_image: references per image (COCO has about 5).
         num_workers: processes used to render.
     """
     _check_args(image_size, min_objects, max_objects)

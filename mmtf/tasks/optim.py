@@ -75,7 +75,6 @@ def param_groups(modules: Iterable[nn.Module], weight_decay: float,
 
     Args:
         modules: every module the optimizer trains (shared parameters counted once).
-        weight_decay: of the decayed groups.
         include_frozen: keep frozen parameters that belong to no part.
         parts: named parts with their own lr scale; the rest is in the ``base`` groups.
         layer_decay: layer-wise decay inside each part (None = off), see :func:`layer_ids`.

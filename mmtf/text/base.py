@@ -129,7 +129,6 @@ class Tokenizer(ABC):
         """Ids of one text.
 
         Args:
-            text: the input string.
             add_special: wrap the ids as ``[*prompt_ids, ..., eos]``.
             max_len: keep at most this many ids; with specials the body is cut and ``eos`` kept.
 
@@ -171,7 +170,7 @@ class Tokenizer(ABC):
         """Text of one id sequence.
 
         Args:
-            ids: a sequence of ints (or a 1-D tensor / array).
+            ids: ints, or a 1-D tensor / array.
             skip_special: drop a leading prompt, stop at the first ``eos`` and drop the other
                 specials; otherwise every id is rendered, specials as their token text.
 

@@ -49,10 +49,6 @@ class CharTokenizer(Tokenizer):
     def train(cls, texts: Iterable[str], *, lowercase: bool = True) -> CharTokenizer:
         """Collect the characters of a corpus.
 
-        Args:
-            texts: training sentences.
-            lowercase: lower-case text before collecting characters (and before encoding).
-
         Raises:
             TypeError: texts is a str or holds a non-string.
             ValueError: the corpus has no characters.

@@ -14,6 +14,7 @@ downloaders name files differently, so a clip's file is looked up by stem, in th
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -89,9 +90,7 @@ def read_audiocaps(root: Path, split: str, *, report: Report,
         clip = clips.setdefault((ytid, start), {"ids": [], "captions": [], "where": where})
         clip["ids"].append((row.get("audiocap_id") or "").strip())
         clip["captions"].append(caption)
-    youtube_counts: dict[str, int] = {}
-    for ytid, _ in clips:
-        youtube_counts[ytid] = youtube_counts.get(ytid, 0) + 1
+    youtube_counts = Counter(ytid for ytid, _ in clips)
     items = []
     for (ytid, start), clip in clips.items():
         candidates = [*filter(None, clip["ids"]), ytid, f"Y{ytid}"]

@@ -82,27 +82,30 @@ def require_index(path: Path, split: str, fmt: str, hint: str = "") -> None:
         raise missing_split(path, split, fmt, hint)
 
 
-def read_csv(path: Path, required: Sequence[str], fmt: str) -> Iterator[tuple[int, dict[str, str]]]:
+def read_csv(path: Path, required: Sequence[str], fmt: str, *,
+             tsv: bool = False) -> Iterator[tuple[int, dict[str, str]]]:
     """Yield ``(line number, row)`` of a CSV file with a header, checking the columns first.
 
     Args:
         path: the CSV file (UTF-8, optional BOM).
         required: columns that must be in the header.
         fmt: format name for messages.
+        tsv: tab-separated and unquoted (Common Voice's sentences hold quotes of their own).
 
     Raises:
         DataError: missing columns (reason ``missing_columns``) or undecodable text.
     """
+    kind, dialect = ("TSV", {"delimiter": "\t", "quoting": csv.QUOTE_NONE}) if tsv else ("CSV", {})
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
+            reader = csv.DictReader(f, **dialect)
             header = [h.strip() for h in (reader.fieldnames or [])]
             reader.fieldnames = header
             absent = [c for c in required if c not in header]
             if absent:
                 raise DataError.make(
                     "missing_columns", path,
-                    f"{fmt} CSV is missing column(s) {absent} (header: {header})",
+                    f"{fmt} {kind} is missing column(s) {absent} (header: {header})",
                     f"the header must contain {list(required)}", "line 1", skippable=False)
             for row in reader:
                 yield reader.line_num, row

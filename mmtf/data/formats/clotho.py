@@ -76,13 +76,8 @@ def read_clotho(root: Path, split: str, *, report: Report,
 
 def write_clotho_csv(root: Path, name: str,
                      rows: Sequence[tuple[str, Sequence[str]]]) -> Path:
-    """Write ``clotho_captions_<name>.csv`` (``file_name, caption_1..caption_k``).
-
-    Args:
-        root: the dataset folder.
-        name: development | validation | evaluation.
-        rows: ``(file_name, captions)`` per clip, all with the same number of captions.
-    """
+    """Write ``clotho_captions_<name>.csv`` (``file_name, caption_1..caption_k``) of ``rows``,
+    ``(file_name, captions)`` per clip, all with the same number of captions."""
     k = max((len(c) for _, c in rows), default=5)
     path = csv_path(root, name)
     with open(path, "w", newline="", encoding="utf-8") as f:

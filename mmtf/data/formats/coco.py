@@ -105,13 +105,8 @@ def read_coco(root: Path, split: str, *, report: Report,
 
 def write_coco_json(root: Path, name: str,
                     entries: Sequence[tuple[int, str, Sequence[str], int, int]]) -> Path:
-    """Write ``annotations/captions_<name>.json``.
-
-    Args:
-        root: the dataset folder.
-        name: the split's COCO name.
-        entries: ``(image_id, file_name, captions, width, height)`` per image.
-    """
+    """Write ``annotations/captions_<name>.json`` of ``entries``, ``(image_id, file_name,
+    captions, width, height)`` per image."""
     images, annotations = [], []
     for image_id, file_name, caps, width, height in entries:
         images.append({"id": image_id, "file_name": file_name, "width": width, "height": height})

@@ -11,7 +11,6 @@ MP3 is a clear error naming the codec (:func:`mmtf.data.audio.missing_codec`).""
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,10 +19,10 @@ from mmtf.data.formats.base import (
     Report,
     bad_row,
     empty_caption,
+    read_csv,
     require_index,
     split_name,
 )
-from mmtf.errors import DataError
 
 SPLIT_NAMES = {"train": "train", "val": "dev", "test": "test"}
 COLUMNS = ("path", "sentence")
@@ -47,32 +46,18 @@ def read_common_voice(root: Path, split: str, *, report: Report,
     require_index(index, split, "common_voice", f" (expected {name}.tsv and clips/)")
     clips = root / "clips"
     items = []
-    try:
-        with open(index, newline="", encoding="utf-8-sig") as f:
-            # Sentences hold quotes of their own: the TSVs are not quoted CSV.
-            reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-            absent = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-            if absent:
-                raise DataError.make("missing_columns", index, f"common_voice TSV is missing "
-                                     f"column(s) {absent} (header: {reader.fieldnames})",
-                                     f"the header must contain {list(COLUMNS)}", "line 1",
-                                     skippable=False)
-            for row in reader:
-                line = reader.line_num
-                where = f"{index.name} line {line}"
-                rel = (row.get("path") or "").strip()
-                if not rel:
-                    report(bad_row(index, line, "path is empty", "fill it in or delete the row"))
-                    continue
-                sentence = (row.get("sentence") or "").strip()
-                if not sentence:
-                    report(empty_caption(index, where, "sentence"))
-                    continue
-                locale = (row.get("locale") or "").strip()
-                items.append(CaptionItem(id=Path(rel).stem, path=clips / rel,
-                                         captions=(sentence,), where=where,
-                                         language=whisper_language(locale) if locale else None))
-    except UnicodeDecodeError as e:
-        raise DataError.make("bad_row", index, f"is not UTF-8 text ({e})", "re-save it as UTF-8",
-                             skippable=False) from None
+    for line, row in read_csv(index, COLUMNS, "common_voice", tsv=True):
+        where = f"{index.name} line {line}"
+        rel = (row.get("path") or "").strip()
+        if not rel:
+            report(bad_row(index, line, "path is empty", "fill it in or delete the row"))
+            continue
+        sentence = (row.get("sentence") or "").strip()
+        if not sentence:
+            report(empty_caption(index, where, "sentence"))
+            continue
+        locale = (row.get("locale") or "").strip()
+        items.append(CaptionItem(id=Path(rel).stem, path=clips / rel, captions=(sentence,),
+                                 where=where,
+                                 language=whisper_language(locale) if locale else None))
     return items

@@ -111,8 +111,7 @@ def shard_urls(spec: str | Sequence[str], root: Path, *, split: str) -> list[str
                 out += [fs.unstrip_protocol(p) if _is_url(url) else p for p in found]
             else:
                 out.append(url)
-    seen: set[str] = set()
-    unique = [u for u in out if not (u in seen or seen.add(u))]
+    unique = list(dict.fromkeys(out))
     if not unique:
         raise DataError.make("missing_split", root, f"data.shards.{split} names no shard",
                              "give a brace pattern, a glob or a list", skippable=False)
