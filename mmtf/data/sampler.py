@@ -61,9 +61,8 @@ class BucketBatchSampler:
         caption_policy: ``random`` (one caption per item per epoch), ``all`` (every pair) or
             ``first`` (caption 0: evaluation and classification).
         shuffle: shuffle examples and batches each epoch (training).
-        bucketing: sort by length inside pools; False gives plain (shuffled) batches.
-        bucket_size: batches per sorting pool (bigger: less padding, less randomness).
-        seed: base seed; the order is a function of (seed, epoch, rank).
+        bucketing, bucket_size: sort by length inside pools of this many batches (bigger:
+            less padding, less randomness); False gives plain (shuffled) batches.
         num_replicas, rank: DDP world size and rank (default: torch.distributed's, else 1, 0).
 
     Attributes:
