@@ -59,10 +59,8 @@ class LogMelFrontEnd(nn.Module):
     """Padding-aware log-mel spectrogram with per-utterance or global normalisation.
 
     Args:
-        sample_rate: Hz of the input waveforms.
-        n_mels: mel bands f.
+        sample_rate, n_mels, hop_length: input Hz; mel bands f; samples between frames.
         n_fft: FFT size (even). win_length: Hann window length (<= n_fft; default n_fft).
-        hop_length: samples between frames.
         f_min, f_max: mel filterbank range in Hz (f_max default sample_rate / 2).
         feature_norm: "utterance" (mean/std over each clip's valid frames and all bands: keeps
             the spectral shape, unlike per-band CMVN) or "global" (fixed constants below).

@@ -63,8 +63,7 @@ def pool(memory: Tensor, mask: Tensor | None = None, mode: PoolMode = "mean", *,
         encoder: the encoder that produced ``memory``: "cls" is checked against its
             ``has_cls``, "mean" leaves out its prefix tokens (as timm's ``global_pool="avg"``).
 
-    Returns:
-        (b, c).
+    Returns (b, c).
 
     Raises:
         ValueError: bad shapes. UserError: unknown ``mode``, or "cls" without a CLS token.
