@@ -39,8 +39,7 @@ class Attention(nn.Module):
         kv_dim: width of the ``context``; set, the layer is cross-attention and must be called
             with ``context``, unset it rejects one.
         bias: True (all projections), False (none) or the letters of the biased ones among
-            "qkvo" (Whisper: "qvo"; softmax cancels a key bias, so leaving it out changes
-            nothing).
+            "qkvo" (Whisper: "qvo"; softmax cancels a key bias).
         dropout: attention-probability dropout, active in training only.
     """
 
@@ -98,12 +97,8 @@ class Attention(nn.Module):
 
     @staticmethod
     def check_sizes(*, dim: int, num_heads: int, num_kv_heads: int | None = None) -> int:
-        """The width rules of multi-head attention, checked here once for every caller.
-
-        Stacks call it before deriving ``head_dim``, so the first error names the broken rule.
-
-        Returns:
-            ``num_kv_heads``, with None resolved to ``num_heads``.
+        """Check the width rules of multi-head attention once for every caller (stacks call it
+        before deriving ``head_dim``) and return ``num_kv_heads`` (None -> ``num_heads``).
 
         Raises:
             UserError: a size < 1, ``dim`` not divisible by ``num_heads``, or ``num_heads`` not a
@@ -132,10 +127,8 @@ class Attention(nn.Module):
             context: cross-attention source, (b, m, kv_dim); None reuses a filled cache.
             key_mask: (b, m) bool, True = a real key (cached self-attention: m = cached + new).
             cache: self-attention appends the new K/V; cross-attention fills it once.
-            need_weights: also return the attention probabilities (explicit softmax path).
-
-        Returns:
-            (b, n, c), and with ``need_weights`` also the weights (b, h, n, m).
+            need_weights: also return the attention probabilities (b, h, n, m) (explicit
+                softmax path) after the output (b, n, c).
         """
         self._check_inputs(x, context, cache)
         q = rearrange(self.to_q(x), "b n (h d) -> b h n d", h=self.num_heads)
@@ -275,8 +268,7 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | N
         k, v: (b, g, m, d) keys and values; g divides h (grouped-query heads).
         key_mask: (b, m) bool, True = a real key, or None.
 
-    Returns:
-        (b, h, 1, d), in the dtype of ``q``; scores and softmax run in at least float32.
+    Returns (b, h, 1, d) in the dtype of ``q``; scores and softmax run in at least float32.
     """
     b, h, _, d = q.shape
     g = k.shape[1]

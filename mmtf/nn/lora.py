@@ -120,9 +120,8 @@ class LoRALinear(nn.Linear):
 
     Args:
         in_features, out_features, bias: as ``nn.Linear``.
-        slices: names of the output slices in row order (``("k", "v")`` for ``to_kv``); the rows
-            split evenly among them.
-        adapted: the slices that get an adapter.
+        slices, adapted: names of the output slices in row order (``("k", "v")`` for ``to_kv``;
+            the rows split evenly among them) and the ones that get an adapter.
         r, alpha, dropout: as in :class:`LoRAConfig`.
     """
 
@@ -278,7 +277,8 @@ def lora_sites(module: nn.Module, targets: Iterable[str]) -> dict[str, set[str]]
 
 def add_lora(module: nn.Module, config: LoRAConfig, *, owner: str = "module",
              sites: Mapping[str, Iterable[str]] | None = None) -> list[str]:
-    """Replace the targeted projections of ``module`` by :class:`LoRALinear` (in place).
+    """Replace the targeted projections of ``module`` by :class:`LoRALinear` (in place) and
+    return their paths.
 
     Args:
         module: any module holding TransformerBlocks (an encoder, a decoder, a stack).
@@ -286,9 +286,6 @@ def add_lora(module: nn.Module, config: LoRAConfig, *, owner: str = "module",
         owner: the config key named in messages (``model.encoder``).
         sites: exact ``{projection path: slices}`` to adapt instead of ``config.targets`` (a
             PEFT folder's modules).
-
-    Returns:
-        The adapted projections' paths.
 
     Raises:
         ConfigError: ``module`` has no projection that the targets name (the valid targets

@@ -35,8 +35,7 @@ class LearnedPositions(nn.Module):
     """A learned table of ``num_positions`` vectors of width ``dim`` (GPT-2's ``wpe``).
 
     Args:
-        num_positions: positions the table holds; a forward past them raises.
-        dim: width c.
+        num_positions, dim: positions the table holds (a forward past them raises); width c.
         init_std: standard deviation of the normal initialisation (GPT-2's 0.02).
     """
 

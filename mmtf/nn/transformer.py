@@ -123,8 +123,7 @@ class TransformerBlock(nn.Module):
     """Pre-norm block: self-attention, optional cross-attention, MLP, each with a residual.
 
     Args:
-        dim: width c.
-        num_heads: attention heads.
+        dim, num_heads: width c and attention heads.
         block: the other options (:class:`BlockOptions`, or a mapping of its fields).
         causal: causal self-attention (decoders) or bidirectional (encoders).
         cross_dim: width of the cross-attention context; None = no cross-attention.
@@ -158,14 +157,10 @@ class TransformerBlock(nn.Module):
         """Args:
             x: (b, n, c).
             key_mask: (b, m_self) bool self-attention key mask, True = real token.
-            context: (b, m, cross_dim) encoder memory, for blocks with cross-attention.
-            context_mask: (b, m) bool, True = real memory position.
+            context, context_mask: encoder memory (b, m, cross_dim) and its (b, m) bool mask.
             cache, cross_cache: per-layer KV caches for incremental decoding.
-            need_weights: attentions ("self", "cross") whose probabilities to return; they run
-                the explicit softmax path, the others the fused kernel.
-
-        Returns:
-            (b, n, c); with ``need_weights`` also ``{kind: (b, h, n, m)}`` for each kind asked.
+            need_weights: attentions ("self", "cross") whose probabilities ``{kind: (b, h, n,
+                m)}`` to return after (b, n, c); they run the explicit softmax path.
         """
         weights: dict[str, Tensor] = {}
         out = self.self_attn(self.norm_self(x), key_mask=key_mask, cache=cache,
@@ -190,8 +185,7 @@ class TransformerStack(nn.Module):
     """``depth`` pre-norm blocks followed by a final norm; one RoPE table shared by all blocks.
 
     Args:
-        depth: number of blocks.
-        dim, num_heads, block, causal, cross_dim: as in :class:`TransformerBlock`.
+        depth, dim, num_heads, block, causal, cross_dim: blocks; as :class:`TransformerBlock`.
         rope: use rotary position embedding in self-attention (False: the caller adds
             absolute positions, see :mod:`mmtf.nn.positions`).
         rope_base, max_len: RoPE table base and initial length (extended on demand).
