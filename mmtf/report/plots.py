@@ -44,8 +44,7 @@ def plot_learning_curves(run: str | Path | RunLogs, path: str | Path | None = No
         path: where to save the PNG (None: do not save).
         smoothing: 0 (raw) to < 1 (smoother) for the training curves.
 
-    Returns:
-        The figure: ``figure.axes`` holds one panel per family (spare grid cells removed).
+    ``figure.axes`` holds one panel per family (spare grid cells removed).
     """
     logs = run if isinstance(run, RunLogs) else load_run(run)
     panels = group_panels(logs.scalars, logs.optimized_metric)
@@ -255,13 +254,8 @@ def plot_sweep(sweep: SweepSummary, path: str | Path | None = None) -> Figure:
     One panel per swept parameter (jobs as numbered points, the best a green star; a log axis
     for numbers spanning more than a decade), then each job's validation curve of the metric.
 
-    Args:
-        sweep: what :func:`mmtf.report.summarize_sweep` returned.
-        path: where to save the PNG (None: do not save).
-
-    Returns:
-        The figure: one axis per swept parameter (one empty panel when nothing varies), plus
-        the curves panel.
+    ``sweep``: what :func:`mmtf.report.summarize_sweep` returned; ``path``: where to save the
+    PNG (None: do not save). With nothing varying, the parameter panel is empty.
     """
     params = sweep.swept or ["(no parameter varies between jobs)"]
     curves = [job for job in sweep.jobs if len(job.curve) > 1]
