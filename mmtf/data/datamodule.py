@@ -54,16 +54,12 @@ class BatchOptions:
     """How the splits are cut into batches (``data.batches``; a mixture's, not its sources').
 
     Args:
-        batch_size: training batch size; None with ``max_seconds_per_batch`` /
-            ``max_pixels_per_batch`` (exactly one of them rules).
-        eval_batch_size: val/test batch size (None: ``batch_size``, read when the loader is
-            built, so setting ``datamodule.batch_size`` later changes both).
-        max_seconds_per_batch, max_pixels_per_batch: cut training batches by padded size
-            instead (examples x the longest clip / largest image <= this);
-            docs/design/duration-batching.md.
-        eval_max_seconds_per_batch, eval_max_pixels_per_batch: the val/test counterparts
-            (val/test use the first set of: these, ``eval_batch_size``, ``batch_size``, the
-            training budget).
+        batch_size, max_seconds_per_batch, max_pixels_per_batch: training batches of this many
+            examples, or cut by padded size (examples x the longest clip / largest image <=
+            this; docs/design/duration-batching.md); exactly one of them is set.
+        eval_*: the val/test counterparts; val/test use the first set of: the eval budgets,
+            ``eval_batch_size``, ``batch_size`` (read when the loader is built), the training
+            budget.
         bucketing, bucket_size: batch similar lengths together, in pools of this many
             batches. drop_last: drop the last incomplete training batch.
     """
