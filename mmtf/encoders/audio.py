@@ -187,9 +187,8 @@ class SpecAugment(nn.Module):
         freq_masks: bands masked per clip; freq_mask_width: max width of each, in mel bins.
         time_masks: spans masked per clip (adaptive: the most per clip); time_mask_width: max
             width of each, in frames.
-        time_mask_mode: ``fixed`` | ``adaptive``.
-        time_mask_fraction: adaptive: a mask covers less than this share of the valid frames.
-        time_mask_multiplicity: adaptive: masks per valid frame (0.04: one per 25 frames).
+        time_mask_mode, time_mask_fraction, time_mask_multiplicity: ``fixed`` | ``adaptive``,
+            and adaptive's limits above (multiplicity 0.04: one mask per 25 valid frames).
     """
 
     def __init__(self, *, freq_masks: int = 2, freq_mask_width: int = 8, time_masks: int = 2,
@@ -279,8 +278,7 @@ class ConvStem(nn.Module):
     ``4k - 3 .. 4k + 3``.
 
     Args:
-        in_channels: mel bins f. dim: output width c.
-        strides: the two convolutions' strides.
+        in_channels, dim, strides: mel bins f, output width c, the two convolutions' strides.
     """
 
     def __init__(self, *, in_channels: int, dim: int, strides: Sequence[int] = (2, 2)) -> None:
@@ -331,8 +329,8 @@ class AudioEncoder(Encoder):
             raise ValueError. Crop in the data pipeline. None = no limit.
         causal: causal self-attention (streaming research only; warns).
         activation_checkpointing: as :class:`mmtf.nn.TransformerStack`.
-        pretrained: export folder to load weights from (:meth:`Encoder.load_pretrained`).
-        freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
+        pretrained, freeze: an export folder to load (:meth:`Encoder.load_pretrained`); no
+            trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
     """
 
     def __init__(self, *, dim: int = 128, depth: int = 4, num_heads: int = 4,
