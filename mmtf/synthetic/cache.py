@@ -100,15 +100,13 @@ def _marker_hash(root: Path) -> str | None:
 
 
 def ensure_synthetic(root: str | os.PathLike, kind: str, **params: Any) -> Path:
-    """Make sure ``root`` holds the synthetic set ``kind`` generated with ``params``.
+    """Make sure ``root`` holds the synthetic set ``kind`` generated with ``params``; return
+    ``root`` as an absolute path.
 
     Args:
         root: the set's folder (created, or replaced if it holds a different synthetic set).
         kind: ``audio_captions`` | ``audio_labels`` | ``image_captions`` | ``image_labels``.
         **params: the writer's keyword arguments (sizes, seed, ...).
-
-    Returns:
-        ``root`` as an absolute path.
 
     Raises:
         DataError: ``root`` is not empty and was not written here (it is never overwritten).
