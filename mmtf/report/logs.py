@@ -35,10 +35,9 @@ class Timing:
     """How long a run took and how fast it trained.
 
     Attributes:
-        wall_s: seconds from the first to the last entry of ``source`` (None if unknown).
-        source: where ``wall_s`` comes from, in words.
-        steps_per_s: optimizer steps per second of training (None if unknown).
-        throughput_source: where ``steps_per_s`` comes from, in words.
+        wall_s, source: seconds from the first to the last entry of ``source`` (None if
+            unknown), and where they come from, in words.
+        steps_per_s, throughput_source: optimizer steps per second of training, and whence.
     """
 
     wall_s: float | None = None
@@ -58,7 +57,7 @@ class RunLogs:
         final_metrics: ``metrics.json`` (``{}`` when the run has not finished).
         sources: the log files read, in merge order.
         resumed_at: the first training step of each start after the first (a resumed run).
-        timing: wall time and throughput.
+        timing: :class:`Timing`.
     """
 
     run_dir: Path
@@ -109,11 +108,7 @@ def check_dir(path: str | Path) -> Path:
 
 
 def load_run(run_dir: str | Path, *, require_logs: bool = True) -> RunLogs:
-    """Read one run dir.
-
-    Args:
-        run_dir: a run dir written by ``python -m mmtf.train``.
-        require_logs: raise when the run holds no scalar logs (CSV or TensorBoard).
+    """Read one run dir written by ``python -m mmtf.train``.
 
     Raises:
         UserError: ``run_dir`` is not a run dir, or holds no logs while ``require_logs``.

@@ -125,12 +125,11 @@ class RunSummary:
 
 def summarize(run_dir: str | Path, *, metric: str | None = None,
               mode: Literal["min", "max"] | None = None) -> RunSummary:
-    """Summarize one training run.
+    """Summarize one run dir written by ``python -m mmtf.train``.
 
     Args:
-        run_dir: a run dir written by ``python -m mmtf.train``.
-        metric: the metric to call "optimized" (default: the run's ``optimized_metric``).
-        mode: ``min`` or ``max`` for ``metric`` (default: :func:`metric_mode`).
+        metric, mode: the metric to call "optimized" and ``min`` | ``max`` for it (defaults:
+            the run's ``optimized_metric``, :func:`metric_mode`).
 
     Raises:
         UserError: ``run_dir`` is not a run dir or holds no logs.
