@@ -97,8 +97,7 @@ def check_targets(cfg: Any, where: str, safe_targets: Iterable[str] | None = Non
     """Refuse any ``_target_`` outside :data:`ALLOWED_TARGET_PREFIXES` (recursively).
 
     Args:
-        cfg: a plain config tree (dicts and lists).
-        where: its name in messages (``config.model``).
+        cfg, where: a plain config tree (dicts and lists) and its name in messages.
         safe_targets: the loading command's extra module prefixes; None = ``MMTF_SAFE_TARGETS``.
         stored: the prefixes the checkpoint's own config lists, named in the refusal only.
     """
