@@ -400,8 +400,7 @@ class AudioEncoder(Encoder):
         """Centre of each memory position in seconds from the clip start, (s,) float64.
 
         Position k is centred on log-mel frame ``stem.stride * k``, and frame j on sample
-        ``j * hop_length`` (the STFT is centred), so k sits at ``k * seconds_per_position``.
-        """
+        ``j * hop_length`` (the STFT is centred), so k sits at ``k * seconds_per_position``."""
         return torch.arange(num_positions, dtype=torch.float64) * self.seconds_per_position
 
     def forward(self, inputs: Tensor, lengths: Tensor | None = None, *,

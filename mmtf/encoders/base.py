@@ -4,10 +4,9 @@ Every encoder is called the same way, ``out = encoder(inputs, lengths=None)``, a
 :class:`EncoderOutput` of ``memory`` (b, s, c) and ``mask`` (b, s), so any encoder plugs into any
 decoder (cross-attention ``context`` / ``context_mask``) or downstream head (:func:`pool`).
 
-Pretrained weights are an export folder (``weights.safetensors`` + ``config.yaml``) read through
-:func:`mmtf.hub.open_export`; :meth:`Encoder.load_pretrained` compares every tensor, buffer and
-setting before copying anything, and never unpickles. Hugging Face folders are read by
-:mod:`mmtf.pretrained`.
+Pretrained weights are an export folder (``weights.safetensors`` + ``config.yaml``) that
+:meth:`Encoder.load_pretrained` compares in full before copying (never unpickling); Hugging
+Face folders are read by :mod:`mmtf.pretrained`.
 
 Shapes: b batch, s memory length (frames or patches, CLS included), c = dim.
 """
@@ -96,8 +95,7 @@ class Encoder(nn.Module):
     in ``__init__``.
 
     Freezing sets ``requires_grad=False`` and pins eval mode (``.train()`` on any parent leaves
-    it in eval); :meth:`unfreeze` undoes both.
-    """
+    it in eval); :meth:`unfreeze` undoes both."""
 
     dim: int
     has_cls: bool = False

@@ -156,11 +156,17 @@ class VisionEncoder(Encoder):
     def forward(self, inputs: Tensor, lengths: Tensor | None = None, *,
                 attention_layers: AttentionLayers | None = None,
                 ) -> EncoderOutput | tuple[EncoderOutput, AttentionMaps]:
-        """Encode (b, in_channels, H, W) float images, H and W multiples of ``patch_size``.
+        """Encode a batch of images.
 
-        Returns :class:`EncoderOutput` memory (b, s, c), s = (H / patch) * (W / patch) (+1 with
-        CLS first), mask (b, s) all True (``lengths`` is ignored); with ``attention_layers``
-        (``{"self": [layers]}``) also ``{"self": {layer: (b, h, s, s)}}``.
+        Args:
+            inputs: (b, in_channels, H, W) float, H and W multiples of ``patch_size``.
+            lengths: ignored (every patch is valid).
+            attention_layers: as :meth:`~mmtf.encoders.AudioEncoder.forward`.
+
+        Returns:
+            EncoderOutput: memory (b, s, c), s = (H / patch) * (W / patch) (+1 with CLS first);
+            mask (b, s) all True. With ``attention_layers`` also ``{"self": {layer: (b, h, s,
+            s)}}``.
         """
         self._check_inputs(inputs)
         dtype = next(self.patch_embed.parameters()).dtype

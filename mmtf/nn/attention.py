@@ -127,8 +127,10 @@ class Attention(nn.Module):
             context: cross-attention source, (b, m, kv_dim); None reuses a filled cache.
             key_mask: (b, m) bool, True = a real key (cached self-attention: m = cached + new).
             cache: self-attention appends the new K/V; cross-attention fills it once.
-            need_weights: also return the attention probabilities (b, h, n, m) (explicit
-                softmax path) after the output (b, n, c).
+            need_weights: also return the attention probabilities (explicit softmax path).
+
+        Returns:
+            (b, n, c), and with ``need_weights`` also the weights (b, h, n, m).
         """
         self._check_inputs(x, context, cache)
         q = rearrange(self.to_q(x), "b n (h d) -> b h n d", h=self.num_heads)
@@ -192,8 +194,7 @@ class Attention(nn.Module):
         """Reference softmax path that also returns the weights (b, h, n, m) in the dtype of q.
 
         Scores and softmax run in at least float32 (float64 stays float64), and q is scaled
-        before the matmul, as in SDPA: unscaled float16 scores overflow from |q.k| > 65504.
-        """
+        before the matmul, as in SDPA: unscaled float16 scores overflow from |q.k| > 65504."""
         r = self.num_heads // self.num_kv_heads
         k, v = (t.repeat_interleave(r, dim=1) for t in (k, v))           # (b, h, m, d)
         acc = torch.promote_types(q.dtype, torch.float32)

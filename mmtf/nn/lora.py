@@ -1,5 +1,4 @@
-"""LoRA (Hu et al. 2021, arXiv:2106.09685) on the linear projections of every
-:class:`~mmtf.nn.transformer.TransformerBlock`.
+"""LoRA (Hu et al. 2021, arXiv:2106.09685) on every ``TransformerBlock``'s linear projections.
 
 ``y = W x + b + (B A dropout(x)) * alpha / r`` (A Kaiming-uniform as PEFT draws it, B zero).
 :class:`LoRALinear` *is* an ``nn.Linear``, so name tables and state dicts of the base keep
@@ -83,8 +82,7 @@ class _DroppedLowRank(torch.autograd.Function):
 
     Plain autograd would keep two more input-sized tensors per adapted projection; backward
     rebuilds ``dropout(x)`` from ``x`` and the mask, in forward's autocast dtype. Backward is
-    not itself differentiable (a double backward raises). Why: docs/design/lora.md, "Memory".
-    """
+    not itself differentiable (a double backward raises). Why: docs/design/lora.md, "Memory"."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, a: Tensor, b: Tensor, scale: float, p: float) -> Tensor:

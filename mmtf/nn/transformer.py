@@ -80,8 +80,7 @@ class MLP(nn.Module):
 
     Kinds: "gelu" (exact erf GELU), "gelu_tanh" (its tanh approximation, GPT-2), "quick_gelu"
     (``x * sigmoid(1.702 x)``, CLIP), "swiglu". SwiGLU uses 2/3 of the hidden width so every
-    kind has the same parameter count.
-    """
+    kind has the same parameter count."""
 
     def __init__(self, *, dim: int, mlp_ratio: float = 4.0, kind: MlpKind = "gelu",
                  dropout: float = 0.0, bias: bool = False) -> None:
@@ -159,8 +158,11 @@ class TransformerBlock(nn.Module):
             key_mask: (b, m_self) bool self-attention key mask, True = real token.
             context, context_mask: encoder memory (b, m, cross_dim) and its (b, m) bool mask.
             cache, cross_cache: per-layer KV caches for incremental decoding.
-            need_weights: attentions ("self", "cross") whose probabilities ``{kind: (b, h, n,
-                m)}`` to return after (b, n, c); they run the explicit softmax path.
+            need_weights: attentions ("self", "cross") whose probabilities to return (on the
+                explicit softmax path).
+
+        Returns:
+            (b, n, c); with ``need_weights`` also ``{kind: (b, h, n, m)}`` for each kind asked.
         """
         weights: dict[str, Tensor] = {}
         out = self.self_attn(self.norm_self(x), key_mask=key_mask, cache=cache,
