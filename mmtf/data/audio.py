@@ -72,13 +72,8 @@ def _check_header(path: Path, info: AudioInfo, log: str, channels: int | None,
 
 def audio_info(path: str | os.PathLike, *, channels: int | None = None,
                where: str | None = None, data: bytes | None = None) -> AudioInfo:
-    """Read and validate the header of one audio file (no samples are decoded).
-
-    Args:
-        path, channels, where, data: as :func:`load_audio`.
-
-    Returns:
-        Frames, sample rate and channel count.
+    """Frames, sample rate and channel count from one audio file's validated header (no
+    samples are decoded); ``path``, ``channels``, ``where``, ``data`` as :func:`load_audio`.
 
     Raises:
         DataError: missing, empty, undecodable, truncated (WAV), zero-length or wrong channels.

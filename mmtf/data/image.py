@@ -132,8 +132,7 @@ def transformed_pixels(sizes: Sequence[tuple[int, int]],
 def build_eval_image_transform(data_cfg: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
     """The val/test image pipeline of a stored data config (``cfg.data`` as a dict).
 
-    Used by ``mmtf.predict`` to preprocess raw images exactly as evaluation did.
-    """
+    Used by ``mmtf.predict`` to preprocess raw images exactly as evaluation did."""
     return build_transform((data_cfg.get("transforms") or {}).get("eval"))
 
 

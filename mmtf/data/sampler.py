@@ -402,10 +402,8 @@ def _merge(batches: list[list[Key]], count: int, lengths: np.ndarray) -> list[li
 
 
 def sample_rng(seed: int, epoch: int, index: int, stream: int = 0) -> np.random.Generator:
-    """A numpy generator that depends only on ``(seed, epoch, index, stream)``.
-
-    Per-item randomness in a Dataset (where to crop) then depends neither on the worker nor on a
-    resume, unlike a worker's global generators.
+    """A numpy generator that depends only on ``(seed, epoch, index, stream)``: per-item
+    randomness (where to crop) then depends neither on the worker nor on a resume.
 
     Args:
         epoch: the epoch of the key ``(item, caption, epoch)`` the sampler yielded.

@@ -59,10 +59,7 @@ def read_audiocaps(root: Path, split: str, *, report: Report,
                    splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
     """One split of an AudioCaps-layout dataset: an item per clip with all its captions.
 
-    Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
-        splits: our split -> CSV name (default train / val / test).
-    """
+    ``splits``: our split -> CSV name (default train / val / test)."""
     name = split_name(split, splits or SPLIT_NAMES, "audiocaps")
     index = root / f"{name}.csv"
     require_index(index, split, "audiocaps", f" (expected {name}.csv)")

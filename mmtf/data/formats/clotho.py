@@ -43,10 +43,7 @@ def read_clotho(root: Path, split: str, *, report: Report,
                 splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
     """One split of a Clotho-layout dataset: an item per CSV row with a non-empty caption.
 
-    Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
-        splits: our split -> Clotho name (default development / validation / evaluation).
-    """
+    ``splits``: our split -> Clotho name (default development / validation / evaluation)."""
     name = split_name(split, splits or SPLIT_NAMES, "clotho")
     index = csv_path(root, name)
     require_index(index, split, "clotho", f" (expected clotho_captions_{name}.csv)")

@@ -38,7 +38,6 @@ def read_image_folder(root: Path, split: str, *, report: Report,
     """One split of an ImageFolder-layout dataset: its items and the class names.
 
     Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         splits: our split -> sub-folder name (default train / val / test).
         val_fraction, test_fraction: each class's share when there are no split folders.
         seed: shuffles the files before the fractional split.

@@ -34,10 +34,7 @@ def read_librispeech(root: Path, split: str, *, report: Report,
                      splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
     """One split of a LibriSpeech corpus: an item per transcript line with audio, by id.
 
-    Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
-        splits: our split -> LibriSpeech subset name(s), ``+``-joined.
-    """
+    ``splits``: our split -> LibriSpeech subset name(s), ``+``-joined."""
     names = split_name(split, splits or SPLIT_NAMES, "librispeech").split("+")
     items: list[CaptionItem] = []
     for name in names:

@@ -34,7 +34,6 @@ def read_manifest(root: Path, split: str, *, report: Report, modality: str = "au
     """One split of a JSONL manifest dataset: an item per valid line.
 
     Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         modality: ``audio`` | ``image``; a line with the other media key is a bad line.
         splits: our split -> manifest file stem (default train / val / test).
     """
