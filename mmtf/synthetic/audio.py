@@ -92,8 +92,7 @@ def sample_scene(rng: np.random.Generator, *, min_seconds: float = 2.0, max_seco
     """Draw one scene: 1-3 events with gaps, fitted into a clip of min..max seconds.
 
     Events longer than the clip allows (tiny test clips) are shrunk proportionally. ``first``
-    fixes the class (index into :data:`EVENTS`) of the first event (balanced label sets).
-    """
+    fixes the class (index into :data:`EVENTS`) of the first event (balanced label sets)."""
     n = int(rng.integers(min_events, max_events + 1))
     classes = [EVENTS[int(k)] for k in rng.integers(0, len(EVENTS), size=n)]
     if first is not None:
@@ -310,8 +309,7 @@ def parse_caption(text: str) -> EventSequence | None:
     model's output) describes, or None when it is unparsable or ambiguous.
 
     Case, hyphens and punctuation other than commas are ignored. "X after Y" and "X preceded by
-    Y" reverse the order (in two-event captions only); every other connector keeps it.
-    """
+    Y" reverse the order (in two-event captions only); every other connector keeps it."""
     toks = _toks(text)
     results = set()
     for pre in _PREFIXES:
@@ -339,8 +337,7 @@ def clip_scene(seed: int, split: str, index: int, **scene_kw: Any) -> Scene:
     """The scene of clip ``index`` of ``split`` in a caption set written with ``seed``.
 
     The one seeding rule of :func:`write_caption_set`, so evaluators can recover the true events
-    (onsets, durations) of a written clip from its name and the set's parameters.
-    """
+    (onsets, durations) of a written clip from its name and the set's parameters."""
     return _scene((seed, CAPTION_SPLITS.index(split), index), **scene_kw)
 
 

@@ -64,8 +64,7 @@ def caption_parser(name: str | None) -> Callable[[str], Any] | None:
     """The caption -> event sequence parser of the data set called ``name``.
 
     The metric code looks it up by the data set's name (``data.synthetic.kind`` of the run);
-    None for a label set, for real data and for no name: those have no event accuracy.
-    """
+    None for a label set, for real data and for no name: those have no event accuracy."""
     row = SETS.get(name) if name is not None else None
     return row.caption_parser if row is not None else None
 
@@ -104,8 +103,8 @@ def ensure_synthetic(root: str | os.PathLike, kind: str, **params: Any) -> Path:
     ``root`` as an absolute path.
 
     Args:
-        root: the set's folder (created, or replaced if it holds a different synthetic set).
-        kind: ``audio_captions`` | ``audio_labels`` | ``image_captions`` | ``image_labels``.
+        root, kind: the set's folder (created, or replaced if it holds another synthetic set);
+            ``audio_captions`` | ``audio_labels`` | ``image_captions`` | ``image_labels``.
         **params: the writer's keyword arguments (sizes, seed, ...).
 
     Raises:

@@ -257,8 +257,7 @@ def write_label_set(root: str | Path, *, num_train: int = 2000, num_val: int = 2
     """Write a one-shape-per-image classification set (label = shape) as ImageFolder.
 
     Writes ``{train,val,test}/<shape>/*.png`` with the classes of :data:`SHAPES`; image ``i`` of
-    a split shows shape ``i % 4`` (balanced classes). Arguments as :func:`write_caption_set`.
-    """
+    a split shows shape ``i % 4`` (balanced classes). Arguments as :func:`write_caption_set`."""
     _check_args(image_size, 1, 1)
     root = Path(root)
     for split_idx, (split, count) in enumerate((("train", num_train), ("val", num_val),
