@@ -187,8 +187,7 @@ def display_image(image: Tensor, data_cfg: dict[str, Any] | None = None) -> np.n
     """A model input (3, H, W) back to a picture (H, W, 3) in [0, 1].
 
     The last ``Normalize`` of the data config's ``transforms.eval`` is inverted; without one
-    each channel is min-max scaled.
-    """
+    each channel is min-max scaled."""
     x = image.float()
     norm = [t for t in ((data_cfg or {}).get("transforms") or {}).get("eval") or []
             if isinstance(t, dict) and str(t.get("_target_", "")).endswith(".Normalize")]
@@ -312,8 +311,7 @@ def inspect_input(task, inputs: Tensor, lengths: Tensor | None, out_dir: str | P
                   name: str = "inspect", **options) -> Inspection:
     """Draw and save the figures of one input (see :func:`inspection_figures` for options).
 
-    Writes ``{name}_{figure}.png`` into ``out_dir`` and, for audio, ``{name}_words.tsv``.
-    """
+    Writes ``{name}_{figure}.png`` into ``out_dir`` and, for audio, ``{name}_words.tsv``."""
     device = next(task.model.parameters()).device
     inputs = inputs.to(device)
     lengths = None if lengths is None else lengths.to(device)

@@ -85,8 +85,7 @@ def _time_map(ax, matrix: np.ndarray, position_seconds: float, labels: Sequence[
     """Draw an (n, m) token-by-position map with positions centred at k * position_seconds.
 
     The colour range is the map's own (the colour bar gives the values): near-uniform
-    attention of an early model would otherwise be one flat colour.
-    """
+    attention of an early model would otherwise be one flat colour."""
     n, m = matrix.shape
     im = ax.imshow(matrix, aspect="auto", cmap=CMAP, interpolation="nearest",
                    extent=(-0.5 * position_seconds, (m - 0.5) * position_seconds, n - 0.5, -0.5))

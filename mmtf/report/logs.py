@@ -154,8 +154,7 @@ def read_csv(path: Path) -> list[Segment]:
     """One CSVLogger file as segments: a new segment starts where the step goes back.
 
     The step column of one start only grows; where it falls, a later start (a resume from an
-    earlier checkpoint) appended to the file.
-    """
+    earlier checkpoint) appended to the file."""
     segments: list[Segment] = [{}]
     last_step = -1
     with path.open(newline="") as file:
@@ -187,8 +186,7 @@ def merge_segments(segments: Iterable[Segment]) -> dict[str, Series]:
 
     A later segment replaces, per key, the earlier points from its own first step of that key
     on: after a resume from a checkpoint at step s, the points an interrupted run logged past s
-    belong to training that was thrown away. Points of other keys (an earlier validation) stay.
-    """
+    belong to training that was thrown away. Points of other keys (an earlier validation) stay."""
     merged: dict[str, dict[int, float]] = {}
     for segment in segments:
         for key, points in segment.items():
@@ -205,8 +203,7 @@ def measure_time(log_file: Path, tb_segments: list[dict[str, list[tuple[int, flo
     """Wall time from the job log's timestamps; steps/s from TensorBoard's event times.
 
     Falls back to file modification times for the wall time, and to the logged step range over
-    the wall time for the throughput; ``Timing.source``/``throughput_source`` say which.
-    """
+    the wall time for the throughput; ``Timing.source``/``throughput_source`` say which."""
     timing = Timing()
     stamps = _log_times(log_file) if log_file.is_file() else []
     if len(stamps) >= 2:

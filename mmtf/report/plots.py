@@ -1,8 +1,7 @@
 """Learning curves of one run and metric-vs-parameter plots of a sweep, as matplotlib figures.
 
-Headless: the figures are plain ``matplotlib.figure.Figure`` objects, never pyplot's, so no
-display and no global backend are touched (a notebook still shows them inline); ``savefig``
-renders the PNG with Agg. They are returned, so a caller or a test can look at the axes.
+Headless: plain ``matplotlib.figure.Figure`` objects, never pyplot's (no display or global
+backend touched; a notebook still shows them), rendered with Agg and returned for inspection.
 """
 
 from __future__ import annotations
@@ -76,8 +75,7 @@ def group_panels(scalars: dict[str, Series], optimized_metric: str | None) -> di
     """``{panel title: [keys]}``: loss first, the optimized metric's family next, lr last.
 
     A family logged only at test time (one point, e.g. METEOR) gets no panel: the summary's
-    test table holds it.
-    """
+    test table holds it."""
     families: dict[str, list[str]] = {}
     lr: list[str] = []
     for key in scalars:
@@ -255,8 +253,7 @@ def plot_sweep(sweep: SweepSummary, path: str | Path | None = None) -> Figure:
     for numbers spanning more than a decade), then each job's validation curve of the metric.
 
     ``sweep``: what :func:`mmtf.report.summarize_sweep` returned; ``path``: where to save the
-    PNG (None: do not save). With nothing varying, the parameter panel is empty.
-    """
+    PNG (None: do not save). With nothing varying, the parameter panel is empty."""
     params = sweep.swept or ["(no parameter varies between jobs)"]
     curves = [job for job in sweep.jobs if len(job.curve) > 1]
     n = len(params) + bool(curves)

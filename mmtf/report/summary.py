@@ -183,8 +183,7 @@ def config_diff(default: dict, config: dict, *,
     A subtree replaced by a value (``callbacks.rich_progress_bar=null``) is one change. Keys
     under ``paths`` and keys whose default interpolates ``${paths.*}``, ``${hydra:...}`` or
     ``${now:...}`` in ``raw_default`` (the unresolved defaults: output dirs, data roots) are
-    not compared.
-    """
+    not compared."""
     changes: list[ConfigChange] = []
 
     def walk(default: Any, value: Any, raw_default: Any, key: str) -> None:
