@@ -97,8 +97,7 @@ def check_targets(cfg: Any, where: str, safe_targets: Iterable[str] | None = Non
     """Refuse any ``_target_`` outside :data:`ALLOWED_TARGET_PREFIXES` (recursively).
 
     Args:
-        cfg: a plain config tree (dicts and lists).
-        where: its name in messages (``config.model``).
+        cfg, where: a plain config tree (dicts and lists) and its name in messages.
         safe_targets: the loading command's extra module prefixes; None = ``MMTF_SAFE_TARGETS``.
         stored: the prefixes the checkpoint's own config lists, named in the refusal only.
     """
@@ -136,8 +135,7 @@ def stored_config(checkpoint: dict[str, Any], path: str | os.PathLike,
                   safe_targets: Iterable[str] | None = None) -> dict[str, Any]:
     """The composed config saved in an mmtf checkpoint, checked against the allowlist.
 
-    ``safe_targets``: the loading command's extra module prefixes (None: ``MMTF_SAFE_TARGETS``).
-    """
+    ``safe_targets``: the loading command's extra module prefixes (None: ``MMTF_SAFE_TARGETS``)."""
     cfg = (checkpoint.get("mmtf") or {}).get("config")
     if not isinstance(cfg, dict) or "model" not in cfg:
         raise CheckpointError(f"checkpoint {path} carries no mmtf config (checkpoint['mmtf']"
@@ -226,8 +224,7 @@ def stale_temp_files(target: str | os.PathLike) -> list[Path]:
 
 def atomic_torch_save(obj: Any, target: str | os.PathLike) -> None:
     """``torch.save(obj, target)`` so that ``target`` is either the old file or the complete new
-    one, whatever kills the process and when; stale temp files of ``target`` are then removed.
-    """
+    one, whatever kills the process and when; stale temp files of ``target`` are then removed."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / (f"{_temp_prefix(target)}{_host_tag()}.{os.getpid()}."
@@ -261,8 +258,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     Use it as a Trainer plugin: ``Trainer(plugins=[AtomicCheckpointIO()])`` or, in
     ``conf/trainer/*.yaml``, ``plugins: [{_target_: mmtf.checkpoint_io.AtomicCheckpointIO}]``.
     Remote URLs (``s3://`` ...) fall back to Lightning's fsspec path, which is atomic on object
-    stores by construction.
-    """
+    stores by construction."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
                         storage_options: Any | None = None) -> None:

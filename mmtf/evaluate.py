@@ -54,10 +54,8 @@ def build_datamodule(stored: dict[str, Any], overrides: Any) -> L.LightningDataM
 def crop_long_audio(task: Task, datamodule: L.LightningDataModule, split: str) -> None:
     """Score audio longer than ``model.encoder.max_seconds`` on its first ``max_seconds``.
 
-    Evaluation scores one caption per clip against its references, so the predict CLI's
-    ``long_audio=window`` does not apply: clips that fit are scored whole (as
-    ``data.crop.eval=full`` does), longer ones are cropped, with one warning naming them.
-    """
+    One caption per clip is scored, so predict's ``long_audio=window`` does not apply: clips
+    that fit are scored whole, longer ones cropped, with one warning naming them."""
     limit = task.encoder.max_seconds if task.modality == "audio" else None
     if limit is None or datamodule.modality != "audio":
         return

@@ -260,8 +260,8 @@ def open_export(source: str | Path, *, owner: str, key: str = "model.encoder.pre
 
     Args:
         source: the folder written by ``python -m mmtf.export``, or a ``.safetensors`` file.
-        owner: the reading class or config key, named in every message.
-        key: the config key that names ``source``, named in the fix.
+        owner, key: the reading class or config key (named in every message), and the config
+            key that names ``source`` (named in the fix).
         error: the :class:`UserError` subclass to raise (``CheckpointError`` for ``mmtf.export``).
 
     Raises:

@@ -55,8 +55,7 @@ def _pin_ddp_children_to_this_run(output_dir: str) -> None:
     Lightning re-launches ``sys.argv`` for ranks > 0 with ``hydra.run.dir=<HydraConfig.run.dir>``.
     In a multirun that argv still holds ``-m`` and the sweep lists (each child would run the whole
     sweep), and ``run.dir`` holds a ``${now:}`` that resolves to a new time (a duplicate dir). So
-    rank 0 rewrites both once: argv = this job's own overrides, run.dir = this job's output dir.
-    """
+    rank 0 rewrites both once: argv = this job's own overrides, run.dir = this job's output dir."""
     if not HydraConfig.initialized() or int(os.environ.get("LOCAL_RANK", "0")) != 0:
         return
     hc = HydraConfig.get()
@@ -148,12 +147,9 @@ def optimized_value(trainer: L.Trainer, metrics: dict[str, float], name: str, mo
                     once: set[str]) -> float | None:
     """The best value of ``name`` by ``mode`` over the run: what a sweep optimises.
 
-    A validation metric is logged at every validation, and its last value is not the run's
-    result (a run that overfits late would be ranked by its worst epoch, while it is tested on
-    its best checkpoint). The checkpoint callback that monitors ``name`` in ``mode`` keeps the
-    best score, across resumes too (its state is in the checkpoint). A metric logged ``once``
-    (the test metrics) is its value, and so is one that callback never scored (fast_dev_run).
-    """
+    Not the last value: a run that overfits late is tested on its best checkpoint. The checkpoint
+    callback monitoring ``name`` in ``mode`` keeps the best score, across resumes too. A metric
+    logged ``once`` (test metrics) is its value, as is one that callback never scored."""
     monitoring = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)
                   and c.monitor == name and c.mode == mode]
     for callback in monitoring:
@@ -174,8 +170,7 @@ def connect_tokenizer(cfg: DictConfig, task: Task, datamodule: L.LightningDataMo
 
     Every DDP rank runs this (Lightning re-launches the script), and resolution is
     deterministic, so every rank holds the same tokenizer. Why here: see
-    docs/design/tokenizer-ownership.md
-    """
+    docs/design/tokenizer-ownership.md"""
     spec = cfg.get("tokenizer")
     if not isinstance(task, CaptioningTask):
         if spec is not None:
@@ -238,12 +233,9 @@ _DDP_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE
 def _isolated_ddp_job() -> Iterator[None]:
     """Leave no DDP state behind a job, so the next job of a multirun starts its own.
 
-    Rank 0 runs every job of a sweep in one process. Lightning keeps the process group until
-    the process exits and leaves ``LOCAL_RANK`` (and the master address/port) in
-    ``os.environ``: the next job would find ``LOCAL_RANK`` set, conclude that someone else
-    launches the ranks, start none and wait forever in the rendezvous (or, with the old group
-    still initialised, talk to ranks that have exited). Undo both after each job.
-    """
+    Rank 0 runs every job of a sweep in one process; Lightning keeps the process group and leaves
+    ``LOCAL_RANK`` (and the master address/port) in ``os.environ``, so the next job would launch
+    no ranks and wait forever in the rendezvous. Undo both after each job."""
     before = {k: os.environ.get(k) for k in _DDP_ENV}
     try:
         yield
@@ -268,8 +260,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 def _resume_in_its_run_dir(argv: list[str]) -> list[str]:
     """``ckpt_path=<run>/checkpoints/x.ckpt`` continues in ``<run>`` (not a new run dir).
 
-    ``last`` and ``auto`` name no file: they resume in the run dir given by ``hydra.run.dir``.
-    """
+    ``last`` and ``auto`` name no file: they resume in the run dir given by ``hydra.run.dir``."""
     args = argv[1:]
     if {"-m", "--multirun"} & set(args) or any(a.startswith("hydra.run.dir=") for a in args):
         return argv

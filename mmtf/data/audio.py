@@ -72,13 +72,8 @@ def _check_header(path: Path, info: AudioInfo, log: str, channels: int | None,
 
 def audio_info(path: str | os.PathLike, *, channels: int | None = None,
                where: str | None = None, data: bytes | None = None) -> AudioInfo:
-    """Read and validate the header of one audio file (no samples are decoded).
-
-    Args:
-        path, channels, where, data: as :func:`load_audio`.
-
-    Returns:
-        Frames, sample rate and channel count.
+    """Frames, sample rate and channel count from one audio file's validated header (no
+    samples are decoded); ``path``, ``channels``, ``where``, ``data`` as :func:`load_audio`.
 
     Raises:
         DataError: missing, empty, undecodable, truncated (WAV), zero-length or wrong channels.
@@ -160,14 +155,9 @@ def is_cropped(frames: int, want: int | None, crop: Crop) -> bool:
 
 def crop_window(frames: int, want: int | None, crop: Crop,
                 rng: np.random.Generator | None = None) -> tuple[int, int]:
-    """Start and length (in frames) of the part of a ``frames``-long file to decode.
-
-    Args:
-        frames: file length.
-        want: the most frames to keep (None = all).
-        crop: ``random`` | ``center`` | ``start`` | ``full``.
-        rng: the generator for ``random`` (a fresh unseeded one if None).
-    """
+    """Start and length (in frames) of the part of a ``frames``-long file to decode: at most
+    ``want`` (None = all) chosen by ``crop`` (``random`` with ``rng``, else a fresh unseeded
+    generator | ``center`` | ``start`` | ``full``)."""
     if crop not in CROP_CHOICES:
         raise UserError(f"crop ({crop!r}) must be one of {CROP_CHOICES}.")
     if not is_cropped(frames, want, crop):
@@ -186,7 +176,7 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
                channels: int | None = None, rng: np.random.Generator | None = None,
                where: str | None = None, check_header: bool = True,
                data: bytes | None = None) -> Tensor:
-    """Decode one audio file to a mono float32 waveform at ``sample_rate``.
+    """Decode one audio file to a mono float32 waveform (s,) at ``sample_rate``.
 
     Args:
         path: WAV, FLAC, OGG or MP3 file (with ``data``: only its name in messages).
@@ -194,13 +184,9 @@ def load_audio(path: str | os.PathLike, *, sample_rate: int | None = 16000,
         max_seconds, crop: keep at most this much audio (None = all), chosen by ``crop``
             (``random`` | ``center`` | ``start``; ``full`` ignores ``max_seconds``).
         channels: required channel count, or None to accept any (mixed down to mono).
-        rng: generator for ``crop="random"``.
-        where: the index entry that points to the file, for error messages.
+        rng, where: generator for ``crop="random"``; the index entry naming the file (messages).
         check_header: also run the header checks of :func:`audio_info` (e.g. truncated WAV).
         data: the file's bytes when it is not a file of its own (a tar shard member).
-
-    Returns:
-        The waveform, (s,) float32.
 
     Raises:
         DataError: the file is missing, empty, truncated, undecodable, has no samples, has
@@ -268,15 +254,9 @@ _LOSSLESS_SUBTYPES = ("PCM_S8", "PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT",
 def read_stored_audio(path: str | os.PathLike, *, channels: int | None = None,
                       where: str | None = None, data: bytes | None = None,
                       max_bytes: int | None = None) -> StoredAudio | None:
-    """Decode a whole losslessly coded file for keeping in memory (see :class:`StoredAudio`).
-
-    Args:
-        path, channels, where, data: as :func:`load_audio`.
-        max_bytes: decode only if the samples take at most this many bytes.
-
-    Returns:
-        The samples, or None (nothing decoded) when the coding is lossy or they would not fit
-        ``max_bytes``.
+    """Decode a whole losslessly coded file for keeping in memory (see :class:`StoredAudio`);
+    None (nothing decoded) when the coding is lossy or the samples exceed ``max_bytes``.
+    ``path``, ``channels``, ``where``, ``data``: as :func:`load_audio`.
 
     Raises:
         DataError: as :func:`load_audio`.

@@ -1,9 +1,7 @@
 """LightningDataModules for captioning and classification, over any supported format.
 
-One code path for built-in and real data: a built-in set is first written to ``root`` in its
-real-world layout (by the subclasses in :mod:`mmtf.synthetic`, which override
-:meth:`~MediaDataModule.prepare_data`), then read by the same format reader as a downloaded corpus
-(``format=clotho``, ``coco``, ``esc50``, ``image_folder``, ...).
+One code path for built-in and real data: :mod:`mmtf.synthetic`'s ``prepare_data`` writes a
+built-in set to ``root`` in its real layout, read then by the same format reader as a download.
 
 Pipeline per split: format reader (index -> items) -> :func:`~mmtf.data.datasets.probe` (header
 checks, durations) -> dataset (decode, crop, transform, tokens) -> :class:`BucketBatchSampler`
@@ -56,16 +54,12 @@ class BatchOptions:
     """How the splits are cut into batches (``data.batches``; a mixture's, not its sources').
 
     Args:
-        batch_size: training batch size; None with ``max_seconds_per_batch`` /
-            ``max_pixels_per_batch`` (exactly one of them rules).
-        eval_batch_size: val/test batch size (None: ``batch_size``, read when the loader is
-            built, so setting ``datamodule.batch_size`` later changes both).
-        max_seconds_per_batch, max_pixels_per_batch: cut training batches by padded size
-            instead (examples x the longest clip / largest image <= this);
-            docs/design/duration-batching.md.
-        eval_max_seconds_per_batch, eval_max_pixels_per_batch: the val/test counterparts
-            (val/test use the first set of: these, ``eval_batch_size``, ``batch_size``, the
-            training budget).
+        batch_size, max_seconds_per_batch, max_pixels_per_batch: training batches of this many
+            examples, or cut by padded size (examples x the longest clip / largest image <=
+            this; docs/design/duration-batching.md); exactly one of them is set.
+        eval_*: the val/test counterparts; val/test use the first set of: the eval budgets,
+            ``eval_batch_size``, ``batch_size`` (read when the loader is built), the training
+            budget.
         bucketing, bucket_size: batch similar lengths together, in pools of this many
             batches. drop_last: drop the last incomplete training batch.
     """
@@ -86,7 +80,6 @@ class LoaderOptions:
     """The DataLoader's processes and memory (``data.loader``; a mixture's, not its sources').
 
     Args:
-        num_workers: DataLoader worker processes.
         pin_memory: pin batches in page-locked memory; None = when the trainer's device is
             CUDA (Lightning then copies them with ``non_blocking=True``).
         persistent_workers: keep workers between epochs (only with ``num_workers > 0``).
@@ -105,21 +98,16 @@ class MediaDataModule(L.LightningDataModule):
         root: the dataset folder (relative paths resolve against the working directory).
         modality: ``audio`` | ``image``; fixed by the format except for ``manifest``.
         splits: our split -> the format's split name (e.g. COCO ``{train: train2017, ...}``).
-        sample_rate: audio is resampled to this rate (Hz).
-        max_seconds: longer audio is cropped, per ``crop``.
+        sample_rate, max_seconds: audio is resampled to this rate (Hz); longer audio is cropped.
         crop: ``{train: random | start, eval: full | center | start}`` (defaults: random,
             full); speech trains on ``start`` (its transcript follows the audio's start).
         channels: required audio channel count; None accepts any and mixes to mono.
-        transforms: ``{train: [...], eval: [...]}``: the image transforms (``transforms.v2``
-            lists) of training and of val/test.
-        batches: batch sizes or budgets, bucketing (:class:`BatchOptions`, or a mapping of
-            its fields).
-        loader: workers and pinning (:class:`LoaderOptions`, or a mapping of its fields).
+        transforms: ``{train: [...], eval: [...]}`` image transforms (``transforms.v2`` lists).
+        batches, loader: :class:`BatchOptions` and :class:`LoaderOptions` (or mappings of fields).
         seed: shuffling, caption sampling and random crops are functions of it and the epoch.
         on_error: ``raise`` at the first bad file/row, or ``skip`` and count.
-        media_cache_mb: decoded media kept in memory per split, up to this many MiB each
-            (the same bits as without it; MP3/Vorbis/Opus are not cached); 0 = off. Per
-            process: with workers, set ``loader.persistent_workers``.
+        media_cache_mb: MiB of decoded media kept per split and process (same bits; not
+            MP3/Vorbis/Opus); 0 = off. With workers, set ``loader.persistent_workers``.
         augment: audio training only: ``{speed, noise, gain, mixup}``
             (:mod:`mmtf.data.augment`); None = off.
     """
@@ -402,7 +390,6 @@ class CaptionDataModule(MediaDataModule):
         language, speech_job: speech: the language code and ``transcribe`` | ``translate`` of
             items that name none; None = the tokenizer's prompt. (``task``: the old name of
             ``speech_job``, read with a warning.)
-        **kwargs: see :class:`MediaDataModule`.
 
     Speech items start their ids with their own prompt (:meth:`item_prompt`; Whisper's
     language and job tokens), so one multilingual set trains one model
@@ -456,8 +443,7 @@ class CaptionDataModule(MediaDataModule):
         return kw
 
     def train_captions(self) -> list[str]:
-        """Every reference caption of every training item: what a fresh run's tokenizer is
-        trained on (:func:`mmtf.tasks.resolve_tokenizer`)."""
+        """Every training caption: what a fresh run's tokenizer is trained on."""
         return [c for item in self.items("train") for c in item.captions]
 
     def tokenizer_spec(self, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -466,10 +452,7 @@ class CaptionDataModule(MediaDataModule):
         return dict(spec)
 
     def connect(self, tokenizer: Tokenizer) -> None:
-        """Build token ids with ``tokenizer`` from now on (the task holds the same object).
-
-        Cached ids of another tokenizer are dropped; loaders built afterwards use the new ids.
-        """
+        """Build token ids with ``tokenizer`` from now on (cached ids of another are dropped)."""
         if tokenizer != self.tokenizer:
             self._tokens.clear()
         self.tokenizer = tokenizer
@@ -567,13 +550,10 @@ class ClassificationDataModule(MediaDataModule):
 
     Args:
         folds: ESC-50 only: our split -> list of folds (default train 1-3, val 4, test 5).
-        val_fraction: ImageFolder without split folders: share of each class for val.
-        test_fraction: ImageFolder without split folders: share of each class for test.
-        **kwargs: see :class:`MediaDataModule`.
+        val_fraction, test_fraction: ImageFolder without split folders: each class's share.
 
     Attributes:
-        class_names: names by label index (after ``setup``).
-        num_classes: ``len(class_names)`` (after ``setup``).
+        class_names, num_classes: names by label index and their count (after ``setup``).
     """
 
     def __init__(self, *, folds: Mapping[str, Sequence[int]] | None = None,

@@ -47,12 +47,10 @@ def probe(items: Sequence[CaptionItem | LabelItem], *, modality: str, policy: Er
 
     Args:
         modality: ``audio`` (:func:`mmtf.data.audio.audio_info`) or ``image`` (exists, not
-            empty).
-        channels: required audio channel count, or None for any.
+            empty). channels: required audio channel count, or None for any.
         threads: parallel header reads (I/O bound).
 
-    Returns:
-        The good items and their durations in seconds (1.0 for images).
+    Returns the good items and their durations in seconds (1.0 for images).
     """
     if len(items) > 256 and threads > 1:
         with ThreadPoolExecutor(threads) as ex:
@@ -78,9 +76,8 @@ class MediaDataset(Dataset):
         sample_rate, max_seconds, crop, channels: as :func:`mmtf.data.audio.load_audio`.
         transform: image pipeline (uint8 (3, h, w) -> float32), e.g. from
             :func:`mmtf.data.image.build_transform`.
-        on_error: ``raise`` | ``skip`` (replace by the next good item and record it).
-        seed: seeds random crops together with the key's epoch and item.
-        max_retries: how many following items to try before giving up under ``skip``.
+        on_error, max_retries: ``raise`` | ``skip`` (replace by the next good item, up to
+            ``max_retries`` tries, and record it). seed: with the key's epoch and item.
         cache_bytes: decoded media kept in memory per process, up to this many bytes (0 = off;
             ``media_cache_mb`` of :class:`~mmtf.data.datamodule.MediaDataModule`).
         augment: audio only: per-item :class:`mmtf.data.augment.WaveAugment`; None = off.

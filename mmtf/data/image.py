@@ -52,13 +52,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 def load_image(path: str | os.PathLike, *, where: str | None = None,
                data: bytes | None = None) -> Tensor:
-    """Decode one image file to an RGB uint8 tensor.
-
-    Args:
-        path, where, data: as :func:`mmtf.data.audio.load_audio` (any format PIL reads).
-
-    Returns:
-        The image, (3, h, w) uint8.
+    """Decode one image file (any format PIL reads) to an RGB (3, h, w) uint8 tensor;
+    ``path``, ``where``, ``data`` as :func:`mmtf.data.audio.load_audio`.
 
     Raises:
         DataError: the file is missing, empty or cannot be decoded (also truncated files).
@@ -81,16 +76,9 @@ def load_image(path: str | os.PathLike, *, where: str | None = None,
 
 
 def build_transform(transforms: Sequence[Any] | None) -> Callable[[Tensor], Tensor]:
-    """Compose a list of ``transforms.v2`` objects (or Hydra ``_target_`` dicts) into one.
-
-    A pipeline that leaves uint8 ends with ``ToDtype(float32, scale=True)``.
-
-    Args:
-        transforms: ``data.transforms.train`` / ``eval``; None: only to float.
-
-    Returns:
-        A callable (3, h, w) uint8 -> (3, h', w') float32.
-    """
+    """Compose ``data.transforms.train`` / ``eval`` (``transforms.v2`` objects or Hydra
+    ``_target_`` dicts; None: only to float) into one (3, h, w) uint8 -> (3, h', w') float32
+    callable; a pipeline that leaves uint8 ends with ``ToDtype(float32, scale=True)``."""
     steps: list[Callable] = []
     for i, t in enumerate(transforms or []):
         if isinstance(t, Mapping):
@@ -144,8 +132,7 @@ def transformed_pixels(sizes: Sequence[tuple[int, int]],
 def build_eval_image_transform(data_cfg: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
     """The val/test image pipeline of a stored data config (``cfg.data`` as a dict).
 
-    Used by ``mmtf.predict`` to preprocess raw images exactly as evaluation did.
-    """
+    Used by ``mmtf.predict`` to preprocess raw images exactly as evaluation did."""
     return build_transform((data_cfg.get("transforms") or {}).get("eval"))
 
 
@@ -178,8 +165,7 @@ def pretrained_image_transform(source: str | os.PathLike | None = None,
         processor: the settings :func:`read_image_processor` resolved (then no file is read;
             training records them, :func:`record_image_processors`).
 
-    Returns:
-        A pipeline (3, h, w) uint8 -> (3, h', w') float32.
+    Returns a pipeline (3, h, w) uint8 -> (3, h', w') float32.
 
     Raises:
         UserError: see :func:`read_image_processor`.

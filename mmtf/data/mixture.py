@@ -1,16 +1,14 @@
 """Weighted mixtures of caption sets: ``data=mixture`` (AudioCaps + WavCaps + Clotho, ...).
 
-A :class:`MixtureDataModule` holds one ordinary caption data module per source (each its own
-root, format, transforms, crops and augmentation), built from any data config, plus the
-mixture's own keys (conf/data/mixture.yaml).
-
-The mixture's items are its sources' items concatenated (global index = the source's offset +
-its local index). Training draws ``epoch_samples / world`` source choices per epoch and rank by
-weight (:class:`MixtureSampler`), each taking the next example of that source's own training
-sampler, so order is a pure function of ``(seed, epoch, rank)`` and resumes mid-epoch.
-Validation and test hold the sources with ``evaluate: true``; metrics are logged per source
-(``val/clotho/cider_d``) and overall. A source's ``prompt_token`` takes the last position of
-the prompt (CoNeTTE's task embedding; Labbé et al., 2024). Why and how: docs/design/mixtures.md.
+A :class:`MixtureDataModule` holds one caption data module per source (its own root, format,
+transforms, crops, augmentation), plus the mixture's keys (conf/data/mixture.yaml). Items are
+the sources' concatenated (global index = source offset + local index). Training draws
+``epoch_samples / world`` source choices per epoch and rank by weight (:class:`MixtureSampler`),
+each taking the next example of that source's own sampler: the order is a pure function of
+``(seed, epoch, rank)`` and resumes mid-epoch. Validation and test hold the sources with
+``evaluate: true``; metrics are logged per source (``val/clotho/cider_d``) and overall. A
+source's ``prompt_token`` ends the prompt (CoNeTTE's task embedding; Labbé et al., 2024).
+Why and how: docs/design/mixtures.md.
 """
 
 from __future__ import annotations
@@ -49,10 +47,9 @@ class MixtureSampler(BucketBatchSampler):
     """Training batches drawn from several sources by weight (see the module doc).
 
     Args:
-        sources: each source's training sampler (same ``num_replicas`` / ``rank`` as this one).
-        weights: each source's weight (> 0; normalised).
-        names: each source's name (log lines, checkpoint checks).
-        offsets: each source's first global item index.
+        sources, weights, names, offsets: per source: its training sampler (same
+            ``num_replicas`` / ``rank`` as this one), weight (> 0; normalised), name (logs,
+            checkpoint checks) and first global item index.
         epoch_samples: examples per epoch over all ranks; None = the sum of the sources'
             examples per epoch.
         **kwargs: :class:`BucketBatchSampler` over the concatenated items (``lengths``,

@@ -61,9 +61,8 @@ class BucketBatchSampler:
         caption_policy: ``random`` (one caption per item per epoch), ``all`` (every pair) or
             ``first`` (caption 0: evaluation and classification).
         shuffle: shuffle examples and batches each epoch (training).
-        bucketing: sort by length inside pools; False gives plain (shuffled) batches.
-        bucket_size: batches per sorting pool (bigger: less padding, less randomness).
-        seed: base seed; the order is a function of (seed, epoch, rank).
+        bucketing, bucket_size: sort by length inside pools of this many batches (bigger:
+            less padding, less randomness); False gives plain (shuffled) batches.
         num_replicas, rank: DDP world size and rank (default: torch.distributed's, else 1, 0).
 
     Attributes:
@@ -403,10 +402,8 @@ def _merge(batches: list[list[Key]], count: int, lengths: np.ndarray) -> list[li
 
 
 def sample_rng(seed: int, epoch: int, index: int, stream: int = 0) -> np.random.Generator:
-    """A numpy generator that depends only on ``(seed, epoch, index, stream)``.
-
-    Per-item randomness in a Dataset (where to crop) then depends neither on the worker nor on a
-    resume, unlike a worker's global generators.
+    """A numpy generator that depends only on ``(seed, epoch, index, stream)``: per-item
+    randomness (where to crop) then depends neither on the worker nor on a resume.
 
     Args:
         epoch: the epoch of the key ``(item, caption, epoch)`` the sampler yielded.

@@ -59,10 +59,8 @@ class LogMelFrontEnd(nn.Module):
     """Padding-aware log-mel spectrogram with per-utterance or global normalisation.
 
     Args:
-        sample_rate: Hz of the input waveforms.
-        n_mels: mel bands f.
+        sample_rate, n_mels, hop_length: input Hz; mel bands f; samples between frames.
         n_fft: FFT size (even). win_length: Hann window length (<= n_fft; default n_fft).
-        hop_length: samples between frames.
         f_min, f_max: mel filterbank range in Hz (f_max default sample_rate / 2).
         feature_norm: "utterance" (mean/std over each clip's valid frames and all bands: keeps
             the spectral shape, unlike per-band CMVN) or "global" (fixed constants below).
@@ -189,9 +187,8 @@ class SpecAugment(nn.Module):
         freq_masks: bands masked per clip; freq_mask_width: max width of each, in mel bins.
         time_masks: spans masked per clip (adaptive: the most per clip); time_mask_width: max
             width of each, in frames.
-        time_mask_mode: ``fixed`` | ``adaptive``.
-        time_mask_fraction: adaptive: a mask covers less than this share of the valid frames.
-        time_mask_multiplicity: adaptive: masks per valid frame (0.04: one per 25 frames).
+        time_mask_mode, time_mask_fraction, time_mask_multiplicity: ``fixed`` | ``adaptive``,
+            and adaptive's limits above (multiplicity 0.04: one mask per 25 valid frames).
     """
 
     def __init__(self, *, freq_masks: int = 2, freq_mask_width: int = 8, time_masks: int = 2,
@@ -281,8 +278,7 @@ class ConvStem(nn.Module):
     ``4k - 3 .. 4k + 3``.
 
     Args:
-        in_channels: mel bins f. dim: output width c.
-        strides: the two convolutions' strides.
+        in_channels, dim, strides: mel bins f, output width c, the two convolutions' strides.
     """
 
     def __init__(self, *, in_channels: int, dim: int, strides: Sequence[int] = (2, 2)) -> None:
@@ -333,8 +329,8 @@ class AudioEncoder(Encoder):
             raise ValueError. Crop in the data pipeline. None = no limit.
         causal: causal self-attention (streaming research only; warns).
         activation_checkpointing: as :class:`mmtf.nn.TransformerStack`.
-        pretrained: export folder to load weights from (:meth:`Encoder.load_pretrained`).
-        freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
+        pretrained, freeze: an export folder to load (:meth:`Encoder.load_pretrained`); no
+            trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
     """
 
     def __init__(self, *, dim: int = 128, depth: int = 4, num_heads: int = 4,
@@ -404,8 +400,7 @@ class AudioEncoder(Encoder):
         """Centre of each memory position in seconds from the clip start, (s,) float64.
 
         Position k is centred on log-mel frame ``stem.stride * k``, and frame j on sample
-        ``j * hop_length`` (the STFT is centred), so k sits at ``k * seconds_per_position``.
-        """
+        ``j * hop_length`` (the STFT is centred), so k sits at ``k * seconds_per_position``."""
         return torch.arange(num_positions, dtype=torch.float64) * self.seconds_per_position
 
     def forward(self, inputs: Tensor, lengths: Tensor | None = None, *,

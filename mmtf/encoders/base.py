@@ -4,10 +4,9 @@ Every encoder is called the same way, ``out = encoder(inputs, lengths=None)``, a
 :class:`EncoderOutput` of ``memory`` (b, s, c) and ``mask`` (b, s), so any encoder plugs into any
 decoder (cross-attention ``context`` / ``context_mask``) or downstream head (:func:`pool`).
 
-Pretrained weights are an export folder (``weights.safetensors`` + ``config.yaml``) read through
-:func:`mmtf.hub.open_export`; :meth:`Encoder.load_pretrained` compares every tensor, buffer and
-setting before copying anything, and never unpickles. Hugging Face folders are read by
-:mod:`mmtf.pretrained`.
+Pretrained weights are an export folder (``weights.safetensors`` + ``config.yaml``) that
+:meth:`Encoder.load_pretrained` compares in full before copying (never unpickling); Hugging
+Face folders are read by :mod:`mmtf.pretrained`.
 
 Shapes: b batch, s memory length (frames or patches, CLS included), c = dim.
 """
@@ -63,8 +62,7 @@ def pool(memory: Tensor, mask: Tensor | None = None, mode: PoolMode = "mean", *,
         encoder: the encoder that produced ``memory``: "cls" is checked against its
             ``has_cls``, "mean" leaves out its prefix tokens (as timm's ``global_pool="avg"``).
 
-    Returns:
-        (b, c).
+    Returns (b, c).
 
     Raises:
         ValueError: bad shapes. UserError: unknown ``mode``, or "cls" without a CLS token.
@@ -97,8 +95,7 @@ class Encoder(nn.Module):
     in ``__init__``.
 
     Freezing sets ``requires_grad=False`` and pins eval mode (``.train()`` on any parent leaves
-    it in eval); :meth:`unfreeze` undoes both.
-    """
+    it in eval); :meth:`unfreeze` undoes both."""
 
     dim: int
     has_cls: bool = False

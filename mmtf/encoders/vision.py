@@ -39,8 +39,7 @@ class PatchOptions:
     """How images become patch tokens (``model.encoder.patch``; the module is ``patch_embed``).
 
     Args:
-        patch_size: side of the square patches, in pixels.
-        in_channels: image channels (3 for RGB).
+        patch_size, in_channels: side of the square patches in pixels; image channels.
         stem: "patch" (one Conv2d, as ViT) or "conv" (stride-2 3x3 convolutions with norm and
             GELU, then a 1x1 projection; patch_size must be a power of two).
         stem_convs: 3x3 convolutions per resolution of the conv stem (the first one strided).
@@ -63,8 +62,7 @@ class VisionEncoder(Encoder):
     Args:
         dim, depth, num_heads, block, final_norm: the transformer (see
             :class:`mmtf.nn.TransformerStack`; ``block.norm`` also for ``embed_norm``).
-        patch: patch size, channels and stem (:class:`PatchOptions`, or a mapping of its
-            fields).
+        patch: patch size, channels and stem (:class:`PatchOptions`, or a mapping of fields).
         image_size: size of the position table's grid, ``H`` or ``(H, W)``; other multiples of
             ``patch_size`` are accepted and use an interpolated table.
         cls_token: prepend a learned CLS token (position 0 of the memory; ``pool(mode="cls")``).
@@ -72,9 +70,7 @@ class VisionEncoder(Encoder):
             sine-cosine; dim must be a multiple of 4).
         embed_norm: a norm before the first block (CLIP's ``pre_layrnorm``).
         causal: causal self-attention over the patch order (research only; warns).
-        activation_checkpointing: as :class:`mmtf.nn.TransformerStack`.
-        pretrained: an mmtf export folder (:meth:`Encoder.load_pretrained`).
-        freeze: no trainable parameters, pinned to eval mode (:meth:`Encoder.freeze`).
+        activation_checkpointing, pretrained, freeze: as :class:`~mmtf.encoders.AudioEncoder`.
     """
 
     def __init__(self, *, dim: int = 128, depth: int = 4, num_heads: int = 4,
@@ -164,9 +160,8 @@ class VisionEncoder(Encoder):
 
         Args:
             inputs: (b, in_channels, H, W) float, H and W multiples of ``patch_size``.
-            lengths: ignored (every patch is valid); accepted for the common signature.
-            attention_layers: ``{"self": [layers]}`` whose attention probabilities to return
-                (see :meth:`mmtf.nn.TransformerStack.forward`); None = the output alone.
+            lengths: ignored (every patch is valid).
+            attention_layers: as :meth:`~mmtf.encoders.AudioEncoder.forward`.
 
         Returns:
             EncoderOutput: memory (b, s, c), s = (H / patch) * (W / patch) (+1 with CLS first);

@@ -75,8 +75,8 @@ def caption_attention(model: nn.Module, inputs: Tensor, lengths: Tensor | None, 
     Runs in eval mode (every submodule's state restored after) and draws no random numbers.
 
     Args:
-        inputs: one input as a batch of 1: waveform (1, samples) or image (1, 3, H, W).
-        lengths: (1,) valid samples, or None.
+        inputs, lengths: a batch of 1: waveform (1, samples) or image (1, 3, H, W); (1,) valid
+            samples, or None.
         cross_layers: decoder layers whose cross-attention to return (None = all).
         decoder_self_layers, encoder_self_layers: self-attention layers to return as well.
         generation: options of ``EncoderDecoder.generate`` (default greedy; no sampling).

@@ -27,8 +27,7 @@ class AttentionFigureCallback(L.Callback):
         every_n_epochs: draw at the validations that end epochs 1-based divisible by it, as
             Lightning's ``check_val_every_n_epoch`` counts: 6 with validation every 2nd epoch
             draws after epochs 6, 12, 18, ...
-        layers: decoder layers to draw (None = the last one).
-        head: head to draw (None = heads averaged).
+        layers, head: decoder layers (None = the last one) and head (None = the mean) to draw.
         max_new_tokens: caption length limit for the figure (None = the task's generation).
     """
 

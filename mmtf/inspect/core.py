@@ -110,12 +110,10 @@ def align_attention(attention: CaptionAttention, tokenizer, seconds_per_position
 
     Args:
         attention: from :func:`caption_attention`; ``layers`` must be among its cross layers.
-        tokenizer: to group tokens into words.
         seconds_per_position, duration, medfilt_width: as :func:`mmtf.decoders.align.word_spans`.
         layers, heads: the cross-attention to use (heads None = all).
 
-    Returns:
-        The word spans, the (n, m) alignment matrix and the DTW path through it.
+    Returns the word spans, the (n, m) alignment matrix and the DTW path through it.
     """
     missing = [layer for layer in layers if layer not in attention.cross]
     if missing:
@@ -148,8 +146,7 @@ def align(task, audio: str | Path | Tensor, lengths: Tensor | None = None, *,
         medfilt_width: median filter width along time (odd; 1 = off).
         generation: options of ``EncoderDecoder.generate`` (default greedy).
 
-    Returns:
-        One :class:`WordSpan` per word: ``word``, ``start`` and ``end`` in seconds.
+    Returns one :class:`WordSpan` per word: ``word``, ``start`` and ``end`` in seconds.
     """
     model = task.model
     if not is_audio(model):
@@ -190,8 +187,7 @@ def display_image(image: Tensor, data_cfg: dict[str, Any] | None = None) -> np.n
     """A model input (3, H, W) back to a picture (H, W, 3) in [0, 1].
 
     The last ``Normalize`` of the data config's ``transforms.eval`` is inverted; without one
-    each channel is min-max scaled.
-    """
+    each channel is min-max scaled."""
     x = image.float()
     norm = [t for t in ((data_cfg or {}).get("transforms") or {}).get("eval") or []
             if isinstance(t, dict) and str(t.get("_target_", "")).endswith(".Normalize")]
@@ -221,8 +217,7 @@ def inspection_figures(model, tokenizer, inputs: Tensor, lengths: Tensor | None,
     """Collect the attention of one input and draw its figures (not yet saved).
 
     Args:
-        model: an EncoderDecoder; inputs, lengths: one input as a batch of 1.
-        tokenizer: the checkpoint's tokenizer.
+        model, tokenizer: an EncoderDecoder and its tokenizer; inputs, lengths: a batch of 1.
         layers: decoder layers whose cross-attention to draw (None = all), one panel each.
         head: the head to draw, or None for the mean over heads.
         encoder_self, decoder_self: ``[layer]`` or ``[layer, head]`` of a self-attention map
@@ -232,9 +227,8 @@ def inspection_figures(model, tokenizer, inputs: Tensor, lengths: Tensor | None,
         generation: options of ``EncoderDecoder.generate`` (default greedy).
         data_cfg: the checkpoint's data config, to undo the image normalisation for display.
 
-    Returns:
-        The attention, the word spans (empty for images or without alignment) and
-        ``{name: Figure}`` (names: "cross", "alignment", "encoder_self", "decoder_self").
+    Returns the attention, the word spans (empty for images or without alignment) and
+    ``{name: Figure}`` (names: "cross", "alignment", "encoder_self", "decoder_self").
     """
     depth = model.decoder.depth
     draw = layer_indices(layers, depth, "layers")
@@ -317,8 +311,7 @@ def inspect_input(task, inputs: Tensor, lengths: Tensor | None, out_dir: str | P
                   name: str = "inspect", **options) -> Inspection:
     """Draw and save the figures of one input (see :func:`inspection_figures` for options).
 
-    Writes ``{name}_{figure}.png`` into ``out_dir`` and, for audio, ``{name}_words.tsv``.
-    """
+    Writes ``{name}_{figure}.png`` into ``out_dir`` and, for audio, ``{name}_words.tsv``."""
     device = next(task.model.parameters()).device
     inputs = inputs.to(device)
     lengths = None if lengths is None else lengths.to(device)

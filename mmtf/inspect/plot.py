@@ -85,8 +85,7 @@ def _time_map(ax, matrix: np.ndarray, position_seconds: float, labels: Sequence[
     """Draw an (n, m) token-by-position map with positions centred at k * position_seconds.
 
     The colour range is the map's own (the colour bar gives the values): near-uniform
-    attention of an early model would otherwise be one flat colour.
-    """
+    attention of an early model would otherwise be one flat colour."""
     n, m = matrix.shape
     im = ax.imshow(matrix, aspect="auto", cmap=CMAP, interpolation="nearest",
                    extent=(-0.5 * position_seconds, (m - 0.5) * position_seconds, n - 0.5, -0.5))
@@ -126,8 +125,8 @@ def audio_attention_figure(spec: np.ndarray, *, frame_seconds: float, duration: 
 
     Args:
         spec: (f, t) log-mel features of the valid frames.
-        frame_seconds, position_seconds: seconds between frames, between memory positions.
-        duration: clip length in seconds (the x range).
+        frame_seconds, position_seconds, duration: seconds between frames, between memory
+            positions, and of the clip (the x range).
         maps: panel title -> (n, m) attention of each caption token over the memory positions.
         labels, caption: n token labels (the rows), the generated caption (the title).
         spans: aligned words to show under the spectrogram, or None.
@@ -207,8 +206,7 @@ def image_attention_figure(image: np.ndarray, *, maps: np.ndarray, grid: tuple[i
 
     Args:
         image: (H, W, 3) float in [0, 1].
-        maps: (n, gh * gw) attention of each token over the patches (row-major grid).
-        grid: (gh, gw) patch grid.
+        maps, grid: (n, gh * gw) attention of each token over the (gh, gw) patch grid (row-major).
         labels, caption: as :func:`audio_attention_figure`.
         title: what the maps are (layer, heads).
         prefix_weight: (n,) attention each token gave the CLS token (not on the grid), or None.

@@ -91,11 +91,9 @@ class OverlapReport:
     """Per event class: phrases paired with a true event, how many overlapped it, chance rate.
 
     Attributes:
-        named: class -> phrases naming an event the clip has.
-        hits: class -> of those, spans overlapping the event's [onset, offset].
-        chance: class -> summed chance overlap of those spans.
-        absent: phrases naming a class the clip does not have (a wrong caption).
-        clips: clips evaluated.
+        named, hits, chance: class -> phrases naming an event the clip has; of those, spans
+            overlapping the event's [onset, offset]; their summed chance overlap.
+        absent, clips: phrases naming a class the clip lacks (a wrong caption); clips scored.
     """
 
     named: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -151,8 +149,7 @@ def event_overlap(task, data_root: str | Path, *, split: str = "val",
     Args:
         task: a captioning task of an audio checkpoint (:func:`mmtf.inspect.load_task`).
         data_root: the ``synth_audio_captions`` folder (with its marker file).
-        split: "train", "val" or "test".
-        num_clips: the first clips of the split to use (None = all).
+        split, num_clips: "train" | "val" | "test", and its first clips to use (None = all).
         layers, heads, medfilt_width: as in :func:`mmtf.decoders.align`.
     """
     from mmtf.inspect.core import align

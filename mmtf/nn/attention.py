@@ -39,8 +39,7 @@ class Attention(nn.Module):
         kv_dim: width of the ``context``; set, the layer is cross-attention and must be called
             with ``context``, unset it rejects one.
         bias: True (all projections), False (none) or the letters of the biased ones among
-            "qkvo" (Whisper: "qvo"; softmax cancels a key bias, so leaving it out changes
-            nothing).
+            "qkvo" (Whisper: "qvo"; softmax cancels a key bias).
         dropout: attention-probability dropout, active in training only.
     """
 
@@ -98,12 +97,8 @@ class Attention(nn.Module):
 
     @staticmethod
     def check_sizes(*, dim: int, num_heads: int, num_kv_heads: int | None = None) -> int:
-        """The width rules of multi-head attention, checked here once for every caller.
-
-        Stacks call it before deriving ``head_dim``, so the first error names the broken rule.
-
-        Returns:
-            ``num_kv_heads``, with None resolved to ``num_heads``.
+        """Check the width rules of multi-head attention once for every caller (stacks call it
+        before deriving ``head_dim``) and return ``num_kv_heads`` (None -> ``num_heads``).
 
         Raises:
             UserError: a size < 1, ``dim`` not divisible by ``num_heads``, or ``num_heads`` not a
@@ -199,8 +194,7 @@ class Attention(nn.Module):
         """Reference softmax path that also returns the weights (b, h, n, m) in the dtype of q.
 
         Scores and softmax run in at least float32 (float64 stays float64), and q is scaled
-        before the matmul, as in SDPA: unscaled float16 scores overflow from |q.k| > 65504.
-        """
+        before the matmul, as in SDPA: unscaled float16 scores overflow from |q.k| > 65504."""
         r = self.num_heads // self.num_kv_heads
         k, v = (t.repeat_interleave(r, dim=1) for t in (k, v))           # (b, h, m, d)
         acc = torch.promote_types(q.dtype, torch.float32)
@@ -275,8 +269,7 @@ def single_query_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | N
         k, v: (b, g, m, d) keys and values; g divides h (grouped-query heads).
         key_mask: (b, m) bool, True = a real key, or None.
 
-    Returns:
-        (b, h, 1, d), in the dtype of ``q``; scores and softmax run in at least float32.
+    Returns (b, h, 1, d) in the dtype of ``q``; scores and softmax run in at least float32.
     """
     b, h, _, d = q.shape
     g = k.shape[1]

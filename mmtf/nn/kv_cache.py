@@ -61,13 +61,8 @@ class KVCache:
         self.length = 0
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write new keys/values after the cached ones.
-
-        Args:
-            k, v: new keys and values, (b, g, n, d).
-
-        Returns:
-            Views of all cached keys and values including the new ones, (b, g, m + n, d).
+        """Write new keys/values (b, g, n, d) after the cached ones; return views of all cached
+        keys and values including the new ones, (b, g, m + n, d).
 
         Raises:
             ValueError: if the shapes do not match the cache or it would overflow ``max_len``.

@@ -1,5 +1,4 @@
-"""LoRA (Hu et al. 2021, arXiv:2106.09685) on the linear projections of every
-:class:`~mmtf.nn.transformer.TransformerBlock`.
+"""LoRA (Hu et al. 2021, arXiv:2106.09685) on every ``TransformerBlock``'s linear projections.
 
 ``y = W x + b + (B A dropout(x)) * alpha / r`` (A Kaiming-uniform as PEFT draws it, B zero).
 :class:`LoRALinear` *is* an ``nn.Linear``, so name tables and state dicts of the base keep
@@ -83,8 +82,7 @@ class _DroppedLowRank(torch.autograd.Function):
 
     Plain autograd would keep two more input-sized tensors per adapted projection; backward
     rebuilds ``dropout(x)`` from ``x`` and the mask, in forward's autocast dtype. Backward is
-    not itself differentiable (a double backward raises). Why: docs/design/lora.md, "Memory".
-    """
+    not itself differentiable (a double backward raises). Why: docs/design/lora.md, "Memory"."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, a: Tensor, b: Tensor, scale: float, p: float) -> Tensor:
@@ -120,9 +118,8 @@ class LoRALinear(nn.Linear):
 
     Args:
         in_features, out_features, bias: as ``nn.Linear``.
-        slices: names of the output slices in row order (``("k", "v")`` for ``to_kv``); the rows
-            split evenly among them.
-        adapted: the slices that get an adapter.
+        slices, adapted: names of the output slices in row order (``("k", "v")`` for ``to_kv``;
+            the rows split evenly among them) and the ones that get an adapter.
         r, alpha, dropout: as in :class:`LoRAConfig`.
     """
 
@@ -278,7 +275,8 @@ def lora_sites(module: nn.Module, targets: Iterable[str]) -> dict[str, set[str]]
 
 def add_lora(module: nn.Module, config: LoRAConfig, *, owner: str = "module",
              sites: Mapping[str, Iterable[str]] | None = None) -> list[str]:
-    """Replace the targeted projections of ``module`` by :class:`LoRALinear` (in place).
+    """Replace the targeted projections of ``module`` by :class:`LoRALinear` (in place) and
+    return their paths.
 
     Args:
         module: any module holding TransformerBlocks (an encoder, a decoder, a stack).
@@ -286,9 +284,6 @@ def add_lora(module: nn.Module, config: LoRAConfig, *, owner: str = "module",
         owner: the config key named in messages (``model.encoder``).
         sites: exact ``{projection path: slices}`` to adapt instead of ``config.targets`` (a
             PEFT folder's modules).
-
-    Returns:
-        The adapted projections' paths.
 
     Raises:
         ConfigError: ``module`` has no projection that the targets name (the valid targets

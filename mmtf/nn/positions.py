@@ -20,8 +20,7 @@ def sinusoidal_table(num_positions: int, dim: int, *, max_timescale: float = 100
     cos(p w_k)]`` for ``k < dim / 2``, ``w_k = max_timescale^(-k / (dim / 2 - 1))``.
 
     Computed in float64 and rounded once. (Note the ``dim / 2 - 1``: Whisper's exponent, not the
-    ``dim / 2`` of the original transformer.)
-    """
+    ``dim / 2`` of the original transformer.)"""
     if dim < 4 or dim % 2:
         raise UserError(f"sinusoidal positions: dim ({dim}) must be even and >= 4.")
     half = dim // 2
@@ -35,8 +34,7 @@ class LearnedPositions(nn.Module):
     """A learned table of ``num_positions`` vectors of width ``dim`` (GPT-2's ``wpe``).
 
     Args:
-        num_positions: positions the table holds; a forward past them raises.
-        dim: width c.
+        num_positions, dim: positions the table holds (a forward past them raises); width c.
         init_std: standard deviation of the normal initialisation (GPT-2's 0.02).
     """
 
@@ -59,8 +57,7 @@ class LearnedPositions(nn.Module):
 
 class FixedPositions(nn.Module):
     """A fixed table (e.g. :func:`sinusoidal_table`), kept as a persistent buffer so an import
-    can compare it with the original's stored table, and indexed like :class:`LearnedPositions`.
-    """
+    can compare it with the original's stored table, and indexed like :class:`LearnedPositions`."""
 
     def __init__(self, table: Tensor) -> None:
         super().__init__()

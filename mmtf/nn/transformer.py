@@ -80,8 +80,7 @@ class MLP(nn.Module):
 
     Kinds: "gelu" (exact erf GELU), "gelu_tanh" (its tanh approximation, GPT-2), "quick_gelu"
     (``x * sigmoid(1.702 x)``, CLIP), "swiglu". SwiGLU uses 2/3 of the hidden width so every
-    kind has the same parameter count.
-    """
+    kind has the same parameter count."""
 
     def __init__(self, *, dim: int, mlp_ratio: float = 4.0, kind: MlpKind = "gelu",
                  dropout: float = 0.0, bias: bool = False) -> None:
@@ -123,8 +122,7 @@ class TransformerBlock(nn.Module):
     """Pre-norm block: self-attention, optional cross-attention, MLP, each with a residual.
 
     Args:
-        dim: width c.
-        num_heads: attention heads.
+        dim, num_heads: width c and attention heads.
         block: the other options (:class:`BlockOptions`, or a mapping of its fields).
         causal: causal self-attention (decoders) or bidirectional (encoders).
         cross_dim: width of the cross-attention context; None = no cross-attention.
@@ -158,11 +156,10 @@ class TransformerBlock(nn.Module):
         """Args:
             x: (b, n, c).
             key_mask: (b, m_self) bool self-attention key mask, True = real token.
-            context: (b, m, cross_dim) encoder memory, for blocks with cross-attention.
-            context_mask: (b, m) bool, True = real memory position.
+            context, context_mask: encoder memory (b, m, cross_dim) and its (b, m) bool mask.
             cache, cross_cache: per-layer KV caches for incremental decoding.
-            need_weights: attentions ("self", "cross") whose probabilities to return; they run
-                the explicit softmax path, the others the fused kernel.
+            need_weights: attentions ("self", "cross") whose probabilities to return (on the
+                explicit softmax path).
 
         Returns:
             (b, n, c); with ``need_weights`` also ``{kind: (b, h, n, m)}`` for each kind asked.
@@ -190,8 +187,7 @@ class TransformerStack(nn.Module):
     """``depth`` pre-norm blocks followed by a final norm; one RoPE table shared by all blocks.
 
     Args:
-        depth: number of blocks.
-        dim, num_heads, block, causal, cross_dim: as in :class:`TransformerBlock`.
+        depth, dim, num_heads, block, causal, cross_dim: blocks; as :class:`TransformerBlock`.
         rope: use rotary position embedding in self-attention (False: the caller adds
             absolute positions, see :mod:`mmtf.nn.positions`).
         rope_base, max_len: RoPE table base and initial length (extended on demand).

@@ -27,8 +27,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, *,
     Args:
         run_dir: ``outputs/<task>/runs/<time>`` or ``outputs/<task>/multiruns/<time>``.
         out_dir: where to write (default: ``<run_dir>/report``).
-        metric: the metric to rank by (default: the run's ``optimized_metric``).
-        mode: ``min`` or ``max`` (default: :func:`mmtf.report.summary.metric_mode`).
+        metric, mode: the metric to rank by and ``min`` | ``max`` (defaults: the run's
+            ``optimized_metric``, :func:`mmtf.report.summary.metric_mode`).
         smoothing: TensorBoard-style smoothing of the training curves, 0 to < 1.
 
     Raises:

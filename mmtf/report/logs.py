@@ -35,10 +35,9 @@ class Timing:
     """How long a run took and how fast it trained.
 
     Attributes:
-        wall_s: seconds from the first to the last entry of ``source`` (None if unknown).
-        source: where ``wall_s`` comes from, in words.
-        steps_per_s: optimizer steps per second of training (None if unknown).
-        throughput_source: where ``steps_per_s`` comes from, in words.
+        wall_s, source: seconds from the first to the last entry of ``source`` (None if
+            unknown), and where they come from, in words.
+        steps_per_s, throughput_source: optimizer steps per second of training, and whence.
     """
 
     wall_s: float | None = None
@@ -58,7 +57,7 @@ class RunLogs:
         final_metrics: ``metrics.json`` (``{}`` when the run has not finished).
         sources: the log files read, in merge order.
         resumed_at: the first training step of each start after the first (a resumed run).
-        timing: wall time and throughput.
+        timing: :class:`Timing`.
     """
 
     run_dir: Path
@@ -109,11 +108,7 @@ def check_dir(path: str | Path) -> Path:
 
 
 def load_run(run_dir: str | Path, *, require_logs: bool = True) -> RunLogs:
-    """Read one run dir.
-
-    Args:
-        run_dir: a run dir written by ``python -m mmtf.train``.
-        require_logs: raise when the run holds no scalar logs (CSV or TensorBoard).
+    """Read one run dir written by ``python -m mmtf.train``.
 
     Raises:
         UserError: ``run_dir`` is not a run dir, or holds no logs while ``require_logs``.
@@ -159,8 +154,7 @@ def read_csv(path: Path) -> list[Segment]:
     """One CSVLogger file as segments: a new segment starts where the step goes back.
 
     The step column of one start only grows; where it falls, a later start (a resume from an
-    earlier checkpoint) appended to the file.
-    """
+    earlier checkpoint) appended to the file."""
     segments: list[Segment] = [{}]
     last_step = -1
     with path.open(newline="") as file:
@@ -192,8 +186,7 @@ def merge_segments(segments: Iterable[Segment]) -> dict[str, Series]:
 
     A later segment replaces, per key, the earlier points from its own first step of that key
     on: after a resume from a checkpoint at step s, the points an interrupted run logged past s
-    belong to training that was thrown away. Points of other keys (an earlier validation) stay.
-    """
+    belong to training that was thrown away. Points of other keys (an earlier validation) stay."""
     merged: dict[str, dict[int, float]] = {}
     for segment in segments:
         for key, points in segment.items():
@@ -210,8 +203,7 @@ def measure_time(log_file: Path, tb_segments: list[dict[str, list[tuple[int, flo
     """Wall time from the job log's timestamps; steps/s from TensorBoard's event times.
 
     Falls back to file modification times for the wall time, and to the logged step range over
-    the wall time for the throughput; ``Timing.source``/``throughput_source`` say which.
-    """
+    the wall time for the throughput; ``Timing.source``/``throughput_source`` say which."""
     timing = Timing()
     stamps = _log_times(log_file) if log_file.is_file() else []
     if len(stamps) >= 2:

@@ -1,8 +1,7 @@
 """Learning curves of one run and metric-vs-parameter plots of a sweep, as matplotlib figures.
 
-Headless: the figures are plain ``matplotlib.figure.Figure`` objects, never pyplot's, so no
-display and no global backend are touched (a notebook still shows them inline); ``savefig``
-renders the PNG with Agg. They are returned, so a caller or a test can look at the axes.
+Headless: plain ``matplotlib.figure.Figure`` objects, never pyplot's (no display or global
+backend touched; a notebook still shows them), rendered with Agg and returned for inspection.
 """
 
 from __future__ import annotations
@@ -44,8 +43,7 @@ def plot_learning_curves(run: str | Path | RunLogs, path: str | Path | None = No
         path: where to save the PNG (None: do not save).
         smoothing: 0 (raw) to < 1 (smoother) for the training curves.
 
-    Returns:
-        The figure: ``figure.axes`` holds one panel per family (spare grid cells removed).
+    ``figure.axes`` holds one panel per family (spare grid cells removed).
     """
     logs = run if isinstance(run, RunLogs) else load_run(run)
     panels = group_panels(logs.scalars, logs.optimized_metric)
@@ -77,8 +75,7 @@ def group_panels(scalars: dict[str, Series], optimized_metric: str | None) -> di
     """``{panel title: [keys]}``: loss first, the optimized metric's family next, lr last.
 
     A family logged only at test time (one point, e.g. METEOR) gets no panel: the summary's
-    test table holds it.
-    """
+    test table holds it."""
     families: dict[str, list[str]] = {}
     lr: list[str] = []
     for key in scalars:
@@ -255,14 +252,8 @@ def plot_sweep(sweep: SweepSummary, path: str | Path | None = None) -> Figure:
     One panel per swept parameter (jobs as numbered points, the best a green star; a log axis
     for numbers spanning more than a decade), then each job's validation curve of the metric.
 
-    Args:
-        sweep: what :func:`mmtf.report.summarize_sweep` returned.
-        path: where to save the PNG (None: do not save).
-
-    Returns:
-        The figure: one axis per swept parameter (one empty panel when nothing varies), plus
-        the curves panel.
-    """
+    ``sweep``: what :func:`mmtf.report.summarize_sweep` returned; ``path``: where to save the
+    PNG (None: do not save). With nothing varying, the parameter panel is empty."""
     params = sweep.swept or ["(no parameter varies between jobs)"]
     curves = [job for job in sweep.jobs if len(job.curve) > 1]
     n = len(params) + bool(curves)

@@ -125,12 +125,11 @@ class RunSummary:
 
 def summarize(run_dir: str | Path, *, metric: str | None = None,
               mode: Literal["min", "max"] | None = None) -> RunSummary:
-    """Summarize one training run.
+    """Summarize one run dir written by ``python -m mmtf.train``.
 
     Args:
-        run_dir: a run dir written by ``python -m mmtf.train``.
-        metric: the metric to call "optimized" (default: the run's ``optimized_metric``).
-        mode: ``min`` or ``max`` for ``metric`` (default: :func:`metric_mode`).
+        metric, mode: the metric to call "optimized" and ``min`` | ``max`` for it (defaults:
+            the run's ``optimized_metric``, :func:`metric_mode`).
 
     Raises:
         UserError: ``run_dir`` is not a run dir or holds no logs.
@@ -184,8 +183,7 @@ def config_diff(default: dict, config: dict, *,
     A subtree replaced by a value (``callbacks.rich_progress_bar=null``) is one change. Keys
     under ``paths`` and keys whose default interpolates ``${paths.*}``, ``${hydra:...}`` or
     ``${now:...}`` in ``raw_default`` (the unresolved defaults: output dirs, data roots) are
-    not compared.
-    """
+    not compared."""
     changes: list[ConfigChange] = []
 
     def walk(default: Any, value: Any, raw_default: Any, key: str) -> None:

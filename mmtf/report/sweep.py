@@ -23,8 +23,7 @@ class Job:
     """One job of a sweep.
 
     Attributes:
-        name: the job dir's name (Hydra's job number).
-        run_dir: the job's run dir.
+        name, run_dir: the job dir's name (Hydra's job number) and path.
         overrides: the job's command-line overrides, ``{key: value as written}``.
         params: the swept overrides' values, parsed as YAML (``1e-3`` -> 0.001).
         metric: the job's final value of the sweep's metric (``metrics.json``; None: unfinished).

@@ -92,8 +92,7 @@ def sample_scene(rng: np.random.Generator, *, min_seconds: float = 2.0, max_seco
     """Draw one scene: 1-3 events with gaps, fitted into a clip of min..max seconds.
 
     Events longer than the clip allows (tiny test clips) are shrunk proportionally. ``first``
-    fixes the class (index into :data:`EVENTS`) of the first event (balanced label sets).
-    """
+    fixes the class (index into :data:`EVENTS`) of the first event (balanced label sets)."""
     n = int(rng.integers(min_events, max_events + 1))
     classes = [EVENTS[int(k)] for k in rng.integers(0, len(EVENTS), size=n)]
     if first is not None:
@@ -130,20 +129,17 @@ def _fade(n: int, sr: int) -> np.ndarray:
 def render_event(event: Event, sr: int, rng: np.random.Generator) -> np.ndarray:
     """One event's waveform (s,), scaled to its loudness (RMS over its active samples)."""
     n = max(1, int(round(event.duration * sr)))
-    t = np.arange(n) / sr
+    t, active = np.arange(n) / sr, None     # active: the samples the loudness is measured on
     if event.kind == "tone":
         f0 = TONE_HZ[event.attr] * rng.uniform(0.93, 1.07)
         x = np.sin(2 * np.pi * f0 * t + rng.uniform(0, 2 * np.pi)) * _fade(n, sr)
-        active = x
     elif event.kind == "chirp":
         f_lo, k = 400.0 * rng.uniform(0.9, 1.1), 8.0
         dur = n / sr
         x = np.sin(2 * np.pi * f_lo * dur / math.log(k) * (k ** (t / dur) - 1)) * _fade(n, sr)
         x = x if event.attr == "rising" else x[::-1].copy()
-        active = x
     elif event.kind == "noise":
         x = colored_noise(rng, n, 0.0 if event.attr == "white" else 1.0) * _fade(n, sr)
-        active = x
     else:  # clicks: short decaying broadband pulses
         rate = rng.uniform(4, 6) if event.attr == "slow" else rng.uniform(16, 24)
         click_n = int(0.004 * sr)
@@ -153,8 +149,9 @@ def render_event(event: Event, sr: int, rng: np.random.Generator) -> np.ndarray:
         starts = starts[starts + click_n <= n]
         for s in starts:
             x[s:s + click_n] += click
-        active = x[np.concatenate([np.arange(s, s + click_n) for s in starts])] \
-            if len(starts) else x
+        if len(starts):
+            active = x[np.concatenate([np.arange(s, s + click_n) for s in starts])]
+    active = x if active is None else active
     rms = LOUD_RMS * (1.0 if event.loud else 10 ** (-QUIET_DB / 20))
     return (x * rms / (np.sqrt(np.mean(active**2)) + 1e-12)).astype(np.float64)
 
@@ -308,17 +305,11 @@ def _chains(toks: tuple[str, ...], i: int, depth: int = 0):
 
 
 def parse_caption(text: str) -> EventSequence | None:
-    """The event sequence a caption describes, or None when it cannot be parsed.
+    """The event sequence ``((kind, attr), ...)`` in time order a caption (generated, or a
+    model's output) describes, or None when it is unparsable or ambiguous.
 
     Case, hyphens and punctuation other than commas are ignored. "X after Y" and "X preceded by
-    Y" reverse the order (in two-event captions only); every other connector keeps it.
-
-    Args:
-        text: a caption (generated, or a model's output).
-
-    Returns:
-        ``((kind, attr), ...)`` in time order, or None (unparsable or ambiguous).
-    """
+    Y" reverse the order (in two-event captions only); every other connector keeps it."""
     toks = _toks(text)
     results = set()
     for pre in _PREFIXES:
@@ -346,8 +337,7 @@ def clip_scene(seed: int, split: str, index: int, **scene_kw: Any) -> Scene:
     """The scene of clip ``index`` of ``split`` in a caption set written with ``seed``.
 
     The one seeding rule of :func:`write_caption_set`, so evaluators can recover the true events
-    (onsets, durations) of a written clip from its name and the set's parameters.
-    """
+    (onsets, durations) of a written clip from its name and the set's parameters."""
     return _scene((seed, CAPTION_SPLITS.index(split), index), **scene_kw)
 
 
@@ -377,7 +367,6 @@ def write_caption_set(root: str | Path, *, num_train: int = 3000, num_val: int =
         seed: everything is a function of (seed, split, clip index).
         min_events, max_events: events per clip (at most 3).
         snr_db: range of background-noise SNR, relative to the quietest event.
-        num_workers: processes used to render.
     """
     _check_scene_args(min_seconds, max_seconds, min_events, max_events)
     root = Path(root)
@@ -404,9 +393,8 @@ def write_label_set(root: str | Path, *, num_clips: int = 2000, num_folds: int =
     clips on) and goes to fold ``i % num_folds + 1``.
 
     Args:
-        num_clips: clips over all folds. num_folds: folds (ESC-50 has 5).
-        root, seed, sample_rate, min_seconds, max_seconds, min_events, max_events, snr_db,
-            num_workers: as :func:`write_caption_set` (the label is the first event).
+        num_clips: clips over all folds. num_folds: folds (ESC-50 has 5). The others: as
+            :func:`write_caption_set`.
     """
     _check_scene_args(min_seconds, max_seconds, min_events, max_events)
     root = Path(root)

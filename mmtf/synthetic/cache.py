@@ -64,8 +64,7 @@ def caption_parser(name: str | None) -> Callable[[str], Any] | None:
     """The caption -> event sequence parser of the data set called ``name``.
 
     The metric code looks it up by the data set's name (``data.synthetic.kind`` of the run);
-    None for a label set, for real data and for no name: those have no event accuracy.
-    """
+    None for a label set, for real data and for no name: those have no event accuracy."""
     row = SETS.get(name) if name is not None else None
     return row.caption_parser if row is not None else None
 
@@ -100,15 +99,13 @@ def _marker_hash(root: Path) -> str | None:
 
 
 def ensure_synthetic(root: str | os.PathLike, kind: str, **params: Any) -> Path:
-    """Make sure ``root`` holds the synthetic set ``kind`` generated with ``params``.
+    """Make sure ``root`` holds the synthetic set ``kind`` generated with ``params``; return
+    ``root`` as an absolute path.
 
     Args:
-        root: the set's folder (created, or replaced if it holds a different synthetic set).
-        kind: ``audio_captions`` | ``audio_labels`` | ``image_captions`` | ``image_labels``.
+        root, kind: the set's folder (created, or replaced if it holds another synthetic set);
+            ``audio_captions`` | ``audio_labels`` | ``image_captions`` | ``image_labels``.
         **params: the writer's keyword arguments (sizes, seed, ...).
-
-    Returns:
-        ``root`` as an absolute path.
 
     Raises:
         DataError: ``root`` is not empty and was not written here (it is never overwritten).

@@ -45,20 +45,13 @@ class _Generated(MediaDataModule):
 
 class SyntheticCaptionDataModule(_Generated, CaptionDataModule):
     """A built-in caption set (``audio_captions`` in Clotho's layout, ``image_captions`` in
-    COCO's), generated then read by :class:`~mmtf.data.CaptionDataModule`.
-
-    Args:
-        synthetic: ``{kind: audio_captions | image_captions, **generator args}`` (sizes, seed).
-        **kwargs: see :class:`~mmtf.data.CaptionDataModule`.
-    """
+    COCO's), generated then read by :class:`~mmtf.data.CaptionDataModule` (whose arguments it
+    takes, plus ``synthetic``: ``{kind: audio_captions | image_captions, **generator args}``)."""
 
 
 class SyntheticClassificationDataModule(_Generated, ClassificationDataModule):
     """A built-in label set (``audio_labels`` in ESC-50's layout, ``image_labels`` as an
-    ImageFolder), generated then read by :class:`~mmtf.data.ClassificationDataModule`.
-
-    Args:
-        synthetic: ``{kind: audio_labels | image_labels, **generator args}`` (sizes, seed).
-        **kwargs: see :class:`~mmtf.data.ClassificationDataModule`.
-    """
+    ImageFolder), generated then read by :class:`~mmtf.data.ClassificationDataModule` (whose
+    arguments it takes, plus ``synthetic``: ``{kind: audio_labels | image_labels, **generator
+    args}``)."""
 

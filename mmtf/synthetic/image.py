@@ -201,15 +201,9 @@ def _object(text: str) -> tuple[str, str, str]:
 
 
 def parse_caption(text: str) -> ImageSequence | None:
-    """The scene a caption describes, or None when it cannot be parsed.
-
-    Args:
-        text: a caption (generated, or a model's output); case, hyphens and punctuation other
-            than commas are ignored.
-
-    Returns:
-        ``(layout, ((size, colour, shape), ...))`` in reading order, or None.
-    """
+    """The scene ``(layout, ((size, colour, shape), ...))`` in reading order a caption
+    (generated, or a model's output) describes, or None when it cannot be parsed. Case, hyphens
+    and punctuation other than commas are ignored."""
     norm = _norm(text)
     results = set()
     for key, pat in _PATTERNS:
@@ -243,7 +237,6 @@ def write_caption_set(root: str | Path, *, num_train: int = 3000, num_val: int =
         seed: everything is a function of (seed, split, image index).
         image_size: side of the square images in pixels (>= 32).
         min_objects, max_objects: shapes per image (at most 3).
-        num_workers: processes used to render.
     """
     _check_args(image_size, min_objects, max_objects)
     root = Path(root)
@@ -264,12 +257,7 @@ def write_label_set(root: str | Path, *, num_train: int = 2000, num_val: int = 2
     """Write a one-shape-per-image classification set (label = shape) as ImageFolder.
 
     Writes ``{train,val,test}/<shape>/*.png`` with the classes of :data:`SHAPES`; image ``i`` of
-    a split shows shape ``i % 4`` (balanced classes).
-
-    Args:
-        root, num_train, num_val, num_test, seed, image_size, num_workers: as
-            :func:`write_caption_set`.
-    """
+    a split shows shape ``i % 4`` (balanced classes). Arguments as :func:`write_caption_set`."""
     _check_args(image_size, 1, 1)
     root = Path(root)
     for split_idx, (split, count) in enumerate((("train", num_train), ("val", num_val),

@@ -14,8 +14,7 @@ def parallel_map(fn: Callable[[Any], T], tasks: Sequence[Any], num_workers: int,
                  min_tasks: int = 64) -> list[T]:
     """``[fn(t) for t in tasks]``, over ``num_workers`` processes when there are enough tasks.
 
-    Results come back in task order, so output never depends on the worker count.
-    """
+    Results come back in task order, so output never depends on the worker count."""
     if num_workers <= 1 or len(tasks) < min_tasks:
         return [fn(t) for t in tasks]
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"

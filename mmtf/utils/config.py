@@ -98,8 +98,7 @@ def check_target_signatures(cfg: Any, path: str = "") -> None:
 
     Hydra's struct mode catches a misspelt key on the command line, but a misspelt key inside an
     experiment YAML is merged silently and only fails (or is ignored) much later, inside
-    ``instantiate``. This walks the composed config first and names the key and the fix.
-    """
+    ``instantiate``. This walks the composed config first and names the key and the fix."""
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_container(cfg, resolve=False)
     if isinstance(cfg, list):
@@ -143,8 +142,7 @@ def user_error_message(err: BaseException) -> str | None:
 
     User errors are mmtf's :class:`~mmtf.errors.UserError` (also inside Hydra's
     ``InstantiationException``, which wraps what a ``_target_`` raised) and Hydra's
-    ``ConfigCompositionException`` (a misspelt override).
-    """
+    ``ConfigCompositionException`` (a misspelt override)."""
     from hydra.errors import ConfigCompositionException, InstantiationException
 
     seen = err
@@ -160,8 +158,7 @@ def run_cli(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
     Any other exception is a bug in mmtf and propagates with its traceback.
     ``HYDRA_FULL_ERROR=1`` lets user errors propagate too, as Hydra does for its own errors.
-    Why: see docs/design/cli-errors.md
-    """
+    Why: see docs/design/cli-errors.md"""
     try:
         return fn(cfg)
     except Exception as err:

@@ -16,11 +16,8 @@ _PACKAGE = Path(__file__).resolve().parents[1]   # .../mmtf
 
 
 def find_config_dir(package: Path = _PACKAGE) -> str:
-    """The absolute path of the directory that holds ``train.yaml`` and the config groups.
-
-    Args:
-        package: the ``mmtf`` package directory; ``package/conf`` is the installed copy and
-            ``package/../conf`` the checkout's.
+    """The absolute path of the directory that holds ``train.yaml`` and the config groups:
+    ``package/conf`` (the installed copy) or ``package/../conf`` (the checkout's).
 
     Raises:
         RuntimeError: neither holds ``train.yaml`` (a broken install: a bug, not a user error).

@@ -4,6 +4,9 @@ Caption formats: ``clotho`` and ``audiocaps`` (audio), ``coco`` (images), ``mani
 ``shards`` (WebDataset tar shards) (either);
 speech (transcripts are the captions): ``librispeech``, ``common_voice``, ``manifest``.
 Label formats: ``esc50`` (audio), ``image_folder`` (images).
+
+Every reader is ``read_<format>(root, split, *, report, ...)``: the dataset folder, our split
+(``train|val|test``), and the callback each problem is reported to (:data:`base.Report`).
 """
 
 from mmtf.data.formats.audiocaps import read_audiocaps

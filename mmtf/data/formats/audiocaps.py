@@ -57,15 +57,9 @@ def _start_strings(start: str) -> list[str]:
 
 def read_audiocaps(root: Path, split: str, *, report: Report,
                    splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
-    """Read one split of an AudioCaps-layout dataset (see the module docstring).
+    """One split of an AudioCaps-layout dataset: an item per clip with all its captions.
 
-    Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
-        splits: our split -> CSV name (default train / val / test).
-
-    Returns:
-        One item per clip, with every caption of that clip.
-    """
+    ``splits``: our split -> CSV name (default train / val / test)."""
     name = split_name(split, splits or SPLIT_NAMES, "audiocaps")
     index = root / f"{name}.csv"
     require_index(index, split, "audiocaps", f" (expected {name}.csv)")

@@ -26,8 +26,7 @@ class CaptionItem:
 
     Attributes:
         id: stable identifier (file stem, COCO image id, AudioCaps YouTube id).
-        path: the media file.
-        captions: every non-empty reference caption.
+        path, captions: the media file and every non-empty reference caption.
         where: the index entry it came from, e.g. ``"clotho_captions_development.csv line 5"``.
         language: speech: the spoken language's code (``en``, ``de``: Whisper's codes), or None
             for the run's default (``data.language``).
@@ -87,9 +86,8 @@ def read_csv(path: Path, required: Sequence[str], fmt: str, *,
     """Yield ``(line number, row)`` of a CSV file with a header, checking the columns first.
 
     Args:
-        path: the CSV file (UTF-8, optional BOM).
-        required: columns that must be in the header.
-        fmt: format name for messages.
+        path, required, fmt: the CSV file (UTF-8, optional BOM), the columns its header must
+            have, and the format's name for messages.
         tsv: tab-separated and unquoted (Common Voice's sentences hold quotes of their own).
 
     Raises:

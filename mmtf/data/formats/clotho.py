@@ -41,15 +41,9 @@ def csv_path(root: Path, name: str) -> Path:
 
 def read_clotho(root: Path, split: str, *, report: Report,
                 splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
-    """Read one split of a Clotho-layout dataset.
+    """One split of a Clotho-layout dataset: an item per CSV row with a non-empty caption.
 
-    Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
-        splits: our split -> Clotho name (default development / validation / evaluation).
-
-    Returns:
-        One item per CSV row with at least one non-empty caption.
-    """
+    ``splits``: our split -> Clotho name (default development / validation / evaluation)."""
     name = split_name(split, splits or SPLIT_NAMES, "clotho")
     index = csv_path(root, name)
     require_index(index, split, "clotho", f" (expected clotho_captions_{name}.csv)")

@@ -55,15 +55,9 @@ def _load(index: Path) -> dict:
 
 def read_coco(root: Path, split: str, *, report: Report,
               splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
-    """Read one split of a COCO-captions-layout dataset.
+    """One split of a COCO-captions dataset: an item per captioned image, in ``images`` order.
 
-    Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
-        splits: our split -> COCO name (default train / val / test).
-
-    Returns:
-        One item per image that has at least one caption, in the order of ``images``.
-    """
+    ``splits``: our split -> COCO name (default train / val / test)."""
     name = split_name(split, splits or SPLIT_NAMES, "coco")
     index = json_path(root, name)
     require_index(index, split, "coco", f" (expected annotations/captions_{name}.json)")

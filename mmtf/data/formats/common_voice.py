@@ -37,10 +37,7 @@ def read_common_voice(root: Path, split: str, *, report: Report,
                       splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
     """Read one split of a Common Voice language folder (see the module docstring).
 
-    Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
-        splits: our split -> TSV stem (default train / dev / test).
-    """
+    ``splits``: our split -> TSV stem (default train / dev / test)."""
     name = split_name(split, splits or SPLIT_NAMES, "common_voice")
     index = root / f"{name}.tsv"
     require_index(index, split, "common_voice", f" (expected {name}.tsv and clips/)")

@@ -38,15 +38,9 @@ def meta_path(root: Path) -> Path:
 
 def read_esc50(root: Path, split: str, *, report: Report,
                folds: Mapping[str, Sequence[int]] | None = None) -> LabelSet:
-    """Read one split (a set of folds) of an ESC-50-layout dataset.
+    """One split (a set of folds) of an ESC-50-layout dataset: its items and the class names.
 
-    Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
-        folds: our split -> list of folds.
-
-    Returns:
-        The split's items and the class names (index = target).
-    """
+    ``folds``: our split -> list of folds (class name index = target)."""
     folds = folds or DEFAULT_FOLDS
     if split not in folds:
         raise UserError(f"esc50: no folds for split {split!r} in data.folds ({dict(folds)}); "

@@ -35,17 +35,12 @@ def _files(directory: Path, class_to_idx: dict[str, int]) -> list[tuple[str, int
 def read_image_folder(root: Path, split: str, *, report: Report,
                       splits: Mapping[str, str] | None = None, val_fraction: float = 0.1,
                       test_fraction: float = 0.1, seed: int = 0) -> LabelSet:
-    """Read one split of an ImageFolder-layout dataset (see the module docstring).
+    """One split of an ImageFolder-layout dataset: its items and the class names.
 
     Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         splits: our split -> sub-folder name (default train / val / test).
-        val_fraction: share of each class for val when there are no split folders.
-        test_fraction: share of each class for test when there are no split folders.
+        val_fraction, test_fraction: each class's share when there are no split folders.
         seed: shuffles the files before the fractional split.
-
-    Returns:
-        The split's items and the class names.
     """
     names = splits or SPLIT_NAMES
     sub = split_name(split, names, "image_folder")

@@ -32,15 +32,9 @@ def split_dir(root: Path, name: str) -> Path:
 
 def read_librispeech(root: Path, split: str, *, report: Report,
                      splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
-    """Read one split of a LibriSpeech-layout corpus (see the module docstring).
+    """One split of a LibriSpeech corpus: an item per transcript line with audio, by id.
 
-    Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
-        splits: our split -> LibriSpeech subset name(s), ``+``-joined.
-
-    Returns:
-        One item per transcript line whose audio file exists, sorted by utterance id.
-    """
+    ``splits``: our split -> LibriSpeech subset name(s), ``+``-joined."""
     names = split_name(split, splits or SPLIT_NAMES, "librispeech").split("+")
     items: list[CaptionItem] = []
     for name in names:

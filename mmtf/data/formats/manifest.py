@@ -31,15 +31,11 @@ TASKS = ("transcribe", "translate")     # Whisper's two speech tasks
 
 def read_manifest(root: Path, split: str, *, report: Report, modality: str = "audio",
                   splits: Mapping[str, str] | None = None) -> list[CaptionItem]:
-    """Read one split of a JSONL manifest dataset.
+    """One split of a JSONL manifest dataset: an item per valid line.
 
     Args:
-        root, split, report: the dataset folder, ``train|val|test``, the problem callback.
         modality: ``audio`` | ``image``; a line with the other media key is a bad line.
         splits: our split -> manifest file stem (default train / val / test).
-
-    Returns:
-        One item per valid line.
     """
     name = split_name(split, splits or SPLIT_NAMES, "manifest")
     index = root / f"{name}.jsonl"
