@@ -15,6 +15,8 @@ import tarfile
 from pathlib import Path
 
 import fsspec
+import fsspec.implementations.memory
+import fsspec.spec
 import numpy as np
 import pytest
 import torch
@@ -573,3 +575,64 @@ def test_image_shards_batch_by_pixels_from_the_index(tiny_image_captions, tmp_pa
     per_image = sizes[0][0] * sizes[0][1]
     assert all(len(b) <= max(1, 2500 // per_image) for b in sampler.batches(0))
     assert sorted(_items(sampler.batches(0))) == list(range(len(dm.items("train"))))
+
+
+# ---------------------------------------------------------------------------- reads per epoch
+class _CountingFile(fsspec.spec.AbstractBufferedFile):
+    """An object-store file: every ``_fetch_range`` is one request."""
+
+    def __init__(self, fs, path, data: bytes, **kw):
+        self.data = data
+        super().__init__(fs, path, size=len(data), **kw)
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        self.fs.requests += 1
+        self.fs.bytes_read += min(end, len(self.data)) - start
+        return self.data[start:end]
+
+
+class _CountingMemory(fsspec.implementations.memory.MemoryFileSystem):
+    protocol = "countmem"
+    store: dict = {}    # its own store, not memory://'s
+    pseudo_dirs = [""]
+    requests = bytes_read = 0
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(path.removeprefix("countmem://"))
+
+    def _open(self, path, mode="rb", **kw):
+        if mode != "rb":
+            return super()._open(path, mode, **kw)
+        path = self._strip_protocol(path)
+        if path not in self.store:
+            raise FileNotFoundError(path)
+        return _CountingFile(self, path, self.store[path].getvalue(), mode=mode,
+                             **{k: v for k, v in kw.items() if k in ("block_size", "cache_type")})
+
+
+def test_an_epoch_streams_each_shard_front_to_back_once(tmp_path):
+    """On an object store, one epoch reads each shard's bytes once, in few requests (today's
+    one ranged read per clip, in shuffled order, re-fetched the shards many times over)."""
+    fsspec.register_implementation("countmem", _CountingMemory, clobber=True)
+    fs = fsspec.filesystem("countmem")
+    total = 0
+    for s in range(3):
+        local = _tar(tmp_path / f"{s}.tar", {
+            m: d for k in range(24) for m, d in (
+                (f"s{s}k{k:02d}.flac", _flac(0.2 + 0.05 * (k % 5), 300 + 20 * k)),
+                (f"s{s}k{k:02d}.json", json.dumps({"caption": f"tone {s} {k}"}).encode()))})
+        fs.pipe(f"/shards/{s}.tar", local.read_bytes())
+        total += local.stat().st_size
+    dm = _shard_dm(tmp_path, shards={"train": "countmem://shards/{0..2}.tar"}, batch_size=4,
+                   shuffle_buffer=8, index_cache=str(tmp_path / "cache"), seed=1)
+    dm.connect(CharTokenizer.train(dm.train_captions()))
+    loader = dm.train_dataloader()
+    fs.requests = fs.bytes_read = 0        # the scans that built the indexes are not the epoch
+    ids = [i for b in loader for i in b["ids"]]
+    assert sorted(ids) == sorted(it.id for it in dm.items("train"))
+    try:
+        assert fs.bytes_read <= total, (fs.bytes_read, total)
+        assert fs.requests <= 3, fs.requests
+    finally:
+        fs.rm("/shards", recursive=True)
