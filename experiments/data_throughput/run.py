@@ -7,7 +7,7 @@ Measures, on the built-in sound-events set (3000 training clips of 2-6 s, 16 kHz
   DataLoader workers: on the set itself (16 kHz files, the model rate: no resampling) and on a
   400-clip copy written at 44.1 kHz, Clotho's rate, resampled to 16 kHz;
 * the same epoch read three ways (issue #22), at 0, 2 and 4 workers: the files (Clotho layout),
-  the same set as WebDataset tar shards (``data=shards``: one ranged read per clip, streamed per
+  the same set as WebDataset tar shards (``data=shards``: each stream read front to back, one per
   worker), and a two-source mixture (``data=mixture``: the files and the shards at weight 1:1,
   3000 draws an epoch);
 * the padding fraction of the padded ``(b, samples)`` batches with and without length bucketing

@@ -7,8 +7,8 @@ import contextlib
 import logging
 import math
 import os
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -171,7 +171,7 @@ class ShardStreamSampler(BucketBatchSampler):
             raise UserError(f"{name}: {super().num_examples()} examples cannot fill "
                             f"{self.num_replicas} rank(s) x {streams} stream(s); use fewer "
                             f"data.loader.num_workers (streams) or more data.")
-        self._passes: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._passes: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self._batches: tuple[int, list[list[Key]]] | None = None
 
     # ------------------------------------------------------------------ sizes
@@ -194,8 +194,9 @@ class ShardStreamSampler(BucketBatchSampler):
         return len(self.batches())
 
     # ------------------------------------------------------------------ order
-    def _pass(self, p: int, rank: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """``rank``'s streams of pass ``p``: (items, caps) per stream, buffer-shuffled."""
+    def _pass(self, p: int, rank: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``rank``'s streams of pass ``p``: (items, caps, place in the stream) per stream,
+        buffer-shuffled."""
         if (p, rank) in self._passes:
             return self._passes[(p, rank)]
         perm = (np.random.default_rng([self.seed, p, 4]).permutation(len(self.shard_starts))
@@ -215,38 +216,39 @@ class ShardStreamSampler(BucketBatchSampler):
         for s, k in enumerate(_split_sizes(size, self.streams)):
             run = mine[start:start + k]
             start += k
+            at = np.arange(k)           # emitted order -> place in the stream (what is read)
             if self.shuffle:
                 rng = np.random.default_rng([self.seed, p, 5, rank, s])
-                run = shuffle_buffer(run, self.shuffle_buffer, rng)
-            out.append((items[run], caps[run]))
+                at = shuffle_buffer(at, self.shuffle_buffer, rng)
+            out.append((items[run[at]], caps[run[at]], at))
         if len(self._passes) >= 3 * self.num_replicas:
             self._passes.pop(min(self._passes))
         self._passes[(p, rank)] = out
         return out
 
     def _stream_epoch(self, s: int, want: int, epoch: int,
-                      rank: int) -> tuple[np.ndarray, np.ndarray]:
+                      rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stream ``s``'s examples of ``epoch``: positions ``[epoch * want, (epoch + 1) *
-        want)`` of the endless sequence of its passes."""
+        want)`` of the endless sequence of its passes, and each one's place in the stream
+        (what is read: ``pass * pass length + place in the pass``)."""
         length = _split_sizes(self._pass_rank_size(), self.streams)[s]
         begin = epoch * want
-        parts_i, parts_c = [], []
+        parts: list[tuple[np.ndarray, ...]] = []
         while want > 0:
             p, at = divmod(begin, length)
-            items, caps = self._pass(p, rank)[s]
             take = min(want, length - at)
-            parts_i.append(items[at:at + take])
-            parts_c.append(caps[at:at + take])
+            parts.append(tuple(a[at:at + take] for a in self._pass(p, rank)[s]))
+            parts[-1] = (*parts[-1][:2], parts[-1][2] + p * length)
             begin, want = begin + take, want - take
-        if not parts_i:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(parts_i), np.concatenate(parts_c)
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return tuple(np.concatenate(a) for a in zip(*parts))  # type: ignore[return-value]
 
     def rank_examples(self, epoch: int, rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``rank``'s (default: this sampler's) examples of ``epoch``: its streams' runs, one
         after the other."""
         rank = self.rank if rank is None else rank
-        runs = [self._stream_epoch(s, want, epoch, rank)
+        runs = [self._stream_epoch(s, want, epoch, rank)[:2]
                 for s, want in enumerate(self._stream_sizes())]
         return np.concatenate([r[0] for r in runs]), np.concatenate([r[1] for r in runs])
 
@@ -278,6 +280,51 @@ class ShardStreamSampler(BucketBatchSampler):
         """Kept as dealt: stream ``w``'s batches reach loader worker ``w``."""
         return batches
 
+    # ------------------------------------------------------------------ reading
+    def __iter__(self) -> Iterator[list[Key]]:
+        """The base's batches, the first key of each extended by the items to read into the
+        reading process's buffer before it (:meth:`fills`; read by :class:`ShardCaptionDataset`)."""
+        fills: list[list[int]] | None = None
+        for batch in super().__iter__():
+            k = self.state.position - 1
+            if fills is None:
+                fills = self.fills(self.state.epoch, k)
+            yield [(*batch[0], tuple(fills[k])), *batch[1:]] if fills[k] else batch
+
+    def fills(self, epoch: int, start: int = 0) -> list[list[int]]:
+        """Per batch of ``epoch``, the items its reading process reads into its buffer first:
+        the stream's next items, in stream order, up to the last one the batch needs, so each
+        shard is read front to back once. Loader worker ``w`` reads batches ``w, w + W, ...``
+        (W = streams), stream ``w``'s. The batch at ``start`` (a resume) also gets what the
+        buffer held there: its content is a function of ``(epoch, position)``."""
+        batches = self.batches(epoch)
+        out: list[list[int]] = [[] for _ in batches]
+        for w, want in enumerate(self._stream_sizes()):
+            items, _, place = self._stream_epoch(w, want, epoch, self.rank)
+            stream = items[np.argsort(place, kind="stable")].tolist()
+            ahead, held, q, first = Counter(stream), Counter(), 0, True
+            for k in range(w, len(batches), self.streams):
+                if k >= start and first:               # the first batch read: the buffer
+                    first, left = False, held.copy()
+                    for x in stream[:q]:
+                        if left[x] > 0:
+                            left[x] -= 1
+                            out[k].append(x)
+                begin = q
+                for item, *_ in batches[k]:
+                    if held[item]:
+                        held[item] -= 1
+                    elif ahead[item]:                  # else not this stream's: read alone
+                        while stream[q] != item:
+                            held[stream[q]] += 1
+                            ahead[stream[q]] -= 1
+                            q += 1
+                        ahead[item] -= 1
+                        q += 1
+                if k >= start:
+                    out[k] += stream[begin:q]
+        return out
+
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "streams": self.streams,
@@ -292,11 +339,57 @@ class ShardStreamSampler(BucketBatchSampler):
 
 
 class ShardCaptionDataset(CaptionDataset):
-    """:class:`~mmtf.data.datasets.CaptionDataset` over shard samples: media bytes are read by
+    """:class:`~mmtf.data.datasets.CaptionDataset` over shard samples. A key may carry the
+    items to read first (:meth:`ShardStreamSampler.fills`): they are read with one ranged read
+    per run of one shard into this process's buffer, and served from it; any other item (the
+    data check, evaluation, a skipped item's replacement) is read alone by
     ``(shard, offset, size)`` (:func:`read_member`)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._held: dict[int, list[bytes]] = {}
+        self._held_epoch: int | None = None
+
+    def _fill(self, fill: Sequence[int]) -> None:
+        k = 0
+        while k < len(fill):
+            end = k + 1
+            while end < len(fill) and self.items[fill[end]].shard == self.items[fill[k]].shard:
+                end += 1
+            run = [self.items[i] for i in fill[k:end]]
+            lo, hi = min(i.offset for i in run), max(i.offset + i.size for i in run)
+            try:
+                data = _READER.read(run[0].shard, lo, hi - lo, where=run[0].where)
+            except DataError:       # each item then fails (or is skipped) on its own
+                data = None
+            for i, item in zip(fill[k:end], run):
+                if data is not None:
+                    self._held.setdefault(i, []).append(
+                        data[item.offset - lo:item.offset - lo + item.size])
+            k = end
+
+    def __getitem__(self, key: Any) -> dict[str, Any]:
+        if isinstance(key, tuple):
+            if key[2] != self._held_epoch:  # an epoch's first batch refills the whole buffer
+                self._held, self._held_epoch = {}, key[2]
+            if len(key) > 3:
+                self._fill(key[3])
+                key = key[:3]
+        held = len(self._held.get(key if isinstance(key, int) else key[0], ()))
+        out = super().__getitem__(key)
+        index = key if isinstance(key, int) else key[0]
+        if held and len(self._held.get(index, ())) == held:    # served without reading
+            self.read_bytes(index)
+        return out
+
     def read_bytes(self, index: int) -> bytes:
-        return read_member(self.items[index])
+        held = self._held.get(index)
+        if not held:
+            return read_member(self.items[index])
+        data = held.pop()
+        if not held:
+            del self._held[index]
+        return data
 
 
 class ShardDataModule(CaptionDataModule):

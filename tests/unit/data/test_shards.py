@@ -12,9 +12,12 @@ import json
 import os
 import shutil
 import tarfile
+from collections import OrderedDict
 from pathlib import Path
 
 import fsspec
+import fsspec.implementations.memory
+import fsspec.spec
 import numpy as np
 import pytest
 import torch
@@ -26,6 +29,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from mmtf.data import CaptionDataModule, DataError
 from mmtf.data.errors import ErrorPolicy
 from mmtf.data.shards import index as shards_index
+from mmtf.data.shards import reader as shards_reader
 from mmtf.data.shards.index import INDEX_SUFFIX, expand_braces, load_index, read_shards
 from mmtf.data.shards.reader import ShardDataModule, ShardStreamSampler, shuffle_buffer
 from mmtf.data.shards.writer import write_shards
@@ -573,3 +577,89 @@ def test_image_shards_batch_by_pixels_from_the_index(tiny_image_captions, tmp_pa
     per_image = sizes[0][0] * sizes[0][1]
     assert all(len(b) <= max(1, 2500 // per_image) for b in sampler.batches(0))
     assert sorted(_items(sampler.batches(0))) == list(range(len(dm.items("train"))))
+
+
+# ---------------------------------------------------------------------------- reads per epoch
+class _CountingFile(fsspec.spec.AbstractBufferedFile):
+    """An object-store file: every ``_fetch_range`` is one request."""
+
+    def __init__(self, fs, path, data: bytes, **kw):
+        self.data = data
+        super().__init__(fs, path, size=len(data), **kw)
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        fs = self.fs
+        fs.requests += 1
+        fs.bytes_read += min(end, len(self.data)) - start
+        fs.backward += start < fs.ends.get(self.path, 0)     # a fetch behind the last one
+        fs.ends[self.path] = end
+        return self.data[start:end]
+
+
+class _CountingMemory(fsspec.implementations.memory.MemoryFileSystem):
+    protocol = "countmem"
+    store: dict = {}    # its own store, not memory://'s
+    pseudo_dirs = [""]
+    requests = bytes_read = backward = 0
+    ends: dict = {}
+
+    def reset(self):
+        self.requests = self.bytes_read = self.backward = 0
+        self.ends = {}
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(path.removeprefix("countmem://"))
+
+    def _open(self, path, mode="rb", **kw):
+        if mode != "rb":
+            return super()._open(path, mode, **kw)
+        path = self._strip_protocol(path)
+        if path not in self.store:
+            raise FileNotFoundError(path)
+        return _CountingFile(self, path, self.store[path].getvalue(), mode=mode,
+                             **{k: v for k, v in kw.items() if k in ("block_size", "cache_type")})
+
+
+def test_an_epoch_streams_each_shard_front_to_back_once(tmp_path, monkeypatch):
+    """On an object store (read-ahead blocks of 1 KiB, far smaller than a shard, like 4 MiB
+    blocks against real shards), one epoch reads each shard front to back: no fetch behind
+    the last one, each byte at most once; a resumed epoch too (it refills its buffer). One
+    ranged read per clip in the emitted order went back and forth and re-read bytes."""
+    monkeypatch.setattr(shards_reader._READER, "block_size", 1024)
+    monkeypatch.setattr(shards_reader._READER, "_files", OrderedDict())
+    fsspec.register_implementation("countmem", _CountingMemory, clobber=True)
+    fs = fsspec.filesystem("countmem")
+    total = 0
+    for s in range(3):
+        local = _tar(tmp_path / f"{s}.tar", {
+            m: d for k in range(24) for m, d in (
+                (f"s{s}k{k:02d}.flac", _flac(0.2 + 0.05 * (k % 5), 300 + 20 * k)),
+                (f"s{s}k{k:02d}.json", json.dumps({"caption": f"tone {s} {k}"}).encode()))})
+        fs.pipe(f"/shards/{s}.tar", local.read_bytes())
+        total += local.stat().st_size
+
+    def loader():
+        dm = _shard_dm(tmp_path, shards={"train": "countmem://shards/{0..2}.tar"}, batch_size=4,
+                       shuffle_buffer=8, index_cache=str(tmp_path / "cache"), seed=1)
+        dm.connect(CharTokenizer.train(dm.train_captions()))
+        return dm, dm.train_dataloader()
+
+    try:
+        dm, first = loader()
+        fs.reset()                          # the scans that built the indexes are not the epoch
+        ids = [i for b in first for i in b["ids"]]
+        assert sorted(ids) == sorted(it.id for it in dm.items("train"))
+        assert fs.bytes_read <= total and not fs.backward, (fs.bytes_read, total, fs.backward)
+        assert fs.requests < len(ids), fs.requests
+        # A resumed epoch refills the buffer it had: the same examples, read once.
+        it = iter(first)
+        head = [next(it) for _ in range(5)]
+        state, rest = first.state_dict(), [b["ids"] for b in it]
+        _, again = loader()
+        again.load_state_dict(state)
+        fs.reset()
+        assert [b["ids"] for b in again] == rest and head
+        assert fs.bytes_read <= total and not fs.backward, (fs.bytes_read, total, fs.backward)
+    finally:
+        fs.rm("/shards", recursive=True)

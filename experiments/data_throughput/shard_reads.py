@@ -1,0 +1,107 @@
+"""Requests and bytes one training epoch reads from tar shards on an object store (counts, not
+time: issue 40, defect 11).
+
+Builds a synthetic sound-events set (600 training clips of 2-6 s, 16 kHz), writes it as 6 tar
+shards of 100 clips, serves them from an in-memory file system that counts every ranged fetch
+(what an object store bills as one request), and walks one training epoch of ``data=shards``
+with the default order settings (batch 32, bucketing, ``shuffle_buffer`` 1000, 0 workers).
+Prints one JSON line and appends it to ``results.jsonl``.
+
+    python experiments/data_throughput/shard_reads.py [--data-dir data] [--shuffle-buffer 1000]
+    PYTHONPATH=<another checkout> python experiments/data_throughput/shard_reads.py --label ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+
+import fsspec
+import fsspec.implementations.memory
+import fsspec.spec
+
+from mmtf.data import CaptionDataModule
+from mmtf.data.shards.reader import ShardDataModule
+from mmtf.data.shards.writer import write_shards
+from mmtf.perf.results import append_result
+from mmtf.synthetic import ensure_synthetic
+from mmtf.text import BPETokenizer
+
+SYNTH = {"kind": "audio_captions", "num_train": 600, "num_val": 0, "num_test": 0, "seed": 0,
+         "sample_rate": 16000, "min_seconds": 2.0, "max_seconds": 6.0, "min_events": 1,
+         "max_events": 3, "snr_db": [10.0, 30.0], "captions_per_clip": 5, "num_workers": 2}
+
+
+class CountingFile(fsspec.spec.AbstractBufferedFile):
+    """An object-store file: each ``_fetch_range`` is one request."""
+
+    def __init__(self, fs, path, data: bytes, **kw):
+        self.data = data
+        super().__init__(fs, path, size=len(data), **kw)
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        self.fs.requests += 1
+        self.fs.bytes_read += min(end, len(self.data)) - start
+        return self.data[start:end]
+
+
+class CountingMemory(fsspec.implementations.memory.MemoryFileSystem):
+    protocol = "countmem"
+    store: dict = {}
+    pseudo_dirs = [""]
+    requests = bytes_read = 0
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(path.removeprefix("countmem://"))
+
+    def _open(self, path, mode="rb", **kw):
+        if mode != "rb":
+            return super()._open(path, mode, **kw)
+        path = self._strip_protocol(path)
+        if path not in self.store:
+            raise FileNotFoundError(path)
+        return CountingFile(self, path, self.store[path].getvalue(), mode=mode,
+                            **{k: v for k, v in kw.items() if k in ("block_size", "cache_type")})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", default=os.environ.get("MMTF_DATA_DIR", "data"))
+    parser.add_argument("--shuffle-buffer", type=int, default=1000)
+    parser.add_argument("--label", default="",
+                        help="what mmtf is measured (e.g. 'before: main at d7f20a8')")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    data_dir = Path(args.data_dir).resolve()
+    root, local = data_dir / "synth_audio_captions_600", data_dir / "synth_audio_captions_600_shards"
+    ensure_synthetic(root, **SYNTH)
+    if not (local / "train").is_dir():
+        src = CaptionDataModule(format="clotho", root=str(root))
+        write_shards(src.items("train"), local / "train", prefix="train", shard_size=100)
+    fsspec.register_implementation("countmem", CountingMemory, clobber=True)
+    fs = fsspec.filesystem("countmem")
+    tars = sorted((local / "train").glob("*.tar"))
+    for p in (local / "train").iterdir():       # the shards and their indexes
+        fs.pipe(f"/set/{p.name}", p.read_bytes())
+    dm = ShardDataModule(format="shards", root=str(local), shards={"train": "countmem://set/*.tar"},
+                         sample_rate=16000, max_seconds=10.0, batches={"batch_size": 32},
+                         loader={"num_workers": 0},
+                         shuffle_buffer=args.shuffle_buffer, seed=0)
+    dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=300))
+    loader = dm.train_dataloader()
+    fs.requests = fs.bytes_read = 0     # index reads are not the epoch
+    clips = sum(len(batch["ids"]) for batch in loader)
+    data_bytes = sum(p.stat().st_size for p in tars)
+    result = {"label": args.label, "clips": clips, "shards": len(tars), "shard_bytes": data_bytes,
+              "shuffle_buffer": args.shuffle_buffer, "requests": fs.requests,
+              "bytes_read": fs.bytes_read,
+              "bytes_read_per_data_byte": round(fs.bytes_read / data_bytes, 3)}
+    print(json.dumps(append_result(__file__, result)))
+
+
+if __name__ == "__main__":
+    main()
