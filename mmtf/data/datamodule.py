@@ -391,13 +391,9 @@ class CaptionDataModule(MediaDataModule):
             items that name none; None = the tokenizer's prompt. (``task``: the old name of
             ``speech_job``, read with a warning.)
 
-    Speech items start their ids with their own prompt (:meth:`item_prompt`; Whisper's
-    language and job tokens), so one multilingual set trains one model
-    (docs/design/asr-prompts-per-item.md). The tokenizer is resolved by the entry point
-    (:func:`mmtf.tasks.resolve_tokenizer`) and handed over with :meth:`connect`.
-
-    Attributes:
-        tokenizer: the ``mmtf.text.Tokenizer`` the ids are built with (None until connected).
+    Speech items start their ids with their own prompt (:meth:`item_prompt`,
+    docs/design/asr-prompts-per-item.md). The entry point hands the tokenizer over with
+    :meth:`connect` (``self.tokenizer``, None until then).
     """
 
     targets = "caption"

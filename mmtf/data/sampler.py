@@ -64,9 +64,6 @@ class BucketBatchSampler:
         bucketing, bucket_size: sort by length inside pools of this many batches (bigger:
             less padding, less randomness); False gives plain (shuffled) batches.
         num_replicas, rank: DDP world size and rank (default: torch.distributed's, else 1, 0).
-
-    Attributes:
-        state: the :class:`SamplerState`.
     """
 
     def __init__(self, *, lengths: Sequence[float], batch_size: int | None = 32,

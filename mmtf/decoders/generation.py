@@ -8,13 +8,9 @@ reference for tests). On a CPU the cached steps run on oneDNN-packed weights (``
 
 Conventions: every row starts from its prompt, fed whole on the first step; pad and the
 prompt's ids are never generated, except eos, which may equal them (GPT-2); outputs hold the
-generated tokens only; a row stops at its first eos and is padded afterwards. The repeat
-penalties (CTRL's ``repetition_penalty``, arXiv:1909.05858, counting the prompt; and
-``no_repeat_ngram_size``) act on the logits of every strategy, before the special tokens are
-masked, so beam search ranks by the penalised distribution (Hugging Face penalises its
-log-probabilities). Scores are sums of log-probabilities after the penalties and masks, before
-temperature and top-k/top-p, eos included; beam search ranks by ``sum / length **
-length_penalty``. Why: docs/design/generation-and-metrics.md.
+generated tokens only; a row stops at its first eos and is padded afterwards. Scores are sums
+of log-probabilities after the repeat penalties and masks, before temperature and top-k/top-p,
+eos included. Why: docs/design/generation-and-metrics.md.
 
 Shapes: b batch, k beams, r = b * k (or b * num_return_sequences) decoder rows, t generated
 tokens, m memory length, v vocab.
@@ -63,11 +59,9 @@ class GenerationConfig:
         top_k: sample among the k most likely tokens; 0 = no limit.
         top_p: nucleus sampling threshold; 1.0 = no limit.
         use_cache: False recomputes the whole prefix each step (reference only: slow).
-        compile: compile the cached step with frozen weights (:mod:`mmtf.decoders.compiled`);
-            the first call compiles, so for inference on fixed weights. Needs ``use_cache``.
+        compile: compile the cached step (:mod:`mmtf.decoders.compiled`); needs ``use_cache``.
         suppress_tokens: ids never generated (e.g. decoder ids past the tokenizer's vocabulary).
-        repetition_penalty: > 0; logits of tokens already in the row are divided by it when
-            positive, multiplied when negative (CTRL); 1.0 = off.
+        repetition_penalty: CTRL's penalty on tokens already in the row (> 0; 1.0 = off).
         no_repeat_ngram_size: n > 0 bans tokens that would repeat an n-gram of the row; 0 = off.
         begin_suppress_tokens: ids never generated first (Whisper's option).
         pack_weights: run the cached steps on oneDNN-packed weights where the CPU can (logits

@@ -120,19 +120,16 @@ class WindowRules:
     """openai/whisper ``transcribe``'s rules for each 30 s window; the defaults are openai's.
 
     Args:
-        temperatures: decode at the first; on a failed window retry at the next (sampling).
-        compression_ratio_threshold: a window whose text's zlib ratio exceeds it failed (a
-            repetition loop); None = off.
-        logprob_threshold: a window whose average token log-probability is below it failed;
-            None = off.
-        no_speech_threshold: a window whose ``<|nospeech|>`` probability at
-            ``<|startoftranscript|>`` exceeds it, and whose average log-probability is below
-            ``logprob_threshold``, is silence: skipped, no text. None = off.
-        condition_on_previous_text: the text so far (``<|startofprev|>`` prompt) conditions the
-            next window; reset after a window decoded above temperature 0.5.
+        temperatures: decode at the first; retry a failed window at the next (sampling).
+        compression_ratio_threshold, logprob_threshold: a window fails when its text's zlib
+            ratio is above the first (a loop) or its mean token log-probability below the
+            second; None = off.
+        no_speech_threshold: a window whose ``<|nospeech|>`` probability exceeds it and whose
+            mean log-probability is below ``logprob_threshold`` is silence (no text); None = off.
+        condition_on_previous_text: the text so far prompts the next window (``<|startofprev|>``);
+            reset after a window decoded above temperature 0.5.
         sample_len: tokens per window; None = half the decoder's positions (openai's).
-        word_timestamps: each segment gets ``words`` (``word``, ``start``, ``end``) from the
-            cross-attention of the upper half of the decoder layers (:mod:`mmtf.decoders.align`).
+        word_timestamps: segments get ``words`` from the cross-attention (:mod:`mmtf.decoders.align`).
     """
 
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -202,26 +199,19 @@ def transcribe_long(model, features: Tensor, *, prompt: Sequence[int], config: G
                     frames: int | None = None, text: Callable[[list[int]], str] | None = None,
                     prev_id: int | None = None, initial_prompt: Sequence[int] = (),
                     generator: torch.Generator | None = None) -> list[TimedSegment]:
-    """Whisper's sequential decoding of one clip (openai's ``transcribe``).
-
-    Each 30 s window from ``seek`` is decoded with the timestamp rules, at the next of
-    ``options.temperatures`` while it fails the thresholds, skipped when it is silence, and cut
-    into segments (:func:`window_segments`); the next starts at its last complete timestamp
-    pair (or after it), until the audio's frames are used up. Windows past 30 s are
-    zero-padded.
+    """Whisper's sequential decoding of one clip (openai's ``transcribe``): each 30 s window
+    from ``seek`` is decoded under ``rules``, retried at the next of ``options.temperatures``
+    while it fails the thresholds, skipped when silent, and cut into segments
+    (:func:`window_segments`); the next starts at its last complete timestamp pair.
 
     Args:
         model: an :class:`~mmtf.decoders.EncoderDecoder` with an ``AudioEncoder``.
-        features: (f, n) log-mel: the whole clip's (``AudioEncoder.whisper_features``) or a
-            short clip's padded to 3000 frames.
-        prompt, config, rules: the decoder prompt (``<|startoftranscript|>`` ..), the decoding
-            options (strategy, bans; ``max_new_tokens`` is replaced by the window's budget)
-            and the timestamp rules.
-        options: the window rules (default :data:`PLAIN`).
-        frames: mel frames of real audio (default all of ``features``): decoding stops there.
-        text: the text of text ids (the compression ratio's and the words' input).
-        prev_id: ``<|startofprev|>``, needed to condition on earlier text.
-        initial_prompt: text ids that condition the first window (openai's ``initial_prompt``).
+        features: (f, n) log-mel of the whole clip, or of a short clip padded to 3000 frames.
+        prompt, config, rules: the decoder prompt, the decoding options (``max_new_tokens``
+            replaced by the window's budget) and the timestamp rules.
+        options: the window rules. frames: mel frames of real audio (decoding stops there).
+        text: ids -> text (for the compression ratio and the words).
+        prev_id, initial_prompt: ``<|startofprev|>`` and the ids that condition the first window.
         generator: random generator of the sampled (temperature > 0) windows.
 
     Returns:

@@ -9,11 +9,8 @@ hand-centred STFT (``n_fft // 2`` zeros each side), a clip of ``L`` samples has
 ``L // hop_length + 1`` valid frames, statistics use valid frames only, invalid frames are
 zeroed before each convolution, and the transformer gets the key mask.
 
-Whisper's configuration (``features="whisper"``, ``stem_strides=(1, 2)``,
-``positions="sinusoidal"``; :mod:`mmtf.pretrained.whisper`) computes Whisper's log-mel exactly.
-``pad_to_seconds=30`` pads every clip to 30 s as Whisper does; ``None`` keeps mmtf's padding
-mask (valid frames equal Whisper's, the output differs since Whisper also attends to padding).
-Why: docs/design/whisper-import.md.
+Whisper's configuration (:mod:`mmtf.pretrained.whisper`) computes Whisper's log-mel exactly;
+``pad_to_seconds=30`` pads to 30 s as Whisper does. Why: docs/design/whisper-import.md.
 
 Shapes: b batch, n samples, f mel bins, t frames, s memory length (= tokens), c = dim.
 """

@@ -206,12 +206,10 @@ class CaptionMetrics:
         normalizer: the text normalizer of ``wer`` / ``cer`` (:mod:`mmtf.text.normalize`).
 
     Attributes:
-        unavailable: metric -> reason, from the last :meth:`compute`.
-        rows: the gathered, de-duplicated :class:`CaptionRow` s of the last :meth:`compute`
-            (the same on every rank).
-        errors: with ``wer`` / ``cer`` among the metrics, the per-utterance
-            :class:`~mmtf.metrics.wer.UtteranceErrors` of the last :meth:`compute` (against
-            each item's first reference), in the order of :attr:`rows`.
+        unavailable, rows, errors: of the last :meth:`compute`: metric -> reason; the gathered,
+            de-duplicated :class:`CaptionRow` s (the same on every rank); with ``wer`` / ``cer``,
+            the per-utterance :class:`~mmtf.metrics.wer.UtteranceErrors` (against each item's
+            first reference) in the order of ``rows``.
     """
 
     def __init__(self, *, metrics: Sequence[str] | None = None, tokenize: bool = True,

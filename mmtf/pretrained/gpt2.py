@@ -69,8 +69,7 @@ def gpt2_decoder(*, pretrained: str | Path | None = None, vocab_size: int | None
             decoder), an mmtf decoder export, or None (random weights).
         vocab_size, ..., tie_embeddings: the ``config.json`` fields of
             :func:`decoder_values`; None reads them, a value must equal them.
-        context_dim: width of the encoder memory the cross-attention reads.
-        dropout, attn_dropout, activation_checkpointing: as :class:`TextDecoder`.
+        context_dim, dropout, attn_dropout, activation_checkpointing: as :class:`TextDecoder`.
         pad_id: padding id; None: the folder's ``pad_token_id``, else its ``eos_token_id``.
         freeze: frozen and in eval mode after loading.
 

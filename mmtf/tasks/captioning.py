@@ -69,8 +69,7 @@ class CaptioningTask(Task):
         metrics_backend: "mmtf" (built-in) or "aac" (aac-metrics, :mod:`mmtf.metrics.aac`).
         num_logged_samples: reference-vs-prediction rows logged per validation epoch.
         finetuning: :class:`~mmtf.tasks.base.Finetuning` or its keys; None = all trainable.
-        lora: LoRA adapters (``{r, alpha, dropout, parts, targets, bias, pretrained}``, None =
-            off; :meth:`Task.init_lora`).
+        lora: LoRA adapters (:meth:`Task.init_lora`); None = off.
     """
 
     def __init__(self, *, encoder: nn.Module, decoder: nn.Module, optimizer: Callable,

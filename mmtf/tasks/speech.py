@@ -1,17 +1,8 @@
 """Speech recognition and translation: :class:`SpeechTask` is a
 :class:`~mmtf.tasks.captioning.CaptioningTask` with a Whisper vocabulary that also decodes by
 language, job, timestamps and long-form audio, and scores WER / CER after a text normaliser.
-
-Generation settings may hold, besides :class:`GenerationConfig`'s fields: ``language`` (a code,
-``auto`` to detect it per item, or null: the prompt's), ``task`` (``transcribe`` |
-``translate``), ``timestamps`` (items get ``segments``), ``long_form`` for audio over 30 s
-(``sequential``: Whisper's timestamp-driven windows; ``chunked``: chunks overlapping by
-``chunk_overlap`` seconds, texts merged), and openai's window rules of timed decoding with its
-defaults (:class:`~mmtf.decoders.speech.WindowRules`): ``temperatures``,
-``compression_ratio_threshold``, ``logprob_threshold``, ``no_speech_threshold``,
-``condition_on_previous_text``, ``sample_len``, ``word_timestamps``, and ``initial_prompt``
-(text).
-Why: docs/design/asr-decoding.md.
+Its generation settings (:data:`~mmtf.tasks.captioning.SPEECH_KEYS`,
+:class:`~mmtf.decoders.speech.WindowRules`): docs/design/asr-decoding.md.
 
 Shapes: b batch, n samples.
 """

@@ -1,19 +1,7 @@
-"""Text normalizers applied before word/character error rates: Whisper's English and basic rules.
-
-A WER is only comparable with Whisper's published numbers under the same normalisation. By name
-(``model.wer_normalizer``):
-
-* ``whisper_english``: Whisper's ``EnglishTextNormalizer`` (lower case; bracketed spans and
-  fillers removed; contractions and titles expanded; spelled-out numbers to digits; British
-  spellings to American; symbols and diacritics removed).
-* ``whisper_basic``: Whisper's ``BasicTextNormalizer``, for any language (lower case, bracketed
-  spans removed, marks, symbols and punctuation to spaces, diacritics kept).
-* ``none``: the text as it is.
-
-The rules are openai/whisper's own, from the ``whisper-normalizer`` package (a copy of
-``whisper/normalizers``, MIT); tests/unit/text/test_normalize.py checks them against Whisper's
-test cases and transformers' copies. Why: docs/design/asr-normalizers.md.
-"""
+"""Text normalizers applied before word/character error rates (``model.wer_normalizer``):
+``whisper_english`` and ``whisper_basic`` are openai/whisper's ``EnglishTextNormalizer`` and
+``BasicTextNormalizer`` from the ``whisper-normalizer`` package (MIT), ``none`` keeps the text.
+Why: docs/design/asr-normalizers.md."""
 
 from __future__ import annotations
 

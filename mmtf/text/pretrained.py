@@ -2,13 +2,9 @@
 
 :meth:`PretrainedTokenizer.from_folder` reads a model folder (or hub id): ``tokenizer.json`` as
 is, the special tokens from ``tokenizer_config.json`` / ``special_tokens_map.json`` and ids from
-``generation_config.json`` / ``config.json``: ``eos`` the ``eos_token``; ``pad`` the
-``pad_token``, else eos; ``bos`` the ``bos_token``, else eos; the prompt the ``prompt``
-argument, else ``[decoder_start_token_id]``, else ``[bos]``. Whisper's speech tokens (languages,
-tasks, timestamps) are read from the vocabulary, ``multilingual`` from
-``generation_config.json``, which is kept whole (token suppression, languages, tasks: ids of
-this vocabulary) for ``export format=hf``. The whole ``tokenizer.json`` is embedded in the
-JSON. Why:
+``generation_config.json`` / ``config.json`` (pad and bos fall back to eos; the prompt to
+``[decoder_start_token_id]``, else ``[bos]``). ``generation_config.json`` is kept whole for
+``export format=hf``; the whole ``tokenizer.json`` is embedded in the JSON. Why:
 docs/design/prompt-and-special-tokens.md.
 
 Shapes: ids are python ``list[int]``.

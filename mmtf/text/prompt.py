@@ -2,11 +2,8 @@
 and the zero-shot Whisper ask a :class:`Prompt` for the ids of an item's speech ``job``
 (``transcribe`` | ``translate``), ``language``, mixture ``source`` and ``timestamps``.
 
-Kinds: :class:`Prompt` (the tokenizer's own, whatever is asked), :class:`WhisperPrompt`
-(``<|startoftranscript|> <|lang|> <|job|> [<|notimestamps|>]``; English-only models without
-language and job), :class:`SourcePrompt` (a mixture: the source's token in the last place). A
-chat template is one more subclass; :func:`prompt_for` picks the kind a tokenizer calls for.
-Why: see docs/design/prompt-and-special-tokens.md
+A chat template is one more subclass; :func:`prompt_for` picks the kind a tokenizer calls
+for. Why: docs/design/prompt-and-special-tokens.md
 
 Shapes: ids are python ``list[int]``.
 """

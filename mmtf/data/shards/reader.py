@@ -292,11 +292,10 @@ class ShardStreamSampler(BucketBatchSampler):
             yield [(*batch[0], tuple(fills[k])), *batch[1:]] if fills[k] else batch
 
     def fills(self, epoch: int, start: int = 0) -> list[list[int]]:
-        """Per batch of ``epoch``, the items its reading process reads into its buffer first:
-        the stream's next items, in stream order, up to the last one the batch needs, so each
-        shard is read front to back once. Loader worker ``w`` reads batches ``w, w + W, ...``
-        (W = streams), stream ``w``'s. The batch at ``start`` (a resume) also gets what the
-        buffer held there: its content is a function of ``(epoch, position)``."""
+        """Per batch of ``epoch``, the items read into its reader's buffer first: the stream's
+        next items up to the last one the batch needs (worker ``w`` reads batches ``w, w + W,
+        ...``, stream ``w``'s), so each shard is read front to back once. The batch at ``start``
+        (a resume) also gets what the buffer held there, a function of ``(epoch, position)``."""
         batches = self.batches(epoch)
         out: list[list[int]] = [[] for _ in batches]
         for w, want in enumerate(self._stream_sizes()):
