@@ -33,7 +33,7 @@ from mmtf.decoders.speech import (
 from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 from mmtf.text import PretrainedTokenizer
 from mmtf.text.prompt import WhisperPrompt
-from tests.unit.pretrained.tiny_hf import padded_batch, whisper_bans, write_whisper
+from tests.unit.pretrained.tiny_hf import padded_batch, speech_whisper, whisper_bans, write_whisper
 
 transformers = pytest.importorskip("transformers")
 
@@ -45,14 +45,7 @@ ONE_PASS = dataclasses.replace(PLAIN, sample_len=MAX_NEW)     # transformers' ma
 @pytest.fixture(scope="module")
 def speech(tmp_path_factory):
     """(HF model, mmtf EncoderDecoder, tokenizer) of a tiny random multilingual Whisper."""
-    folder = tmp_path_factory.mktemp("whisper_speech")
-    hf = write_whisper(folder, speech=True, max_target_positions=64)
-    tokenizer = PretrainedTokenizer.from_folder(folder)
-    model = EncoderDecoder(encoder=whisper_encoder(pretrained=folder),
-                           decoder=whisper_decoder(pretrained=folder), pad_id=tokenizer.pad_id,
-                           eos_id=tokenizer.eos_id,
-                           prompt_ids=WhisperPrompt(tokenizer).build("en")).eval()
-    return hf, model, tokenizer
+    return speech_whisper(tmp_path_factory.mktemp("whisper_speech"))
 
 
 def scene(seconds: float, seed: int) -> np.ndarray:

@@ -34,7 +34,7 @@ from tests.unit.pretrained.test_whisper_speech import (
     ours,
     scene,
 )
-from tests.unit.pretrained.tiny_hf import whisper_bans, write_whisper
+from tests.unit.pretrained.tiny_hf import speech_whisper, whisper_bans, write_whisper
 
 transformers = pytest.importorskip("transformers")
 
@@ -49,13 +49,7 @@ OFF = dict(temperatures=[0.0], compression_ratio_threshold=None, logprob_thresho
 def whisper(tmp_path_factory):
     """(folder, HF model, mmtf EncoderDecoder, tokenizer), 64 decoder positions."""
     folder = tmp_path_factory.mktemp("whisper_windows")
-    hf = write_whisper(folder, speech=True, max_target_positions=64)
-    tokenizer = PretrainedTokenizer.from_folder(folder)
-    model = EncoderDecoder(encoder=whisper_encoder(pretrained=folder),
-                           decoder=whisper_decoder(pretrained=folder), pad_id=tokenizer.pad_id,
-                           eos_id=tokenizer.eos_id,
-                           prompt_ids=WhisperPrompt(tokenizer).build("en")).eval()
-    return folder, hf, model, tokenizer
+    return folder, *speech_whisper(folder)
 
 
 def rules_of(tokenizer) -> TimestampRules:

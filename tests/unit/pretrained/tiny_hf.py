@@ -148,3 +148,20 @@ def whisper_bans(no_timestamps_id: int, prompt: list[int], *, prev: bool = True)
     ``<|nospeech|>`` and (``prev``: when the context id is given) ``<|startofprev|>``, the two
     ids before ``<|notimestamps|>`` in Whisper's layout."""
     return sorted({*prompt, no_timestamps_id - 1, *((no_timestamps_id - 2,) if prev else ())})
+
+
+def speech_whisper(folder: Path):
+    """(HF model, mmtf EncoderDecoder, tokenizer) of a tiny random multilingual Whisper with 64
+    decoder positions, written to ``folder`` and imported from it."""
+    from mmtf.decoders import EncoderDecoder
+    from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
+    from mmtf.text import PretrainedTokenizer
+    from mmtf.text.prompt import WhisperPrompt
+
+    hf = write_whisper(folder, speech=True, max_target_positions=64)
+    tokenizer = PretrainedTokenizer.from_folder(folder)
+    model = EncoderDecoder(encoder=whisper_encoder(pretrained=folder),
+                           decoder=whisper_decoder(pretrained=folder), pad_id=tokenizer.pad_id,
+                           eos_id=tokenizer.eos_id,
+                           prompt_ids=WhisperPrompt(tokenizer).build("en")).eval()
+    return hf, model, tokenizer
