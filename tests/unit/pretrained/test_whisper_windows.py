@@ -22,9 +22,8 @@ import torch
 
 import mmtf
 import mmtf.decoders.speech as speech_module
-from mmtf.decoders import EncoderDecoder, GenerationConfig
+from mmtf.decoders import GenerationConfig
 from mmtf.decoders.speech import PLAIN, TimestampRules, WindowRules, transcribe_long
-from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
 from mmtf.text import PretrainedTokenizer
 from mmtf.text.prompt import WhisperPrompt
 from tests.unit.pretrained.test_whisper_speech import (
@@ -34,7 +33,12 @@ from tests.unit.pretrained.test_whisper_speech import (
     ours,
     scene,
 )
-from tests.unit.pretrained.tiny_hf import speech_whisper, whisper_bans, write_whisper
+from tests.unit.pretrained.tiny_hf import (
+    import_whisper,
+    speech_whisper,
+    whisper_bans,
+    write_whisper,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -286,12 +290,7 @@ def detector(tmp_path_factory):
         target = rest + torch.where(silent, 2.0, -3.0)
         rows[no_speech] = torch.linalg.lstsq(hidden, target[:, None]).solution[:, 0]
     hf.save_pretrained(folder)
-    tokenizer = PretrainedTokenizer.from_folder(folder)
-    model = EncoderDecoder(encoder=whisper_encoder(pretrained=folder),
-                           decoder=whisper_decoder(pretrained=folder), pad_id=tokenizer.pad_id,
-                           eos_id=tokenizer.eos_id,
-                           prompt_ids=WhisperPrompt(tokenizer).build("en")).eval()
-    return folder, model, tokenizer
+    return (folder, *import_whisper(folder))
 
 
 @torch.no_grad()

@@ -150,18 +150,24 @@ def whisper_bans(no_timestamps_id: int, prompt: list[int], *, prev: bool = True)
     return sorted({*prompt, no_timestamps_id - 1, *((no_timestamps_id - 2,) if prev else ())})
 
 
-def speech_whisper(folder: Path):
-    """(HF model, mmtf EncoderDecoder, tokenizer) of a tiny random multilingual Whisper with 64
-    decoder positions, written to ``folder`` and imported from it."""
+def import_whisper(folder: Path):
+    """(mmtf EncoderDecoder in eval mode, tokenizer) of the Whisper saved in ``folder``, with
+    the English transcription prompt."""
     from mmtf.decoders import EncoderDecoder
     from mmtf.pretrained.whisper import whisper_decoder, whisper_encoder
     from mmtf.text import PretrainedTokenizer
     from mmtf.text.prompt import WhisperPrompt
 
-    hf = write_whisper(folder, speech=True, max_target_positions=64)
     tokenizer = PretrainedTokenizer.from_folder(folder)
     model = EncoderDecoder(encoder=whisper_encoder(pretrained=folder),
                            decoder=whisper_decoder(pretrained=folder), pad_id=tokenizer.pad_id,
                            eos_id=tokenizer.eos_id,
                            prompt_ids=WhisperPrompt(tokenizer).build("en")).eval()
-    return hf, model, tokenizer
+    return model, tokenizer
+
+
+def speech_whisper(folder: Path):
+    """(HF model, mmtf EncoderDecoder, tokenizer) of a tiny random multilingual Whisper with 64
+    decoder positions, written to ``folder`` and imported from it."""
+    hf = write_whisper(folder, speech=True, max_target_positions=64)
+    return (hf, *import_whisper(folder))
