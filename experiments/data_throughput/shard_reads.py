@@ -17,55 +17,24 @@ import argparse
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import fsspec
-import fsspec.implementations.memory
-import fsspec.spec
 
-from mmtf.data import CaptionDataModule
-from mmtf.data.shards.reader import ShardDataModule
-from mmtf.data.shards.writer import write_shards
-from mmtf.perf.results import append_result
-from mmtf.synthetic import ensure_synthetic
-from mmtf.text import BPETokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # mmtf and tests/ of this checkout
+
+from mmtf.data import CaptionDataModule  # noqa: E402
+from mmtf.data.shards.reader import ShardDataModule  # noqa: E402
+from mmtf.data.shards.writer import write_shards  # noqa: E402
+from mmtf.perf.results import append_result  # noqa: E402
+from mmtf.synthetic import ensure_synthetic  # noqa: E402
+from mmtf.text import BPETokenizer  # noqa: E402
+from tests.counting_fs import CountingMemory  # noqa: E402
 
 SYNTH = {"kind": "audio_captions", "num_train": 600, "num_val": 0, "num_test": 0, "seed": 0,
          "sample_rate": 16000, "min_seconds": 2.0, "max_seconds": 6.0, "min_events": 1,
          "max_events": 3, "snr_db": [10.0, 30.0], "captions_per_clip": 5, "num_workers": 2}
-
-
-class CountingFile(fsspec.spec.AbstractBufferedFile):
-    """An object-store file: each ``_fetch_range`` is one request."""
-
-    def __init__(self, fs, path, data: bytes, **kw):
-        self.data = data
-        super().__init__(fs, path, size=len(data), **kw)
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        self.fs.requests += 1
-        self.fs.bytes_read += min(end, len(self.data)) - start
-        return self.data[start:end]
-
-
-class CountingMemory(fsspec.implementations.memory.MemoryFileSystem):
-    protocol = "countmem"
-    store: dict = {}
-    pseudo_dirs = [""]
-    requests = bytes_read = 0
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        return super()._strip_protocol(path.removeprefix("countmem://"))
-
-    def _open(self, path, mode="rb", **kw):
-        if mode != "rb":
-            return super()._open(path, mode, **kw)
-        path = self._strip_protocol(path)
-        if path not in self.store:
-            raise FileNotFoundError(path)
-        return CountingFile(self, path, self.store[path].getvalue(), mode=mode,
-                            **{k: v for k, v in kw.items() if k in ("block_size", "cache_type")})
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ from mmtf.data.shards.reader import ShardDataModule, ShardStreamSampler, shuffle
 from mmtf.data.shards.writer import write_shards
 from mmtf.errors import ConfigError, UserError
 from mmtf.text import BPETokenizer, CharTokenizer
+from tests.counting_fs import CountingMemory
 from tests.unit.data.conftest import sine, write_audio
 from tests.unit.presets import flat
 
@@ -580,47 +581,6 @@ def test_image_shards_batch_by_pixels_from_the_index(tiny_image_captions, tmp_pa
 
 
 # ---------------------------------------------------------------------------- reads per epoch
-class _CountingFile(fsspec.spec.AbstractBufferedFile):
-    """An object-store file: every ``_fetch_range`` is one request."""
-
-    def __init__(self, fs, path, data: bytes, **kw):
-        self.data = data
-        super().__init__(fs, path, size=len(data), **kw)
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        fs = self.fs
-        fs.requests += 1
-        fs.bytes_read += min(end, len(self.data)) - start
-        fs.backward += start < fs.ends.get(self.path, 0)     # a fetch behind the last one
-        fs.ends[self.path] = end
-        return self.data[start:end]
-
-
-class _CountingMemory(fsspec.implementations.memory.MemoryFileSystem):
-    protocol = "countmem"
-    store: dict = {}    # its own store, not memory://'s
-    pseudo_dirs = [""]
-    requests = bytes_read = backward = 0
-    ends: dict = {}
-
-    def reset(self):
-        self.requests = self.bytes_read = self.backward = 0
-        self.ends = {}
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        return super()._strip_protocol(path.removeprefix("countmem://"))
-
-    def _open(self, path, mode="rb", **kw):
-        if mode != "rb":
-            return super()._open(path, mode, **kw)
-        path = self._strip_protocol(path)
-        if path not in self.store:
-            raise FileNotFoundError(path)
-        return _CountingFile(self, path, self.store[path].getvalue(), mode=mode,
-                             **{k: v for k, v in kw.items() if k in ("block_size", "cache_type")})
-
-
 def test_an_epoch_streams_each_shard_front_to_back_once(tmp_path, monkeypatch):
     """On an object store (read-ahead blocks of 1 KiB, far smaller than a shard, like 4 MiB
     blocks against real shards), one epoch reads each shard front to back: no fetch behind
@@ -628,7 +588,7 @@ def test_an_epoch_streams_each_shard_front_to_back_once(tmp_path, monkeypatch):
     ranged read per clip in the emitted order went back and forth and re-read bytes."""
     monkeypatch.setattr(shards_reader._READER, "block_size", 1024)
     monkeypatch.setattr(shards_reader._READER, "_files", OrderedDict())
-    fsspec.register_implementation("countmem", _CountingMemory, clobber=True)
+    fsspec.register_implementation("countmem", CountingMemory, clobber=True)
     fs = fsspec.filesystem("countmem")
     total = 0
     for s in range(3):
