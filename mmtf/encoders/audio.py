@@ -111,7 +111,17 @@ class LogMelFrontEnd(nn.Module):
         ``pad_to_seconds`` every clip has ``pad_to_samples // hop_length`` (all frames)."""
         if self.pad_to_samples is not None:
             return torch.full_like(lengths, self.pad_to_samples // self.hop_length)
-        return torch.div(lengths, self.hop_length, rounding_mode="floor") + 1
+        return self.clip_frames(lengths)
+
+    def clip_frames(self, lengths: Tensor) -> Tensor:
+        """Frames that hold the clip itself, (b,) -> (b,): ``lengths // hop_length + 1``, at most
+        the padded frame count. Equal to :meth:`num_frames` without ``pad_to_seconds``; with it,
+        the part of Whisper's 30 s window that is not silence, which SpecAugment masks
+        (docs/design/spec-augment-adaptive.md)."""
+        frames = torch.div(lengths, self.hop_length, rounding_mode="floor") + 1
+        if self.pad_to_samples is not None:
+            frames = frames.clamp(max=self.pad_to_samples // self.hop_length)
+        return frames
 
     def forward(self, wave: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Args:
@@ -417,7 +427,8 @@ class AudioEncoder(Encoder):
         """
         lengths = self._check_inputs(inputs, lengths)
         feats, frames = self.frontend(inputs, lengths)           # (b, f, t), (b,)
-        feats = self.spec_augment(feats, frames)
+        # Masks sized from and placed in the clip, not in Whisper's padding.
+        feats = self.spec_augment(feats, self.frontend.clip_frames(lengths))
         return self.encode_features(feats, frames, attention_layers=attention_layers)
 
     def whisper_features(self, wave: Tensor) -> Tensor:

@@ -242,6 +242,29 @@ def test_adaptive_time_mask_settings_are_checked(kwargs, match):
         flat(AudioEncoder, **{**TINY_AUDIO, **kwargs})
 
 
+def test_whisper_padded_features_are_masked_within_and_sized_from_the_clip():
+    """Whisper pads every clip to 30 s (here 4 s): all frames count as valid for the encoder,
+    but SpecAugment's time masks are sized from, and placed in, the clip's own frames. Before
+    the fix a 0.5 s clip (51 frames) got 4 s masks (fraction of 400 frames) anywhere."""
+    enc = flat(AudioEncoder, **{**TINY_AUDIO, "features": "whisper", "pad_to_seconds": 4.0, "max_seconds": 4.0,
+                                "freq_masks": 0, "time_masks": 2, "time_mask_width": 100,
+                                "time_mask_mode": "adaptive", "time_mask_fraction": 0.2,
+                                "time_mask_multiplicity": 0.04}).train()
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    enc.spec_augment.register_forward_hook(lambda m, args, out: seen.append((args[0], out)))
+    lengths = torch.tensor([8000, 32000] * 40)                  # 0.5 s and 2 s of 4 s
+    torch.manual_seed(0)
+    with torch.no_grad():
+        enc(0.1 * torch.randn(80, 32000), lengths)
+    before, after = seen[0]
+    masked = ((after == 0) & (before != 0)).all(dim=1)          # (b, t) whole frames masked
+    clip = lengths // 160 + 1                                   # 51 and 201 of 400 frames
+    assert masked.shape[1] == 400
+    assert not (masked & (torch.arange(400) >= clip[:, None])).any()   # never in the padding
+    assert (masked.sum(1) <= 2 * torch.floor(0.2 * clip)).all()        # sized from the clip
+    assert masked[lengths == 8000].sum(1).max() > 0                    # and still masked
+
+
 def test_encoder_spec_augment_only_in_train_mode():
     wave, lengths = 0.1 * torch.randn(2, 8000), torch.tensor([8000, 6000])
     enc = flat(AudioEncoder, **{**TINY_AUDIO, "freq_masks": 2, "time_masks": 2})
