@@ -1,7 +1,8 @@
 """`python -m mmtf.train experiment=...`: compose, seed, train, test the best checkpoint, report.
 
 Writes into the Hydra run dir the resolved ``config.yaml``, ``run_info.json``, checkpoints,
-logs and ``metrics.json`` (``test/cider_d``, ...); returns ``optimized_metric``'s best value
+logs and ``metrics.json`` (``test/cider_d``, ..., the training cost ``train_flops`` and
+``train_samples``, and ``target_reached`` when ``target.value`` is set); returns ``optimized_metric``'s best value
 for Hydra sweepers. Resume: ``ckpt_path=last | auto | <file>`` with ``hydra.run.dir=<the run
 dir>`` (:func:`mmtf.reliability.resolve_resume`).
 """
@@ -127,8 +128,19 @@ def train(cfg: DictConfig) -> float | None:
                             cfg.get("optimized_mode") or "min", once=set(test_metrics))
     log_final_metric(loggers, cfg, value, trainer.global_step)
     if trainer.is_global_zero:
-        report(metrics, task, output_dir)
+        report(metrics, task, output_dir, run_records(trainer))
     return value
+
+
+def run_records(trainer: L.Trainer) -> dict[str, Any]:
+    """What callbacks add to ``metrics.json`` beside the logged metrics: each callback's
+    ``run_record()`` (the training cost of :class:`mmtf.perf.EfficiencyMonitor`, the time to
+    target of :class:`mmtf.perf.TimeToTarget`)."""
+    records: dict[str, Any] = {}
+    for callback in trainer.callbacks:
+        if callable(getattr(callback, "run_record", None)):
+            records.update(callback.run_record())
+    return records
 
 
 def start_cpu_sharing(cfg: DictConfig, trainer: L.Trainer) -> None:
@@ -210,12 +222,17 @@ def init_weights(task: Task, path: str | os.PathLike) -> None:
     log.info("Initialised the weights from %s (a fresh run: new optimizer and schedule)", path)
 
 
-def report(metrics: dict[str, float], task: Task, output_dir: Path) -> None:
-    """Print the final metrics and a few sample captions; write ``metrics.json``."""
+def report(metrics: dict[str, float], task: Task, output_dir: Path,
+           records: dict[str, Any] | None = None) -> None:
+    """Print the final metrics and a few sample captions; write ``metrics.json`` (the metrics,
+    then ``records``: values that are not logged metrics, such as ``train_flops``)."""
     output_dir.mkdir(parents=True, exist_ok=True)
     clean = {k: v for k, v in sorted(metrics.items()) if not k.endswith("_step")}
-    (output_dir / "metrics.json").write_text(json.dumps(clean, indent=2) + "\n")
+    records = records or {}
+    (output_dir / "metrics.json").write_text(json.dumps({**clean, **records}, indent=2) + "\n")
     lines = [f"  {k:<28} {v:.4f}" for k, v in clean.items()]
+    lines += [f"  {k:<28} {v:.4g}" if isinstance(v, (int, float)) else f"  {k:<28} {v}"
+              for k, v in records.items()]
     print("Final metrics:\n" + "\n".join(lines))
     for split, rows in task.last_predictions.items():
         print(f"Sample {split} captions (prediction | reference):")

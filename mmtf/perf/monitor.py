@@ -6,7 +6,13 @@ precision and SDPA kernels once, then every ``log_every_n_steps`` ``perf/samples
 wall time, data wait included, validation excluded). MFU divides the
 :class:`~mmtf.perf.flops.FlopCounter` rate by the matmul rate measured at start
 (:func:`~mmtf.perf.flops.matmul_flops_per_s`) or ``peak_flops_per_s``; a window that beats it
-measures again. On CUDA it turns on TF32 matmuls if the process has not chosen a precision."""
+measures again. On CUDA it turns on TF32 matmuls if the process has not chosen a precision.
+
+It also keeps the run's training cost: the model FLOPs of every training batch taken (counted
+per batch, as clip lengths differ) and the samples seen, summed over the DDP ranks, logged as
+``perf/train_flops`` and ``perf/train_samples`` at every validation and epoch end, saved in
+checkpoints (a resumed run counts on from the interrupted one) and written to ``metrics.json``
+(``train_flops``, ``train_samples``: :meth:`EfficiencyMonitor.run_record`)."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from mmtf.perf.device import bf16_warning, describe_cpu, sdpa_backends
 from mmtf.perf.flops import FlopCounter, matmul_flops_per_s
 from mmtf.tasks.base import batch_inputs
 from mmtf.utils.cpu_sharing import describe as describe_cpu_sharing
+from mmtf.utils.distributed import gather_objects, world
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +69,12 @@ class EfficiencyMonitor(Callback):
         self._device = torch.device("cpu")
         self._dtype = torch.float32
         self._counter: FlopCounter | None = None
+        self._batch_flops = 0                # the current batch's, once its forward has run
+        # Training cost of this rank since the start of the run: on resume rank 0 takes the
+        # checkpoint's total of all ranks, the others start at 0 (sums stay exact).
+        self._cost = {"train_flops": 0, "train_samples": 0}
+        self._final: dict[str, int] = {}     # the ranks' sum at the end of fit
+        self._cost_logged_at = -1
         self._mark = 0.0
         self._window = self._zero()
         self._epoch = self._zero()
@@ -106,14 +119,29 @@ class EfficiencyMonitor(Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._counter = FlopCounter(pl_module).__enter__()
+        self._batch_flops = 0
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
-                           batch: Any, batch_idx: int) -> None:
+    def _close_counter(self) -> None:
         counter, self._counter = self._counter, None
         if counter is not None:
             counter.__exit__(None, None, None)
-            self._window["flops"] += counter.training_flops
-        self._window["samples"] += batch_inputs(batch)[0].shape[0]
+            self._batch_flops = counter.training_flops
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           loss: torch.Tensor) -> None:
+        # The forward is complete: forwards that activation checkpointing re-runs inside the
+        # backward are recomputation, not model FLOPs.
+        self._close_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        self._close_counter()             # a step that skipped its backward closes here
+        samples = batch_inputs(batch)[0].shape[0]
+        self._window["flops"] += self._batch_flops
+        self._window["samples"] += samples
+        # Before any checkpoint of this batch: Lightning runs checkpoint callbacks last.
+        self._cost["train_flops"] += self._batch_flops
+        self._cost["train_samples"] += samples
         self._window["tokens"] += _target_tokens(batch, getattr(pl_module, "model", None))
         self._window["steps"] += 1
         every = self.log_every_n_steps or trainer.log_every_n_steps
@@ -124,10 +152,13 @@ class EfficiencyMonitor(Callback):
         self._flush(trainer)              # validation time is not training time
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._log_cost(trainer)
         self._mark = self.clock()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flush(trainer)
+        self._log_cost(trainer)
         total = self._epoch
         if total["steps"] and total["seconds"] > 0 and trainer.is_global_zero:
             rates = self._rates(total)
@@ -135,6 +166,40 @@ class EfficiencyMonitor(Callback):
                      "%.2f GFLOP/s model, MFU %.1f%%", trainer.current_epoch, total["samples"],
                      total["seconds"], rates["perf/samples_per_s"], rates["perf/tokens_per_s"],
                      rates["perf/model_flops_per_s"] / 1e9, 100 * rates["perf/mfu"])
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._final = self.training_cost()
+
+    # ------------------------------------------------------------------ training cost
+    def training_cost(self) -> dict[str, int]:
+        """``{"train_flops", "train_samples"}`` of the run so far, all ranks summed: the model
+        FLOPs of every training batch taken and the samples in them. Collective under DDP (call
+        it on every rank)."""
+        ranks = gather_objects(dict(self._cost))
+        return {key: sum(r[key] for r in ranks) for key in self._cost}
+
+    def _log_cost(self, trainer: L.Trainer) -> None:
+        """Log :meth:`training_cost` once per optimizer step (validation and epoch end)."""
+        if self._cost_logged_at == trainer.global_step:
+            return
+        self._cost_logged_at = trainer.global_step
+        cost = self.training_cost()
+        for logger in trainer.loggers:
+            logger.log_metrics({f"perf/{k}": float(v) for k, v in cost.items()},
+                               step=trainer.global_step)
+
+    def run_record(self) -> dict[str, int]:
+        """What ``metrics.json`` records: :meth:`training_cost` at the end of fit ({} before)."""
+        return dict(self._final)
+
+    def state_dict(self) -> dict[str, int]:
+        """The run's training cost, all ranks summed. Collective under DDP, like
+        :class:`~mmtf.reliability.ResumeState`'s: ``trainer.save_checkpoint`` runs on every rank."""
+        return self.training_cost()
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        rank = world()[1]
+        self._cost = {key: int(state_dict.get(key, 0)) if rank == 0 else 0 for key in self._cost}
 
     def _remeasure_peak(self, achieved: float) -> None:
         """The model ran faster than the matmul rate measured at start: that measurement met a

@@ -54,7 +54,7 @@ class RunLogs:
         config: the run's resolved config (``config.yaml``, else ``.hydra/config.yaml``).
         overrides, config_name: the command-line overrides and the root config (``train``).
         scalars: ``{key: [(step, value), ...]}`` over all segments, sorted by step.
-        final_metrics: ``metrics.json`` (``{}`` when the run has not finished).
+        final_metrics: the numbers of ``metrics.json`` (``{}`` when the run has not finished).
         sources: the log files read, in merge order.
         resumed_at: the first training step of each start after the first (a resumed run).
         timing: :class:`Timing`.
@@ -145,7 +145,8 @@ def load_run(run_dir: str | Path, *, require_logs: bool = True) -> RunLogs:
     starts = max(_first_train_steps(segments), _first_train_steps(csv_segments), key=len)
     return RunLogs(run_dir=run_dir, config=config, overrides=list(overrides),
                    config_name=config_name, scalars=scalars,
-                   final_metrics={k: float(v) for k, v in final.items()},
+                   final_metrics={k: float(v) for k, v in final.items()
+                                  if isinstance(v, (int, float))},
                    sources=[*tb_files, *csv_files], resumed_at=starts[1:],
                    timing=measure_time(run_dir / f"{task_name}.log", tb_segments, scalars))
 
