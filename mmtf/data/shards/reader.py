@@ -142,9 +142,12 @@ def bucket_buffer(lengths: np.ndarray, size: int, rng: np.random.Generator | Non
                   batch_size: int | None = None, budget: float | None = None) -> list[np.ndarray]:
     """Length-bucketed batches drawn from a shuffle buffer over a stream: fill the buffer to
     ``size`` items, pick a seed item (uniformly, like WebDataset's shuffle; ``rng`` None: the
-    oldest), take as batch the seed and its neighbours by length in the buffer (shorter, then
-    longer, in turn, while the batch can take one more), remove it, refill, until the stream
-    and the buffer are empty. Items never wait outside the buffer: the reader holds at most
+    oldest), take as batch the seed and its neighbours by length in the buffer (with
+    ``batch_size`` the seed's cell of the length-sorted buffer cut every ``batch_size`` from
+    the shortest, or by the budget's greedy cut from the shortest; the top cell filled from
+    below), remove it, refill, until the stream and the buffer are empty. Removing a cell
+    leaves the others as they were, so the drain at the stream's end (no refills) cuts what
+    is left like one sorted pool. Items never wait outside the buffer: the reader holds at most
     ``size`` of them, each read once, in stream order.
 
     Args:
@@ -169,9 +172,6 @@ def bucket_buffer(lengths: np.ndarray, size: int, rng: np.random.Generator | Non
     picks = iter(rng.random(n).tolist()) if rng is not None else None
     q = 0
 
-    def fits(count: int, longest: float) -> bool:
-        return count <= batch_size if budget is None else count * longest <= budget
-
     while True:
         while q < n and len(buf) < size:
             bisect.insort(buf, (order[q], q))
@@ -182,13 +182,18 @@ def bucket_buffer(lengths: np.ndarray, size: int, rng: np.random.Generator | Non
             j = min(range(len(buf)), key=lambda i: buf[i][1])
         else:                   # one draw per batch; n draws cover the most batches possible
             j = min(int(next(picks) * len(buf)), len(buf) - 1)
-        lo, hi, grew = j, j + 1, True
-        while grew:
-            grew = False
-            if lo > 0 and fits(hi - lo + 1, buf[hi - 1][0]):
-                lo, grew = lo - 1, True
-            if hi < len(buf) and fits(hi - lo + 1, buf[hi][0]):
-                hi, grew = hi + 1, True
+        if budget is None:
+            # the top cell, short of batch_size, taken as the top batch_size
+            lo = min(j // batch_size * batch_size, max(0, len(buf) - batch_size))
+            hi = min(lo + batch_size, len(buf))
+        else:                   # the same with the budget's greedy cut from the shortest
+            lo = hi = 0
+            while hi <= j:
+                lo, hi = hi, hi + 1
+                while hi < len(buf) and (hi - lo + 1) * buf[hi][0] <= budget:
+                    hi += 1
+            while hi == len(buf) and lo > 0 and (hi - lo + 1) * buf[-1][0] <= budget:
+                lo -= 1                 # the top cell, filled from below
         out.append(np.fromiter((p for _, p in buf[lo:hi]), np.int64, hi - lo))
         del buf[lo:hi]
 
@@ -350,8 +355,9 @@ class ShardStreamSampler(BucketBatchSampler):
         if self.budget is None:
             return [self._batches_in(n) for n in sizes]
         if self._count is None:
-            self._count = max(len(b) for r in range(self.num_replicas)
-                              for _, _, b in self._streams_of(0, r))
+            most = max(len(b) for r in range(self.num_replicas)
+                       for _, _, b in self._streams_of(0, r))
+            self._count = most + 1 + most // 50     # slack: later epochs may emit a few more
         return [min(self._count, n) for n in sizes]
 
     def budget_count(self) -> int:

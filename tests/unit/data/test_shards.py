@@ -677,6 +677,20 @@ def test_stream_batches_under_a_seconds_budget_on_two_ranks():
         assert set(seen) == set(range(N)) and len(seen) == N + (-N) % world
 
 
+def test_an_epoch_needing_more_budget_batches_than_the_count_merges_and_says_so(caplog):
+    """Streams of 9 items, 2-3 per batch, vary between epochs more than the count's slack:
+    epoch 14 emits more batches than epoch 0 set; the neighbours with the smallest merged
+    padded size are merged (the count holds), and the warning names the biggest batch."""
+    lengths = np.random.default_rng(1).uniform(1, 5, N)
+    s = _sampler(0, 2, batch_size=None, budget=9.0, lengths=lengths)
+    with caplog.at_level("WARNING", logger="mmtf.data"):
+        batches = s.batches(14)
+    assert len(batches) == len(s.batches(0)) == len(s)
+    assert "emits more than the 7 batches per epoch set by epoch 0 within the budget 9" in \
+        caplog.text
+    assert max(len(b) * lengths[[k[0] for k in b]].max() for b in batches) > 9.0
+
+
 def test_image_shards_batch_by_pixels_from_the_index(tiny_image_captions, tmp_path):
     """max_pixels_per_batch on image shards reads sizes from the index (no member opened)."""
     src = flat(CaptionDataModule, format="coco", root=str(tiny_image_captions),
