@@ -10,7 +10,8 @@ each fill, the batch included) and the epoch's padding fraction. Prints one JSON
 appends it to ``results.jsonl``.
 
     python experiments/data_throughput/shard_reads.py [--data-dir data] [--shuffle-buffer 1000]
-    PYTHONPATH=<another checkout> python experiments/data_throughput/shard_reads.py --label ...
+    python <another checkout, this script copied in>/experiments/data_throughput/shard_reads.py \
+        --label ...      # mmtf and tests/ are imported from beside the script
 """
 
 from __future__ import annotations
