@@ -214,7 +214,8 @@ class ShardStreamSampler(BucketBatchSampler):
         shuffle_buffer: samples in each stream's shuffle buffer (0 or 1: stream order); it
             holds at least one batch (:meth:`buffer_size`).
         epoch_samples: examples per epoch over all ranks; None = one pass over the data.
-        **kwargs: see :class:`~mmtf.data.sampler.BucketBatchSampler`.
+        **kwargs: see :class:`~mmtf.data.sampler.BucketBatchSampler` (its ``bucket_size``
+            does not apply: the buffer is the sorting pool).
     """
 
     def __init__(self, *, shard_of: Sequence[int], streams: int = 1, shuffle_buffer: int = 1000,
@@ -526,7 +527,8 @@ class ShardDataModule(CaptionDataModule):
     Args:
         shards: ``{train: ..., val: ..., test: ...}``, each a brace pattern
             (``{000000..000127}.tar``), a glob, a list of either, or fsspec URLs.
-        shuffle_buffer: training samples per stream in the shuffle buffer (memory: keys only).
+        shuffle_buffer: training samples per stream in the shuffle buffer: a worker holds
+            up to this many read members, and training batches are bucketed within them.
         epoch_samples: training examples per epoch (all ranks); null = one pass over the shards.
         index_cache: where indexes of shards without a writable folder are cached (null:
             ``$MMTF_CACHE_DIR`` or ``~/.cache/mmtf``, ``shard-index/``).
