@@ -349,9 +349,9 @@ class ShardStreamSampler(BucketBatchSampler):
     def stream_counts(self) -> list[int]:
         """Batches of each stream per epoch, the same on every rank and in every epoch: with
         ``batch_size`` the buffer's full batches and one short one (none with ``drop_last``);
-        with a budget the most any (rank, stream) emits in epoch 0 (at most the stream's
-        examples, so the streams' counts differ by <= 1 and batch ``i`` stays stream
-        ``i % streams``'s)."""
+        with a budget the most any (rank, stream) emits in epoch 0, plus 2 % and 1 (other
+        epochs hold other shards), at most the stream's examples (so the streams' counts
+        differ by <= 1 and batch ``i`` stays stream ``i % streams``'s)."""
         sizes = self._stream_sizes()
         if self.budget is None:
             return [self._batches_in(n) for n in sizes]
@@ -390,7 +390,7 @@ class ShardStreamSampler(BucketBatchSampler):
 
     def _fit(self, batches: list[list[Key]], count: int, epoch: int) -> list[list[Key]]:
         """A stream's budget batches made ``count``: the biggest split in halves (within the
-        budget), or, when an epoch emits more than epoch 0 did, the neighbours whose merged
+        budget), or, when an epoch emits more than the count, the neighbours whose merged
         padded size is smallest merged (over the budget only when no pair fits it). Merged
         neighbours came from the buffer one after the other: the reader holds one batch more."""
         if len(batches) > count:
@@ -398,9 +398,9 @@ class ShardStreamSampler(BucketBatchSampler):
             over = max((len(b) * self.lengths[[k[0] for k in b]].max() for b in batches
                         if len(b) > 1), default=0.0)
             if over > self.budget:
-                log.warning("[data] shards epoch %d rank %d: a stream emits more than the %d "
-                            "batches per epoch set by epoch 0 within the budget %g; merged the "
-                            "smallest, the biggest batch is %g. Raise the budget or "
+                log.warning("[data] shards epoch %d rank %d: a stream emits more than its %d "
+                            "batches per epoch (set by epoch 0) within the budget %g; merged "
+                            "the smallest, the biggest batch is %g. Raise the budget or "
                             "data.shuffle_buffer.", epoch, self.rank, count, self.budget, over)
         return _split(batches, count)
 

@@ -686,7 +686,7 @@ def test_an_epoch_needing_more_budget_batches_than_the_count_merges_and_says_so(
     with caplog.at_level("WARNING", logger="mmtf.data"):
         batches = s.batches(14)
     assert len(batches) == len(s.batches(0)) == len(s)
-    assert "emits more than the 7 batches per epoch set by epoch 0 within the budget 9" in \
+    assert "emits more than its 7 batches per epoch (set by epoch 0) within the budget 9" in \
         caplog.text
     assert max(len(b) * lengths[[k[0] for k in b]].max() for b in batches) > 9.0
 
