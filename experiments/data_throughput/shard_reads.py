@@ -5,10 +5,13 @@ Builds a synthetic sound-events set (600 training clips of 2-6 s, 16 kHz), write
 shards of 100 clips, serves them from an in-memory file system that counts every ranged fetch
 (what an object store bills as one request), and walks one training epoch of ``data=shards``
 with the default order settings (batch 32, bucketing, ``shuffle_buffer`` 1000, 0 workers).
-Prints one JSON line and appends it to ``results.jsonl``.
+Also counts the most members the reading process holds read but not yet handed out (after
+each fill, the batch included) and the epoch's padding fraction. Prints one JSON line and
+appends it to ``results.jsonl``.
 
     python experiments/data_throughput/shard_reads.py [--data-dir data] [--shuffle-buffer 1000]
-    PYTHONPATH=<another checkout> python experiments/data_throughput/shard_reads.py --label ...
+    python <another checkout, this script copied in>/experiments/data_throughput/shard_reads.py \
+        --label ...      # mmtf and tests/ are imported from beside the script
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import fsspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # mmtf and tests/ of this checkout
 
 from mmtf.data import CaptionDataModule  # noqa: E402
-from mmtf.data.shards.reader import ShardDataModule  # noqa: E402
+from mmtf.data.sampler import padding_fraction  # noqa: E402
+from mmtf.data.shards.reader import ShardCaptionDataset, ShardDataModule  # noqa: E402
 from mmtf.data.shards.writer import write_shards  # noqa: E402
 from mmtf.perf.results import append_result  # noqa: E402
 from mmtf.synthetic import ensure_synthetic  # noqa: E402
@@ -62,13 +66,24 @@ def main() -> None:
                          shuffle_buffer=args.shuffle_buffer, seed=0)
     dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=300))
     loader = dm.train_dataloader()
+    held: list[int] = [0]
+    fill = ShardCaptionDataset._fill
+
+    def counted_fill(self: ShardCaptionDataset, items: list[int]) -> None:
+        fill(self, items)
+        held.append(sum(len(v) for v in self._held.values()))
+
+    ShardCaptionDataset._fill = counted_fill    # 0 workers: the dataset lives in this process
     fs.requests = fs.bytes_read = 0     # index reads are not the epoch
     clips = sum(len(batch["ids"]) for batch in loader)
+    sampler = loader.batch_sampler
     data_bytes = sum(p.stat().st_size for p in tars)
     result = {"label": args.label, "clips": clips, "shards": len(tars), "shard_bytes": data_bytes,
               "shuffle_buffer": args.shuffle_buffer, "requests": fs.requests,
               "bytes_read": fs.bytes_read,
-              "bytes_read_per_data_byte": round(fs.bytes_read / data_bytes, 3)}
+              "bytes_read_per_data_byte": round(fs.bytes_read / data_bytes, 3),
+              "peak_held_items": max(held),
+              "padding_fraction": round(padding_fraction(sampler.batches(0), sampler.lengths), 4)}
     print(json.dumps(append_result(__file__, result)))
 
 

@@ -3,6 +3,7 @@ data module (``data=shards``; the design: :mod:`mmtf.data.shards`)."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import math
@@ -15,12 +16,12 @@ import numpy as np
 
 from mmtf.data.datamodule import CaptionDataModule, to_plain
 from mmtf.data.datasets import CaptionDataset
-from mmtf.data.sampler import BucketBatchSampler, Key, refuse_other_settings
+from mmtf.data.sampler import BucketBatchSampler, Key, _merge, _pack, _split, refuse_other_settings
 from mmtf.data.shards.index import _FIX_SHARD, INDEX_SUFFIX, ShardItem, _fs, _is_url
 from mmtf.errors import ConfigError, DataError, UserError
 
 __all__ = ["MemberReader", "ShardCaptionDataset", "ShardDataModule", "ShardStreamSampler",
-           "read_member", "shuffle_buffer"]
+           "bucket_buffer", "read_member", "shuffle_buffer"]
 
 log = logging.getLogger("mmtf.data")
 
@@ -137,20 +138,84 @@ def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> n
     return out
 
 
+def bucket_buffer(lengths: np.ndarray, size: int, rng: np.random.Generator | None, *,
+                  batch_size: int | None = None, budget: float | None = None) -> list[np.ndarray]:
+    """Length-bucketed batches drawn from a shuffle buffer over a stream: fill the buffer to
+    ``size`` items, pick a seed item (uniformly, like WebDataset's shuffle; ``rng`` None: the
+    oldest), take as batch the seed and its neighbours by length in the buffer (with
+    ``batch_size`` the seed's cell of the length-sorted buffer cut every ``batch_size`` from
+    the shortest, or by the budget's greedy cut from the shortest; the top cell filled from
+    below), remove it, refill, until the stream and the buffer are empty. Removing a cell
+    leaves the others as they were, so the drain at the stream's end (no refills) cuts what
+    is left like one sorted pool. Items never wait outside the buffer: the reader holds at most
+    ``size`` of them, each read once, in stream order.
+
+    Args:
+        lengths: each item's length, in stream (read) order (n,).
+        size: the buffer's capacity in items (>= 1).
+        rng: the draws; None picks the oldest item of the buffer (no shuffle).
+        batch_size: items per batch; or None with ``budget``: items x the longest <= budget
+            (an item over it is a batch alone; a batch bigger than the buffer is what the
+            buffer holds: every step takes at least the seed, so the loop ends).
+
+    Returns:
+        The batches in emitted order, each an array of stream positions sorted by length;
+        only the last one (the buffer's drain) may be short of ``batch_size``.
+    """
+    if (batch_size is None) == (budget is None):
+        raise ValueError("bucket_buffer: give batch_size or budget, not both")
+    size = max(1, int(size))
+    n = len(lengths)
+    order = lengths.tolist()
+    buf: list[tuple[float, int]] = []          # (length, position), sorted: the buffer
+    out: list[np.ndarray] = []
+    picks = iter(rng.random(n).tolist()) if rng is not None else None
+    q = 0
+
+    while True:
+        while q < n and len(buf) < size:
+            bisect.insort(buf, (order[q], q))
+            q += 1
+        if not buf:
+            return out
+        if picks is None:
+            j = min(range(len(buf)), key=lambda i: buf[i][1])
+        else:                   # one draw per batch; n draws cover the most batches possible
+            j = min(int(next(picks) * len(buf)), len(buf) - 1)
+        if budget is None:
+            # the top cell, short of batch_size, taken as the top batch_size
+            lo = min(j // batch_size * batch_size, max(0, len(buf) - batch_size))
+            hi = min(lo + batch_size, len(buf))
+        else:                   # the same with the budget's greedy cut from the shortest
+            lo = hi = 0
+            while hi <= j:
+                lo, hi = hi, hi + 1
+                while hi < len(buf) and (hi - lo + 1) * buf[hi][0] <= budget:
+                    hi += 1
+            while hi == len(buf) and lo > 0 and (hi - lo + 1) * buf[-1][0] <= budget:
+                lo -= 1                 # the top cell, filled from below
+        out.append(np.fromiter((p for _, p in buf[lo:hi]), np.int64, hi - lo))
+        del buf[lo:hi]
+
+
 class ShardStreamSampler(BucketBatchSampler):
     """Batches of ``(item, caption, epoch)`` keys in shard-stream order.
 
     Per pass: shards permuted by ``(seed, pass)``, their samples cut into a run per rank and
-    per *stream* (loader worker), each run buffer-shuffled, batched by the shared code, and the
-    streams' batches dealt in turn so worker ``w`` reads only stream ``w``'s shards (no further
-    batch shuffle). ``epoch_samples`` cuts epochs out of the endless sequence of passes.
+    per *stream* (loader worker). ``epoch_samples`` cuts each stream's epochs out of the
+    endless sequence of its passes. Each stream's epoch goes through its shuffle buffer, which
+    emits length-bucketed batches drawn from what it holds (:func:`bucket_buffer`; without
+    bucketing WebDataset's shuffle, then consecutive batches), and the streams' batches are
+    dealt in turn so worker ``w`` reads only stream ``w``'s shards (no further batch shuffle).
 
     Args:
         shard_of: the shard number of every item; items come shard by shard (non-decreasing).
         streams: streams per rank (the loader's ``num_workers``, at least 1).
-        shuffle_buffer: samples in each stream's shuffle buffer (0 or 1: stream order).
+        shuffle_buffer: samples in each stream's shuffle buffer (0 or 1: stream order); it
+            holds at least one batch (:meth:`buffer_size`).
         epoch_samples: examples per epoch over all ranks; None = one pass over the data.
-        **kwargs: see :class:`~mmtf.data.sampler.BucketBatchSampler`.
+        **kwargs: see :class:`~mmtf.data.sampler.BucketBatchSampler` (its ``bucket_size``
+            does not apply: the buffer is the sorting pool).
     """
 
     def __init__(self, *, shard_of: Sequence[int], streams: int = 1, shuffle_buffer: int = 1000,
@@ -171,7 +236,9 @@ class ShardStreamSampler(BucketBatchSampler):
             raise UserError(f"{name}: {super().num_examples()} examples cannot fill "
                             f"{self.num_replicas} rank(s) x {streams} stream(s); use fewer "
                             f"data.loader.num_workers (streams) or more data.")
-        self._passes: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self._passes: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._stream_cache: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray,
+                                                             list[np.ndarray]]]] = {}
         self._batches: tuple[int, list[list[Key]]] | None = None
 
     # ------------------------------------------------------------------ sizes
@@ -194,9 +261,8 @@ class ShardStreamSampler(BucketBatchSampler):
         return len(self.batches())
 
     # ------------------------------------------------------------------ order
-    def _pass(self, p: int, rank: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """``rank``'s streams of pass ``p``: (items, caps, place in the stream) per stream,
-        buffer-shuffled."""
+    def _pass(self, p: int, rank: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``rank``'s streams of pass ``p``: (items, caps) per stream, in stream (read) order."""
         if (p, rank) in self._passes:
             return self._passes[(p, rank)]
         perm = (np.random.default_rng([self.seed, p, 4]).permutation(len(self.shard_starts))
@@ -213,68 +279,130 @@ class ShardStreamSampler(BucketBatchSampler):
             order = np.resize(order, size * self.num_replicas)
         mine = order[rank * size:(rank + 1) * size]
         out, start = [], 0
-        for s, k in enumerate(_split_sizes(size, self.streams)):
+        for k in _split_sizes(size, self.streams):
             run = mine[start:start + k]
             start += k
-            at = np.arange(k)           # emitted order -> place in the stream (what is read)
-            if self.shuffle:
-                rng = np.random.default_rng([self.seed, p, 5, rank, s])
-                at = shuffle_buffer(at, self.shuffle_buffer, rng)
-            out.append((items[run[at]], caps[run[at]], at))
+            out.append((items[run], caps[run]))
         if len(self._passes) >= 3 * self.num_replicas:
             self._passes.pop(min(self._passes))
         self._passes[(p, rank)] = out
         return out
 
-    def _stream_epoch(self, s: int, want: int, epoch: int,
-                      rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Stream ``s``'s examples of ``epoch``: positions ``[epoch * want, (epoch + 1) *
-        want)`` of the endless sequence of its passes, and each one's place in the stream
-        (what is read: ``pass * pass length + place in the pass``)."""
+    def _read_order(self, s: int, want: int, epoch: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stream ``s``'s (items, caps) of ``epoch`` in read order: positions ``[epoch * want,
+        (epoch + 1) * want)`` of the endless sequence of its passes."""
         length = _split_sizes(self._pass_rank_size(), self.streams)[s]
         begin = epoch * want
-        parts: list[tuple[np.ndarray, ...]] = []
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
         while want > 0:
             p, at = divmod(begin, length)
             take = min(want, length - at)
-            parts.append(tuple(a[at:at + take] for a in self._pass(p, rank)[s]))
-            parts[-1] = (*parts[-1][:2], parts[-1][2] + p * length)
+            items, caps = self._pass(p, rank)[s]
+            parts.append((items[at:at + take], caps[at:at + take]))
             begin, want = begin + take, want - take
         if not parts:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return tuple(np.concatenate(a) for a in zip(*parts))  # type: ignore[return-value]
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate([a for a, _ in parts]), np.concatenate([c for _, c in parts])
+
+    def buffer_size(self) -> int:
+        """Items each stream's buffer holds: ``shuffle_buffer``, at least one batch (a batch
+        is drawn from the buffer; with a budget, as many items of the mean length as fit)."""
+        return max(self.shuffle_buffer, self._per_batch())
+
+    def _streams_of(self, epoch: int, rank: int) -> list[tuple[np.ndarray, np.ndarray,
+                                                              list[np.ndarray]]]:
+        """``rank``'s streams of ``epoch``: (items, caps) in read order and the batches (stream
+        positions) its buffer emits, before the batch count is fitted. The buffer starts
+        empty at the epoch's start and is drained at its end, so an epoch is computed alone."""
+        if (epoch, rank) in self._stream_cache:
+            return self._stream_cache[(epoch, rank)]
+        out = []
+        for s, want in enumerate(self._stream_sizes()):
+            items, caps = self._read_order(s, want, epoch, rank)
+            rng = (np.random.default_rng([self.seed, epoch, 5, rank, s])
+                   if self.shuffle and self.shuffle_buffer > 1 else None)
+            lengths = self.lengths[items]
+            if self.bucketing:
+                batches = bucket_buffer(lengths, self.buffer_size(), rng,
+                                        batch_size=self.batch_size, budget=self.budget)
+            else:       # WebDataset's shuffle, then consecutive batches of the emitted order
+                at = (shuffle_buffer(np.arange(len(items)), self.shuffle_buffer, rng)
+                      if rng is not None else np.arange(len(items)))
+                bounds = (_pack(lengths[at], self.budget) if self.budget is not None else
+                          [(b, b + self.batch_size) for b in range(0, len(at), self.batch_size)])
+                batches = [at[lo:hi] for lo, hi in bounds]
+            out.append((items, caps, batches))
+        if len(self._stream_cache) >= 2 * self.num_replicas:
+            self._stream_cache.pop(next(iter(self._stream_cache)))
+        self._stream_cache[(epoch, rank)] = out
+        return out
 
     def rank_examples(self, epoch: int, rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``rank``'s (default: this sampler's) examples of ``epoch``: its streams' runs, one
-        after the other."""
+        """``rank``'s (default: this sampler's) examples of ``epoch`` in emitted order (its
+        streams' batches, stream after stream; ``_rank_size()`` long)."""
         rank = self.rank if rank is None else rank
-        runs = [self._stream_epoch(s, want, epoch, rank)[:2]
-                for s, want in enumerate(self._stream_sizes())]
-        return np.concatenate([r[0] for r in runs]), np.concatenate([r[1] for r in runs])
+        streams = self._streams_of(epoch, rank)
+        at = [np.concatenate(b) if b else np.zeros(0, np.int64) for _, _, b in streams]
+        return (np.concatenate([i[a] for (i, _, _), a in zip(streams, at)]),
+                np.concatenate([c[a] for (_, c, _), a in zip(streams, at)]))
 
-    def _cut(self, items: np.ndarray, caps: np.ndarray, epoch: int, scale: int = 1,
-             sort: bool | None = None) -> list[list[Key]]:
-        """Each stream cut by the shared code, then the streams' batches dealt in turn."""
+    def stream_counts(self) -> list[int]:
+        """Batches of each stream per epoch, the same on every rank and in every epoch: with
+        ``batch_size`` the buffer's full batches and one short one (none with ``drop_last``);
+        with a budget the most any (rank, stream) emits in epoch 0, plus 2 % and 1 (other
+        epochs hold other shards), at most the stream's examples (so the streams' counts
+        differ by <= 1 and batch ``i`` stays stream ``i % streams``'s)."""
         sizes = self._stream_sizes()
-        if len(items) != sum(sizes):
-            return super()._cut(items, caps, epoch, scale, sort)
-        per_stream, start = [], 0
-        for n in sizes:
-            per_stream.append(super()._cut(items[start:start + n], caps[start:start + n], epoch,
-                                           scale, sort))
-            start += n
+        if self.budget is None:
+            return [self._batches_in(n) for n in sizes]
+        if self._count is None:
+            most = max(len(b) for r in range(self.num_replicas)
+                       for _, _, b in self._streams_of(0, r))
+            self._count = most + 1 + most // 50     # slack: later epochs may emit a few more
+        return [min(self._count, n) for n in sizes]
+
+    def budget_count(self) -> int:
+        """Batches per epoch under a budget (every rank, every epoch): see :meth:`stream_counts`."""
+        return sum(self.stream_counts())
+
+    def batches(self, epoch: int | None = None) -> list[list[Key]]:
+        """This rank's batches of one epoch (default: the current one): each stream's buffer
+        batches, fitted to its count, the streams' batches dealt in turn (not shuffled:
+        stream ``w``'s batches reach loader worker ``w``). The last epoch's are kept
+        (``__len__``, the padding report and the walk ask for the same epoch)."""
+        epoch = self.state.epoch if epoch is None else int(epoch)
+        if self._batches is not None and self._batches[0] == epoch:
+            return self._batches[1]
+        per_stream = []
+        for (items, caps, at), count in zip(self._streams_of(epoch, self.rank),
+                                            self.stream_counts()):
+            batches = [[(int(items[k]), int(caps[k]), epoch) for k in b] for b in at]
+            if self.budget is None:
+                batches = batches[:count]     # drop_last: the drain's short batch
+            else:
+                batches = self._fit(batches, count, epoch)
+            per_stream.append(batches)
         out: list[list[Key]] = []
         for k in range(max(len(b) for b in per_stream)):
             out += [b[k] for b in per_stream if k < len(b)]
+        self._batches = (epoch, out)
         return out
 
-    def batches(self, epoch: int | None = None) -> list[list[Key]]:
-        """This rank's batches of one epoch (default: the current one); the last epoch's are
-        kept (``__len__``, the padding report and the walk ask for the same epoch)."""
-        epoch = self.state.epoch if epoch is None else int(epoch)
-        if self._batches is None or self._batches[0] != epoch:
-            self._batches = (epoch, super().batches(epoch))
-        return self._batches[1]
+    def _fit(self, batches: list[list[Key]], count: int, epoch: int) -> list[list[Key]]:
+        """A stream's budget batches made ``count``: the biggest split in halves (within the
+        budget), or, when an epoch emits more than the count, the neighbours whose merged
+        padded size is smallest merged (over the budget only when no pair fits it). Merged
+        neighbours came from the buffer one after the other: the reader holds one batch more."""
+        if len(batches) > count:
+            batches = _merge(batches, count, self.lengths)
+            over = max((len(b) * self.lengths[[k[0] for k in b]].max() for b in batches
+                        if len(b) > 1), default=0.0)
+            if over > self.budget:
+                log.warning("[data] shards epoch %d rank %d: a stream emits more than its %d "
+                            "batches per epoch (set by epoch 0) within the budget %g; merged "
+                            "the smallest, the biggest batch is %g. Raise the budget or "
+                            "data.shuffle_buffer.", epoch, self.rank, count, self.budget, over)
+        return _split(batches, count)
 
     def _order_batches(self, batches: list[list[Key]], epoch: int) -> list[list[Key]]:
         """Kept as dealt: stream ``w``'s batches reach loader worker ``w``."""
@@ -298,9 +426,8 @@ class ShardStreamSampler(BucketBatchSampler):
         (a resume) also gets what the buffer held there, a function of ``(epoch, position)``."""
         batches = self.batches(epoch)
         out: list[list[int]] = [[] for _ in batches]
-        for w, want in enumerate(self._stream_sizes()):
-            items, _, place = self._stream_epoch(w, want, epoch, self.rank)
-            stream = items[np.argsort(place, kind="stable")].tolist()
+        for w, (items, _, _) in enumerate(self._streams_of(epoch, self.rank)):
+            stream = items.tolist()
             ahead, held, q, first = Counter(stream), Counter(), 0, True
             for k in range(w, len(batches), self.streams):
                 if k >= start and first:               # the first batch read: the buffer
@@ -400,7 +527,8 @@ class ShardDataModule(CaptionDataModule):
     Args:
         shards: ``{train: ..., val: ..., test: ...}``, each a brace pattern
             (``{000000..000127}.tar``), a glob, a list of either, or fsspec URLs.
-        shuffle_buffer: training samples per stream in the shuffle buffer (memory: keys only).
+        shuffle_buffer: training samples per stream in the shuffle buffer: a worker holds
+            up to this many read members, and training batches are bucketed within them.
         epoch_samples: training examples per epoch (all ranks); null = one pass over the shards.
         index_cache: where indexes of shards without a writable folder are cached (null:
             ``$MMTF_CACHE_DIR`` or ``~/.cache/mmtf``, ``shard-index/``).

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import tarfile
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import fsspec
@@ -31,7 +31,12 @@ from mmtf.data.errors import ErrorPolicy
 from mmtf.data.shards import index as shards_index
 from mmtf.data.shards import reader as shards_reader
 from mmtf.data.shards.index import INDEX_SUFFIX, expand_braces, load_index, read_shards
-from mmtf.data.shards.reader import ShardDataModule, ShardStreamSampler, shuffle_buffer
+from mmtf.data.shards.reader import (
+    ShardDataModule,
+    ShardStreamSampler,
+    bucket_buffer,
+    shuffle_buffer,
+)
 from mmtf.data.shards.writer import write_shards
 from mmtf.errors import ConfigError, UserError
 from mmtf.text import BPETokenizer, CharTokenizer
@@ -424,13 +429,16 @@ def test_each_stream_reads_contiguous_shards_and_every_epoch_is_new():
 
 
 def test_epoch_samples_continue_the_stream_across_epochs():
-    """An epoch of 10: epochs 0-2 and 7 examples of epoch 3 are the first pass (37 items)."""
+    """An epoch of 10 is the next 10 of the stream: epochs 0-3 read the first pass (37 items)
+    and 3 of the second; epochs 0-7 read two passes and 6 of the third."""
     s = _sampler(epoch_samples=10, streams=1, bucketing=False)
     epochs = [_items(s.batches(e)) for e in range(8)]
     assert all(len(e) == 10 for e in epochs) and len(s) == len(s.batches(3)) == 4
-    stream = sum(epochs, [])
-    assert sorted(stream[:N]) == list(range(N)) and sorted(stream[N:2 * N]) == list(range(N))
-    assert stream[:N] != stream[N:2 * N]                             # the next pass is new
+    for upto, passes in ((4, 1), (8, 2)):
+        seen = Counter(sum(epochs[:upto], []))
+        assert set(seen) == set(range(N)) and min(seen.values()) == passes
+        assert sum(seen.values()) == 10 * upto
+    assert not np.array_equal(s._pass(0, 0)[0][0], s._pass(1, 0)[0][0])  # the next pass is new
     two = _sampler(epoch_samples=10)                                  # 2 streams, bucketed
     assert set(sum((_items(two.batches(e)) for e in range(4)), [])) == set(range(N))
 
@@ -449,6 +457,107 @@ def test_a_position_saved_with_other_stream_settings_is_refused():
         _sampler(shuffle_buffer=8).load_state_dict(state)
     with pytest.raises(UserError, match=r"cannot fill 2 rank\(s\) x 40 stream\(s\)"):
         _sampler(0, 2, streams=40)
+
+
+# 12 shards of 20-39 items, lengths 1-30 s: big enough that the buffer (24) is a small
+# part of a stream and bucketing shows.
+BIG_SHARD_OF = np.repeat(np.arange(12), np.random.default_rng(2).integers(20, 40, 12))
+BIG_LENGTHS = np.random.default_rng(3).uniform(1, 30, len(BIG_SHARD_OF))
+
+
+def _big(**kw) -> ShardStreamSampler:
+    args = dict(shard_of=BIG_SHARD_OF, lengths=BIG_LENGTHS, streams=2, shuffle_buffer=24,
+                batch_size=4, seed=5, num_replicas=1, rank=0)
+    return ShardStreamSampler(**{**args, **kw})
+
+
+def _walk(s: ShardStreamSampler, epoch: int = 0, start: int = 0) -> tuple[int, int]:
+    """Read the batches from ``start`` as loader workers do (batch k on worker k % streams,
+    its fill read first): the most decoded items one worker holds (the batch included) and
+    how many items had to be read alone. Every item read is handed out by the epoch's end."""
+    batches, fills = s.batches(epoch), s.fills(epoch, start)
+    held = [Counter() for _ in range(s.streams)]
+    peak = alone = 0
+    for k in range(start, len(batches)):
+        h = held[k % s.streams]
+        h.update(fills[k])
+        peak = max(peak, h.total())
+        for item, *_ in batches[k]:
+            if h[item]:
+                h[item] -= 1
+            else:
+                alone += 1
+    assert all(h.total() == 0 for h in held)
+    return peak, alone
+
+
+def _spread(batches, lengths) -> float:
+    """Mean within-batch length spread (longest - shortest)."""
+    return float(np.mean([np.ptp(lengths[[k[0] for k in b]]) for b in batches]))
+
+
+@pytest.mark.parametrize("mode", [{"batch_size": 4}, {"batch_size": None, "budget": 60.0}])
+def test_bucketing_happens_inside_the_shuffle_buffer(mode):
+    """A worker holds at most the buffer's items (count mode; with a budget one more batch
+    when an epoch's batches are merged to the count); every item is read once into the buffer
+    and once per pass handed out; batches are length-bucketed (spread far below a random
+    order's batches of the same sizes)."""
+    s = _big(**mode)
+    assert s.buffer_size() == 24
+    for epoch in range(3):
+        batches = s.batches(epoch)
+        assert sorted(_items(batches)) == list(range(len(BIG_SHARD_OF)))
+        peak, alone = _walk(s, epoch)
+        bound = s.buffer_size() + (0 if s.budget is None else max(len(b) for b in batches))
+        assert alone == 0 and peak <= bound, (peak, bound)
+        if s.budget is not None:
+            assert all(len(b) == 1 or len(b) * BIG_LENGTHS[[k[0] for k in b]].max() <= 60.0
+                       for b in batches)
+        shuffled = np.random.default_rng(epoch).permutation(_items(batches))
+        sizes = np.cumsum([len(b) for b in batches])[:-1]
+        random = [[(int(i),) for i in part] for part in np.split(shuffled, sizes)]
+        assert _spread(batches, BIG_LENGTHS) < 0.3 * _spread(random, BIG_LENGTHS)
+    assert len({len(s.batches(e)) for e in range(6)}) == 1 == len({len(s)})
+
+
+def test_a_budget_batch_bigger_than_the_buffer_still_makes_progress():
+    """A budget that would take 100 items from a buffer of 5: each batch is what the buffer
+    holds (every step takes at least its seed, so the loop ends); an item over the budget is
+    a batch alone. In the sampler, short items under a budget sized by the mean length."""
+    out = bucket_buffer(np.ones(50), 5, np.random.default_rng(0), budget=100.0)
+    assert [len(b) for b in out] == [5] * 10
+    assert sorted(np.concatenate(out).tolist()) == list(range(50))
+    out = bucket_buffer(np.array([1.0, 200.0, 1.0, 1.0]), 2, None, budget=100.0)
+    assert sorted(len(b) for b in out) == [1, 1, 2] and [1] in [b.tolist() for b in out]
+    lengths = np.where(np.arange(len(BIG_SHARD_OF)) % 10 == 0, 50.0, 1.0)   # mean 5.9
+    s = _big(lengths=lengths, batch_size=None, budget=60.0, shuffle_buffer=4)
+    assert s.buffer_size() == 10                      # one batch of the mean length
+    for epoch in range(2):
+        batches = s.batches(epoch)
+        assert sorted(_items(batches)) == list(range(len(lengths)))
+        peak, alone = _walk(s, epoch)
+        assert alone == 0 and peak <= 10 + max(len(b) for b in batches)
+
+
+@pytest.mark.parametrize("mode", [{"batch_size": 4}, {"batch_size": None, "budget": 60.0}])
+def test_a_resumed_stream_gives_the_same_batches_from_a_refilled_buffer(mode):
+    """Resumed at any position: the same following batches, each served from the buffer its
+    first fill rebuilds (nothing read alone), within the same memory bound."""
+    s = _big(**mode, epoch_samples=200)
+    s.set_epoch(2)
+    whole = s.batches(2)
+    for k in (1, 2, 7, len(whole) - 1):
+        saved = _big(**mode, epoch_samples=200)
+        saved.set_epoch(2)
+        it = iter(saved)
+        for _ in range(k):
+            next(it)
+        again = _big(**mode, epoch_samples=200)
+        again.load_state_dict(saved.state_dict())
+        got = [[key[:3] for key in b] for b in again]
+        assert got == whole[k:]
+        peak, alone = _walk(again, 2, k)
+        assert alone == 0 and peak <= again.buffer_size() + max(len(b) for b in whole)
 
 
 class _Who(Dataset):
@@ -480,15 +589,18 @@ def test_two_ranks_by_two_workers_read_their_own_streams():
     assert set().union(*sets) == set(range(N))
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_the_train_loader_resumes_mid_epoch(tiny_audio_captions, tmp_path, num_workers):
-    """Random crops, random captions, 0 or 2 workers (2 streams) reading the members."""
+@pytest.mark.parametrize(("num_workers", "batches"), [
+    (0, {"batch_size": 2}), (2, {"batch_size": 2}),
+    (0, {"batch_size": None, "max_seconds_per_batch": 2.0})])
+def test_the_train_loader_resumes_mid_epoch(tiny_audio_captions, tmp_path, num_workers, batches):
+    """Random crops, random captions, 0 or 2 workers (2 streams) reading the members; batches
+    of 2, or by a seconds budget."""
     src = flat(CaptionDataModule, format="clotho", root=str(tiny_audio_captions))
     _shard_all(src, tmp_path)
 
     def loader():
-        dm = _shard_dm(tmp_path, batch_size=2, max_seconds=1.0, seed=3, shuffle_buffer=2,
-                       num_workers=num_workers)
+        dm = _shard_dm(tmp_path, max_seconds=1.0, seed=3, shuffle_buffer=2,
+                       num_workers=num_workers, **batches)
         dm.connect(BPETokenizer.train(dm.train_captions(), vocab_size=200))
         return dm.train_dataloader()
 
@@ -496,7 +608,9 @@ def test_the_train_loader_resumes_mid_epoch(tiny_audio_captions, tmp_path, num_w
         return tuple(b["ids"]), round(float(b["audio"].double().sum()), 6)
 
     first = loader()
-    assert isinstance(first, StatefulDataLoader) and len(first) == 3 + (num_workers > 0)
+    assert isinstance(first, StatefulDataLoader) and len(first) >= 3
+    if batches["batch_size"]:
+        assert len(first) == 3 + (num_workers > 0)
     first.batch_sampler.set_epoch(1)
     it = iter(first)
     next(it)
@@ -563,6 +677,20 @@ def test_stream_batches_under_a_seconds_budget_on_two_ranks():
         assert set(seen) == set(range(N)) and len(seen) == N + (-N) % world
 
 
+def test_an_epoch_needing_more_budget_batches_than_the_count_merges_and_says_so(caplog):
+    """Streams of 9 items, 2-3 per batch, vary between epochs more than the count's slack:
+    epoch 14 emits more batches than epoch 0 set; the neighbours with the smallest merged
+    padded size are merged (the count holds), and the warning names the biggest batch."""
+    lengths = np.random.default_rng(1).uniform(1, 5, N)
+    s = _sampler(0, 2, batch_size=None, budget=9.0, lengths=lengths)
+    with caplog.at_level("WARNING", logger="mmtf.data"):
+        batches = s.batches(14)
+    assert len(batches) == len(s.batches(0)) == len(s)
+    assert "emits more than its 7 batches per epoch (set by epoch 0) within the budget 9" in \
+        caplog.text
+    assert max(len(b) * lengths[[k[0] for k in b]].max() for b in batches) > 9.0
+
+
 def test_image_shards_batch_by_pixels_from_the_index(tiny_image_captions, tmp_path):
     """max_pixels_per_batch on image shards reads sizes from the index (no member opened)."""
     src = flat(CaptionDataModule, format="coco", root=str(tiny_image_captions),
@@ -585,7 +713,16 @@ def test_an_epoch_streams_each_shard_front_to_back_once(tmp_path, monkeypatch):
     """On an object store (read-ahead blocks of 1 KiB, far smaller than a shard, like 4 MiB
     blocks against real shards), one epoch reads each shard front to back: no fetch behind
     the last one, each byte at most once; a resumed epoch too (it refills its buffer). One
-    ranged read per clip in the emitted order went back and forth and re-read bytes."""
+    ranged read per clip in the emitted order went back and forth and re-read bytes. The
+    reading process holds at most the shuffle buffer's 8 items (the batch included)."""
+    held: list[int] = []
+    fill = shards_reader.ShardCaptionDataset._fill
+
+    def counted_fill(self, items):
+        fill(self, items)
+        held.append(sum(len(v) for v in self._held.values()))
+
+    monkeypatch.setattr(shards_reader.ShardCaptionDataset, "_fill", counted_fill)
     monkeypatch.setattr(shards_reader._READER, "block_size", 1024)
     monkeypatch.setattr(shards_reader._READER, "_files", OrderedDict())
     fsspec.register_implementation("countmem", CountingMemory, clobber=True)
@@ -612,6 +749,7 @@ def test_an_epoch_streams_each_shard_front_to_back_once(tmp_path, monkeypatch):
         assert sorted(ids) == sorted(it.id for it in dm.items("train"))
         assert fs.bytes_read <= total and not fs.backward, (fs.bytes_read, total, fs.backward)
         assert fs.requests < len(ids), fs.requests
+        assert 0 < max(held) <= first.batch_sampler.buffer_size() == 8, held
         # A resumed epoch refills the buffer it had: the same examples, read once.
         it = iter(first)
         head = [next(it) for _ in range(5)]
@@ -619,7 +757,7 @@ def test_an_epoch_streams_each_shard_front_to_back_once(tmp_path, monkeypatch):
         _, again = loader()
         again.load_state_dict(state)
         fs.reset()
-        assert [b["ids"] for b in again] == rest and head
+        assert [b["ids"] for b in again] == rest and head and max(held) <= 8
         assert fs.bytes_read <= total and not fs.backward, (fs.bytes_read, total, fs.backward)
     finally:
         fs.rm("/shards", recursive=True)
