@@ -96,6 +96,9 @@ def read_member(item: ShardItem) -> bytes:
 
 # The stream's own settings that fix the order, checked on resume with the base sampler's.
 _STREAM_SETTINGS = ("streams", "shuffle_buffer", "epoch_samples", "num_shards")
+# The shard batch order's rule; 2: batches bucketed inside the shuffle buffer. A mid-epoch
+# position saved under another rule cannot be continued exactly.
+STREAM_ORDER = 2
 
 
 def _check_stream(shuffle_buffer: int, epoch_samples: int | None) -> None:
@@ -455,12 +458,20 @@ class ShardStreamSampler(BucketBatchSampler):
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "streams": self.streams,
                 "shuffle_buffer": self.shuffle_buffer, "epoch_samples": self.epoch_samples,
-                "num_shards": len(self.shard_starts)}
+                "num_shards": len(self.shard_starts), "stream_order": STREAM_ORDER}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         refuse_other_settings(self, state, _STREAM_SETTINGS,
                               "the same shards, data.loader.num_workers (= streams per rank), "
                               "data.shuffle_buffer and data.epoch_samples")
+        saved_order = state.get("stream_order", 1)
+        if saved_order != STREAM_ORDER and state.get("position", state.get("offset", 0)):
+            # Another order rule would resume into other batches than the saved run's next.
+            raise UserError(f"{type(self).__name__}: the checkpoint's data position is in the "
+                            f"middle of an epoch of shard order version {saved_order} (this "
+                            f"mmtf bucketing inside the shuffle buffer is version "
+                            f"{STREAM_ORDER}); resume from a checkpoint saved at an epoch's "
+                            f"end, or start a fresh run from the weights.")
         super().load_state_dict(state)
 
 

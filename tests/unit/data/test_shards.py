@@ -560,6 +560,22 @@ def test_a_resumed_stream_gives_the_same_batches_from_a_refilled_buffer(mode):
         assert alone == 0 and peak <= again.buffer_size() + max(len(b) for b in whole)
 
 
+def test_a_mid_epoch_position_of_the_older_shard_order_is_refused_an_epoch_end_resumes():
+    """Checkpoints from before bucketing moved into the buffer (no ``stream_order``): their
+    mid-epoch position would continue into other batches, so it is refused in one line."""
+    saved = _big(epoch_samples=200)
+    saved.set_epoch(2)
+    it = iter(saved)
+    next(it)
+    old = {k: v for k, v in saved.state_dict().items() if k != "stream_order"}
+    with pytest.raises(UserError, match=r"middle of an epoch of shard order version 1.*"
+                                        r"epoch's end"):
+        _big(epoch_samples=200).load_state_dict(old)
+    boundary = _big(epoch_samples=200)
+    boundary.load_state_dict({**old, "epoch": 3, "position": 0})
+    assert boundary.state.epoch == 3 and boundary.state.position == 0
+
+
 class _Who(Dataset):
     """Returns the key's item and the worker that read it."""
 
