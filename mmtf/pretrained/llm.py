@@ -27,7 +27,6 @@ from mmtf.decoders.lm import CausalLM
 from mmtf.errors import UserError
 from mmtf.hub import CONFIG_FILE, WEIGHTS_FILE, HFModel, is_hf_source, open_export, open_hf_model
 from mmtf.nn.attention import projection_biases
-from mmtf.nn.lora import LoRAConfig
 from mmtf.pretrained.names import (
     FUSED_KV,
     TIED,
@@ -425,9 +424,10 @@ def save_peft(lm: CausalLM, out: str | Path, *, base: str | None = None,
                               {"dropout": dropout}, base, out)
 
 
-def load_peft(lm: CausalLM, folder: str | Path) -> LoRAConfig:
+def load_peft(lm: CausalLM, folder: str | Path) -> Any:
     """Add the LoRA adapters of a PEFT folder made on ``<Family>ForCausalLM`` to ``lm``;
-    returns their config (rank, alpha, targets)."""
+    returns their :class:`~mmtf.nn.lora.LoRAConfig` (rank, alpha, targets)."""
+    from mmtf.nn.lora import LoRAConfig
     from mmtf.pretrained.peft import load_peft_adapter
 
     config, _ = load_peft_adapter(folder, {"decoder": lm}, LoRAConfig())
