@@ -184,6 +184,11 @@ def lm_values(model: HFModel) -> dict[str, tuple[Any, str]]:
     kv = c.get("num_key_value_heads") or heads
     head_dim = c.get("head_dim") or c["hidden_size"] // heads
     theta, scaling = rope_settings(c)
+    # Dynamic NTK scaling exists to read past the trained length: up to factor times it.
+    dynamic = scaling is not None and scaling["rope_type"] == "dynamic"
+    positions = c["max_position_embeddings"]
+    if dynamic:
+        positions = int(positions * scaling["factor"])
     bias: bool | str = bool(c["attention_bias"])
     if kind == "qwen2":
         bias = "qkv"
@@ -199,7 +204,8 @@ def lm_values(model: HFModel) -> dict[str, tuple[Any, str]]:
         "num_kv_heads": (kv, field("num_key_value_heads")),
         "head_dim": (head_dim, field("head_dim")),
         "mlp_hidden": (c["intermediate_size"], field("intermediate_size")),
-        "max_len": (c["max_position_embeddings"], field("max_position_embeddings")),
+        "max_len": (positions, field("max_position_embeddings") + (
+            f" x rope_scaling factor {scaling['factor']!r} (dynamic)" if dynamic else "")),
         "norm_eps": (c["rms_norm_eps"], field("rms_norm_eps")),
         "rope_base": (theta, f"rope_theta={theta!r}"),
         "rope_scaling": (scaling, f"rope_scaling={scaling!r}"),
@@ -329,7 +335,8 @@ def hf_config(lm: CausalLM, model_type: str | None = None) -> dict[str, Any]:
         "intermediate_size": block.mlp.fc_out.in_features, "num_hidden_layers": lm.depth,
         "num_attention_heads": attn.num_heads, "num_key_value_heads": attn.num_kv_heads,
         "head_dim": attn.head_dim, "hidden_act": "silu",
-        "max_position_embeddings": lm.max_len, "rms_norm_eps": block.norm_self.eps,
+        "max_position_embeddings": rope.trained_len or lm.max_len,
+        "rms_norm_eps": block.norm_self.eps,
         "rope_theta": rope.base, "rope_scaling": scaling,
         "tie_word_embeddings": lm.tie_embeddings, "torch_dtype": "float32",
         "bos_token_id": lm.bos_id, "eos_token_id": lm.eos_id, "pad_token_id": lm.pad_id,
