@@ -117,25 +117,7 @@ class PretrainedLM(nn.Module):
             UserError: an item that is neither a string nor a list of role/content messages,
                 or an empty prompt.
         """
-        rows = []
-        backend = self.tokenizer.backend
-        for i, item in enumerate(items):
-            if isinstance(item, str):
-                ids = backend.encode(item, add_special_tokens=True).ids
-            elif _is_conversation(item):
-                if self.folder is None:
-                    raise UserError("generate_text: conversations need the model folder's chat "
-                                    "template; load the model with mmtf.load(<folder>).")
-                text = render_conversation(self.folder, item)
-                ids = backend.encode(text, add_special_tokens=False).ids
-            else:
-                raise UserError(f"generate_text: item {i} ({type(item).__name__}) is neither a "
-                                f"string nor a conversation (a list of {{'role', 'content'}} "
-                                f"messages).")
-            if not ids:
-                raise UserError(f"generate_text: item {i} encodes to no tokens; give some "
-                                f"text.")
-            rows.append(ids)
+        rows = [self._encode(i, item) for i, item in enumerate(items)]
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_id
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
@@ -143,6 +125,30 @@ class PretrainedLM(nn.Module):
                             dtype=torch.long)
         device = self.lm.embed.weight.device
         return ids.to(device), mask.to(device)                               # (b, p) each
+
+    def _encode(self, i: int, item: PromptItem) -> list[int]:
+        """Ids of one prompt as transformers encodes it: special tokens spelled in the text
+        (a template's ``<|im_start|>``) are those tokens, unlike in mmtf's caption targets."""
+        if isinstance(item, str):
+            text, add_special = item, True
+        elif _is_conversation(item):
+            if self.folder is None:
+                raise UserError("generate_text: conversations need the model folder's chat "
+                                "template; load the model with mmtf.load(<folder>).")
+            text, add_special = render_conversation(self.folder, item), False
+        else:
+            raise UserError(f"generate_text: item {i} ({type(item).__name__}) is neither a "
+                            f"string nor a conversation (a list of {{'role', 'content'}} "
+                            f"messages).")
+        backend = self.tokenizer.backend
+        previous, backend.encode_special_tokens = backend.encode_special_tokens, False
+        try:
+            ids = backend.encode(text, add_special_tokens=add_special).ids
+        finally:
+            backend.encode_special_tokens = previous
+        if not ids:
+            raise UserError(f"generate_text: item {i} encodes to no tokens; give some text.")
+        return ids
 
     @torch.no_grad()
     def generate_text(self, prompts_or_conversations: Sequence[PromptItem] | PromptItem, *,

@@ -231,7 +231,7 @@ def loaded(folders):
 def test_generate_text_returns_the_continuation_of_transformers_generate(loaded):
     model, _, reference, folder = loaded
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
-    texts = ["a dog barks at", "rain falls", "birds sing in tall trees and"]
+    texts = ["a dog barks at", "rain falls<|im_end|>", "birds sing in tall trees and"]
     ours = model.generate_text(texts, min_new_tokens=12)
     hf_tok.padding_side = "left"
     hf_tok.pad_token = ENDOFTEXT
@@ -265,7 +265,7 @@ def test_conversations_render_with_the_chat_template_as_transformers(loaded):
     pytest.importorskip("mmtf.text.chat")
     model, _, reference, folder = loaded
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
-    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a dog"},
+    chat = [{"role": "system", "content": "brief"}, {"role": "user", "content": "a dog"},
             {"role": "assistant", "content": "barks"}, {"role": "user", "content": "rain"}]
     ours = model.generate_text([chat], min_new_tokens=12)
     ids = hf_tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",
