@@ -61,6 +61,9 @@ def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = Non
     if long_audio in WHOLE:
         generation["long_form"] = long_audio
     model, _ = load(ckpt_path, device=device, use_ema=use_ema, **generation)
+    if model.task.modality == "text":
+        raise UserError(f"inputs: ckpt_path={ckpt_path} is a language model; it continues "
+                        f"prompts='[\"text\", ...]', not inputs=[files].")
     extensions = AUDIO_EXTENSIONS if model.task.modality == "audio" else IMAGE_EXTENSIONS
     files = expand_inputs(inputs, extensions)
     return predict_inputs(model.task, files, batch_size=batch_size, long_audio=long_audio)

@@ -287,6 +287,10 @@ def test_predict_cli_continues_prompts_as_json(loaded, capsys):
     print_continuations(cfg)
     row = json.loads(capsys.readouterr().out.strip())
     assert row == {"prompt": "a dog", "text": model.generate_text(["a dog"])[0]}
+    from mmtf.predict import predict
+
+    with pytest.raises(UserError, match=r"is a language model; it continues prompts="):
+        predict(str(folder), ["a.wav"])
 
 
 # ---------------------------------------------------------------------------- bad input
