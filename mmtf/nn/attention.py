@@ -41,15 +41,20 @@ class Attention(nn.Module):
         bias: True (all projections), False (none) or the letters of the biased ones among
             "qkvo" (Whisper: "qvo"; softmax cancels a key bias).
         dropout: attention-probability dropout, active in training only.
+        head_dim: width d of each head; None = ``dim // num_heads``. Set (Qwen3: 128 at
+            dim 1024 with 16 heads), queries and values are ``num_heads * head_dim`` wide.
+        qk_norm: RMSNorm over each head's queries and keys before RoPE (Qwen3), with this
+            epsilon; None = none.
     """
 
     def __init__(self, *, dim: int, num_heads: int, num_kv_heads: int | None = None,
                  causal: bool = False, rope: RotaryEmbedding | None = None,
                  kv_dim: int | None = None, bias: bool | str = False, dropout: float = 0.0,
-                 ) -> None:
+                 head_dim: int | None = None, qk_norm: float | None = None) -> None:
         super().__init__()
         biased = projection_biases(bias)
-        num_kv_heads = self.check_sizes(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads)
+        num_kv_heads = self.check_sizes(dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                        head_dim=head_dim)
         if kv_dim is not None and causal:
             raise UserError("Attention: causal=True with kv_dim set; cross-attention keys are the "
                             "encoder memory and have no causal order. Build it with causal=False.")
@@ -59,14 +64,15 @@ class Attention(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise UserError(f"Attention: dropout ({dropout}) must be in [0, 1).")
         self.dim, self.num_heads, self.num_kv_heads = dim, num_heads, num_kv_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = dim // num_heads if head_dim is None else head_dim
         if rope is not None and rope.head_dim != self.head_dim:
             raise UserError(f"Attention: rope.head_dim ({rope.head_dim}) != dim // num_heads "
                             f"({self.head_dim}); build RotaryEmbedding(head_dim={self.head_dim}).")
         self.causal, self.rope, self.kv_dim, self.dropout = causal, rope, kv_dim, dropout
         self.is_cross = kv_dim is not None
         kv_width = num_kv_heads * self.head_dim
-        self.to_q = Linear(dim, dim, bias="q" in biased)
+        inner = num_heads * self.head_dim
+        self.to_q = Linear(dim, inner, bias="q" in biased)
         # Keys and values share one GEMM; a bias on only one of them is a separate vector.
         fused_bias = {"k", "v"} <= biased
         self.to_kv = Linear(kv_dim or dim, 2 * kv_width, bias=fused_bias)
@@ -75,7 +81,11 @@ class Attention(nn.Module):
             self.k_bias = nn.Parameter(torch.zeros(kv_width))
         if not fused_bias and "v" in biased:
             self.v_bias = nn.Parameter(torch.zeros(kv_width))
-        self.to_out = Linear(dim, dim, bias="o" in biased)
+        self.to_out = Linear(inner, dim, bias="o" in biased)
+        self.q_norm = self.k_norm = None
+        if qk_norm is not None:
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=qk_norm)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm)
 
     def extra_repr(self) -> str:
         kind = "cross" if self.is_cross else ("causal" if self.causal else "bidirectional")
@@ -96,7 +106,8 @@ class Attention(nn.Module):
 
 
     @staticmethod
-    def check_sizes(*, dim: int, num_heads: int, num_kv_heads: int | None = None) -> int:
+    def check_sizes(*, dim: int, num_heads: int, num_kv_heads: int | None = None,
+                    head_dim: int | None = None) -> int:
         """Check the width rules of multi-head attention once for every caller (stacks call it
         before deriving ``head_dim``) and return ``num_kv_heads`` (None -> ``num_heads``).
 
@@ -108,7 +119,10 @@ class Attention(nn.Module):
         if dim < 1 or num_heads < 1 or num_kv_heads < 1:
             raise UserError(f"Attention: dim ({dim}), num_heads ({num_heads}) and num_kv_heads "
                             f"({num_kv_heads}) must all be >= 1.")
-        if dim % num_heads != 0:
+        if head_dim is not None and head_dim < 1:
+            raise UserError(f"Attention: head_dim ({head_dim}) must be >= 1 (or null: dim // "
+                            f"num_heads).")
+        if head_dim is None and dim % num_heads != 0:
             raise UserError(f"Attention: dim ({dim}) must be divisible by num_heads ({num_heads}); "
                             f"change dim or num_heads.")
         if num_heads % num_kv_heads != 0:
@@ -119,7 +133,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, key_mask: Tensor | None = None,
                 cache: KVCache | None = None, need_weights: bool = False,
-                ) -> Tensor | tuple[Tensor, Tensor]:
+                positions: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x`` to itself (self-attention) or to ``context`` (cross-attention).
 
         Args:
@@ -128,6 +142,8 @@ class Attention(nn.Module):
             key_mask: (b, m) bool, True = a real key (cached self-attention: m = cached + new).
             cache: self-attention appends the new K/V; cross-attention fills it once.
             need_weights: also return the attention probabilities (explicit softmax path).
+            positions: (b, n) long RoPE positions of each row's new tokens (left padding);
+                None = ``cache length + 0 .. n - 1`` for every row.
 
         Returns:
             (b, n, c), and with ``need_weights`` also the weights (b, h, n, m).
@@ -144,10 +160,12 @@ class Attention(nn.Module):
                     k, v = cache.append(k, v)
         else:
             k, v = self.project_kv(x)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)                     # per head, before RoPE
             if cache is not None:
                 offset = cache.length
-            if self.rope is not None:
-                q, k = self.rope(q, offset), self.rope(k, offset)         # rotate before caching
+            if self.rope is not None:                                     # rotate before caching
+                q, k = self.rope(q, offset, positions), self.rope(k, offset, positions)
             if cache is not None:
                 k, v = cache.append(k, v)                                 # (b, g, offset + n, d)
         n, m = q.shape[-2], k.shape[-2]

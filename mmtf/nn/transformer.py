@@ -52,6 +52,10 @@ class BlockOptions:
         bias: biases of the attention projections (bool or letters of "qkvo", see
             :class:`~mmtf.nn.attention.Attention`). mlp_bias: biases of the MLP's linear layers
             (default: True when any attention projection has one).
+        head_dim: width of each attention head; None = ``dim // num_heads`` (Qwen3 sets it).
+        qk_norm: RMSNorm (epsilon ``norm_eps``) over each head's queries and keys (Qwen3).
+        mlp_hidden: the MLP's hidden width exactly (a pretrained ``intermediate_size``); None
+            derives it from ``mlp_ratio``.
     """
 
     num_kv_heads: int | None = None
@@ -63,6 +67,9 @@ class BlockOptions:
     attn_dropout: float = 0.0
     bias: bool | str = False
     mlp_bias: bool | None = None
+    head_dim: int | None = None
+    qk_norm: bool = False
+    mlp_hidden: int | None = None
 
 
 def make_norm(kind: NormKind, dim: int, eps: float = 1e-5) -> nn.Module:
@@ -80,19 +87,24 @@ class MLP(nn.Module):
 
     Kinds: "gelu" (exact erf GELU), "gelu_tanh" (its tanh approximation, GPT-2), "quick_gelu"
     (``x * sigmoid(1.702 x)``, CLIP), "swiglu". SwiGLU uses 2/3 of the hidden width so every
-    kind has the same parameter count."""
+    kind has the same parameter count; ``hidden`` sets the hidden width exactly instead
+    (a pretrained model's ``intermediate_size``)."""
 
     def __init__(self, *, dim: int, mlp_ratio: float = 4.0, kind: MlpKind = "gelu",
-                 dropout: float = 0.0, bias: bool = False) -> None:
+                 dropout: float = 0.0, bias: bool = False, hidden: int | None = None) -> None:
         super().__init__()
         if kind not in MLP_KINDS:
             raise UserError(f"MLP: mlp ({kind!r}) must be one of {', '.join(MLP_KINDS)}.")
         if mlp_ratio <= 0:
             raise UserError(f"MLP: mlp_ratio ({mlp_ratio}) must be > 0.")
+        if hidden is not None and hidden < 1:
+            raise UserError(f"MLP: mlp_hidden ({hidden}) must be >= 1 (or null).")
         self.kind = kind
-        hidden = int(dim * mlp_ratio)
+        if hidden is None:
+            hidden = int(dim * mlp_ratio)
+            if kind == "swiglu":
+                hidden = max(1, int(2 * hidden / 3))
         if kind == "swiglu":
-            hidden = max(1, int(2 * hidden / 3))
             self.fc_in = Linear(dim, 2 * hidden, bias=bias)
         else:
             self.fc_in = Linear(dim, hidden, bias=bias)
@@ -136,26 +148,29 @@ class TransformerBlock(nn.Module):
         o = as_part(BlockOptions, block)
         mlp_bias = bool(projection_biases(o.bias)) if o.mlp_bias is None else o.mlp_bias
         heads = dict(dim=dim, num_heads=num_heads, num_kv_heads=o.num_kv_heads, bias=o.bias,
-                     dropout=o.attn_dropout)
+                     dropout=o.attn_dropout, head_dim=o.head_dim)
         self.norm_self = make_norm(o.norm, dim, o.norm_eps)
-        self.self_attn = Attention(causal=causal, rope=rope, **heads)
+        self.self_attn = Attention(causal=causal, rope=rope,
+                                   qk_norm=o.norm_eps if o.qk_norm else None, **heads)
         self.norm_cross = self.cross_attn = None
         if cross_dim is not None:
             self.norm_cross = make_norm(o.norm, dim, o.norm_eps)
             self.cross_attn = Attention(kv_dim=cross_dim, **heads)
         self.norm_mlp = make_norm(o.norm, dim, o.norm_eps)
         self.mlp = MLP(dim=dim, mlp_ratio=o.mlp_ratio, kind=o.mlp, dropout=o.dropout,
-                       bias=mlp_bias)
+                       bias=mlp_bias, hidden=o.mlp_hidden)
         self.drop = nn.Dropout(o.dropout)
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None,
                 context: Tensor | None = None, context_mask: Tensor | None = None,
                 cache: KVCache | None = None, cross_cache: KVCache | None = None,
                 need_weights: frozenset[AttentionKind] = frozenset(),
+                positions: Tensor | None = None,
                 ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """Args:
             x: (b, n, c).
             key_mask: (b, m_self) bool self-attention key mask, True = real token.
+            positions: (b, n) long RoPE positions per row (left padding), or None.
             context, context_mask: encoder memory (b, m, cross_dim) and its (b, m) bool mask.
             cache, cross_cache: per-layer KV caches for incremental decoding.
             need_weights: attentions ("self", "cross") whose probabilities to return (on the
@@ -166,7 +181,7 @@ class TransformerBlock(nn.Module):
         """
         weights: dict[str, Tensor] = {}
         out = self.self_attn(self.norm_self(x), key_mask=key_mask, cache=cache,
-                             need_weights="self" in need_weights)
+                             need_weights="self" in need_weights, positions=positions)
         if "self" in need_weights:
             out, weights["self"] = out
         x = x + active_dropout(self.drop, out)
@@ -191,6 +206,7 @@ class TransformerStack(nn.Module):
         rope: use rotary position embedding in self-attention (False: the caller adds
             absolute positions, see :mod:`mmtf.nn.positions`).
         rope_base, max_len: RoPE table base and initial length (extended on demand).
+        rope_scaling: RoPE frequency scaling (:class:`~mmtf.nn.rope.RotaryEmbedding`), or None.
         final_norm: end with a norm; False where the output is read before it (CLIP's tower).
         activation_checkpointing: recompute each block in backward (non-reentrant: same RNG,
             same gradients), only where autograd records; parameter names do not change.
@@ -201,7 +217,8 @@ class TransformerStack(nn.Module):
                  block: BlockOptions | Mapping[str, Any] | None = None, causal: bool = False,
                  cross_dim: int | None = None, rope: bool = False, rope_base: float = 10000.0,
                  max_len: int = 4096, final_norm: bool = True,
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False,
+                 rope_scaling: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         block = as_part(BlockOptions, block)
         if depth < 1:
@@ -212,11 +229,12 @@ class TransformerStack(nn.Module):
         self.activation_checkpointing = bool(activation_checkpointing)
         # Before head_dim is derived below: the width rule belongs to Attention.
         self.num_kv_heads = Attention.check_sizes(dim=dim, num_heads=num_heads,
-                                                  num_kv_heads=block.num_kv_heads)
-        self.head_dim = dim // num_heads
+                                                  num_kv_heads=block.num_kv_heads,
+                                                  head_dim=block.head_dim)
+        self.head_dim = dim // num_heads if block.head_dim is None else block.head_dim
         self.cross_dim = cross_dim
-        self.rope = (RotaryEmbedding(head_dim=self.head_dim, max_len=max_len, base=rope_base)
-                     if rope else None)
+        self.rope = (RotaryEmbedding(head_dim=self.head_dim, max_len=max_len, base=rope_base,
+                                     scaling=rope_scaling) if rope else None)
         self.blocks = nn.ModuleList(
             TransformerBlock(dim=dim, num_heads=num_heads, block=block, causal=causal,
                              cross_dim=cross_dim, rope=self.rope)
@@ -239,10 +257,13 @@ class TransformerStack(nn.Module):
                 context: Tensor | None = None, context_mask: Tensor | None = None,
                 cache: list[KVCache] | None = None, cross_cache: list[KVCache] | None = None,
                 attention_layers: AttentionLayers | None = None,
+                positions: Tensor | None = None,
                 ) -> Tensor | tuple[Tensor, AttentionMaps]:
         """Args:
             x: (b, n, c).
             key_mask: (b, m) bool self-attention key mask, True = real token.
+            positions: (b, n) long RoPE positions of each row (left padding); None = the
+                cache length + 0 .. n - 1 for every row.
             context, context_mask: encoder memory (b, m, cross_dim) and its (b, m) bool mask.
             cache, cross_cache: one KVCache per block, or None.
             attention_layers: ``{"self": [layers], "cross": [layers]}`` (indices from 0,
@@ -265,12 +286,12 @@ class TransformerStack(nn.Module):
         for i, block in enumerate(self.blocks):
             if recompute:
                 x = checkpoint(block, x, use_reentrant=False, key_mask=key_mask,
-                               context=context, context_mask=context_mask)
+                               context=context, context_mask=context_mask, positions=positions)
                 continue
             out = block(x, key_mask=key_mask, context=context, context_mask=context_mask,
                         cache=None if cache is None else cache[i],
                         cross_cache=None if cross_cache is None else cross_cache[i],
-                        need_weights=wanted[i])
+                        need_weights=wanted[i], positions=positions)
             if wanted[i]:
                 out, weights = out
                 for kind, w in weights.items():

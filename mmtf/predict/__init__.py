@@ -5,6 +5,9 @@ Prints one caption (or class name) per input: ``path<TAB>caption`` (``format=tsv
 ``compression_ratio`` and ``temperature``), or subtitles of the timed segments (``format=srt|vtt``, printed or written to
 ``output_dir``). Long audio follows ``long_audio`` (:mod:`mmtf.predict.inputs`). ``ckpt_path``
 may be a Hugging Face Whisper folder or hub id (zero-shot).
+
+`python -m mmtf.predict ckpt_path=<LLM folder> prompts=[...] format=json` continues text
+prompts (or conversations) with a pretrained LLM (Llama, Qwen2, Qwen3) instead.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ def predict(ckpt_path: str, inputs: Sequence[str], generation: dict | None = Non
     if long_audio in WHOLE:
         generation["long_form"] = long_audio
     model, _ = load(ckpt_path, device=device, use_ema=use_ema, **generation)
+    if model.task.modality == "text":
+        raise UserError(f"inputs: ckpt_path={ckpt_path} is a language model; it continues "
+                        f"prompts='[\"text\", ...]', not inputs=[files].")
     extensions = AUDIO_EXTENSIONS if model.task.modality == "audio" else IMAGE_EXTENSIONS
     files = expand_inputs(inputs, extensions)
     return predict_inputs(model.task, files, batch_size=batch_size, long_audio=long_audio)
@@ -90,8 +96,37 @@ def write_subtitles(rows: list[dict[str, Any]], fmt: str, output_dir: str | None
         print(path)
 
 
+def print_continuations(cfg: DictConfig) -> None:
+    """The CLI with ``prompts=[...]`` and an LLM folder: one continuation per prompt, as JSON
+    lines (``{"prompt", "text"}``) or ``prompt<TAB>text``."""
+    fmt = cfg.get("format", "tsv")
+    if fmt not in ("tsv", "json"):
+        raise UserError(f"format={fmt!r}: prompts print as tsv or json.")
+    if not OmegaConf.is_missing(cfg, "inputs"):
+        raise UserError("prompts and inputs are both set; an LLM folder continues prompts=[...], "
+                        "a captioner reads inputs=[...]: set one.")
+    prompts = OmegaConf.to_container(cfg.prompts, resolve=True)
+    prompts = prompts if isinstance(prompts, list) else [prompts]
+    device = "cuda" if cfg.accelerator in ("auto", "gpu") and torch.cuda.is_available() else "cpu"
+    model, _ = load(cfg.ckpt_path, device=device)
+    if not hasattr(model.task, "generate_text"):
+        raise UserError(f"prompts=[...]: ckpt_path={cfg.ckpt_path} is no LLM folder (llama, "
+                        f"qwen2, qwen3); pass inputs=[files] to caption them.")
+    generation = generation_overrides(cfg.get("generation"))
+    texts = model.generate_text(prompts, batch_size=cfg.batch_size, **generation)
+    for prompt, text in zip(prompts, texts, strict=True):
+        shown = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        print(json.dumps({"prompt": prompt, "text": text}) if fmt == "json"
+              else f"{shown}\t{text}")
+
+
 def print_predictions(cfg: DictConfig) -> None:
     """The CLI: predict ``cfg.inputs`` and print one line per prediction."""
+    if cfg.get("prompts") is not None:
+        require_values(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "inputs"]))
+        share_cpu(cfg.get("cpu_sharing"))
+        print_continuations(cfg)
+        return
     require_values(cfg)
     share_cpu(cfg.get("cpu_sharing"))
     fmt = cfg.get("format", "tsv")

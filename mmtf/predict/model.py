@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmtf.checkpoint_io import load_checkpoint
 from mmtf.errors import UserError
-from mmtf.hub import is_hf_source
+from mmtf.hub import CONFIG_FILE, is_hf_source, resolve_source
 from mmtf.predict.inputs import Input, predict_inputs
 from mmtf.tasks.base import Task
 from mmtf.tasks.rebuild import build_pretrained_task, build_task
@@ -98,7 +98,9 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu", use_ema: bool = F
 
     Args:
         ckpt_path: a checkpoint written by ``mmtf.train`` (read with ``weights_only=True``), or
-            a Hugging Face Whisper folder or hub id, used zero-shot.
+            a Hugging Face Whisper folder or hub id, used zero-shot, or an LLM folder (Llama,
+            Qwen2, Qwen3: a :class:`~mmtf.pretrained.llm_text.PretrainedLM` with
+            ``generate_text`` and ``lm_logits``).
         device: where the model runs.
         use_ema: the EMA of the weights (``callbacks=ema``) instead of the trained ones.
         **generation: generation settings kept for every later call.
@@ -111,12 +113,38 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu", use_ema: bool = F
         if use_ema:
             raise UserError(f"use_ema=True: {ckpt_path} is a pretrained model, not an mmtf "
                             f"checkpoint trained with callbacks=ema; drop use_ema.")
-        task = build_pretrained_task(ckpt_path)
+        from mmtf.pretrained.llm_text import PretrainedLM, is_llm_folder
+
+        folder = resolve_source(ckpt_path, owner=f"ckpt_path={ckpt_path}")
+        if is_llm_folder(folder):
+            task = PretrainedLM.from_folder(folder)
+        else:
+            check_zero_shot_family(folder, ckpt_path)
+            task = build_pretrained_task(ckpt_path)
     else:
         task, _ = build_task(load_checkpoint(ckpt_path), ckpt_path, use_ema=use_ema)
     task = task.to(device).eval()
     task.update_generation(generation)
     return Model(task), task.tokenizer
+
+
+def check_zero_shot_family(folder: Path, source: str | os.PathLike) -> None:
+    """An unknown ``model_type`` is named with every family mmtf uses zero-shot."""
+    import json
+
+    from mmtf.pretrained import FAMILIES
+    from mmtf.pretrained.llm import SUPPORTED
+    from mmtf.tasks.rebuild import ZERO_SHOT
+
+    kinds = sorted(set().union(*(FAMILIES[f].model_types for f in ZERO_SHOT)))
+    try:
+        kind = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return                                  # build_pretrained_task names the problem
+    if kind is not None and kind not in kinds:
+        raise UserError(f"ckpt_path={source}: model_type {kind!r} is not supported zero-shot; "
+                        f"mmtf reads {', '.join(kinds)} and the LLM families "
+                        f"{SUPPORTED}.")
 
 
 __all__ = ["Model", "load"]

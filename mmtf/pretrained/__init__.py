@@ -40,6 +40,9 @@ FAMILIES: dict[str, Family] = {
                   {"encoder": "vit"}),
     "clip": Family("mmtf.pretrained.clip", frozenset({"clip", "clip_vision_model"}),
                    {"encoder": "clip_vision_encoder"}, {"encoder": "clip_vision"}),
+    # Decoder-only LLMs: Llama 2/3.x (SmolLM, TinyLlama), Qwen2/2.5, Qwen3.
+    "llm": Family("mmtf.pretrained.llm", frozenset({"llama", "qwen2", "qwen3"}),
+                  {"decoder": "llm_decoder"}, {"decoder": "llm"}),
 }
 # Who writes the Hugging Face layout of a pair, by (encoder family, decoder family); None = any
 # encoder (only the decoder is written). ``module:function``.
@@ -48,6 +51,7 @@ PAIR_WRITERS: dict[tuple[str | None, str], str] = {
     ("vit", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
     ("clip", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
     (None, "gpt2"): "mmtf.pretrained.gpt2:export_hf",
+    (None, "llm"): "mmtf.pretrained.llm:export_hf",
 }
 
 # The Hugging Face base class a PEFT adapter folder is for and the prefix of each part's module
@@ -65,6 +69,8 @@ PEFT_BASES: dict[tuple[str | None, str | None], tuple[str, dict[str, str]]] = {
     ("vit", None): ("ViTModel", {"encoder": ""}),
     ("clip", None): ("CLIPVisionModel", {"encoder": ""}),
     (None, "gpt2"): ("GPT2LMHeadModel", {"decoder": "transformer."}),
+    # LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM: the table names "model.layers..".
+    (None, "llm"): ("AutoModelForCausalLM", {"decoder": ""}),
 }
 # Bases whose linear layers are GPT-2's Conv1D (PEFT's fan_in_fan_out).
 CONV1D_BASES = frozenset({"GPT2LMHeadModel"})

@@ -483,3 +483,31 @@ def test_a_bad_bias_pattern_names_the_letters():
     from mmtf.nn.attention import Attention
     with pytest.raises(UserError, match=r"bias \('qx'\) must be .* 'q', 'k', 'v', 'o'"):
         Attention(dim=16, num_heads=2, bias="qx")
+
+
+def test_explicit_head_dim_and_qk_norm_match_a_float64_loop():
+    """Qwen3's shape: head_dim (12) not dim // heads (8), per-head RMSNorm of q and k before
+    RoPE, grouped kv heads; against a hand-written float64 reference."""
+    from mmtf.nn import RotaryEmbedding
+
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(head_dim=12)
+    attn = Attention(dim=32, num_heads=4, num_kv_heads=2, head_dim=12, qk_norm=1e-6,
+                     causal=True, rope=rope).double()
+    with torch.no_grad():
+        attn.q_norm.weight.normal_(1.0, 0.3)
+        attn.k_norm.weight.normal_(1.0, 0.3)
+    assert attn.to_q.out_features == 48 and attn.to_out.in_features == 48
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    q = attn.to_q(x).view(2, 6, 4, 12).transpose(1, 2)
+    k, v = (t.view(2, 6, 2, 12).transpose(1, 2) for t in attn.to_kv(x).chunk(2, dim=-1))
+
+    def rms(t, w):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    q, k = rope(rms(q, attn.q_norm.weight), 0), rope(rms(k, attn.k_norm.weight), 0)
+    k, v = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    scores = (q @ k.transpose(-1, -2)) / 12 ** 0.5
+    scores = scores.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    ref = attn.to_out((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 6, 48))
+    torch.testing.assert_close(attn(x), ref)

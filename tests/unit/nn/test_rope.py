@@ -50,3 +50,62 @@ def test_extending_under_inference_mode_leaves_a_table_training_can_use():
     rope(x).square().sum().backward()
     # The rotation is orthogonal: d/dx sum(R x)^2 = 2 x.
     torch.testing.assert_close(x.grad, 2 * x.detach(), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- scaling
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SCALINGS))
+def test_scaled_frequencies_match_transformers(kind):
+    """transformers' ROPE_INIT_FUNCTIONS (float32) as the reference; dynamic at a length past
+    the trained 128 positions, where its base grows."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=2,
+                                      max_position_embeddings=128, rope_theta=5000.0,
+                                      rope_scaling=SCALINGS[kind])
+    theirs, _ = ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len=300 if kind == "dynamic"
+                                          else None)
+    scaling = {**SCALINGS[kind], "max_position_embeddings": 128}
+    rope = RotaryEmbedding(head_dim=32, base=5000.0, scaling=scaling)
+    ours = rope.inv_freq(300 if kind == "dynamic" else None)
+    torch.testing.assert_close(ours.float(), theirs, rtol=1e-6, atol=0)
+    assert not torch.allclose(ours, RotaryEmbedding(head_dim=32, base=5000.0).inv_freq())
+
+
+def test_dynamic_frequencies_grow_past_the_trained_length_and_reset_within_it():
+    rope = RotaryEmbedding(head_dim=8, max_len=16,
+                           scaling={**SCALINGS["dynamic"], "max_position_embeddings": 16})
+    plain = rope.cos.clone()
+    x = torch.randn(1, 1, 20, 8)
+    rope(x)                                                  # 20 > 16: a larger base
+    assert rope.freq_len == 20 and not torch.allclose(rope.cos[:16], plain)
+    rope(x[:, :, :18])                                       # shorter, still past 16: kept
+    assert rope.freq_len == 20
+    rope(x[:, :, :4])                                        # within 16: the trained ones
+    assert rope.freq_len == 16 and torch.equal(rope.cos[:16], plain)
+
+
+def test_per_row_positions_equal_the_shared_offset():
+    rope = RotaryEmbedding(head_dim=8, max_len=4)
+    x = torch.randn(2, 3, 5, 8)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+    got = rope(x, offset=7, positions=positions)
+    torch.testing.assert_close(got[0], rope(x[:1], offset=0)[0])
+    torch.testing.assert_close(got[1], rope(x[1:], offset=7)[0])
+
+
+def test_unknown_scaling_type_names_the_supported_ones():
+    from mmtf.errors import UserError
+
+    with pytest.raises(UserError, match=r"'yarn' is not supported.*linear, llama3, dynamic"):
+        RotaryEmbedding(head_dim=8, scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(UserError, match=r"'llama3' needs low_freq_factor"):
+        RotaryEmbedding(head_dim=8, scaling={"rope_type": "llama3", "factor": 8.0})

@@ -253,7 +253,7 @@ def test_export_to_the_hugging_face_layout_loads_in_transformers_with_equal_outp
     assert hf_tok.eos_token_id == tokenizer.eos_id == hf.config.eos_token_id
     # mmtf's own models have no Hugging Face family.
     with pytest.raises(UserError, match=r"format=hf writes models built from \['gpt2', "
-                                        r"'whisper'\]"):
+                                        r"'llm', 'whisper'\]"):
         export_hf(task, {"encoder": {"_target_": "mmtf.encoders.AudioEncoder"}}, tmp_path / "x")
 
 

@@ -171,3 +171,64 @@ def speech_whisper(folder: Path):
     decoder positions, written to ``folder`` and imported from it."""
     hf = write_whisper(folder, speech=True, max_target_positions=64)
     return (hf, *import_whisper(folder))
+
+
+# A ChatML template (Qwen's form) for the tiny LLM folders: system, multi-turn, generation prompt.
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+          "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+LLM_SPECIALS = ["<|im_start|>", "<|im_end|>"]
+
+
+def write_llm(folder: Path, *, model_type: str = "llama", tie: bool = False,
+              rope_scaling: dict | None = None, hidden: int = 64, layers: int = 2,
+              heads: int = 4, kv_heads: int = 2, max_positions: int = 128, seed: int = 0,
+              shard: str | None = None, bos: bool = True):
+    """A random-weight ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` and
+    its tokenizer (the byte-level BPE above with ``<|im_start|>`` / ``<|im_end|>`` and a ChatML
+    ``chat_template``) in ``folder``; returns the model (eval mode). Weights are drawn wide
+    (embeddings N(0, 1), projections N(0, 1.5 / sqrt(fan_in)), norm gains 1 + N(0, 0.2),
+    biases N(0, 0.2)) so logits are far from uniform and greedy picks are not near-ties. Qwen3
+    gets ``head_dim`` 24 (not hidden / heads); ``shard``: ``save_pretrained``'s
+    ``max_shard_size`` (e.g. "40KB": sharded with an index). ``bos``: the tokenizer prepends
+    ``<|endoftext|>`` to plain text, as Llama's prepends ``<s>``."""
+    import transformers
+    from tokenizers import processors
+
+    tok = write_tokenizer(folder, family="gpt2")
+    tok.add_special_tokens(LLM_SPECIALS)
+    end = tok.token_to_id(ENDOFTEXT)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{ENDOFTEXT} $A", pair=f"{ENDOFTEXT} $A {ENDOFTEXT} $B",
+            special_tokens=[(ENDOFTEXT, end)])
+    tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(chat_template=CHATML, tokenizer_class="PreTrainedTokenizerFast")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+               "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+               "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
+    config_class, model_class = classes[model_type]
+    extra = {"head_dim": 24} if model_type == "qwen3" else {}
+    config = config_class(
+        vocab_size=tok.get_vocab_size(with_added_tokens=True), hidden_size=hidden,
+        intermediate_size=3 * hidden // 2 + 8, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions, rope_theta=5000.0 if model_type == "llama"
+        else 10000.0, rope_scaling=rope_scaling, tie_word_embeddings=tie, bos_token_id=end,
+        eos_token_id=end, pad_token_id=None, rms_norm_eps=1e-6, **extra)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.2)
+            elif "embed_tokens" in name:
+                p.normal_(0.0, 1.0)
+            else:
+                p.normal_(0.0, 1.5 / p.shape[1] ** 0.5)
+    model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+    return model
