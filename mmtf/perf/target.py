@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from mmtf.errors import ConfigError, MonitorError
+from mmtf.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +54,23 @@ class TimeToTarget(Callback):
         self.mode = mode
         self.stop = bool(stop)
         self.reached_at: dict[str, Any] | None = None
+        self.missing = False        # the metric was never logged: no time to target
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.value is None or trainer.sanity_checking or trainer.state.fn != "fit":
             return
         if self.reached_at is None:
             if self.metric not in trainer.callback_metrics:
+                # An experiment's target may not exist on other data (event accuracy needs
+                # the built-in captions): say so once and record why, never stop the run.
                 logged = sorted(k for k in trainer.callback_metrics if not k.endswith("_step"))
-                raise MonitorError(
-                    f"target.metric={self.metric!r} is not logged by this run; logged after "
-                    f"validation: {', '.join(logged) or 'nothing'}. Set target.metric=<one of "
-                    f"them> (or target.value=null for no target).")
+                self.missing = True
+                self.value = None
+                log.warning("[target] target.metric=%r is not logged by this run, so no time "
+                            "to target is recorded; logged after validation: %s. Set "
+                            "target.metric=<one of them>, or target.value=null for no target.",
+                            self.metric, ", ".join(logged) or "nothing")
+                return
             logged = torch.as_tensor(trainer.callback_metrics[self.metric])
             observed = float(logged)
             # In the metric's own dtype: 285/300 logged in float32 is 0.9499999881, which must
@@ -96,6 +102,9 @@ class TimeToTarget(Callback):
 
     def run_record(self) -> dict[str, Any]:
         """What ``metrics.json`` records: ``target`` and ``target_reached`` ({} without one)."""
+        if self.missing:
+            return {"target": {"metric": self.metric, "not_logged": True},
+                    "target_reached": None}
         if self.value is None:
             return {}
         return {"target": {"metric": self.metric, "value": self.value, "mode": self.mode},
