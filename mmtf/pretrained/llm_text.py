@@ -28,22 +28,12 @@ from mmtf.errors import ConfigError, UserError
 from mmtf.hub import resolve_source
 from mmtf.pretrained.llm import llm_decoder
 from mmtf.text import PretrainedTokenizer
+from mmtf.text.chat import ChatTemplate, encode_rendered
 
 Conversation = Sequence[Mapping[str, Any]]
 PromptItem = str | Conversation
 # Settings of zero-shot use when the call and the folder give none.
 DEFAULT_GENERATION: dict[str, Any] = {"strategy": "greedy", "max_new_tokens": 64}
-
-
-def render_conversation(folder: Path, messages: Conversation) -> str:
-    """A conversation as the folder's chat template renders it, with the generation prompt:
-    the one place mmtf's chat templates are called from here."""
-    try:
-        from mmtf.text.chat import ChatTemplate
-    except ImportError:
-        raise UserError("generate_text: conversations need mmtf.text.chat (the chat-template "
-                        "renderer), which this install lacks; pass plain strings.") from None
-    return ChatTemplate.from_folder(folder).render(list(messages), add_generation_prompt=True)
 
 
 class PretrainedLM(nn.Module):
@@ -67,6 +57,7 @@ class PretrainedLM(nn.Module):
         self.stop_ids = tuple(dict.fromkeys([tokenizer.eos_id, *stop_ids]))
         self.generation: dict[str, Any] = {**DEFAULT_GENERATION, **(generation or {})}
         self.run_config = {"pretrained": None if folder is None else str(folder)}
+        self._chat_template: ChatTemplate | None = None
 
     @classmethod
     def from_folder(cls, source: str | Path, **generation: Any) -> PretrainedLM:
@@ -109,6 +100,20 @@ class PretrainedLM(nn.Module):
             raise ConfigError(str(err)) from None
 
     # ------------------------------------------------------------------ text in, ids out
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The folder's chat template, read on first use.
+
+        Raises:
+            UserError: the model was not loaded from a folder, or the folder has no template.
+        """
+        if self._chat_template is None:
+            if self.folder is None:
+                raise UserError("generate_text: conversations need the model folder's chat "
+                                "template; load the model with mmtf.load(<folder>).")
+            self._chat_template = ChatTemplate.from_folder(self.folder)
+        return self._chat_template
+
     def encode_prompts(self, items: Sequence[PromptItem]) -> tuple[Tensor, Tensor]:
         """Left-padded ids (b, p) and their attention mask (b, p) (1 = real) of plain strings
         and conversations.
@@ -132,20 +137,13 @@ class PretrainedLM(nn.Module):
         if isinstance(item, str):
             text, add_special = item, True
         elif _is_conversation(item):
-            if self.folder is None:
-                raise UserError("generate_text: conversations need the model folder's chat "
-                                "template; load the model with mmtf.load(<folder>).")
-            text, add_special = render_conversation(self.folder, item), False
+            text = self.chat_template.render(list(item), add_generation_prompt=True)
+            add_special = False
         else:
             raise UserError(f"generate_text: item {i} ({type(item).__name__}) is neither a "
                             f"string nor a conversation (a list of {{'role', 'content'}} "
                             f"messages).")
-        backend = self.tokenizer.backend
-        previous, backend.encode_special_tokens = backend.encode_special_tokens, False
-        try:
-            ids = backend.encode(text, add_special_tokens=add_special).ids
-        finally:
-            backend.encode_special_tokens = previous
+        ids = encode_rendered(self.tokenizer, text, add_special_tokens=add_special).ids
         if not ids:
             raise UserError(f"generate_text: item {i} encodes to no tokens; give some text.")
         return ids
@@ -233,4 +231,4 @@ def is_llm_folder(source: str | Path) -> bool:
         return False
 
 
-__all__ = ["PretrainedLM", "is_llm_folder", "render_conversation"]
+__all__ = ["PretrainedLM", "is_llm_folder"]

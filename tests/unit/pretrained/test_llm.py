@@ -262,7 +262,6 @@ def test_generate_text_sampling_and_beam_run_on_the_cache(loaded):
 
 
 def test_conversations_render_with_the_chat_template_as_transformers(loaded):
-    pytest.importorskip("mmtf.text.chat")
     model, _, reference, folder = loaded
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
     chat = [{"role": "system", "content": "brief"}, {"role": "user", "content": "a dog"},
