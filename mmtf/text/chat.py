@@ -43,7 +43,6 @@ TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"      # <name>.jinja each, as transformers saves them
 CONFIG_FILE = "tokenizer_config.json"
 IGNORE_INDEX = -100            # the label of an untrained token (cross_entropy's ignore_index)
-MEDIA_PLACEHOLDERS = ("<|audio|>", "<|image|>")
 # transformers copies a message's reasoning under each of these names (the first is standard).
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 # Appended to the message continued by continue_final_message to find where it ends once
@@ -598,6 +597,6 @@ def _common_prefix(a: str, b: str) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-__all__ = ["IGNORE_INDEX", "MEDIA_PLACEHOLDERS", "ChatTemplate", "InstructionIds",
+__all__ = ["IGNORE_INDEX", "ChatTemplate", "InstructionIds",
            "backend_of", "encode_conversation", "encode_rendered", "ensure_media_token",
            "template_tokens"]

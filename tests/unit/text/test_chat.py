@@ -552,3 +552,15 @@ def test_media_bad_input_is_one_line_naming_the_item_and_placeholder(folders):
                                         r"placeholder"):
         encode_conversation(template, backend, in_answer, media_token="<|audio|>",
                             where="clip 2")
+
+
+@pytest.mark.parametrize("source", ["{% set ns = namespace(_x=1) %}{{ ns }}",
+                                    "{{ messages.append(messages[0]) }}",
+                                    "{{ ''.__class__.__mro__ }}"])
+def test_the_sandbox_refuses_what_transformers_refuses(folders, source):
+    _, hf = folders["smollm2"]
+    with pytest.raises(Exception):                      # noqa: B017 (jinja2's own types)
+        hf.apply_chat_template(NO_SYSTEM, chat_template=source, tokenize=False)
+    with pytest.raises(UserError, match=r"^unsafe: rendering failed \(") as e:
+        ChatTemplate(source, origin="unsafe").render(NO_SYSTEM)
+    assert "\n" not in str(e.value)
