@@ -175,19 +175,14 @@ def _prepared_messages(messages: Sequence[Message], owner: str) -> list[dict[str
 def template_tokens(folder: Path) -> dict[str, str]:
     """The special tokens a chat template sees as variables, as strings: every ``*_token`` key
     of ``tokenizer_config.json`` / ``special_tokens_map.json`` (``bos_token``, ``eos_token``,
-    ``pad_token``, ``unk_token``, ...; a null one is left out) and the named
+    ``pad_token``, ``unk_token``, ...; a null one is left out) and every name of a mapping
     ``extra_special_tokens``, as transformers' ``special_tokens_map`` gives them."""
     config = _merged(folder, (CONFIG_FILE, "special_tokens_map.json"), f"chat template ({folder})")
-    named = dict(config)
     extra = config.get("extra_special_tokens")
-    if isinstance(extra, Mapping):
-        named.update(extra)
-    out = {}
-    for key, value in named.items():
-        text = _token_text(value)
-        if key.endswith("_token") and text is not None:
-            out[key] = text
-    return out
+    named = {**{k: v for k, v in config.items() if k.endswith("_token")},
+             **(extra if isinstance(extra, Mapping) else {})}
+    texts = {key: _token_text(value) for key, value in named.items()}
+    return {key: text for key, text in texts.items() if text is not None}
 
 
 # ---------------------------------------------------------------------------- the template

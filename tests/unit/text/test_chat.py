@@ -564,3 +564,18 @@ def test_the_sandbox_refuses_what_transformers_refuses(folders, source):
     with pytest.raises(UserError, match=r"^unsafe: rendering failed \(") as e:
         ChatTemplate(source, origin="unsafe").render(NO_SYSTEM)
     assert "\n" not in str(e.value)
+
+
+def test_named_extra_special_tokens_are_template_variables(folders, tmp_path):
+    import shutil
+
+    folder, _ = folders["smollm2"]
+    shutil.copytree(folder, tmp_path / "copy")
+    config = json.loads((tmp_path / "copy" / "tokenizer_config.json").read_text())
+    config.update(extra_special_tokens={"media_marker": "<|endoftext|>"},
+                  chat_template="{{ media_marker }}|{{ unk_token }}|{{ pad_token }}|"
+                                "{{ messages[0].content }}")
+    (tmp_path / "copy" / "tokenizer_config.json").write_text(json.dumps(config))
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "copy")
+    text = assert_same(tmp_path / "copy", hf, NO_SYSTEM)
+    assert text == "<|endoftext|>|<|endoftext|>||What barks at the cat?"   # no pad_token
