@@ -342,8 +342,8 @@ def build_projector(spec: ProjectorSpec, *, in_dim: int, out_dim: int,
         if unknown:
             raise UserError(f"model.projector.{unknown[0]} is not a setting of the {kind} "
                             f"projector; its settings are {allowed}.")
-        if kind == "pixel_shuffle":
-            settings.setdefault("prefix_tokens", prefix_tokens)
+        if kind == "pixel_shuffle" and settings.get("prefix_tokens") is None:
+            settings["prefix_tokens"] = prefix_tokens
         dims = {"in_dim": settings.pop("in_dim", in_dim), "out_dim": settings.pop("out_dim", out_dim)}
         _check_dims(dims, in_dim, out_dim)
         module = cls(**dims, **settings)
