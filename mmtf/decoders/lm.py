@@ -133,6 +133,36 @@ class CausalLM(nn.Module):
         """Token embeddings, (b, n) -> (b, n, c): what ``inputs_embeds`` replaces."""
         return self.embed(input_ids)
 
+    @torch.no_grad()
+    def grow_vocab(self, n: int) -> range:
+        """Add ``n`` token rows to the embedding and the LM head (one shared matrix when tied),
+        for tokens a tokenizer added (a media placeholder, chat markers); returns their ids.
+
+        New rows start at the mean of the existing rows, in both matrices (LLaVA's and
+        Alpaca's rule): the new tokens' logits start at the average logit, so a model that has
+        not learned them yet does not prefer them. Call it before building the optimizer, EMA or
+        LoRA (they hold the old Parameters); the new Parameters keep ``requires_grad``, so a
+        frozen LLM leaves the rows at their mean.
+
+        Raises:
+            UserError: ``n`` < 1.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UserError(f"CausalLM.grow_vocab: n ({n!r}) must be an integer >= 1.")
+        old = self.vocab_size
+
+        def grown(weight: nn.Parameter) -> nn.Parameter:
+            rows = weight.mean(dim=0, keepdim=True).expand(n, -1)           # (n, c)
+            return nn.Parameter(torch.cat([weight, rows]), requires_grad=weight.requires_grad)
+
+        self.embed.weight = grown(self.embed.weight)                      # (v + n, c)
+        self.embed.num_embeddings = old + n
+        self.lm_head.weight = (self.embed.weight if self.tie_embeddings
+                               else grown(self.lm_head.weight))
+        self.lm_head.out_features = old + n
+        self.vocab_size = old + n
+        return range(old, old + n)
+
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, inputs_embeds: Tensor | None = None, *,
                 cache: LMCache | None = None) -> Tensor:
@@ -261,8 +291,11 @@ class CausalLM(nn.Module):
 
         Args:
             input_ids: (b, p) long prompts, left-padded (or None with ``inputs_embeds``).
+                Given with ``inputs_embeds``, they are the prompt's ids for the repeat
+                penalties only (the embeddings feed the model).
             attention_mask: (b, p), 1 = a real token; None = no padding.
-            inputs_embeds: (b, p, c) prompt embeddings instead of ids (a prefix model's).
+            inputs_embeds: (b, p, c) prompt embeddings instead of ids (a prefix model's
+                spliced media and text, :class:`mmtf.decoders.prefix.MediaPrefixLM`).
             config, overrides: decoding options (:class:`GenerationConfig`);
                 ``compile`` is not available here.
             eos_id: where a row stops (default: the model's ``eos_id``).

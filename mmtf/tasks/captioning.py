@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
@@ -23,6 +23,7 @@ from mmtf.text import Tokenizer
 
 log = logging.getLogger(__name__)
 
+C = TypeVar("C")
 # The model keys that were flat before they became model.finetuning.*: old configs still load.
 FINETUNING_KEYS = tuple(Finetuning.__dataclass_fields__)
 # The generation keys of speech decoding (mmtf.tasks.speech.SpeechOptions): SpeechTask's only.
@@ -32,15 +33,17 @@ SPEECH_KEYS = frozenset({"language", "task", "timestamps", "long_form", "chunk_o
                          "initial_prompt", "word_timestamps"})
 
 
-def finetuning_controls(value: Finetuning | Mapping[str, Any] | None) -> Finetuning:
-    """``model.finetuning`` as a :class:`Finetuning`; a one-line error naming a wrong key."""
-    if value is None or isinstance(value, Finetuning):
-        return value or Finetuning()
-    unknown = sorted(set(value) - set(FINETUNING_KEYS))
+def finetuning_controls(value: Any, controls: type[C] = Finetuning) -> C:
+    """``model.finetuning`` as a ``controls`` dataclass (:class:`Finetuning`, or a task's own
+    with more parts); a one-line error naming a wrong key."""
+    if value is None or isinstance(value, controls):
+        return value or controls()
+    keys = list(controls.__dataclass_fields__)
+    unknown = sorted(set(value) - set(keys))
     if unknown:
         raise ConfigError(f"model.finetuning.{unknown[0]} is not a fine-tuning control; the keys "
-                          f"are {list(FINETUNING_KEYS)}.")
-    return Finetuning(**value)
+                          f"are {keys}.")
+    return controls(**value)
 
 
 def upgrade_config(model_cfg: dict[str, Any]) -> dict[str, Any]:
