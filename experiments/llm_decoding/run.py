@@ -43,7 +43,7 @@ from mmtf.perf.results import append_result
 from mmtf.pretrained.llm import llm_decoder
 
 BOS, EOS = 1, 2
-# The Llama of the measurement (~100 M parameters with the tied head) and the smoke model.
+# The Llama of the measurement (100,092,672 parameters, the head tied) and the smoke model.
 FULL = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
             num_key_value_heads=4, intermediate_size=2048)
 TINY = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
