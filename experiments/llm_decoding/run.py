@@ -183,10 +183,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         hf_model = write_llama(Path(folder), sizes)
         lm = llm_decoder(pretrained=folder).eval()
     params = sum(p.numel() for p in lm.parameters())           # the tied head counted once
+    # Every step reads every weight but the embedding rows it looks up (the tied table is read
+    # whole as the LM head): at batch 1 both implementations are bound by reading these bytes.
+    weight_bytes = sum(p.numel() * p.element_size() for p in lm.parameters())
     hf_params = sum(p.numel() for p in hf_model.parameters())
     attn = hf_model.config._attn_implementation
     print(f"Llama {sizes}, tied embeddings: {params:,} parameters in mmtf, {hf_params:,} in "
-          f"transformers ({attn} attention); fp32, {args.threads} threads, prompt "
+          f"transformers ({attn} attention), {weight_bytes / 2**20:.0f} MiB of weights read "
+          f"per step; fp32, {args.threads} threads, prompt "
           f"{args.prompt_length}, {args.max_new_tokens} new tokens, {args.repeats} repeats "
           f"(medians)", flush=True)
     rows = []
@@ -207,7 +211,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result[f"{impl}_tokens_per_s_batch{row['batch']}"] = round(
                 row[f"{impl}_tokens_per_s"], 1)
     import transformers
-    result.update(tiny=args.tiny, parameters=params, threads=args.threads,
+    result.update(tiny=args.tiny, parameters=params, weight_bytes=weight_bytes,
+                  threads=args.threads,
                   prompt_length=args.prompt_length, max_new_tokens=args.max_new_tokens,
                   repeats=args.repeats, attn_implementation=attn,
                   transformers=transformers.__version__, torch=torch.__version__,

@@ -46,6 +46,7 @@ def test_tiny_run_prints_equal_tokens_and_ratios_last(script, monkeypatch, capsy
     # 2 layers x (q 64x64 + k, v 64x32 + o 64x64 + gate, up, down 3 x 64x128 + 2 norms 64)
     # + final norm 64 + tied embedding 1000x64.
     assert last["parameters"] == 2 * (4096 + 4096 + 4096 + 3 * 8192 + 128) + 64 + 64000
+    assert last["weight_bytes"] == 4 * last["parameters"]          # fp32
     table = [line for line in lines if line.startswith("| mmtf |")
              or line.startswith("| transformers |")]
     assert [line.split("|")[2].strip() for line in table] == ["1", "1", "8", "8"]
