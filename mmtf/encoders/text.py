@@ -235,15 +235,28 @@ def projection_head(dim: int, pooling: PoolingOptions) -> tuple[nn.Module, int]:
 
 
 def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], *, max_len: int | None = None,
-                 device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+                 parse_specials: bool = False, device: torch.device | str | None = None,
+                 ) -> tuple[Tensor, Tensor]:
     """Right-padded ids and mask of ``texts``, each as the tokenizer wraps it (``[*prompt_ids,
     ..., eos]``: BERT's ``[CLS] .. [SEP]``, RoBERTa's ``<s> .. </s>``, mmtf's ``<bos> ..
     <eos>``) and cut to ``max_len`` ids with the end token kept.
 
+    Args:
+        parse_specials: a special token spelled in the text (``[MASK]``) is that token, as
+            transformers reads it; False (mmtf's rule for its own text) encodes it as text.
+
     Returns:
         ids (b, n) long (padding ``tokenizer.pad_id``) and mask (b, n) bool, True = a token.
     """
-    rows = tokenizer.encode_batch(list(texts), add_special=True, max_len=max_len)
+    backend = getattr(tokenizer, "backend", None) if parse_specials else None
+    previous = None if backend is None else backend.encode_special_tokens
+    if backend is not None:
+        backend.encode_special_tokens = False
+    try:
+        rows = tokenizer.encode_batch(list(texts), add_special=True, max_len=max_len)
+    finally:
+        if backend is not None:
+            backend.encode_special_tokens = previous
     width = max((len(r) for r in rows), default=0)
     ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.bool)
@@ -261,14 +274,17 @@ class TextEmbedder(nn.Module):
         tokenizer: the tokenizer it was trained with.
         max_len: the most tokens per text, specials included; None = what the encoder reads.
         lowercase: lower-case each text first (sentence-transformers' ``do_lower_case``).
+        parse_specials: special tokens spelled in a text are those tokens (as transformers
+            reads text; :func:`encode_texts`).
     """
 
     modality = "text"
 
     def __init__(self, encoder: TextEncoder, tokenizer: Tokenizer, *, max_len: int | None = None,
-                 lowercase: bool = False) -> None:
+                 lowercase: bool = False, parse_specials: bool = False) -> None:
         super().__init__()
         self.encoder, self.tokenizer, self.lowercase = encoder, tokenizer, lowercase
+        self.parse_specials = parse_specials
         self.max_len = encoder.max_tokens if max_len is None else min(max_len, encoder.max_tokens)
 
     @property
@@ -279,8 +295,12 @@ class TextEmbedder(nn.Module):
         """Ids (b, n) and mask (b, n) of ``texts`` on the encoder's device (:func:`encode_texts`)."""
         if self.lowercase:
             texts = [t.lower() for t in texts]
-        device = self.encoder.embedding.tokens.weight.device
-        return encode_texts(self.tokenizer, texts, max_len=self.max_len, device=device)
+        return encode_texts(self.tokenizer, texts, max_len=self.max_len,
+                            parse_specials=self.parse_specials, device=self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.encoder.embedding.tokens.weight.device
 
     @torch.no_grad()
     def embed_text(self, texts: Sequence[str] | str, *, batch_size: int = 32,
@@ -305,7 +325,7 @@ class TextEmbedder(nn.Module):
         if batch_size < 1:
             raise UserError(f"embed_text: batch_size ({batch_size}) must be >= 1.")
         if not texts:
-            return torch.zeros(0, self.embed_dim, device=self.encoder.embedding.tokens.weight.device)
+            return torch.zeros(0, self.embed_dim, device=self.device)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         out: list[Tensor] = []
         for start in range(0, len(texts), batch_size):

@@ -43,6 +43,10 @@ FAMILIES: dict[str, Family] = {
     # Decoder-only LLMs: Llama 2/3.x (SmolLM, TinyLlama), Qwen2/2.5, Qwen3.
     "llm": Family("mmtf.pretrained.llm", frozenset({"llama", "qwen2", "qwen3"}),
                   {"decoder": "llm_decoder"}, {"decoder": "llm"}),
+    # Text encoders: BERT / MiniLM, RoBERTa, XLM-RoBERTa (and sentence-transformers folders).
+    "bert": Family("mmtf.pretrained.bert", frozenset({"bert", "roberta", "xlm-roberta"}),
+                   {"encoder": "bert_encoder", "text_encoder": "bert_encoder"},
+                   {"text_encoder": "bert"}),
 }
 # Who writes the Hugging Face layout of a pair, by (encoder family, decoder family); None = any
 # encoder (only the decoder is written). ``module:function``.
@@ -52,6 +56,7 @@ PAIR_WRITERS: dict[tuple[str | None, str], str] = {
     ("clip", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
     (None, "gpt2"): "mmtf.pretrained.gpt2:export_hf",
     (None, "llm"): "mmtf.pretrained.llm:export_hf",
+    ("bert", None): "mmtf.pretrained.bert:export_hf",
 }
 
 # The Hugging Face base class a PEFT adapter folder is for and the prefix of each part's module
@@ -101,8 +106,20 @@ def resolved_sizes(model_cfg: Mapping[str, Any], parts: Mapping[str, nn.Module],
         if family is None:
             continue
         sizes = family_module(family).resolved_sizes(name, module)
-        out[name] = {k: v for k, v in sizes.items() if node.get(k) is None}
+        filled = {k: _read_value(node.get(k), v) for k, v in sizes.items()}
+        out[name] = {k: v for k, v in filled.items() if v is not None}
     return out
+
+
+def _read_value(given: Any, value: Any) -> Any:
+    """What to record of a size the config gave as ``given``: ``value`` where it was null, a
+    part (a mapping) with its null fields filled, or None where the config set it."""
+    if given is None:
+        return value
+    if isinstance(given, Mapping) and isinstance(value, Mapping) and any(
+            given.get(k) is None for k in value):
+        return {**given, **{k: v for k, v in value.items() if given.get(k) is None}}
+    return None
 
 
 def export_hf(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
