@@ -27,11 +27,12 @@ from mmtf.utils.parts import flatten_parts
 
 PoolMode = Literal["mean", "cls", "last"]
 POOL_MODES: tuple[str, ...] = ("mean", "cls", "last")
-# Settings a downstream run may change on a pretrained encoder; every other must equal the export's.
+# Settings a downstream run may change on a pretrained encoder (a text encoder's pooling mode and
+# normalisation among them); every other must equal the export's.
 TUNABLE_KEYS = frozenset({"dropout", "attn_dropout", "freq_masks", "freq_mask_width", "time_masks",
                           "time_mask_width", "time_mask_mode", "time_mask_fraction",
                           "time_mask_multiplicity", "max_seconds",
-                          "activation_checkpointing"})
+                          "activation_checkpointing", "mode", "normalize"})
 # Norm layers whose buffers are learned running statistics: loaded from an export, not compared.
 RUNNING_STATS_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
                        nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
