@@ -305,3 +305,27 @@ def test_preset_with_null_sizes_reads_the_folder(st_folders):
     assert enc.dim == 32 and enc.pooling.normalize is True          # its Normalize module
     torch.testing.assert_close(PretrainedTextEncoder(enc.eval(), PretrainedTokenizer.from_folder(
         folder), max_len=16).embed_text(TEXTS), mmtf.load(folder)[0].embed_text(TEXTS))
+
+
+def test_export_format_hf_routes_a_bert_encoder_and_an_mmtf_export_loads(folders, tmp_path):
+    """``mmtf.export format=hf`` of a task whose encoder came from a BERT folder (no decoder)
+    writes BertModel; the encoder's mmtf export (weights.safetensors + config.yaml) rebuilds it."""
+    from types import SimpleNamespace
+
+    from mmtf.hub import write_export
+    from mmtf.pretrained import export_hf
+    from mmtf.pretrained.bert import resolved_sizes as sizes_of
+
+    folder, reference, encoder = folders["bert"]
+    task = SimpleNamespace(export_parts=lambda: {"encoder": encoder},
+                           run_config={"pretrained": str(folder)})
+    out = export_hf(task, {"encoder": {"_target_": "mmtf.pretrained.bert.bert_encoder"}},
+                    tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
+    assert (out / "tokenizer.json").is_file() and (out / "modules.json").is_file()
+    sizes = sizes_of("text_encoder", encoder)
+    write_export(tmp_path / "mmtf", encoder.state_dict(),
+                 {"_target_": "mmtf.pretrained.bert.bert_encoder", **sizes})
+    back = bert_encoder(pretrained=tmp_path / "mmtf", **sizes).eval()
+    ids, mask = hf_batch(folder)
+    assert torch.equal(back(ids, mask).memory, encoder(ids, mask).memory)
