@@ -484,7 +484,8 @@ def save_hf(encoder: TextEncoder, out: str | Path, *,
             tokenizer_folder: str | Path | None = None, model_type: str | None = None) -> Path:
     """Write ``encoder`` as a Hugging Face folder (``config.json``, ``model.safetensors``; no
     pooler) with sentence-transformers' files of its pooling and normalisation and the
-    tokenizer files of ``tokenizer_folder``, then import it back and compare every tensor.
+    tokenizer files of ``tokenizer_folder`` (whose ``model_type`` it keeps unless
+    ``model_type`` is given), then import it back and compare every tensor.
 
     Raises:
         UserError: the encoder is in no family's configuration (:func:`hf_config`).
@@ -494,7 +495,10 @@ def save_hf(encoder: TextEncoder, out: str | Path, *,
     source = None if tokenizer_folder is None else folder_settings(Path(tokenizer_folder))
     pad_id = None
     if source is not None and (source.model_folder / CONFIG_FILE).is_file():
-        pad_id = _read_json(source.model_folder / CONFIG_FILE).get("pad_token_id")
+        original = _read_json(source.model_folder / CONFIG_FILE)
+        pad_id = original.get("pad_token_id")
+        if model_type is None and original.get("model_type") in MODEL_TYPES:
+            model_type = original["model_type"]               # XLM-R stays XLM-R
     config = hf_config(encoder, model_type, pad_id)
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))

@@ -185,10 +185,11 @@ def test_pooling_override_and_resolved_sizes(st_folders):
     assert sizes["text_encoder"]["pooling"] == {"mode": "mean", "normalize": True, "head": "none"}
 
 
-@pytest.mark.parametrize("name", ["bert", "roberta"])
+@pytest.mark.parametrize("name", ["bert", "roberta", "xlm-roberta"])
 def test_hf_export_loads_back_with_equal_outputs(folders, name, tmp_path):
     folder, _, encoder = folders[name]
     out = save_hf(encoder, tmp_path / "export", tokenizer_folder=folder)
+    assert json.loads((out / "config.json").read_text())["model_type"] == name
     back = transformers.AutoModel.from_pretrained(out).eval()
     ids, mask = hf_batch(folder)
     with torch.no_grad():
