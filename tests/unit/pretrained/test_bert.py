@@ -330,3 +330,21 @@ def test_export_format_hf_routes_a_bert_encoder_and_an_mmtf_export_loads(folders
     back = bert_encoder(pretrained=tmp_path / "mmtf", **sizes).eval()
     ids, mask = hf_batch(folder)
     assert torch.equal(back(ids, mask).memory, encoder(ids, mask).memory)
+
+
+def test_old_sentence_transformers_layout_with_a_module_subfolder(st_folders, tmp_path):
+    """Older sentence-transformers folders keep the model, its config and tokenizer in
+    ``0_Transformer/`` (modules.json's path), with no config.json at the top."""
+    folder = tmp_path / "old_st"
+    shutil.copytree(st_folders["mean"][0], folder)
+    sub = folder / "0_Transformer"
+    sub.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "sentence_bert_config.json"):
+        (folder / name).rename(sub / name)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    model, _ = mmtf.load(folder)
+    torch.testing.assert_close(model.embed_text(TEXTS), mmtf.load(st_folders["mean"][0])[0]
+                               .embed_text(TEXTS))
