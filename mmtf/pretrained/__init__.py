@@ -49,8 +49,9 @@ FAMILIES: dict[str, Family] = {
                    {"text_encoder": "bert"}),
 }
 # Who writes the Hugging Face layout of a pair, by (encoder family, decoder family); None = any
-# encoder (only the decoder is written). ``module:function``.
-PAIR_WRITERS: dict[tuple[str | None, str], str] = {
+# encoder (only the decoder is written); a None decoder: an encoder alone (a text encoder).
+# ``module:function``.
+PAIR_WRITERS: dict[tuple[str | None, str | None], str] = {
     ("whisper", "whisper"): "mmtf.pretrained.whisper:export_hf",
     ("vit", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
     ("clip", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
@@ -133,11 +134,12 @@ def export_hf(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
         PAIR_WRITERS.get((None, decoder)) if decoder is not None else None)
     if writer is None:
         found = sorted(f for f in (encoder, decoder) if f) or "mmtf modules only"
-        decoders = sorted({d for _, d in PAIR_WRITERS})
+        decoders = sorted({d for _, d in PAIR_WRITERS if d is not None})
+        alone = sorted({e for e, d in PAIR_WRITERS if d is None and e is not None})
         raise UserError(f"export format=hf: the checkpoint's model is not a pair that "
                         f"transformers holds ({found}); format=hf writes models built from "
-                        f"{decoders} (model=whisper, model/decoder=gpt2 ...); use format=mmtf "
-                        f"for mmtf's own models.")
+                        f"{decoders} (model=whisper, model/decoder=gpt2 ...) and encoders "
+                        f"alone from {alone}; use format=mmtf for mmtf's own models.")
     module, function = writer.split(":")
     out = Path(out)
     getattr(importlib.import_module(module), function)(task, out)
