@@ -25,12 +25,14 @@ from mmtf.hub import ExportFolder, open_export
 from mmtf.nn.positions import FixedPositions
 from mmtf.utils.parts import flatten_parts
 
-PoolMode = Literal["mean", "cls"]
-# Settings a downstream run may change on a pretrained encoder; every other must equal the export's.
+PoolMode = Literal["mean", "cls", "last"]
+POOL_MODES: tuple[str, ...] = ("mean", "cls", "last")
+# Settings a downstream run may change on a pretrained encoder (a text encoder's pooling mode and
+# normalisation among them); every other must equal the export's.
 TUNABLE_KEYS = frozenset({"dropout", "attn_dropout", "freq_masks", "freq_mask_width", "time_masks",
                           "time_mask_width", "time_mask_mode", "time_mask_fraction",
                           "time_mask_multiplicity", "max_seconds",
-                          "activation_checkpointing"})
+                          "activation_checkpointing", "mode", "normalize"})
 # Norm layers whose buffers are learned running statistics: loaded from an export, not compared.
 RUNNING_STATS_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
                        nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
@@ -58,7 +60,9 @@ def pool(memory: Tensor, mask: Tensor | None = None, mode: PoolMode = "mean", *,
     Args:
         memory: (b, s, c).
         mask: (b, s) bool, True = valid; None = all valid.
-        mode: "mean" (masked mean over valid positions) or "cls" (position 0, the CLS token).
+        mode: "mean" (masked mean over valid positions), "cls" (the first valid position: the
+            CLS token of a vision encoder or of a BERT-style text) or "last" (the last valid
+            position: a causal text encoder's end-of-text token).
         encoder: the encoder that produced ``memory``: "cls" is checked against its
             ``has_cls``, "mean" leaves out its prefix tokens (as timm's ``global_pool="avg"``).
 
@@ -72,13 +76,19 @@ def pool(memory: Tensor, mask: Tensor | None = None, mode: PoolMode = "mean", *,
     if mask is not None and (mask.dtype != torch.bool or mask.shape != memory.shape[:2]):
         raise ValueError(f"pool: mask must be bool of shape {tuple(memory.shape[:2])}, got "
                          f"{mask.dtype} {tuple(mask.shape)}; pass out.mask from the encoder.")
-    if mode == "cls":
-        if encoder is not None and not encoder.has_cls:
+    if mode not in POOL_MODES:
+        raise UserError(f"pool: mode ({mode!r}) must be one of {', '.join(POOL_MODES)}.")
+    if mode in ("cls", "last"):
+        if mode == "cls" and encoder is not None and not encoder.has_cls:
             raise UserError(f"pool: mode='cls' but {type(encoder).__name__} has no CLS token; "
                             f"use mode='mean' or build the encoder with cls_token=true.")
-        return memory[:, 0]
-    if mode != "mean":
-        raise UserError(f"pool: mode ({mode!r}) must be 'mean' or 'cls'.")
+        if mask is None:
+            return memory[:, 0] if mode == "cls" else memory[:, -1]
+        # argmax finds the first True (the last one on the reversed mask); left padding too.
+        s = memory.shape[1]
+        first = mask.int().argmax(dim=1)                                     # (b,)
+        index = first if mode == "cls" else s - 1 - mask.flip(1).int().argmax(dim=1)
+        return memory[torch.arange(memory.shape[0], device=memory.device), index]
     skip = encoder.num_prefix_tokens if encoder is not None else 0
     memory = memory[:, skip:]
     if mask is None:
@@ -218,7 +228,7 @@ def record_config(local_vars: dict[str, Any]) -> dict[str, Any]:
     """Constructor values (from ``locals()``) as plain Python, minus loading/freezing switches
     and the parts (whose values the caller adds flat, as :func:`mmtf.utils.parts.flatten_parts`)."""
     skip = {"self", "__class__", "pretrained", "freeze", "block", "frontend", "spec_augment",
-            "patch"}
+            "patch", "embedding", "pooling"}
     return {k: _plain(v) for k, v in local_vars.items() if k not in skip}
 
 

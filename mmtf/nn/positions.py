@@ -1,7 +1,8 @@
 """Absolute position embeddings beside RoPE: a learned table and Whisper's fixed sinusoids.
 
-Imported models (GPT-2, Whisper) add a position vector per token; both tables are indexed from
-an ``offset`` so a cached step at ``p`` adds what a full pass adds at ``p``.
+Imported models (GPT-2, Whisper, BERT) add a position vector per token; both tables are indexed
+from an ``offset`` so a cached step at ``p`` adds what a full pass adds at ``p`` (RoBERTa's table
+starts at ``padding_idx + 1``).
 
 Shapes: n positions, c = dim."""
 
@@ -46,12 +47,17 @@ class LearnedPositions(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_positions, dim))
         nn.init.normal_(self.weight, std=init_std)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        """Vectors of positions ``offset .. offset + length - 1``, (1, n, c)."""
+    def forward(self, length: int, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Vectors of positions ``offset .. offset + length - 1``, (1, n, c); or, given
+        ``positions`` (b, n) long (each row's own, e.g. counting real tokens only), their
+        vectors (b, n, c). Every position must be < ``offset + length``, so the bound is
+        checked without reading the tensor."""
         if offset + length > self.num_positions:
             raise UserError(f"LearnedPositions: positions {offset}..{offset + length - 1} "
                             f"exceed the table's {self.num_positions}; truncate the sequence "
                             f"(it was trained with at most {self.num_positions} positions).")
+        if positions is not None:
+            return self.weight[positions]                                 # (b, n, c)
         return self.weight[offset:offset + length][None]
 
 

@@ -1,7 +1,10 @@
-"""Pre-norm transformer block and stack built on the one attention core.
+"""Transformer block and stack built on the one attention core.
 
-A block is: x + SelfAttn(Norm(x)), [x + CrossAttn(Norm(x), context)], x + MLP(Norm(x)).
-Encoders build it with ``causal=False``, decoders with ``causal=True`` and ``cross_dim`` set.
+A pre-norm block (the default) is: x + SelfAttn(Norm(x)), [x + CrossAttn(Norm(x), context)],
+x + MLP(Norm(x)); a post-norm block (``BlockOptions.postnorm``: BERT, RoBERTa, the original
+transformer) normalises after each residual add instead: Norm(x + SelfAttn(x)), ... Encoders
+build it with ``causal=False``, decoders with ``causal=True`` and ``cross_dim`` set. Why post-norm
+is an option of the one block: docs/design/text-encoders.md.
 
 Attention maps for inspection: ``TransformerStack.forward(..., attention_layers={"cross": [1]})``
 also returns the attention probabilities of the chosen layers, taken from the attention core's
@@ -56,6 +59,8 @@ class BlockOptions:
         qk_norm: RMSNorm (epsilon ``norm_eps``) over each head's queries and keys (Qwen3).
         mlp_hidden: the MLP's hidden width exactly (a pretrained ``intermediate_size``); None
             derives it from ``mlp_ratio``.
+        postnorm: each norm after its residual add (BERT's post-LN) instead of before the
+            sub-layer; a post-norm stack usually has no final norm (``final_norm=False``).
     """
 
     num_kv_heads: int | None = None
@@ -70,6 +75,7 @@ class BlockOptions:
     head_dim: int | None = None
     qk_norm: bool = False
     mlp_hidden: int | None = None
+    postnorm: bool = False
 
 
 def make_norm(kind: NormKind, dim: int, eps: float = 1e-5) -> nn.Module:
@@ -131,7 +137,8 @@ def active_dropout(drop: nn.Dropout, x: Tensor) -> Tensor:
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm block: self-attention, optional cross-attention, MLP, each with a residual.
+    """Pre-norm (or post-norm) block: self-attention, optional cross-attention, MLP, each with
+    a residual.
 
     Args:
         dim, num_heads: width c and attention heads.
@@ -160,6 +167,7 @@ class TransformerBlock(nn.Module):
         self.mlp = MLP(dim=dim, mlp_ratio=o.mlp_ratio, kind=o.mlp, dropout=o.dropout,
                        bias=mlp_bias, hidden=o.mlp_hidden)
         self.drop = nn.Dropout(o.dropout)
+        self.postnorm = o.postnorm
 
     def forward(self, x: Tensor, *, key_mask: Tensor | None = None,
                 context: Tensor | None = None, context_mask: Tensor | None = None,
@@ -180,26 +188,32 @@ class TransformerBlock(nn.Module):
             (b, n, c); with ``need_weights`` also ``{kind: (b, h, n, m)}`` for each kind asked.
         """
         weights: dict[str, Tensor] = {}
-        out = self.self_attn(self.norm_self(x), key_mask=key_mask, cache=cache,
+        post = self.postnorm                  # pre-norm: norm each input; post-norm: each sum
+        out = self.self_attn(x if post else self.norm_self(x), key_mask=key_mask, cache=cache,
                              need_weights="self" in need_weights, positions=positions)
         if "self" in need_weights:
             out, weights["self"] = out
         x = x + active_dropout(self.drop, out)
+        if post:
+            x = self.norm_self(x)
         if self.cross_attn is not None:
-            out = self.cross_attn(self.norm_cross(x), context, key_mask=context_mask,
-                                  cache=cross_cache, need_weights="cross" in need_weights)
+            out = self.cross_attn(x if post else self.norm_cross(x), context,
+                                  key_mask=context_mask, cache=cross_cache,
+                                  need_weights="cross" in need_weights)
             if "cross" in need_weights:
                 out, weights["cross"] = out
             x = x + active_dropout(self.drop, out)
+            if post:
+                x = self.norm_cross(x)
         elif context is not None:
             raise ValueError("TransformerBlock: context given but the block has no "
                              "cross-attention; build it with cross_dim=<context width>.")
-        x = x + self.mlp(self.norm_mlp(x))
+        x = self.norm_mlp(x + self.mlp(x)) if post else x + self.mlp(self.norm_mlp(x))
         return (x, weights) if need_weights else x
 
 
 class TransformerStack(nn.Module):
-    """``depth`` pre-norm blocks followed by a final norm; one RoPE table shared by all blocks.
+    """``depth`` blocks followed by a final norm; one RoPE table shared by all blocks.
 
     Args:
         depth, dim, num_heads, block, causal, cross_dim: blocks; as :class:`TransformerBlock`.

@@ -100,7 +100,9 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu", use_ema: bool = F
         ckpt_path: a checkpoint written by ``mmtf.train`` (read with ``weights_only=True``), or
             a Hugging Face Whisper folder or hub id, used zero-shot, or an LLM folder (Llama,
             Qwen2, Qwen3: a :class:`~mmtf.pretrained.llm_text.PretrainedLM` with
-            ``generate_text`` and ``lm_logits``).
+            ``generate_text`` and ``lm_logits``), or a text-encoder folder (BERT, RoBERTa,
+            XLM-RoBERTa, sentence-transformers: a
+            :class:`~mmtf.pretrained.bert_text.PretrainedTextEncoder` with ``embed_text``).
         device: where the model runs.
         use_ema: the EMA of the weights (``callbacks=ema``) instead of the trained ones.
         **generation: generation settings kept for every later call.
@@ -108,8 +110,12 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu", use_ema: bool = F
     Returns:
         The :class:`Model` (in eval mode) and its tokenizer (None for classification).
     """
+    from mmtf.pretrained.bert_text import PretrainedTextEncoder, is_text_encoder_folder
+
     # A missing "runs/last.ckpt" also looks like an org/name hub id: checkpoints keep their error.
-    if is_hf_source(ckpt_path) and Path(ckpt_path).suffix != ".ckpt":
+    # A sentence-transformers folder may keep config.json in its module's subfolder.
+    if ((is_hf_source(ckpt_path) or is_text_encoder_folder(ckpt_path))
+            and Path(ckpt_path).suffix != ".ckpt"):
         if use_ema:
             raise UserError(f"use_ema=True: {ckpt_path} is a pretrained model, not an mmtf "
                             f"checkpoint trained with callbacks=ema; drop use_ema.")
@@ -118,6 +124,8 @@ def load(ckpt_path: str | os.PathLike, *, device: str = "cpu", use_ema: bool = F
         folder = resolve_source(ckpt_path, owner=f"ckpt_path={ckpt_path}")
         if is_llm_folder(folder):
             task = PretrainedLM.from_folder(folder)
+        elif is_text_encoder_folder(folder):
+            task = PretrainedTextEncoder.from_folder(folder)
         else:
             check_zero_shot_family(folder, ckpt_path)
             task = build_pretrained_task(ckpt_path)
@@ -133,6 +141,7 @@ def check_zero_shot_family(folder: Path, source: str | os.PathLike) -> None:
     import json
 
     from mmtf.pretrained import FAMILIES
+    from mmtf.pretrained.bert import SUPPORTED as TEXT_ENCODERS
     from mmtf.pretrained.llm import SUPPORTED
     from mmtf.tasks.rebuild import ZERO_SHOT
 
@@ -143,8 +152,8 @@ def check_zero_shot_family(folder: Path, source: str | os.PathLike) -> None:
         return                                  # build_pretrained_task names the problem
     if kind is not None and kind not in kinds:
         raise UserError(f"ckpt_path={source}: model_type {kind!r} is not supported zero-shot; "
-                        f"mmtf reads {', '.join(kinds)} and the LLM families "
-                        f"{SUPPORTED}.")
+                        f"mmtf reads {', '.join(kinds)}, the LLM families "
+                        f"{SUPPORTED} and the text encoders {TEXT_ENCODERS}.")
 
 
 __all__ = ["Model", "load"]

@@ -43,15 +43,21 @@ FAMILIES: dict[str, Family] = {
     # Decoder-only LLMs: Llama 2/3.x (SmolLM, TinyLlama), Qwen2/2.5, Qwen3.
     "llm": Family("mmtf.pretrained.llm", frozenset({"llama", "qwen2", "qwen3"}),
                   {"decoder": "llm_decoder"}, {"decoder": "llm"}),
+    # Text encoders: BERT / MiniLM, RoBERTa, XLM-RoBERTa (and sentence-transformers folders).
+    "bert": Family("mmtf.pretrained.bert", frozenset({"bert", "roberta", "xlm-roberta"}),
+                   {"encoder": "bert_encoder", "text_encoder": "bert_encoder"},
+                   {"text_encoder": "bert"}),
 }
 # Who writes the Hugging Face layout of a pair, by (encoder family, decoder family); None = any
-# encoder (only the decoder is written). ``module:function``.
-PAIR_WRITERS: dict[tuple[str | None, str], str] = {
+# encoder (only the decoder is written); a None decoder: an encoder alone (a text encoder).
+# ``module:function``.
+PAIR_WRITERS: dict[tuple[str | None, str | None], str] = {
     ("whisper", "whisper"): "mmtf.pretrained.whisper:export_hf",
     ("vit", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
     ("clip", "gpt2"): "mmtf.pretrained.vision_encoder_decoder:export_hf",
     (None, "gpt2"): "mmtf.pretrained.gpt2:export_hf",
     (None, "llm"): "mmtf.pretrained.llm:export_hf",
+    ("bert", None): "mmtf.pretrained.bert:export_hf",
 }
 
 # The Hugging Face base class a PEFT adapter folder is for and the prefix of each part's module
@@ -101,8 +107,20 @@ def resolved_sizes(model_cfg: Mapping[str, Any], parts: Mapping[str, nn.Module],
         if family is None:
             continue
         sizes = family_module(family).resolved_sizes(name, module)
-        out[name] = {k: v for k, v in sizes.items() if node.get(k) is None}
+        filled = {k: _read_value(node.get(k), v) for k, v in sizes.items()}
+        out[name] = {k: v for k, v in filled.items() if v is not None}
     return out
+
+
+def _read_value(given: Any, value: Any) -> Any:
+    """What to record of a size the config gave as ``given``: ``value`` where it was null, a
+    part (a mapping) with its null fields filled, or None where the config set it."""
+    if given is None:
+        return value
+    if isinstance(given, Mapping) and isinstance(value, Mapping) and any(
+            given.get(k) is None for k in value):
+        return {**given, **{k: v for k, v in value.items() if given.get(k) is None}}
+    return None
 
 
 def export_hf(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
@@ -116,11 +134,12 @@ def export_hf(task: Any, model_cfg: Mapping[str, Any], out: str | Path) -> Path:
         PAIR_WRITERS.get((None, decoder)) if decoder is not None else None)
     if writer is None:
         found = sorted(f for f in (encoder, decoder) if f) or "mmtf modules only"
-        decoders = sorted({d for _, d in PAIR_WRITERS})
+        decoders = sorted({d for _, d in PAIR_WRITERS if d is not None})
+        alone = sorted({e for e, d in PAIR_WRITERS if d is None and e is not None})
         raise UserError(f"export format=hf: the checkpoint's model is not a pair that "
                         f"transformers holds ({found}); format=hf writes models built from "
-                        f"{decoders} (model=whisper, model/decoder=gpt2 ...); use format=mmtf "
-                        f"for mmtf's own models.")
+                        f"{decoders} (model=whisper, model/decoder=gpt2 ...) and encoders "
+                        f"alone from {alone}; use format=mmtf for mmtf's own models.")
     module, function = writer.split(":")
     out = Path(out)
     getattr(importlib.import_module(module), function)(task, out)

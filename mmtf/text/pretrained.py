@@ -2,8 +2,10 @@
 
 :meth:`PretrainedTokenizer.from_folder` reads a model folder (or hub id): ``tokenizer.json`` as
 is, the special tokens from ``tokenizer_config.json`` / ``special_tokens_map.json`` and ids from
-``generation_config.json`` / ``config.json`` (pad and bos fall back to eos; the prompt to
-``[decoder_start_token_id]``, else ``[bos]``). ``generation_config.json`` is kept whole for
+``generation_config.json`` / ``config.json`` (eos and bos fall back to a BERT-family folder's
+``sep_token`` and ``cls_token``, then pad and bos to eos; the prompt to
+``[decoder_start_token_id]``, else ``[bos]``: ``encode`` then wraps a text as BERT's
+``[CLS] .. [SEP]``). ``generation_config.json`` is kept whole for
 ``export format=hf``; the whole ``tokenizer.json`` is embedded in the JSON. Why:
 docs/design/prompt-and-special-tokens.md.
 
@@ -117,11 +119,16 @@ class PretrainedTokenizer(BackedTokenizer):
             value = numbers.get(f"{name}_id")
             return value[0] if isinstance(value, list) else value
 
+        # BERT-family folders name no eos/bos: [SEP] ends a sequence, [CLS] starts it.
         eos = token_id("eos_token")
+        if eos is None:
+            eos = token_id("sep_token")
         if eos is None:
             raise UserError(f"{owner}: {folder} names no eos_token (tokenizer_config.json) nor "
                             f"eos_token_id (generation_config.json); generation cannot stop.")
         bos = token_id("bos_token")
+        if bos is None:
+            bos = token_id("cls_token")
         pad = token_id("pad_token")
         if prompt is not None:
             prompt_ids = []

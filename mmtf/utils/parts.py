@@ -35,6 +35,9 @@ PARTS: dict[str, dict[str, tuple[str | None, tuple[str, ...] | dict[str, str]]]]
                      "spec_augment": ("mmtf.encoders.audio.SpecAugment", SPEC_AUGMENT)},
     "VisionEncoder": {**_BLOCK, "patch": ("mmtf.encoders.vision.PatchOptions", PATCH)},
     "TextDecoder": _BLOCK,
+    # Born with its parts: no flat keys to move, listed so flatten_parts inlines them.
+    "TextEncoder": {**_BLOCK, "embedding": ("mmtf.nn.EmbeddingOptions", ()),
+                    "pooling": ("mmtf.encoders.text.PoolingOptions", ())},
     "DataModule": {"batches": ("mmtf.data.datamodule.BatchOptions", BATCHES),
                    "loader": ("mmtf.data.datamodule.LoaderOptions", LOADER),
                    "crop": (None, CROP), "transforms": (None, TRANSFORMS)},

@@ -35,7 +35,7 @@ def test_masked_mean_pool_against_a_loop():
     expected = torch.stack([memory[i, :n].mean(dim=0) for i, n in enumerate([3, 5, 1])])
     torch.testing.assert_close(pool(memory, mask, "mean"), expected)
     torch.testing.assert_close(pool(memory, mask, "cls"), memory[:, 0])
-    with pytest.raises(UserError, match=r"mode \('max'\) must be 'mean' or 'cls'"):
+    with pytest.raises(UserError, match=r"mode \('max'\) must be one of mean, cls, last"):
         pool(memory, mask, "max")
     with pytest.raises(ValueError, match=r"mask must be bool of shape \(3, 5\)"):
         pool(memory, mask.float())

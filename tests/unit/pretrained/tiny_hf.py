@@ -232,3 +232,120 @@ def write_llm(folder: Path, *, model_type: str = "llama", tie: bool = False,
                 p.normal_(0.0, 1.5 / p.shape[1] ** 0.5)
     model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
     return model
+
+
+# BERT-family folders: a WordPiece (BERT's specials at 0..4) or byte-level BPE (RoBERTa's <s>,
+# <pad>, </s>, <unk> at 0..3 and <mask> last) tokenizer trained on CORPUS, with the
+# post-processor and tokenizer_config.json that save_pretrained writes for the family.
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
+
+
+def write_text_tokenizer(folder: Path, *, family: str = "bert",
+                         model_max_length: int = 512) -> Tokenizer:
+    """``tokenizer.json`` + ``tokenizer_config.json`` of a BERT WordPiece (``family`` "bert",
+    lower-casing) or a RoBERTa byte-level BPE ("roberta", "xlm-roberta") in ``folder``."""
+    from tokenizers import normalizers, processors
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if family == "bert":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(
+            vocab_size=120, special_tokens=BERT_SPECIALS, show_progress=False))
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+        config = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                  "unk_token": "[UNK]", "mask_token": "[MASK]", "do_lower_case": True,
+                  "tokenizer_class": "BertTokenizer"}
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+            vocab_size=300, special_tokens=ROBERTA_SPECIALS, show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tok.add_special_tokens(["<mask>"])
+        tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0),
+                                                          add_prefix_space=False)
+        config = {"bos_token": "<s>", "eos_token": "</s>", "cls_token": "<s>",
+                  "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
+                  "mask_token": "<mask>", "add_prefix_space": False,
+                  "tokenizer_class": "RobertaTokenizer"}
+    tok.save(str(folder / "tokenizer.json"))
+    config["model_max_length"] = model_max_length
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return tok
+
+
+def write_bert(folder: Path, *, model_type: str = "bert", hidden: int = 32, layers: int = 2,
+               heads: int = 4, positions: int = 40, seed: int = 0, shard: str | None = None,
+               model_max_length: int = 512):
+    """A random-weight ``BertModel`` / ``RobertaModel`` / ``XLMRobertaModel`` and its tokenizer
+    in ``folder`` (``positions``: the real tokens the model reads; RoBERTa's table has 2 rows
+    more); returns the model (eval mode). Weights are drawn wide (projections N(0, 1.5 /
+    sqrt(fan_in)), norm gains 1 + N(0, 0.2), biases and embeddings N(0, 0.2) and N(0, 1)) so
+    every tensor moves the outputs. ``shard``: ``save_pretrained``'s ``max_shard_size``."""
+    import transformers
+
+    tok = write_text_tokenizer(folder, family=model_type, model_max_length=model_max_length)
+    classes = {"bert": (transformers.BertConfig, transformers.BertModel),
+               "roberta": (transformers.RobertaConfig, transformers.RobertaModel),
+               "xlm-roberta": (transformers.XLMRobertaConfig, transformers.XLMRobertaModel)}
+    config_class, model_class = classes[model_type]
+    roberta = model_type != "bert"
+    pad = tok.token_to_id("<pad>" if roberta else "[PAD]")
+    config = config_class(
+        vocab_size=tok.get_vocab_size(with_added_tokens=True), hidden_size=hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=3 * hidden,
+        max_position_embeddings=positions + (pad + 1 if roberta else 0),
+        type_vocab_size=1 if roberta else 2, pad_token_id=pad, layer_norm_eps=1e-12 if not
+        roberta else 1e-5, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.2)
+            elif "embeddings" in name:
+                p.normal_(0.0, 1.0)
+            else:
+                p.normal_(0.0, 1.5 / p.shape[1] ** 0.5)
+    model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+    return model
+
+
+def write_sentence_transformer(folder: Path, *, pooling: str = "mean", normalize: bool = True,
+                               max_seq_length: int = 16, legacy: bool = True,
+                               extra_modules: list | None = None, **bert):
+    """A sentence-transformers folder built by hand around a tiny BERT (:func:`write_bert`,
+    its ``bert`` arguments): ``modules.json``, ``sentence_bert_config.json``,
+    ``1_Pooling/config.json`` (``legacy``: the ``pooling_mode_*`` booleans of the hub's folders;
+    else sentence-transformers 5's ``pooling_mode``) and an empty ``2_Normalize``; returns
+    the BERT."""
+    model = write_bert(folder, **bert)
+    kind = "sentence_transformers.models."
+    modules = [{"idx": 0, "name": "0", "path": "", "type": f"{kind}Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": f"{kind}Pooling"}]
+    names = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+             "max": "pooling_mode_max_tokens", "lasttoken": "pooling_mode_lasttoken"}
+    config = ({"word_embedding_dimension": model.config.hidden_size,
+               **{key: mode == pooling for mode, key in names.items()}} if legacy else
+              {"embedding_dimension": model.config.hidden_size, "pooling_mode": pooling,
+               "include_prompt": True})
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    if normalize:
+        (folder / "2_Normalize").mkdir()
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": f"{kind}Normalize"})
+    modules += extra_modules or []
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "sentence_bert_config.json").write_text(json.dumps(
+        {"max_seq_length": max_seq_length, "do_lower_case": False}))
+    return model
