@@ -2,8 +2,8 @@
 
 ``caption_metrics`` scores a corpus, ``CaptionMetrics`` accumulates an epoch (DDP-aware),
 ``event_sequence_accuracy`` scores the synthetic sets, ``retrieval_metrics`` /
-``RetrievalMetrics`` score cross-modal retrieval (R@k, mAP@k); unavailable metrics are reported with the
-reason, never as 0 (see :mod:`mmtf.metrics.caption`)."""
+``RetrievalMetrics`` score cross-modal retrieval (R@k, mAP@k); unavailable metrics are reported
+with the reason, never as 0 (see :mod:`mmtf.metrics.caption`)."""
 
 from mmtf.metrics.bleu import corpus_bleu
 from mmtf.metrics.caption import (
