@@ -3,10 +3,14 @@ worked out in the comments, not computed by the code under test."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from mmtf.losses import item_keys
 from mmtf.metrics.retrieval import RetrievalMetrics, ranked_relevance, retrieval_metrics
@@ -130,3 +134,28 @@ def test_metric_scores_both_directions_over_the_whole_set():
     assert got["audio_to_text/mAP@10"] == pytest.approx(13 / 18)
     assert set(got) == {f"{d}/{m}" for d in ("text_to_audio", "audio_to_text")
                         for m in ("R@1", "R@5", "R@10", "mAP@10", "mAP@16")}
+
+
+def _rank(rank: int, store: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    try:
+        metric = RetrievalMetrics(media="audio")
+        # rank 0 holds a, b; rank 1 c and a again (the sampler's padding): uneven row counts
+        _update(metric, [["a", "b"], ["c", "a"]][rank])
+        torch.save(metric.compute(), Path(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_two_gloo_ranks_score_the_whole_set_once(tmp_path):
+    # forked, not spawned: two new interpreters would spend ~10 s importing torch before gloo
+    mp.start_processes(_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+                       start_method="fork")
+    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    for scores in got:                               # the hand-worked values above, each rank
+        assert float(scores["text_to_audio/mAP@10"]) == pytest.approx(17 / 24)
+        assert float(scores["audio_to_text/mAP@10"]) == pytest.approx(13 / 18)
+        assert float(scores["audio_to_text/R@1"]) == pytest.approx(2 / 3)

@@ -20,6 +20,7 @@ from mmtf.errors import ConfigError, UserError
 from mmtf.metrics.retrieval import retrieval_metrics
 from mmtf.nn import TransformerStack
 from mmtf.tasks import ContrastiveTask
+from mmtf.tasks.ema import EMA
 from mmtf.text import CharTokenizer
 
 from .conftest import ADAMW, audio_encoder, fake_datamodule
@@ -149,14 +150,29 @@ def test_validation_scores_every_caption_of_every_item():
     assert "val/loss" in got
 
 
+@pytest.mark.parametrize("pooling", ["mean", "attention"])
+def test_a_clip_embeds_the_same_alone_and_padded_in_a_batch(pooling):
+    task = _task(_tokenizer(), pooling=pooling).eval()
+    waves = _waves()
+    short = waves[0, :2000]
+    with torch.no_grad():
+        alone = task.embed_media(short[None], torch.tensor([2000]))
+        padded = task.embed_media(torch.stack([torch.cat([short, waves[1, 2000:]]), waves[1]]),
+                                  torch.tensor([2000, waves.shape[1]]))
+    torch.testing.assert_close(padded[0], alone[0], rtol=1e-5, atol=1e-5)
+    assert float(alone.norm()) == pytest.approx(1.0)
+
+
 def test_finetuning_controls_reach_both_towers(tmp_path):
     tokenizer = _tokenizer()
     task = _task(tokenizer, finetuning={"freeze_text_encoder": True, "encoder_lr_scale": 0.5,
                                         "unfreeze_text_encoder_at_epoch": 1},
                  lora={"r": 2, "parts": ["encoder"], "targets": ["q", "v"]})
     assert not any(p.requires_grad for p in task.text_encoder.parameters())
-    trainer = _trainer(max_epochs=1, default_root_dir=tmp_path)
-    trainer.fit(task, DataLoader(_batches(tokenizer, list(range(8))), batch_size=None))
+    trainer = _trainer(max_epochs=1, default_root_dir=tmp_path, callbacks=[EMA(decay=0.5)])
+    batches = _batches(tokenizer, list(range(8)))
+    trainer.fit(task, DataLoader(batches, batch_size=None), DataLoader(batches, batch_size=None))
+    assert "val/text_to_audio/mAP@10" in trainer.callback_metrics      # scored on the average
     names = {g["name"]: g["lr_scale"] for g in trainer.optimizers[0].param_groups}
     assert names["encoder"] == 0.5
     trainable = {n for n, p in task.encoder.named_parameters() if p.requires_grad}
