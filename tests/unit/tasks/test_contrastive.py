@@ -127,7 +127,8 @@ def test_training_lowers_the_loss_and_zero_shot_follows(tmp_path):
         media = task.embed_media(waves, torch.full((8,), waves.shape[1]))
     got = task.zero_shot_classify(media, NAMES, template="sound {label}")
     assert got.labels == NAMES and got.scores.shape == (8, 8)
-    assert got.predictions.tolist() == list(range(8))
+    # 8 of 8 here; 6 leaves room for another CPU's rounding over 60 steps (chance: 1 of 8)
+    assert (got.predictions == torch.arange(8)).sum() >= 6, got.predictions
 
 
 def test_validation_scores_every_caption_of_every_item():
