@@ -142,8 +142,9 @@ def _rank(rank: int, store: str, out_dir: str) -> None:
                             timeout=timedelta(seconds=60))
     try:
         metric = RetrievalMetrics(media="audio")
-        # rank 0 holds a, b; rank 1 c and a again (the sampler's padding): uneven row counts
-        _update(metric, [["a", "b"], ["c", "a"]][rank])
+        # rank 0 holds a, b, c; rank 1 a again (the sampler's padding): 3 + 1 clips, 4 + 2
+        # captions (torchmetrics pads the uneven gathers)
+        _update(metric, [["a", "b", "c"], ["a"]][rank])
         torch.save(metric.compute(), Path(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
