@@ -136,6 +136,10 @@ class ContrastiveTask(Task):
         if pooling not in ("mean", "cls", "attention"):
             raise ConfigError(f"ContrastiveTask: model.pooling ({pooling!r}) must be 'mean', "
                               f"'cls' or 'attention'.")
+        if pooling == "cls" and not getattr(encoder, "has_cls", False):
+            raise ConfigError(f"ContrastiveTask: model.pooling=cls but the encoder "
+                              f"({type(encoder).__name__}) has no CLS token; use pooling=mean "
+                              f"or attention, or build the encoder with cls_token=true.")
         if head == "none":
             raise ConfigError("ContrastiveTask: model.head must be 'linear' or 'mlp' (the media "
                               "side needs a projection into the shared space).")

@@ -187,6 +187,8 @@ def test_bad_settings_and_data_are_one_line_errors():
     tokenizer = _tokenizer()
     with pytest.raises(ConfigError, match=r"model.text_head=none .* not model.embed_dim"):
         _task(tokenizer, text_head="none")
+    with pytest.raises(ConfigError, match=r"pooling=cls but the encoder \(AudioEncoder\) has no"):
+        _task(tokenizer, pooling="cls")
     with pytest.raises(ConfigError, match="embed\\(ids, mask\\)"):
         ContrastiveTask(encoder=audio_encoder(), text_encoder=nn.Linear(2, 2), optimizer=ADAMW)
     task = _task(tokenizer)
