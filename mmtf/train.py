@@ -33,7 +33,7 @@ from mmtf.errors import ConfigError
 from mmtf.loggers import continue_tracker_runs, log_config, log_final_metric, record_tracker_runs
 from mmtf.pretrained import resolved_sizes
 from mmtf.reliability import resolve_resume
-from mmtf.tasks import CaptioningTask, Task, resolve_tokenizer
+from mmtf.tasks import Task, resolve_tokenizer
 from mmtf.utils.config import check_target_signatures, print_config_tree, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.cpu_sharing import parallel_jobs, share_cpu
@@ -184,7 +184,7 @@ def connect_tokenizer(cfg: DictConfig, task: Task, datamodule: L.LightningDataMo
     deterministic, so every rank holds the same tokenizer. Why here: see
     docs/design/tokenizer-ownership.md"""
     spec = cfg.get("tokenizer")
-    if not isinstance(task, CaptioningTask):
+    if not task.reads_text:
         if spec is not None:
             raise ConfigError(f"tokenizer (kind: {spec.get('kind')}) is set but a "
                               f"{type(task).__name__} emits no text; remove it (~tokenizer).")

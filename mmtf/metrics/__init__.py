@@ -1,8 +1,9 @@
 """Captioning metrics as in the COCO caption evaluation: BLEU, ROUGE-L, CIDEr-D, METEOR, SPICE.
 
 ``caption_metrics`` scores a corpus, ``CaptionMetrics`` accumulates an epoch (DDP-aware),
-``event_sequence_accuracy`` scores the synthetic sets; unavailable metrics are reported with the
-reason, never as 0 (see :mod:`mmtf.metrics.caption`)."""
+``event_sequence_accuracy`` scores the synthetic sets, ``retrieval_metrics`` /
+``RetrievalMetrics`` score cross-modal retrieval (R@k, mAP@k); unavailable metrics are reported
+with the reason, never as 0 (see :mod:`mmtf.metrics.caption`)."""
 
 from mmtf.metrics.bleu import corpus_bleu
 from mmtf.metrics.caption import (
@@ -17,6 +18,7 @@ from mmtf.metrics.cider import cider_d_scores, corpus_cider_d
 from mmtf.metrics.event import event_sequence_accuracy
 from mmtf.metrics.java import MetricUnavailable
 from mmtf.metrics.ptb import ptb_words
+from mmtf.metrics.retrieval import RetrievalMetrics, retrieval_metrics
 from mmtf.metrics.rouge import corpus_rouge_l
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "CaptionRow",
     "CaptionScores",
     "MetricUnavailable",
+    "RetrievalMetrics",
     "caption_metrics",
     "cider_d_scores",
     "corpus_bleu",
@@ -33,4 +36,5 @@ __all__ = [
     "corpus_rouge_l",
     "event_sequence_accuracy",
     "ptb_words",
+    "retrieval_metrics",
 ]

@@ -8,6 +8,7 @@ from typing import Any
 from mmtf.tasks.base import Task
 from mmtf.tasks.captioning import CaptioningTask
 from mmtf.tasks.classification import ClassificationTask
+from mmtf.tasks.contrastive import ContrastiveTask
 from mmtf.tasks.prefix import PrefixLMTask
 from mmtf.tasks.rebuild import build_task
 from mmtf.tasks.resolve import resolve_tokenizer, stored_tokenizer
@@ -21,5 +22,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'mmtf.tasks' has no attribute {name!r}")
 
 
-__all__ = ["CaptioningTask", "ClassificationTask", "PrefixLMTask", "SpeechTask", "Task", "build_task",
-           "resolve_tokenizer", "stored_tokenizer"]
+__all__ = ["CaptioningTask", "ClassificationTask", "ContrastiveTask", "PrefixLMTask", "SpeechTask",
+           "Task", "build_task", "resolve_tokenizer", "stored_tokenizer"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import lightning as L
 import torch
@@ -28,6 +28,7 @@ from mmtf.errors import ConfigError, UserError
 if TYPE_CHECKING:
     from mmtf.nn.lora import LoRAConfig
     from mmtf.tasks.optim import PartOptim
+    from mmtf.text import Tokenizer
 
 # LoRA, FSDP and the optimizer groups are imported where used: predicting loads none of them.
 
@@ -49,6 +50,8 @@ class Task(L.LightningModule):
     """Base class of the mmtf tasks; subclasses set ``encoder`` and implement the methods below."""
 
     encoder: nn.Module
+    # Reads or writes text with a tokenizer the entry point hands over (use_tokenizer).
+    reads_text: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -291,6 +294,29 @@ class Task(L.LightningModule):
             raise ConfigError(f"data.max_seconds ({data_seconds}) exceeds model.encoder."
                               f"max_seconds ({limit}); set data.max_seconds <= {limit} (clips "
                               f"are cropped to it) or raise model.encoder.max_seconds.")
+
+    def require_tokenizer(self) -> Tokenizer:
+        """The task's tokenizer; a clear error naming the call to make when none was handed over."""
+        if self.tokenizer is None:
+            raise UserError(f"{type(self).__name__} has no tokenizer; hand it one first: "
+                            "task.use_tokenizer(tokenizer) with the tokenizer of "
+                            "mmtf.tasks.resolve_tokenizer (a run) or mmtf.tasks.stored_tokenizer"
+                            "(checkpoint) (mmtf.tasks.build_task does it).")
+        return self.tokenizer
+
+    def check_data_tokenizer(self, datamodule: Any) -> None:
+        """The data module builds its ids with this task's tokenizer (tasks that read text).
+
+        Raises:
+            UserError: either side has no tokenizer, or they differ.
+        """
+        self.require_tokenizer()
+        if datamodule.tokenizer is None:
+            raise UserError("the data module has no tokenizer; hand it the task's: "
+                            "datamodule.connect(task.tokenizer).")
+        if datamodule.tokenizer != self.tokenizer:
+            raise UserError("the data module builds its ids with another tokenizer than the "
+                            "task's; hand both the same one: datamodule.connect(task.tokenizer).")
 
     def predict_batch(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
                       ) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
@@ -14,7 +14,7 @@ from torch import nn
 
 from mmtf.decoders import EncoderDecoder
 from mmtf.decoders.generation import GenerationConfig
-from mmtf.errors import CheckpointError, ConfigError, UserError
+from mmtf.errors import CheckpointError, ConfigError
 from mmtf.metrics import CaptionMetrics
 from mmtf.metrics.caption import check_backend
 from mmtf.tasks.base import Finetuning, Task, batch_inputs
@@ -74,6 +74,8 @@ class CaptioningTask(Task):
         finetuning: :class:`~mmtf.tasks.base.Finetuning` or its keys; None = all trainable.
         lora: LoRA adapters (:meth:`Task.init_lora`); None = off.
     """
+
+    reads_text: ClassVar[bool] = True
 
     def __init__(self, *, encoder: nn.Module, decoder: nn.Module, optimizer: Callable,
                  weight_decay: float = 0.05, warmup_steps: int = 200, min_lr_ratio: float = 0.05,
@@ -191,23 +193,8 @@ class CaptioningTask(Task):
                               f"model.decoder.max_len ({max_len}); lower data.max_caption_tokens "
                               f"(longer captions are truncated and counted) or raise "
                               f"model.decoder.max_len.")
-        self.require_tokenizer()
-        if datamodule.tokenizer is None:
-            raise UserError("the data module has no tokenizer; hand it the task's: "
-                            "datamodule.connect(task.tokenizer).")
-        if datamodule.tokenizer != self.tokenizer:
-            raise UserError("the data module builds its ids with another tokenizer than the "
-                            "task's; hand both the same one: datamodule.connect(task.tokenizer).")
+        self.check_data_tokenizer(datamodule)
         self.use_sources(getattr(datamodule, "source_names", ()))
-
-    def require_tokenizer(self) -> Tokenizer:
-        """The task's tokenizer; a clear error naming the call to make when none was handed over."""
-        if self.tokenizer is None:
-            raise UserError("CaptioningTask has no tokenizer; hand it one first: "
-                            "task.use_tokenizer(tokenizer) with the tokenizer of "
-                            "mmtf.tasks.resolve_tokenizer (a run) or mmtf.tasks.stored_tokenizer"
-                            "(checkpoint) (mmtf.tasks.build_task does it).")
-        return self.tokenizer
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Adopt ``tokenizer``: its ids must fit the decoder's vocabulary, and the model takes

@@ -32,12 +32,15 @@ class PartOptim:
         include_frozen: put its frozen parameters in the optimizer too (they unfreeze later;
             without a gradient AdamW leaves them alone).
         trainable: ids of the part's parameters that can ever train (LoRA), None = all.
+        own_group: one group named after the part, never weight-decayed and without layer-wise
+            decay, whatever its lr scale (a learned temperature: decay would pull it to 1).
     """
 
     module: nn.Module
     lr_scale: float = 1.0
     include_frozen: bool = False
     trainable: frozenset[int] | None = None
+    own_group: bool = False
 
 
 def layer_ids(part: nn.Module, owner: str = "part") -> tuple[dict[int, int], int]:
@@ -85,8 +88,14 @@ def param_groups(modules: Iterable[nn.Module], weight_decay: float,
     """
     where: dict[int, tuple[str, PartOptim]] = {}       # id(param) -> (group name, part)
     scales: dict[str, float] = {BASE_GROUP: 1.0}
+    no_decay_ids: set[int] = set()
     for name, part in (parts or {}).items():
-        if layer_decay is not None:
+        if part.own_group:
+            own = [p for p in part.module.parameters() if id(p) not in where]
+            where.update((id(p), (name, part)) for p in own)
+            no_decay_ids.update(id(p) for p in own)
+            scales[name] = part.lr_scale
+        elif layer_decay is not None:
             ids, depth = layer_ids(part.module, f"model.{name}")
             for pid, layer in ids.items():
                 label = f"{name}.layer{layer}"
@@ -97,7 +106,6 @@ def param_groups(modules: Iterable[nn.Module], weight_decay: float,
             where.update((id(p), (label, part)) for p in part.module.parameters()
                          if id(p) not in where)
             scales.setdefault(label, part.lr_scale)
-    no_decay_ids: set[int] = set()
     seen: set[int] = set()
     groups: dict[str, dict[str, Any]] = {}
     for module in modules:

@@ -46,7 +46,7 @@ def build_task(checkpoint: dict[str, Any], path: str | os.PathLike,
     cfg = stored_config(checkpoint, path, safe_targets)
     weights = model_state(checkpoint, path, use_ema=use_ema)     # refused before building
     model_cfg = dict(cfg["model"])
-    for name in ("encoder", "decoder"):
+    for name in ("encoder", "decoder", "text_encoder"):
         part = model_cfg.get(name)
         if isinstance(part, dict) and part.get("pretrained"):
             # The checkpoint holds the weights and the stored config the sizes.

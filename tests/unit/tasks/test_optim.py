@@ -51,3 +51,22 @@ def test_warmup_cosine_rejects_bad_arguments():
         warmup_cosine(1, 10, 1.5)
     with pytest.raises(ValueError, match=r"total_steps \(0\)"):
         warmup_cosine(1, 0)
+
+
+def test_a_part_of_its_own_group_is_never_decayed_nor_layer_decayed():
+    from mmtf.losses import ContrastiveLoss
+    from mmtf.nn import TransformerStack
+    from mmtf.tasks.optim import PartOptim
+
+    stack = TransformerStack(depth=2, dim=8, num_heads=2)
+    loss = ContrastiveLoss()
+    parts = {"encoder": PartOptim(stack, 0.5),
+             "logit_scale": PartOptim(loss, own_group=True)}
+    groups = param_groups([stack, loss], weight_decay=0.1, parts=parts, layer_decay=0.5)
+    own = [g for g in groups if g["name"].startswith("logit_scale")]
+    # one group holding the scalar alone, at the optimizer's lr (scale 1), decay 0
+    assert [(g["name"], g["weight_decay"], g["lr_scale"]) for g in own] == \
+        [("logit_scale.no_decay", 0.0, 1.0)]
+    assert own[0]["params"] == [loss.logit_scale]
+    # the stack still gets layer-wise decay: its last block at 0.5 * 0.5 ** 1
+    assert any(g["name"] == "encoder.layer2" and g["lr_scale"] == 0.25 for g in groups)
