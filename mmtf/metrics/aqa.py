@@ -38,7 +38,7 @@ right under exactly one of them.
 written), ``mean_accuracy`` (every (item, rotation) reply counts once), ``strict_accuracy``
 (items answered right under all ``k`` rotations), ``unparsed`` (share of replies naming no
 option), ``items`` (items with all rotations scored); each also as ``<question_type>/<name>``;
-plus ``confusion``: per question type, the right letter x the chosen letter (last column: none).
+and the confusion counts: per question type, right letter x chosen letter (last column: none).
 The guide: docs/guide/aqa-scoring.md."""
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ class AQAAccuracy(Metric):
             chosen = parse_choice(reply, shown)
             self.votes[i, int(r), self.letters if chosen is None else chosen] += 1
 
-    def compute(self) -> AQAScores:
+    def compute(self) -> dict[str, float]:
         """The scores over everything accumulated (on every rank, after torchmetrics' sync).
 
         Rates whose denominator is empty (e.g. ``strict_accuracy`` before any item has all its
@@ -263,19 +263,10 @@ class AQAAccuracy(Metric):
         Raises:
             ValueError: no reply was accumulated.
         """
-        votes = self.votes
-        seen = votes.sum(-1) > 0                      # (items, rotations)
-        if not seen.any():
-            raise ValueError("AQAAccuracy.compute: no replies were accumulated; call update() "
-                             "first.")
-        chosen = votes.argmax(-1)                     # (items, rotations); L = none
-        right = seen & (chosen == self.gold)
+        seen, chosen, right = self._cells()
         complete = seen.all(-1)                       # (items,)
         scores: dict[str, float] = {}
-        confusion: dict[str, Tensor] = {}
-        groups = [("", torch.ones_like(complete))] + [
-            (f"{t}/", self.type_of == k) for k, t in enumerate(self.types)]
-        for prefix, rows in groups:
+        for prefix, rows in self._groups():
             s, r, c = seen[rows], right[rows], complete[rows]
             scores[f"{prefix}accuracy"] = _rate(r[:, 0].sum(), s[:, 0].sum())
             scores[f"{prefix}mean_accuracy"] = _rate(r.sum(), s.sum())
@@ -283,11 +274,35 @@ class AQAAccuracy(Metric):
             scores[f"{prefix}unparsed"] = _rate((s & (chosen[rows] == self.letters)).sum(),
                                                 s.sum())
             scores[f"{prefix}items"] = float(c.sum())
+        return scores
+
+    def confusion(self) -> dict[str, Tensor]:
+        """Per question type (and ``all``): counts (letters, letters + 1) of right letter x
+        chosen letter over the scored replies, the last column replies naming none; collective
+        under DDP like :meth:`compute` (call it on every rank)."""
+        with self.sync_context():
+            seen, chosen, _ = self._cells()
             width = self.letters + 1
-            flat = (self.gold[rows] * width + chosen[rows])[s]
-            confusion[prefix.rstrip("/") or "all"] = torch.bincount(
-                flat, minlength=self.letters * width).view(self.letters, width).cpu()
-        return AQAScores(scores, confusion)
+            out = {}
+            for prefix, rows in self._groups():
+                flat = (self.gold[rows] * width + chosen[rows])[seen[rows]]
+                out[prefix.rstrip("/") or "all"] = torch.bincount(
+                    flat, minlength=self.letters * width).view(self.letters, width).cpu()
+        return out
+
+    def _cells(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Per (item, rotation): replied at all, the letter chosen (``letters``: none), right."""
+        votes = self.votes
+        seen = votes.sum(-1) > 0                      # (items, rotations)
+        if not seen.any():
+            raise ValueError("AQAAccuracy: no replies were accumulated; call update() first.")
+        chosen = votes.argmax(-1)                     # (items, rotations)
+        return seen, chosen, seen & (chosen == self.gold)
+
+    def _groups(self) -> list[tuple[str, Tensor]]:
+        """(score name prefix, item mask): all items, then each question type."""
+        every = torch.ones(len(self.ids), dtype=torch.bool, device=self.type_of.device)
+        return [("", every)] + [(f"{t}/", self.type_of == k) for k, t in enumerate(self.types)]
 
 
 def _rate(num: Tensor, den: Tensor) -> float:
@@ -310,7 +325,7 @@ def aqa_scores(items: Iterable[Any], replies: Iterable[tuple[str, int, str]],
         texts.append(text)
         answers.append(variant["messages"][1]["content"] if variant else "")
     metric.update(ids, rots, texts, answers)
-    return metric.compute()
+    return AQAScores(metric.compute(), metric.confusion())
 
 
 def confusion_table(confusion: Mapping[str, Tensor]) -> str:
