@@ -25,9 +25,9 @@ One distinct letter: that option. Two or more: none (a hedge is wrong). No lette
 ``low tone``), an option inside a longer matching one dropped (``tone`` inside ``low tone``);
 exactly one left: that option. A letter wins over text (``(B) low tone`` is B even when B is
 another option). DCASE 2025 task 5 scores top-1 accuracy on the option a system returns; its
-official scorer was not available to us, so this rule is ours: the letter forms that instruction
--tuned models write, and the option-text fallback of MMAU/MMAR's ``string_match`` made
-answer-blind (it names the chosen option, so a confusion table can be built).
+official scorer was not available to us, so this rule is ours: the letter forms chat models
+write, and the option-text fallback of MMAU/MMAR's ``string_match`` made answer-blind (it names
+the chosen option, so a confusion table can be built).
 
 **Rotations** (:func:`rotate_item`): rotation ``r`` moves option ``i`` to position
 ``(i + r) % n``; the answer's text stays, its letter moves by ``r``. With ``k = n`` rotations
@@ -39,7 +39,8 @@ written), ``mean_accuracy`` (every (item, rotation) reply counts once), ``strict
 (items answered right under all ``k`` rotations), ``unparsed`` (share of replies naming no
 option), ``items`` (items with all rotations scored); each also as ``<question_type>/<name>``;
 and the confusion counts: per question type, right letter x chosen letter (last column: none).
-The guide: docs/guide/aqa-scoring.md."""
+The guide: docs/guide/aqa-scoring.md. Why rotations and a count state: see
+docs/design/audio-qa.md"""
 
 from __future__ import annotations
 
@@ -334,12 +335,12 @@ def confusion_table(confusion: Mapping[str, Tensor]) -> str:
     lines = []
     for name, table in confusion.items():
         k = table.shape[0]
-        head = [*LETTERS[:k], "none"]
-        lines.append(f"{name}: right \\ chosen  " + " ".join(f"{h:>5}" for h in head))
+        width = len(name) + 18                    # the label column
+        lines.append(f"{name}: right \\ chosen".ljust(width)
+                     + " ".join(f"{h:>5}" for h in [*LETTERS[:k], "none"]))
         for g in range(k):
-            lines.append(f"{'':{len(name) + 18}}{LETTERS[g]} "
-                         + " ".join(f"{int(v):>5}" for v in table[g]))
+            lines.append(f"{LETTERS[g]:>{width - 1}} " + " ".join(f"{int(v):>5}" for v in table[g]))
         total = max(int(table.sum()), 1)
-        lines.append(f"{'':{len(name) + 13}}share  "
+        lines.append(f"{'share':>{width - 1}} "
                      + " ".join(f"{float(v) / total:>5.2f}" for v in table.sum(0)))
     return "\n".join(lines)

@@ -21,7 +21,7 @@ count     How many distinct sounds are heard? /                 the other counts
 Absent distractors prefer the answer's siblings (``low tone`` for ``high tone``: 3:1 odds),
 the plausible confusions. A clip has at most 3 events, so ``four`` is never right. The right
 answer's letter is balanced per question type: each run of 4 questions of a type in a split
-puts it at A, B, C, D in a shuffled order."""
+puts it at A, B, C, D in a shuffled order. Why: see docs/design/audio-qa.md"""
 
 from __future__ import annotations
 
