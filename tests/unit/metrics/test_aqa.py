@@ -3,8 +3,13 @@ accuracy on a hand-worked set, and DDP-style merging of the count state."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from mmtf.metrics.aqa import (
     AQAAccuracy,
@@ -153,6 +158,32 @@ def test_ranks_sum_their_counts_and_padding_repeats_change_nothing():
     rank0.merge_state(rank1)
     assert rank0.compute() == pytest.approx(EXPECTED)
     assert torch.equal(rank0.confusion()["all"], CONFUSION)
+
+
+def _ddp_worker(rank: int, world_size: int, store: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world_size)
+    try:
+        mine = REPLIES[rank::world_size] + [REPLIES[0]]     # reply 0 again: sampler padding
+        metric = AQAAccuracy(ITEMS)
+        _update(metric, mine)
+        scores, confusion = metric.compute(), metric.confusion()
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
+            {"scores": scores, "confusion": confusion["all"].tolist()}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_score_as_one_process(tmp_path):
+    """Two real ranks, each with half the replies and a padding repeat: torchmetrics' sync of
+    the count state gives every rank the hand-worked scores and confusion."""
+    # forked, not spawned: two new interpreters would spend ~10 s importing torch before gloo
+    mp.start_processes(_ddp_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+                       start_method="fork")
+    for rank in range(2):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["scores"] == pytest.approx(EXPECTED)
+        assert got["confusion"] == CONFUSION.tolist()
 
 
 def test_partial_replies_score_what_was_seen():
