@@ -16,6 +16,7 @@ _LAZY = {
     "CaptionDataModule": "mmtf.data.datamodule", "BatchOptions": "mmtf.data.datamodule",
     "LoaderOptions": "mmtf.data.datamodule",
     "ClassificationDataModule": "mmtf.data.datamodule", "ErrorCounter": "mmtf.data.errors",
+    "QADataModule": "mmtf.data.datamodule",
     "build_eval_image_transform": "mmtf.data.image", "build_transform": "mmtf.data.image",
     "load_image": "mmtf.data.image", "make_loader": "mmtf.data.loader",
     "BucketBatchSampler": "mmtf.data.sampler", "SamplerState": "mmtf.data.sampler",
@@ -33,7 +34,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BatchOptions", "BucketBatchSampler", "CaptionDataModule", "ClassificationDataModule", "Collate",
-    "DataError", "ErrorCounter", "LoaderOptions", "SamplerState", "ShardDataModule", "ShardStreamSampler",
+    "DataError", "ErrorCounter", "LoaderOptions", "QADataModule", "SamplerState", "ShardDataModule", "ShardStreamSampler",
     "audio_info", "build_eval_image_transform",
     "build_transform",
     "load_audio", "load_image", "make_loader",

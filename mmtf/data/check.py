@@ -27,6 +27,7 @@ from mmtf.data.mixture import MixtureDataModule
 from mmtf.data.shards.index import ShardItem
 from mmtf.data.shards.reader import read_member
 from mmtf.errors import DataError
+from mmtf.metrics.aqa import LETTERS
 from mmtf.text import build_tokenizer
 from mmtf.utils.config_dir import CONF_DIR
 
@@ -112,7 +113,7 @@ def run_check(cfg: DictConfig) -> int:
 def _check_module(cfg: DictConfig, dm: Any, splits: list[str]) -> int:
     """The report of one data module (a mixture's source: one of them)."""
     collector = _Collector()
-    kind = "captions" if dm.targets == "caption" else "labels"
+    kind = {"caption": "captions", "qa": "questions"}.get(dm.targets, "labels")
     print(f"mmtf data check: {dm.format} ({dm.modality}, {kind}) at {dm.root}")
     try:
         dm.prepare_data()
@@ -124,13 +125,15 @@ def _check_module(cfg: DictConfig, dm: Any, splits: list[str]) -> int:
             results[split] = _scan_split(dm, split, collector, cfg.decode)
         except DataError as e:  # a whole-file problem: missing split, missing columns, ...
             collector(e)
-    print(f"\n{'split':<6} {'items':>7} {'captions' if kind == 'captions' else 'classes':>9} "
+    column = {"captions": "captions", "questions": "clips"}.get(kind, "classes")
+    print(f"\n{'split':<6} {'items':>7} {column:>9} "
           + ("  hours    min    median   max (s)" if dm.modality == "audio" else "  decoded"))
     all_durations: list[float] = []
     for split, r in results.items():
         items = r["items"]
-        extra = sum(len(it.captions) for it in items) if kind == "captions" else \
-            len({it.label for it in items})
+        extra = (sum(len(it.captions) for it in items) if kind == "captions" else
+                 len({it.path for it in items}) if kind == "questions" else
+                 len({it.label for it in items}))
         if dm.modality == "audio":
             d = r["durations"] or [0.0]
             all_durations += r["durations"]
@@ -154,6 +157,12 @@ def _check_module(cfg: DictConfig, dm: Any, splits: list[str]) -> int:
         counts = Counter(it.label for r in results.values() for it in r["items"])
         print(f"\nClasses ({dm.num_classes}): " + ", ".join(
             f"{name}={counts.get(k, 0)}" for k, name in enumerate(dm.class_names)))
+    if kind == "questions" and results:
+        questions = [it for r in results.values() for it in r["items"]]
+        types = Counter(it.question_type for it in questions)
+        letters = Counter(LETTERS[it.choices.index(it.answer)] for it in questions)
+        print(f"\nQuestion types: {', '.join(f'{t}={n}' for t, n in sorted(types.items()))}; "
+              f"right letters: {', '.join(f'{x}={n}' for x, n in sorted(letters.items()))}")
     if kind == "captions" and results:
         texts = [c for r in results.values() for it in r["items"] for c in it.captions]
         words = Counter(w for t in texts for w in re.findall(r"[\w']+", t.lower()))

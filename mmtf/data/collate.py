@@ -3,7 +3,8 @@
 Batch keys: ``audio`` (b, s) float32 zero-padded, ``audio_lengths`` (b,); ``image`` (b, 3, h, w);
 ``tokens`` (b * k, n) ``[*prompt, ..., eos]`` then pad, k = ``data.captions_per_item`` in
 training (item-major), ``token_lengths`` (b * k,), ``references`` (every caption of each item);
-``label`` (b,); ``ids``; with mixup ``mix_index`` (b,) and ``mix_lambda`` (b,) float32. Plus
+``label`` (b,); questions (``targets="qa"``): ``messages``, ``choices``, ``answer``,
+``question_type``, ``rotation`` (lists, one entry per example); ``ids``; with mixup ``mix_index`` (b,) and ``mix_lambda`` (b,) float32. Plus
 ``_skipped`` (items skipped building the batch), which the loader removes.
 
 Shapes: b batch, s samples, n tokens, h/w image size."""
@@ -40,7 +41,7 @@ class Collate:
     """Batch examples of one modality and kind of targets (picklable, for DataLoader workers).
 
     Args:
-        targets: ``caption`` | ``label``.
+        targets: ``caption`` | ``label`` | ``qa`` (questions as chats: lists, not tensors).
         pad_id: token padding id (the tokenizer's; 0 in mmtf's own).
         mixup: audio captioning, training only: mix pairs of the batch's waveforms, seeded by
             the examples' ``_key`` (item, epoch), so the pairs do not depend on the worker.
@@ -48,8 +49,8 @@ class Collate:
 
     def __init__(self, *, modality: Modality, targets: str, pad_id: int = 0,
                  mixup: Mixup | None = None) -> None:
-        if targets not in ("caption", "label"):
-            raise UserError(f"targets ({targets!r}) must be 'caption' or 'label'.")
+        if targets not in ("caption", "label", "qa"):
+            raise UserError(f"targets ({targets!r}) must be 'caption', 'label' or 'qa'.")
         if mixup is not None and (modality, targets) != ("audio", "caption"):
             raise UserError(f"mixup needs audio captions, not {modality} {targets}s.")
         self.modality, self.targets, self.pad_id, self.mixup = modality, targets, pad_id, mixup
@@ -79,6 +80,9 @@ class Collate:
             batch["tokens"], batch["token_lengths"] = pad_1d(
                 captions, self.pad_id, dtype=torch.long)                 # (b * k, n)
             batch["references"] = [list(e["references"]) for e in examples]
+        elif self.targets == "qa":
+            for key in ("messages", "choices", "answer", "question_type", "rotation"):
+                batch[key] = [e[key] for e in examples]
         else:
             batch["label"] = torch.tensor([e["label"] for e in examples], dtype=torch.long)
         batch["ids"] = [e["id"] for e in examples]

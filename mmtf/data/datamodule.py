@@ -25,9 +25,9 @@ import lightning as L
 
 from mmtf.data.augment import build_augment
 from mmtf.data.collate import Collate
-from mmtf.data.datasets import CaptionDataset, LabelDataset, probe
+from mmtf.data.datasets import CaptionDataset, LabelDataset, QADataset, probe
 from mmtf.data.errors import ErrorCounter, ErrorPolicy
-from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, SPLITS, CaptionItem
+from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, QA_FORMATS, SPLITS, CaptionItem
 from mmtf.data.image import build_transform, header_sizes, transformed_pixels
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
@@ -585,6 +585,28 @@ class ClassificationDataModule(MediaDataModule):
 
     def _dataset(self, split: str, crop: str) -> LabelDataset:
         return LabelDataset(self.items(split), **self._media_kwargs(split, crop))
+
+
+class QADataModule(MediaDataModule):
+    """Multiple-choice audio questions (format ``aqa``: :mod:`mmtf.data.formats.aqa`): batches of
+    padded clips plus each question as a chat (``messages``), ``choices``, ``answer``,
+    ``question_type`` (:class:`~mmtf.data.datasets.QADataset`, :class:`~mmtf.data.Collate`).
+
+    It reads, checks, batches and loads like the other modules (their arguments); turning the
+    chats into a language model's tokens is the model side's. Scoring:
+    :class:`mmtf.metrics.aqa.AQAAccuracy`.
+    """
+
+    targets = "qa"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**_current_keys(kwargs))
+
+    def _formats(self) -> Mapping[str, tuple[Any, str | None]]:
+        return QA_FORMATS
+
+    def _dataset(self, split: str, crop: str) -> QADataset:
+        return QADataset(self.items(split), **self._media_kwargs(split, crop))
 
 
 

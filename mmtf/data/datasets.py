@@ -22,15 +22,17 @@ from mmtf.data.audio import Crop, StoredAudio, audio_info, load_audio, read_stor
 from mmtf.data.augment import WaveAugment, augment_stream
 from mmtf.data.collate import Modality
 from mmtf.data.errors import ErrorPolicy, OnError, check_media_file
+from mmtf.data.formats.aqa import QAItem
 from mmtf.data.formats.base import CaptionItem, LabelItem
 from mmtf.data.image import load_image
 from mmtf.data.sampler import sample_rng
 from mmtf.errors import DataError, UserError
+from mmtf.metrics.aqa import rotate_item
 
 Key = tuple[int, int, int]
 
 
-def _probe_one(item: CaptionItem | LabelItem, modality: str,
+def _probe_one(item: CaptionItem | LabelItem | QAItem, modality: str,
                channels: int | None) -> float | DataError:
     try:
         if modality == "audio":
@@ -41,7 +43,7 @@ def _probe_one(item: CaptionItem | LabelItem, modality: str,
         return e
 
 
-def probe(items: Sequence[CaptionItem | LabelItem], *, modality: str, policy: ErrorPolicy,
+def probe(items: Sequence[CaptionItem | LabelItem | QAItem], *, modality: str, policy: ErrorPolicy,
           channels: int | None = None, threads: int = 8) -> tuple[list, list[float]]:
     """Check every item's file without decoding it; drop (or raise on) the bad ones.
 
@@ -83,7 +85,7 @@ class MediaDataset(Dataset):
         augment: audio only: per-item :class:`mmtf.data.augment.WaveAugment`; None = off.
     """
 
-    def __init__(self, items: Sequence[CaptionItem | LabelItem], *, modality: Modality,
+    def __init__(self, items: Sequence[CaptionItem | LabelItem | QAItem], *, modality: Modality,
                  sample_rate: int = 16000, max_seconds: float | None = None, crop: Crop = "center",
                  channels: int | None = None, transform: Callable[[Tensor], Tensor] | None = None,
                  on_error: OnError = "raise", seed: int = 0, max_retries: int = 16,
@@ -246,4 +248,40 @@ class LabelDataset(MediaDataset):
     def example(self, index: int, caption: int, media: Tensor) -> dict[str, Any]:
         out = super().example(index, caption, media)
         out["label"] = self.items[index].label
+        return out
+
+
+class QADataset(MediaDataset):
+    """Audio + one multiple-choice question as a chat (:mod:`mmtf.data.formats.aqa`).
+
+    An example holds the clip (``audio`` (s,)), ``messages`` (the user turn with its
+    ``<|audio|>`` placeholder, the assistant's ``(B) <answer>``), ``question_type``,
+    ``choices``, ``answer`` and ``rotation``. Tokenizing the chat is the model side's.
+
+    Args:
+        rotations: 1 (default): every item as written. k > 1: the key's caption slot picks
+            the rotation (``caption % k``, :func:`mmtf.metrics.aqa.rotate_item`), so a sampler
+            over (item, caption) pairs with k "captions" per item covers every rotation.
+        **kwargs: see :class:`MediaDataset`.
+    """
+
+    def __init__(self, items: Sequence[QAItem], *, rotations: int = 1, **kwargs: Any) -> None:
+        super().__init__(items, **kwargs)
+        if not 1 <= rotations <= min((len(it.choices) for it in self.items), default=1):
+            raise UserError(f"rotations ({rotations}) must be between 1 and the fewest options "
+                            f"of an item.")
+        self.rotations = rotations
+        # Several questions share a clip: they load (and keep decoded) the first one's audio.
+        first: dict[Any, int] = {}
+        self._clip_of = [first.setdefault(item.path, i) for i, item in enumerate(self.items)]
+
+    def load(self, index: int, epoch: int = 0) -> Tensor:
+        return super().load(self._clip_of[index], epoch)
+
+    def example(self, index: int, caption: int, media: Tensor) -> dict[str, Any]:
+        out = super().example(index, caption, media)
+        item = self.items[index]
+        variant = rotate_item(item, caption % self.rotations)
+        out.update(messages=variant["messages"], question_type=item.question_type,
+                   choices=variant["choices"], answer=item.answer, rotation=variant["rotation"])
         return out

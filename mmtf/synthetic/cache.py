@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from mmtf.errors import DataError, UserError
-from mmtf.synthetic import audio, image
+from mmtf.synthetic import aqa, audio, image
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ SETS: dict[str, SyntheticSet] = {
     "audio_captions": SyntheticSet(audio.write_caption_set, audio.VERSION, "clotho",
                                    audio.parse_caption),
     "audio_labels": SyntheticSet(audio.write_label_set, audio.VERSION, "esc50", None),
+    "audio_qa": SyntheticSet(aqa.write_qa_set, aqa.VERSION, "aqa", None),
     "image_captions": SyntheticSet(image.write_caption_set, image.VERSION, "coco",
                                    image.parse_caption),
     "image_labels": SyntheticSet(image.write_label_set, image.VERSION, "image_folder", None),
@@ -104,7 +105,8 @@ def ensure_synthetic(root: str | os.PathLike, kind: str, **params: Any) -> Path:
 
     Args:
         root, kind: the set's folder (created, or replaced if it holds another synthetic set);
-            ``audio_captions`` | ``audio_labels`` | ``image_captions`` | ``image_labels``.
+            ``audio_captions`` | ``audio_labels`` | ``audio_qa`` | ``image_captions`` |
+            ``image_labels``.
         **params: the writer's keyword arguments (sizes, seed, ...).
 
     Raises:

@@ -1,10 +1,11 @@
 """The data modules of the built-in sets: generate the set into ``root``, then read it as data.
 
-``SyntheticCaptionDataModule`` / ``SyntheticClassificationDataModule`` are ``mmtf.data``'s
-caption and classification modules plus one argument, ``synthetic`` (``{kind, **generator
-args}``): their ``prepare_data`` writes the set (:func:`~mmtf.synthetic.cache.ensure_synthetic`,
-cached and atomic) in its real-world layout, and from there on the format's reader of
-``mmtf.data`` reads it like a downloaded corpus. The dependency runs one way: ``mmtf.synthetic``
+``SyntheticCaptionDataModule`` / ``SyntheticClassificationDataModule`` /
+``SyntheticQADataModule`` are ``mmtf.data``'s caption, classification and question modules
+plus one argument, ``synthetic`` (``{kind, **generator args}``): their ``prepare_data`` writes
+the set (:func:`~mmtf.synthetic.cache.ensure_synthetic`, cached and atomic) in its real-world
+layout, and from there on the format's reader of ``mmtf.data`` reads it like a downloaded
+corpus. The dependency runs one way: ``mmtf.synthetic``
 builds on ``mmtf.data`` (its format writers, its data modules), ``mmtf.data`` never imports it.
 Why: see docs/design/synthetic-package.md
 """
@@ -18,6 +19,7 @@ from mmtf.data.datamodule import (
     CaptionDataModule,
     ClassificationDataModule,
     MediaDataModule,
+    QADataModule,
     to_plain,
 )
 from mmtf.errors import UserError
@@ -55,3 +57,8 @@ class SyntheticClassificationDataModule(_Generated, ClassificationDataModule):
     arguments it takes, plus ``synthetic``: ``{kind: audio_labels | image_labels, **generator
     args}``)."""
 
+
+class SyntheticQADataModule(_Generated, QADataModule):
+    """The built-in audio question set (``audio_qa``, :mod:`mmtf.synthetic.aqa`), generated then
+    read by :class:`~mmtf.data.datamodule.QADataModule` (whose arguments it takes, plus
+    ``synthetic``: ``{kind: audio_qa, **generator args}``)."""

@@ -106,3 +106,20 @@ def test_unreadable_images_and_missing_columns(tmp_path, capsys):
     n, out = _run_in_process(["data=esc50", f"data.root={esc}"], capsys)
     assert n == 1  # one broken file, reported once although three splits read it
     assert "[missing_columns]" in out and "['fold', 'category']" in out
+
+
+def test_built_in_questions_are_checked_and_a_bad_line_named(tmp_path, capsys):
+    sizes = [f"data.synthetic.{k}={v}" for k, v in TINY_AUDIO.items()]
+    n, out = _run_in_process(["data=synth_audio_qa", f"paths.data_dir={tmp_path}", *sizes],
+                             capsys)
+    assert n == 0 and "OK: no problems found" in out, out
+    assert "val          " in out and "Question types: " in out and "right letters: A=" in out
+    # The same files as a user's own set, one answer broken.
+    root = tmp_path / "synth_audio_qa"
+    lines = (root / "val.jsonl").read_text().splitlines()
+    lines[1] = lines[1].replace('"answer": "', '"answer": "not an option ')
+    (root / "val.jsonl").write_text("\n".join(lines) + "\n")
+    n, out = _run_in_process(["data=synth_audio_qa", "data._target_=mmtf.data.QADataModule",
+                              "~data.synthetic", f"data.root={root}"], capsys)
+    assert n == 1 and "[bad_row]" in out
+    assert f"{root / 'val.jsonl'} (line 2): 'answer' ('not an option " in out

@@ -28,6 +28,7 @@ SYNTHETIC_SIZES = {
     "synth_audio_captions": {**TINY_AUDIO},
     "synth_image_captions": {**TINY_IMAGE},
     "synth_audio_labels": {"num_clips": 20, "min_seconds": 1.0, "max_seconds": 1.5},
+    "synth_audio_qa": {**TINY_AUDIO},
     "synth_image_labels": {"num_train": 8, "num_val": 4, "num_test": 4, "image_size": 32},
 }
 # The built-in mixture: two built-in audio sets (its sources keep their own seeds).

@@ -4,11 +4,13 @@ Caption formats: ``clotho`` and ``audiocaps`` (audio), ``coco`` (images), ``mani
 ``shards`` (WebDataset tar shards) (either);
 speech (transcripts are the captions): ``librispeech``, ``common_voice``, ``manifest``.
 Label formats: ``esc50`` (audio), ``image_folder`` (images).
+Question formats: ``aqa`` (multiple-choice audio questions as JSONL, :mod:`.aqa`).
 
 Every reader is ``read_<format>(root, split, *, report, ...)``: the dataset folder, our split
 (``train|val|test``), and the callback each problem is reported to (:data:`base.Report`).
 """
 
+from mmtf.data.formats.aqa import QAItem, read_aqa, write_aqa_jsonl
 from mmtf.data.formats.audiocaps import read_audiocaps
 from mmtf.data.formats.base import SPLITS, CaptionItem, LabelItem, LabelSet
 from mmtf.data.formats.clotho import read_clotho, write_clotho_csv
@@ -34,10 +36,14 @@ LABEL_FORMATS = {
     "esc50": (read_esc50, "audio"),
     "image_folder": (read_image_folder, "image"),
 }
+QA_FORMATS = {
+    "aqa": (read_aqa, "audio"),
+}
 
 __all__ = [
-    "CAPTION_FORMATS", "LABEL_FORMATS", "SPLITS", "CaptionItem", "LabelItem", "LabelSet",
-    "ShardItem", "read_shards",
-    "read_audiocaps", "read_clotho", "read_coco", "read_common_voice", "read_esc50",
+    "CAPTION_FORMATS", "LABEL_FORMATS", "QA_FORMATS", "SPLITS", "CaptionItem", "LabelItem",
+    "LabelSet", "QAItem", "ShardItem", "read_shards",
+    "read_aqa", "read_audiocaps", "read_clotho", "read_coco", "read_common_voice", "read_esc50",
     "read_image_folder", "read_librispeech", "read_manifest", "write_clotho_csv", "write_coco_json", "write_esc50_csv",
+    "write_aqa_jsonl",
 ]

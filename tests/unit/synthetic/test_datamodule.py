@@ -57,11 +57,11 @@ def test_kind_must_write_the_format(tmp_path):
 
 def test_parsers_are_found_by_the_set_name():
     assert caption_parser("image_captions") is image.parse_caption
-    for name in ("audio_labels", "image_labels", "clotho", None):
+    for name in ("audio_labels", "audio_qa", "image_labels", "clotho", None):
         assert caption_parser(name) is None
     assert {k: row.format for k, row in SETS.items()} == {
-        "audio_captions": "clotho", "audio_labels": "esc50", "image_captions": "coco",
-        "image_labels": "image_folder"}
+        "audio_captions": "clotho", "audio_labels": "esc50", "audio_qa": "aqa",
+        "image_captions": "coco", "image_labels": "image_folder"}
 
 
 def test_the_task_looks_up_the_parser_of_its_run_data():
