@@ -161,6 +161,9 @@ def test_ranks_sum_their_counts_and_padding_repeats_change_nothing():
 
 
 def _ddp_worker(rank: int, world_size: int, store: str, out_dir: str) -> None:
+    # A forked child of a process whose OpenMP pool started hangs in its first parallel
+    # region on more than one thread (tests/forked.py, _fresh_threads): run on one.
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world_size)
     try:
