@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU, at most 8 minutes (the step limits below add up to 480 s): install mmtf beside the image's torch, run the CUDA tests, the
+# One GPU, at most 10 minutes (the step limits below add up to about 560 s): install mmtf beside the image's torch, run the CUDA tests, the
 # attention / decoding / training-step benchmarks at GPU sizes and a short main job with
 # trainer=gpu; everything goes to one results file.
 #
@@ -41,7 +41,9 @@ step() {
 note "# mmtf GPU check, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/GPU: /' | tee -a "$RESULTS"
 
-# -- install: mmtf without dependencies, then only what is missing, torch* pinned as installed --
+# -- install: the machine may reach no package registry. With wheels carried in .whl/ (the
+# packages the image lacks, see the README), they go to a private target dir and mmtf runs from
+# the checkout; otherwise pip installs mmtf and what is missing, torch* pinned as installed --
 PINS=$(mktemp)
 $PY - > "$PINS" <<'EOF'
 import importlib.metadata as md
@@ -52,22 +54,36 @@ for name in ("torch", "torchaudio", "torchvision"):
         pass
 EOF
 note "pinned: $(tr '\n' ' ' < "$PINS")"
-step install 120 bash -c "$PY -m pip install --no-deps -e . && $PY -m pip install -c $PINS -e '.[dev,bench]'"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    SITE=$(mktemp -d)
+    step install 90 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target "$SITE" .whl/*.whl
+    export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+else
+    step install 120 bash -c "$PY -m pip install --no-deps -e . && $PY -m pip install -c $PINS -e '.[dev,bench]'"
+fi
 step versions 20 $PY -c "import torch, torchaudio, torchvision, lightning, transformers, mmtf; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'torchaudio', torchaudio.__version__, 'torchvision', torchvision.__version__, 'lightning', lightning.__version__, 'transformers', transformers.__version__); print('device', torch.cuda.get_device_name(), 'bf16', torch.cuda.is_bf16_supported())"
 
 # -- CUDA tests: the fused-kernel checks of the attention core (tests marked gpu) --
-step cuda_tests 60 $PY -m pytest -m gpu tests -q -rs -p no:cacheprovider
+step cuda_tests 60 $PY -m pytest -m gpu tests/unit/perf/test_cuda_attention.py -q -rs -p no:cacheprovider
 
 # -- benchmarks at GPU sizes (short settings: the whole script must fit 8 minutes) --
 step attention 45 $PY experiments/gpu_check/attention.py --dtype bfloat16 --quick
-step decoding 60 $PY experiments/kv_cache_decoding/run.py --device cuda --no-compile --repeats 3
-step training_throughput 75 $PY experiments/training_throughput/run.py --device cuda \
-    --batch 128 --repeats 3 --steps 5 --loss-steps 40 --no-compile
+step decoding 50 $PY experiments/kv_cache_decoding/run.py --device cuda --no-compile --repeats 3
+step training_throughput 110 $PY experiments/training_throughput/run.py --device cuda \
+    --sizes default,whisper --batch 128 --repeats 3 --steps 5 --loss-steps 40 --no-compile
+
+# -- the prefix LLM (TinyLlama-size, random weights): bf16-mixed plain vs FSDP2, generation --
+step llm_prefix 120 $PY experiments/gpu_check/llm_prefix.py
+
+# -- DDP: two processes need two GPUs under NCCL; say what this machine has --
+note ""
+note "GPUs on this machine: $($PY -c 'import torch; print(torch.cuda.device_count())' 2>&1)"
 
 # -- the main job on the GPU, short: 2 epochs (data generation included); checkpoints stay in
 # a temporary run dir, its metrics and log come back --
 RUN_DIR=$(mktemp -d)/run
-step main_job 100 $PY -m mmtf.train experiment=audio_captioning trainer=gpu trainer.max_epochs=2 \
+step main_job 90 $PY -m mmtf.train experiment=audio_captioning trainer=gpu trainer.max_epochs=2 \
     data.loader.num_workers=4 data.loader.persistent_workers=true "hydra.run.dir=$RUN_DIR"
 cp "$RUN_DIR/metrics.json" "$LOGS/main_job_metrics.json" 2>/dev/null
 grep -h "\[perf\]" "$LOGS/main_job.log" "$RUN_DIR"/*.log 2>/dev/null | sort -u | head -n 8 \

@@ -46,6 +46,11 @@ from mmtf.tasks.optim import build_optimizer
 CONF = Path(__file__).resolve().parents[2] / "conf"
 LARGE = ["model.encoder.dim=384", "model.encoder.depth=6", "model.encoder.num_heads=6",
          "model.decoder.dim=384", "model.decoder.depth=6", "model.decoder.num_heads=6"]
+# Whisper small's shape (12 + 12 blocks of width 768, 12 heads): the "Whisper-size" model of the
+# GPU check (experiments/gpu_check).
+WHISPER = ["model.encoder.dim=768", "model.encoder.depth=12", "model.encoder.num_heads=12",
+           "model.decoder.dim=768", "model.decoder.depth=12", "model.decoder.num_heads=12"]
+SIZES = {"default": [], "large": LARGE, "whisper": WHISPER}
 PAD, BOS, EOS = 0, 1, 2
 
 
@@ -70,19 +75,21 @@ def build_peer(cfg, memory_len: int, device: torch.device):
     import transformers as tf
     tf.logging.set_verbosity_error()
     enc, dec = cfg.model.encoder, cfg.model.decoder
+    mels = enc.frontend.n_mels
     torch.manual_seed(0)
     config = tf.WhisperConfig(
-        vocab_size=dec.vocab_size, num_mel_bins=enc.n_mels, d_model=enc.dim,
+        vocab_size=dec.vocab_size, num_mel_bins=mels, d_model=enc.dim,
         encoder_layers=enc.depth, encoder_attention_heads=enc.num_heads,
         decoder_layers=dec.depth, decoder_attention_heads=dec.num_heads,
-        encoder_ffn_dim=int(enc.dim * enc.mlp_ratio), decoder_ffn_dim=int(dec.dim * dec.mlp_ratio),
+        encoder_ffn_dim=int(enc.dim * enc.block.mlp_ratio),
+        decoder_ffn_dim=int(dec.dim * dec.block.mlp_ratio),
         max_source_positions=memory_len, max_target_positions=dec.max_len,
-        dropout=dec.dropout, attention_dropout=0.0, activation_dropout=0.0,
+        dropout=dec.block.dropout, attention_dropout=0.0, activation_dropout=0.0,
         pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, decoder_start_token_id=BOS,
         apply_spec_augment=False, begin_suppress_tokens=None, suppress_tokens=None)
     model = tf.WhisperForConditionalGeneration(config)
     encoder = model.model.encoder
-    encoder.conv1 = torch.nn.Conv1d(enc.n_mels, enc.dim, kernel_size=3, stride=2, padding=1)
+    encoder.conv1 = torch.nn.Conv1d(mels, enc.dim, kernel_size=3, stride=2, padding=1)
     model = model.to(device).train()
     o = cfg.model.optimizer
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas),
@@ -257,7 +264,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=4.0, help="padded clip length")
-    parser.add_argument("--sizes", default="default,large")
+    parser.add_argument("--sizes", default="default,large", help="of default, large, whisper")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="also time the default model under torch.compile (default: on, "
@@ -286,14 +293,16 @@ def main() -> None:
 
     systems = {}
     for size in args.sizes.split(","):
-        overrides = ([] if size == "default" else LARGE) + (
+        if size not in SIZES:
+            parser.error(f"--sizes: {size!r} is not one of {sorted(SIZES)}")
+        overrides = list(SIZES[size]) + (
             ["+model.optimizer.fused=true"] if args.fused else []) + (
             ["+model.optimizer.foreach=true"] if args.foreach else [])
         model, opt, cfg = build_mmtf(overrides, device)
         batches = make_batches(cfg, 4, args.batch, args.seconds, device)
         memory_len = int(model.encoder.output_lengths(batches[0]["lengths"][:1]).item())
         peer, peer_opt = build_peer(cfg, memory_len, device)
-        frontend = PeerFrontEnd(cfg.model.encoder, 4 * memory_len).to(device)
+        frontend = PeerFrontEnd(cfg.model.encoder.frontend, 4 * memory_len).to(device)
         with FlopCounter(model) as counter:
             mmtf_step(model, opt, batches[0], dtype=torch.float32)
         systems[size] = dict(model=model, opt=opt, cfg=cfg, batches=batches, peer=peer,
@@ -348,6 +357,7 @@ def main() -> None:
         step = med(t["mmtf"])
         tokens = int((s["batches"][0]["tokens"][:, 1:] != PAD).sum())
         mfu = s["flops"] / step / peak_fp32
+        mfu_bf16 = s["flops"] / med(t["bf16"]) / peak_bf16     # the bf16 step against bf16 matmuls
         rows += [
             (f"{size}: params mmtf / peer", f"{n_params(s['model']) / 1e6:.2f} M / "
                                             f"{n_params(s['peer']) / 1e6:.2f} M"),
@@ -359,9 +369,11 @@ def main() -> None:
             (f"{size}: model GFLOP/step, GFLOP/s, **MFU**",
              f"{s['flops'] / 1e9:.2f}, {s['flops'] / step / 1e9:.1f}, {mfu:.1%}"),
             (f"{size}: bf16 autocast step ms, speedup", f"{1e3 * med(t['bf16']):.1f}, {bf16:.2f}x"),
+            (f"{size}: bf16 MFU (of the bf16 matmul rate)", f"{mfu_bf16:.1%}"),
         ]
         result[size] = {"step_time_vs_peer": round(ratio, 3), "mfu": round(mfu, 4),
                         "bf16_speedup": round(bf16, 3), "step_ms": round(1e3 * step, 1),
+                        "bf16_mfu": round(mfu_bf16, 4),
                         "samples_per_s": round(args.batch / step, 1)}
         if t["compiled"]:
             speedup = med(m / c for m, c in zip(t["mmtf"], t["compiled"]))
