@@ -94,13 +94,18 @@ class HFModel:
         return out
 
 
-def open_hf_model(source: str | Path, *, model_types: Collection[str], owner: str) -> HFModel:
+def open_hf_model(source: str | Path, *, model_types: Collection[str], owner: str,
+                  family: str | None = None, supported: str | None = None) -> HFModel:
     """Check and open a Hugging Face–format model folder or hub id.
 
     Args:
         source: a folder, or a hub id ``org/name`` (downloaded into the hub cache when online).
         model_types: the ``config.json`` ``model_type`` values the caller imports.
         owner: the importing class or config key, named in every message.
+        family: what the caller builds ("LLM", "text-encoder"): another ``model_type`` is then
+            "not a supported <family> family" with the supported list, checked before the
+            weights (a folder of another family may hold weights mmtf cannot read).
+        supported: how that message lists what is supported (default: the model types).
 
     Raises:
         UserError: no such folder or hub id, a missing or bad ``config.json``, no safetensors
@@ -115,6 +120,10 @@ def open_hf_model(source: str | Path, *, model_types: Collection[str], owner: st
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"{owner}: {config_file} is not valid JSON ({err}).") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if family is not None and kind is not None and kind not in model_types:
+        raise UserError(f"{source}: model_type {kind!r} is not a supported {family} family; "
+                        f"mmtf builds {supported or ', '.join(sorted(model_types))}.")
     files = _weight_files(folder, owner=owner)
     model = HFModel(folder=folder, config=config, source=str(source), _files=files)
     if model.model_type not in model_types:

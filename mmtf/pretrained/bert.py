@@ -212,16 +212,8 @@ def open_bert(source: str | Path) -> tuple[HFModel, FolderSettings]:
     """
     folder = resolve_source(source, owner=OWNER)
     settings = folder_settings(folder)
-    config_file = settings.model_folder / CONFIG_FILE
-    if config_file.is_file():
-        try:
-            kind = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            kind = None                                   # open_hf_model names the problem
-        if kind is not None and kind not in MODEL_TYPES:
-            raise UserError(f"{source}: model_type {kind!r} is not a supported text-encoder "
-                            f"family; mmtf builds {SUPPORTED}.")
-    model = open_hf_model(settings.model_folder, model_types=MODEL_TYPES, owner=OWNER)
+    model = open_hf_model(settings.model_folder, model_types=MODEL_TYPES, owner=OWNER,
+                          family="text-encoder", supported=SUPPORTED)
     model.source = str(source)
     return model, settings
 

@@ -145,19 +145,9 @@ def open_llm(source: str | Path) -> HFModel:
         UserError: no folder, no weights, or a ``model_type`` mmtf does not build (named with
             the supported list).
     """
-    from mmtf.hub import resolve_source
 
-    folder = resolve_source(source, owner=OWNER)
-    config_file = folder / CONFIG_FILE
-    if config_file.is_file():
-        try:
-            kind = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            kind = None                                   # open_hf_model names the problem
-        if kind is not None and kind not in MODEL_TYPES:
-            raise UserError(f"{source}: model_type {kind!r} is not a supported LLM family; "
-                            f"mmtf builds {SUPPORTED}.")
-    return open_hf_model(folder, model_types=MODEL_TYPES, owner=OWNER)
+    return open_hf_model(source, model_types=MODEL_TYPES, owner=OWNER, family="LLM",
+                         supported=SUPPORTED)
 
 
 def lm_values(model: HFModel) -> dict[str, tuple[Any, str]]:
