@@ -79,8 +79,9 @@ def item_chats(item: CaptionItem, *, placeholder: str, instruction: str | None, 
     text = item.instruction or instruction
     if not text:
         raise UserError(f"{item.where}: a caption item trained as a chat needs an instruction; "
-                        f"set data.instruction (e.g. data.instruction=\"Describe the sound.\"), "
-                        f"or use an instruction set (data=instruction).")
+                        f"set data.instruction (e.g. data.instruction=\"Describe the sound.\"; in a "
+                        f"mixture data.sources.<name>.instruction), or use an instruction set "
+                        f"(data=instruction).")
     captions = item.captions if train else item.captions[:1]
     return [(caption_chat(placeholder, text, c), None, None) for c in captions]
 
