@@ -350,3 +350,47 @@ def test_the_built_in_aqa_set_reads_as_instruction_data(tmp_path):
     items = dm.items("val")
     assert items and all(i.qa is not None and i.messages for i in items)
     assert all(i.captions == (i.messages[-1]["content"],) for i in items)
+
+
+# ---------------------------------------------------------------------------- configs, hand-over
+def _data_cfg(*overrides):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    conf = Path(__file__).resolve().parents[3] / "conf"
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        return compose("train", overrides=list(overrides)).data
+
+
+def test_the_configs_compose_into_instruction_modules(chat_set):
+    from hydra.utils import instantiate
+
+    dm = instantiate(_data_cfg("data=instruction", f"data.root={chat_set}"))
+    assert type(dm) is CaptionDataModule and dm.format == "instruction"
+    assert [i.id for i in dm.items("train")] == ["a", "b"]
+    caps = _data_cfg("data=synth_audio_captions", "data.instruction=Describe the sound.")
+    assert caps.instruction == "Describe the sound." and caps.max_chat_tokens == 512
+    assert _data_cfg("data=synth_image_captions").media_token is None
+    qa, plain = _data_cfg("data=synth_audio_qa_instruction"), _data_cfg("data=synth_audio_qa")
+    # The same generated set (root and generator settings) as data=synth_audio_qa.
+    assert qa.root == plain.root and qa.synthetic == plain.synthetic
+    assert qa.format == "instruction" and qa.rotations == 4
+
+
+def test_the_task_hands_its_chat_template_over_with_the_tokenizer(chat_set):
+    from types import SimpleNamespace
+
+    from mmtf.tasks.base import Task
+    from mmtf.tasks.resolve import chat_template_kwargs
+
+    tok, tpl = tiny_tokenizer(), template()
+    task = SimpleNamespace(tokenizer=tok, chat_template=tpl, require_tokenizer=lambda: tok)
+    assert chat_template_kwargs(task) == {"chat_template": tpl}
+    assert chat_template_kwargs(SimpleNamespace(tokenizer=tok)) == {}
+    dm = module(chat_set)
+    dm.connect(tok, **chat_template_kwargs(task))
+    Task.check_data_tokenizer(task, dm)                 # the same template: no error
+    dm.connect(tok, chat_template=template())
+    with pytest.raises(UserError, match="another chat template than the task's"):
+        Task.check_data_tokenizer(task, dm)
