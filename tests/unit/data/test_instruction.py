@@ -394,3 +394,33 @@ def test_the_task_hands_its_chat_template_over_with_the_tokenizer(chat_set):
     dm.connect(tok, chat_template=template())
     with pytest.raises(UserError, match="another chat template than the task's"):
         Task.check_data_tokenizer(task, dm)
+
+
+def test_the_batches_are_what_the_prefix_task_reads(chat_set):
+    """The contract with PrefixLMTask: a training batch trains exactly the answer tokens once
+    spliced, and a val batch's left-padded prompts generate."""
+    from mmtf.pretrained.llm import llm_decoder
+    from mmtf.tasks import PrefixLMTask
+    from tests.unit.tasks.conftest import ADAMW, audio_encoder
+
+    tok = tiny_tokenizer()
+    dm = module(chat_set)
+    dm.connect(tok, chat_template=template())
+    torch.manual_seed(0)
+    decoder = llm_decoder(vocab_size=tok.vocab_size, dim=32, depth=1, num_heads=4,
+                          num_kv_heads=2, mlp_hidden=48, max_len=256, eos_id=tok.eos_id,
+                          pad_id=tok.pad_id)
+    task = PrefixLMTask(encoder=audio_encoder(), decoder=decoder, optimizer=ADAMW,
+                        projector={"kind": "linear"},
+                        media_token_id=tok.token_to_id("<|audio|>"))
+    train = first_batch(dm, "train")
+    out = task(train)
+    assert torch.isfinite(out.loss)
+    # Every trained text token is still trained once spliced, and no media position is.
+    assert int((out.inputs.labels != IGNORE).sum()) == int((train["labels"] != IGNORE).sum())
+    assert not (out.inputs.labels[out.inputs.media_positions] != IGNORE).any()
+    val = first_batch(dm, "val")
+    gen = task.generate({"media": val["media"], "media_mask": val["media_mask"],
+                         "input_ids": val["prompt_ids"], "attention_mask": val["prompt_mask"]},
+                        max_new_tokens=3)
+    assert gen.tokens.shape[0] == len(val["ids"])
