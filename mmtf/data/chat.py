@@ -40,6 +40,8 @@ class ChatExample(NamedTuple):
             generation prompt (what generation continues); None in training.
         choices: a multiple-choice variant's options in its letter order (else None).
         rotation: that variant's rotation (else None).
+        references: a rotated variant's own answer (``(D) <answer>``); None = the item's
+            references.
     """
 
     input_ids: np.ndarray
@@ -47,6 +49,7 @@ class ChatExample(NamedTuple):
     prompt_ids: np.ndarray | None
     choices: tuple[str, ...] | None = None
     rotation: int | None = None
+    references: tuple[str, ...] | None = None
 
 
 def caption_chat(placeholder: str, instruction: str, caption: str) -> list[Message]:
@@ -128,9 +131,10 @@ def encode_items(items: Sequence[CaptionItem], *, template: ChatTemplate, tokeni
             if not train:
                 text = template.render(prompt_messages(messages), add_generation_prompt=True)
                 prompt = np.asarray(encode_rendered(tokenizer, text).ids, dtype=np.int64)
-            variants.append(ChatExample(np.asarray(ids.input_ids, dtype=np.int64),
-                                        np.asarray(ids.labels, dtype=np.int64), prompt,
-                                        choices, rotation))
+            variants.append(ChatExample(
+                np.asarray(ids.input_ids, dtype=np.int64), np.asarray(ids.labels, dtype=np.int64),
+                prompt, choices, rotation,
+                (messages[-1]["content"],) if rotation else None))
         out.append(variants)
     return out
 
@@ -144,5 +148,13 @@ def chat_texts(item: CaptionItem, placeholder: str, instruction: str | None) -> 
     return [*item.captions, *([text] if text else [])]
 
 
+def question_fields(items: Sequence[CaptionItem], prefix: str = "") -> list[dict[str, Any]]:
+    """The multiple-choice items among ``items`` as :class:`mmtf.metrics.aqa.AQAAccuracy` takes
+    them (``id`` as batches carry it, ``question_type``, ``choices``, ``answer``; rotation 0)."""
+    return [{"id": prefix + item.id, "question_type": item.qa.question_type,
+             "question": item.qa.question, "choices": list(item.qa.choices),
+             "answer": item.qa.answer} for item in items if item.qa is not None]
+
+
 __all__ = ["ChatExample", "caption_chat", "chat_texts", "encode_items", "item_chats",
-           "prompt_messages"]
+           "prompt_messages", "question_fields"]

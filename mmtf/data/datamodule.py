@@ -24,7 +24,7 @@ from typing import Any, Literal
 import lightning as L
 
 from mmtf.data.augment import build_augment
-from mmtf.data.chat import chat_texts, encode_items
+from mmtf.data.chat import chat_texts, encode_items, question_fields
 from mmtf.data.collate import Collate
 from mmtf.data.datasets import CaptionDataset, LabelDataset, QADataset, probe
 from mmtf.data.errors import ErrorCounter, ErrorPolicy
@@ -587,6 +587,11 @@ class CaptionDataModule(MediaDataModule):
                                   f"data.language=null data.speech_job=null.")
             return None
         return prompt.ids(job=job, language=language, where=item.where)
+
+    def questions(self, split: str) -> list[dict[str, Any]]:
+        """The split's multiple-choice items as :class:`mmtf.metrics.aqa.AQAAccuracy` takes
+        them (ids as the batches carry them); empty when it has none."""
+        return question_fields(self.items(split))
 
     def _num_captions(self, split: str) -> list[int] | None:
         if self.chats:            # chat variants: captions, or val/test rotations

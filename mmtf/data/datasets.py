@@ -244,9 +244,8 @@ class CaptionDataset(MediaDataset):
         out = super().example(index, caption, media)
         per_item = self.tokens[index]
         if self.chats:
-            item = self.items[index]
-            out.update(chat=per_item[caption % len(per_item)], references=item.captions,
-                       qa=item.qa)
+            item, chat = self.items[index], per_item[caption % len(per_item)]
+            out.update(chat=chat, references=chat.references or item.captions, qa=item.qa)
             return out
         if self.captions_per_item == 1:
             out["tokens"] = per_item[caption % len(per_item)]

@@ -423,6 +423,12 @@ class MixtureDataModule(CaptionDataModule):
             spec["prompt"] = ["<bos>", default.prompt_token]
         return spec
 
+    def questions(self, split: str) -> list[dict[str, Any]]:
+        """Every evaluated source's multiple-choice items, ids prefixed with the source's name
+        (as :class:`MixtureDataset` prefixes them)."""
+        return [{**q, "id": f"{s.name}/{q['id']}"} for s in self.members(split)
+                for q in s.module.questions(split)]
+
     def train_captions(self) -> list[str]:
         """Every source's training texts (:meth:`CaptionDataModule.train_captions`)."""
         return [t for s in self.sources for t in s.module.train_captions()]

@@ -338,6 +338,16 @@ def test_aqa_eval_batches_keep_choices_answer_type_and_every_rotation(qa_set):
             "<|im_end|>", "<|im_start|>", "assistant"])
         trained = [t for t in batch["labels"][row].tolist() if t != IGNORE]
         assert trained == ids_of(tok, ["(", letter, ")", *answer.split(), "<|im_end|>"])
+        assert batch["references"][row] == [f"({letter}) {answer}"]
+    # The scorer takes the module's questions and the batch as it is: the references as
+    # replies are right under every rotation.
+    from mmtf.metrics.aqa import AQAAccuracy
+
+    metric = AQAAccuracy(dm.questions("val"), rotations=4)
+    metric.update(batch["ids"], batch["rotation"], [r[0] for r in batch["references"]],
+                  batch["answer"])
+    scores = metric.compute()
+    assert scores["strict_accuracy"] == 1.0 and scores["items"] == 2
 
 
 def test_the_built_in_aqa_set_reads_as_instruction_data(tmp_path):

@@ -168,6 +168,13 @@ def test_a_mixture_mixes_questions_and_captions_with_an_instruction(mixed_set, t
         elif item_id in ("qa/q1", "qa/q2"):
             assert val["answer"][row] in CHOICES and len(val["choices"][row]) == 4
     assert mix.train_captions()[-1] == "Describe the sound."
+    from mmtf.metrics.aqa import AQAAccuracy
+
+    metric = AQAAccuracy(mix.questions("val"), rotations=2)
+    asked = [row for row, c in enumerate(val["choices"]) if c is not None]
+    metric.update([val["ids"][r] for r in asked], [val["rotation"][r] for r in asked],
+                  [val["references"][r][0] for r in asked], [val["answer"][r] for r in asked])
+    assert metric.compute()["strict_accuracy"] == 1.0
 
 
 def test_a_chat_mixture_refuses_prompt_tokens_and_captions_without_an_instruction(
