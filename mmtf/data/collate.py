@@ -110,7 +110,6 @@ class Collate:
         batch["_skipped"] = [s for e in examples for s in e.get("_skipped", ())]
         return batch
 
-
     def _chats(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """The prefix LLM batch (module doc) of examples carrying a ``chat``
         (:class:`mmtf.data.chat.ChatExample`)."""

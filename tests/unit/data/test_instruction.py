@@ -434,3 +434,17 @@ def test_the_batches_are_what_the_prefix_task_reads(chat_set):
                          "input_ids": val["prompt_ids"], "attention_mask": val["prompt_mask"]},
                         max_new_tokens=3)
     assert gen.tokens.shape[0] == len(val["ids"])
+
+
+def test_image_captions_with_an_instruction_hold_the_image_placeholder(tiny_image_captions):
+    dm = CaptionDataModule(format="coco", root=str(tiny_image_captions),
+                           instruction="Describe the image.",
+                           batches={"batch_size": 2}, loader={"num_workers": 0})
+    texts = [c for s in ("train", "val") for item in dm.items(s) for c in item.captions]
+    tok = tiny_tokenizer([*texts, "image"])
+    dm.connect(tok, chat_template=template())
+    batch = first_batch(dm, "val")
+    assert batch["media"].shape == (2, 3, 32, 32) and "media_mask" not in batch
+    header = ids_of(tok, ["<|im_start|>", "user", "<|image|>", "Describe", "the", "image", ".",
+                          "<|im_end|>", "<|im_start|>", "assistant"])
+    assert batch["prompt_ids"][0].tolist()[-len(header):] == header
