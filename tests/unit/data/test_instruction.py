@@ -386,6 +386,15 @@ def test_the_configs_compose_into_instruction_modules(chat_set):
     # The same generated set (root and generator settings) as data=synth_audio_qa.
     assert qa.root == plain.root and qa.synthetic == plain.synthetic
     assert qa.format == "instruction" and qa.rotations == 4
+    # The chat mixture's sources are the same generated sets as the single-set configs.
+    mix = _data_cfg("data=synth_audio_instruction_mix")
+    caps_plain = _data_cfg("data=synth_audio_captions")
+    for name, single in (("qa", plain), ("captions", caps_plain)):
+        assert mix.sources[name].root == single.root
+        assert dict(mix.sources[name].synthetic) == dict(single.synthetic)
+    built = instantiate(mix)
+    assert [s.module.format for s in built.sources] == ["instruction", "clotho"]
+    assert built.sources[1].module.instruction == "Describe the sound."
 
 
 def test_the_task_hands_its_chat_template_over_with_the_tokenizer(chat_set):
