@@ -71,6 +71,10 @@ def item_chats(item: CaptionItem, *, placeholder: str, instruction: str | None, 
             return [(list(item.messages), None if item.qa is None else item.qa.choices,
                      None if item.qa is None else 0)]
         qa = item.qa
+        if rotations > len(qa.choices):
+            raise UserError(f"{item.where}: data.rotations={rotations} but the question has "
+                            f"{len(qa.choices)} options, so rotations would repeat; set "
+                            f"data.rotations <= {len(qa.choices)}.")
         fields = {"id": item.id, "question_type": qa.question_type, "question": qa.question,
                   "choices": list(qa.choices), "answer": qa.answer}
         out: list[tuple[list[Message], tuple[str, ...] | None, int | None]] = \

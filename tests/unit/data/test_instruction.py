@@ -350,6 +350,14 @@ def test_aqa_eval_batches_keep_choices_answer_type_and_every_rotation(qa_set):
     assert scores["strict_accuracy"] == 1.0 and scores["items"] == 2
 
 
+def test_more_rotations_than_options_is_named(qa_set):
+    dm = module(qa_set, rotations=5)
+    dm.connect(qa_tokenizer(), chat_template=template())
+    with pytest.raises(UserError, match=r"val.jsonl line 1: data.rotations=5 but the question "
+                                        r"has 4 options"):
+        dm.val_dataloader()
+
+
 def test_the_built_in_aqa_set_reads_as_instruction_data(tmp_path):
     dm = SyntheticCaptionDataModule(
         format="instruction", modality="audio", root=str(tmp_path / "qa"),

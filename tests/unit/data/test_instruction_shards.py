@@ -93,6 +93,9 @@ def test_a_shard_round_trip_keeps_every_items_messages_and_question(mixed_set, t
     batch = next(iter(back.val_dataloader()))
     assert {"media", "media_mask", "input_ids", "labels", "prompt_ids", "prompt_mask",
             "choices", "answer", "question_type", "references"} <= set(batch)
+    train = [b for b in back.train_dataloader()]          # the shard stream sampler
+    assert sorted(i for b in train for i in b["ids"]) == ["a", "b", "q1", "q2"]
+    assert all("prompt_ids" not in b for b in train)
 
 
 def test_a_caption_set_sharded_with_an_instruction_keeps_it(tmp_path):
