@@ -35,6 +35,7 @@ from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.errors import ConfigError, DataError, UserError
 from mmtf.text import Tokenizer
+from mmtf.text.base import BackedTokenizer
 from mmtf.text.chat import ChatTemplate
 from mmtf.text.prompt import JOBS, Prompt, prompt_for
 from mmtf.utils.parts import as_part, moved_keys
@@ -490,9 +491,14 @@ class CaptionDataModule(MediaDataModule):
         with ``chat_template`` (a prefix LLM's), items become chats (:mod:`mmtf.data.chat`).
 
         Raises:
-            ConfigError: chats with mixup or ``captions_per_item > 1``.
+            ConfigError: chats with mixup, ``captions_per_item > 1`` or a tokenizer that is
+                not backed by ``tokenizers`` (``char``).
         """
         if chat_template is not None:
+            if not isinstance(tokenizer, BackedTokenizer):
+                raise ConfigError(f"a prefix LLM's chats are encoded by a tokenizer backed by "
+                                  f"`tokenizers` (tokenizer=bpe or pretrained); "
+                                  f"{type(tokenizer).__name__} is not one.")
             if self.mixup is not None:
                 raise ConfigError("data.augment.mixup mixes caption losses; a prefix LLM trains "
                                   "on chats: set data.augment.mixup.p=0.")

@@ -274,6 +274,10 @@ def test_a_caption_set_with_an_instruction_refuses_a_captioner_and_mixup(caption
     mixed = caption_module(augment={"mixup": {"p": 0.5}})
     with pytest.raises(ConfigError, match="mixup"):
         mixed.connect(caption_tokenizer(dm), chat_template=template())
+    from mmtf.text import CharTokenizer
+
+    with pytest.raises(ConfigError, match="CharTokenizer is not one"):
+        dm.connect(CharTokenizer.train(dm.train_captions()), chat_template=template())
 
 
 def test_train_captions_hold_the_turns_and_the_instruction(chat_set, caption_module):
