@@ -469,3 +469,28 @@ def test_image_captions_with_an_instruction_hold_the_image_placeholder(tiny_imag
     header = ids_of(tok, ["<|im_start|>", "user", "<|image|>", "Describe", "the", "image", ".",
                           "<|im_end|>", "<|im_start|>", "assistant"])
     assert batch["prompt_ids"][0].tolist()[-len(header):] == header
+
+
+def test_lightning_fits_a_prefix_task_on_the_data_module(chat_set):
+    import lightning as L
+
+    from mmtf.pretrained.llm import llm_decoder
+    from mmtf.tasks import PrefixLMTask
+    from tests.unit.tasks.conftest import ADAMW, audio_encoder
+
+    tok = tiny_tokenizer()
+    dm = module(chat_set, max_seconds=10.0)
+    dm.connect(tok, chat_template=template())
+    torch.manual_seed(0)
+    decoder = llm_decoder(vocab_size=tok.vocab_size, dim=32, depth=1, num_heads=4,
+                          num_kv_heads=2, mlp_hidden=48, max_len=256, eos_id=tok.eos_id,
+                          pad_id=tok.pad_id)
+    task = PrefixLMTask(encoder=audio_encoder(), decoder=decoder, optimizer=ADAMW,
+                        projector={"kind": "linear"}, warmup_steps=1,
+                        media_token_id=tok.token_to_id("<|audio|>"))
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(task, datamodule=dm)
+    assert {"train/loss", "val/loss"} <= set(trainer.callback_metrics)
+    assert torch.isfinite(trainer.callback_metrics["val/loss"])
