@@ -168,7 +168,12 @@ def _check_module(cfg: DictConfig, dm: Any, splits: list[str]) -> int:
         words = Counter(w for t in texts for w in re.findall(r"[\w']+", t.lower()))
         print(f"\nVocabulary: {len(words)} distinct words in {len(texts)} captions; "
               f"most common: {', '.join(w for w, _ in words.most_common(10))}")
-        if "train" in results and results["train"]["items"]:
+        chats = sum(it.messages is not None or bool(getattr(dm, "instruction", None))
+                    for r in results.values() for it in r["items"])
+        if chats:       # a prefix LLM's: encoded with the task's chat template, not here
+            print(f"Chats: {chats} item(s) are conversations for a prefix LLM; they are "
+                  f"encoded with its tokenizer and chat template when it trains")
+        elif "train" in results and results["train"]["items"]:
             dm.error_counts = ErrorCounter()
             spec = OmegaConf.to_container(cfg.tokenizer, resolve=True)
             dm.connect(build_tokenizer(spec, dm.train_captions))   # what a fresh run would use

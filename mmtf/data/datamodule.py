@@ -24,15 +24,19 @@ from typing import Any, Literal
 import lightning as L
 
 from mmtf.data.augment import build_augment
+from mmtf.data.chat import chat_texts, encode_items, question_fields
 from mmtf.data.collate import Collate
 from mmtf.data.datasets import CaptionDataset, LabelDataset, QADataset, probe
 from mmtf.data.errors import ErrorCounter, ErrorPolicy
 from mmtf.data.formats import CAPTION_FORMATS, LABEL_FORMATS, QA_FORMATS, SPLITS, CaptionItem
+from mmtf.data.formats.instruction import media_token as media_token_for
 from mmtf.data.image import build_transform, header_sizes, transformed_pixels
 from mmtf.data.loader import DataLoader, StatefulDataLoader, make_loader
 from mmtf.data.sampler import BucketBatchSampler, padding_fraction
 from mmtf.errors import ConfigError, DataError, UserError
 from mmtf.text import Tokenizer
+from mmtf.text.base import BackedTokenizer
+from mmtf.text.chat import ChatTemplate
 from mmtf.text.prompt import JOBS, Prompt, prompt_for
 from mmtf.utils.parts import as_part, moved_keys
 
@@ -390,10 +394,20 @@ class CaptionDataModule(MediaDataModule):
         language, speech_job: speech: the language code and ``transcribe`` | ``translate`` of
             items that name none; None = the tokenizer's prompt. (``task``: the old name of
             ``speech_job``, read with a warning.)
+        instruction: a prefix LLM's user turn for caption items (``"Describe the sound."``):
+            each (item, caption) becomes the chat ``user: <|audio|>\n<instruction>``,
+            ``assistant: <caption>`` (:mod:`mmtf.data.chat`). None: instruction items only.
+        max_chat_tokens: the longest rendered conversation (an error names a longer one).
+        rotations: chats, val/test: a multiple-choice item is asked under this many rotations
+            of its options (``rotation`` in the batch; :class:`mmtf.metrics.aqa.AQAAccuracy`).
+        media_token: the placeholder of the media in a user turn; None = ``<|audio|>`` /
+            ``<|image|>`` by modality.
 
     Speech items start their ids with their own prompt (:meth:`item_prompt`,
     docs/design/asr-prompts-per-item.md). The entry point hands the tokenizer over with
-    :meth:`connect` (``self.tokenizer``, None until then).
+    :meth:`connect` (``self.tokenizer``, None until then); a prefix LLM's task hands its chat
+    template over with it (``connect(tokenizer, chat_template=...)``), and batches are then
+    chats (:mod:`mmtf.data.collate`, ``targets="chat"``).
     """
 
     targets = "caption"
@@ -404,8 +418,24 @@ class CaptionDataModule(MediaDataModule):
     def __init__(self, *, max_caption_tokens: int = 64,
                  caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
                  language: str | None = None, speech_job: str | None = None,
-                 task: str | None = None, **kwargs: Any) -> None:
+                 task: str | None = None, instruction: str | None = None,
+                 max_chat_tokens: int = 512, rotations: int = 1, media_token: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**_current_keys(kwargs))
+        if instruction is not None and (not isinstance(instruction, str)
+                                        or not instruction.strip()):
+            raise ConfigError(f"data.instruction ({instruction!r}) must be a non-empty string "
+                              f"such as \"Describe the sound.\", or null.")
+        if isinstance(max_chat_tokens, bool) or not isinstance(max_chat_tokens, int) or \
+                max_chat_tokens < 2:
+            raise ConfigError(f"data.max_chat_tokens ({max_chat_tokens!r}) must be an int >= 2.")
+        if isinstance(rotations, bool) or not isinstance(rotations, int) or rotations < 1:
+            raise ConfigError(f"data.rotations ({rotations!r}) must be an int >= 1 (4: every "
+                              f"option of a 4-choice question visits every letter).")
+        self.instruction = instruction.strip() if instruction else None
+        self.max_chat_tokens, self.rotations = max_chat_tokens, rotations
+        self.placeholder = media_token_for(self.modality, media_token)
+        self.chat_template: ChatTemplate | None = None
         self.max_caption_tokens = int(max_caption_tokens)
         if self.max_caption_tokens < 2:
             raise ConfigError(f"max_caption_tokens ({self.max_caption_tokens}) must be >= 2 to "
@@ -436,29 +466,72 @@ class CaptionDataModule(MediaDataModule):
         kw = super()._reader_kwargs()
         if self.format == "manifest":
             kw["modality"] = self.modality
+        if self.format == "instruction":
+            kw.update(modality=self.modality, placeholder=self.placeholder)
         return kw
 
     def train_captions(self) -> list[str]:
-        """Every training caption: what a fresh run's tokenizer is trained on."""
-        return [c for item in self.items("train") for c in item.captions]
+        """Every training caption (and, for chats, every turn and the instruction): what a
+        fresh run's tokenizer is trained on."""
+        return [t for item in self.items("train")
+                for t in chat_texts(item, self.placeholder, self.instruction)]
+
+    @property
+    def chats(self) -> bool:
+        """Batches are chats for a prefix LLM (a chat template was connected)."""
+        return self.chat_template is not None
 
     def tokenizer_spec(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         """The ``tokenizer`` config node a fresh run trains with, given the configured one (a
         mixture adds its sources' prompt tokens); unchanged here."""
         return dict(spec)
 
-    def connect(self, tokenizer: Tokenizer) -> None:
-        """Build token ids with ``tokenizer`` from now on (cached ids of another are dropped)."""
-        if tokenizer != self.tokenizer:
-            self._tokens.clear()
-        self.tokenizer = tokenizer
-
-    def tokens(self, split: str) -> list[list[list[int]]]:
-        """Token ids of every caption of every item of a split, truncated to the limit.
+    def connect(self, tokenizer: Tokenizer, chat_template: ChatTemplate | None = None) -> None:
+        """Build token ids with ``tokenizer`` from now on (cached ids of another are dropped);
+        with ``chat_template`` (a prefix LLM's), items become chats (:mod:`mmtf.data.chat`).
 
         Raises:
-            UserError: no tokenizer was connected (:meth:`connect`).
+            ConfigError: chats with mixup, ``captions_per_item > 1`` or a tokenizer that is
+                not backed by ``tokenizers`` (``char``).
         """
+        if chat_template is not None:
+            if not isinstance(tokenizer, BackedTokenizer):
+                raise ConfigError(f"a prefix LLM's chats are encoded by a tokenizer backed by "
+                                  f"`tokenizers` (tokenizer=bpe or pretrained); "
+                                  f"{type(tokenizer).__name__} is not one.")
+            if self.mixup is not None:
+                raise ConfigError("data.augment.mixup mixes caption losses; a prefix LLM trains "
+                                  "on chats: set data.augment.mixup.p=0.")
+            if self.captions_per_item != 1:
+                raise ConfigError(f"data.captions_per_item ({self.captions_per_item}) must be 1 "
+                                  f"for a prefix LLM (one chat per example); use "
+                                  f"data.caption_policy=all to train on every caption.")
+        if tokenizer != self.tokenizer or chat_template is not self.chat_template:
+            self._tokens.clear()
+        self.tokenizer, self.chat_template = tokenizer, chat_template
+
+    def tokens(self, split: str) -> list[list[list[int]]]:
+        """Token ids of every caption of every item of a split, truncated to the limit; with a
+        chat template, every item's encoded chats (:func:`mmtf.data.chat.encode_items`).
+
+        Raises:
+            UserError: no tokenizer was connected (:meth:`connect`), or instruction data
+                without a chat template.
+        """
+        if split not in self._tokens and self.tokenizer is not None and self.chats:
+            self._tokens[split] = encode_items(
+                self.items(split), template=self.chat_template, tokenizer=self.tokenizer,
+                placeholder=self.placeholder, instruction=self.instruction,
+                train=split == "train", max_tokens=self.max_chat_tokens,
+                rotations=self.rotations)
+        if split not in self._tokens and self.tokenizer is not None and (
+                self.instruction or any(item.messages is not None for item in self.items(split))):
+            raise UserError(f"{type(self).__name__}: {self.format} data with "
+                            f"{'data.instruction' if self.instruction else 'conversations'} "
+                            f"trains a prefix LLM, which hands its chat template over: "
+                            f"datamodule.connect(tokenizer, chat_template=...) (a task with a "
+                            f"chat_template does, e.g. the *_llm experiments); for a captioner "
+                            f"set data.instruction=null and use a caption set.")
         if split not in self._tokens:
             if self.tokenizer is None:
                 raise UserError(
@@ -521,16 +594,33 @@ class CaptionDataModule(MediaDataModule):
             return None
         return prompt.ids(job=job, language=language, where=item.where)
 
+    def questions(self, split: str) -> list[dict[str, Any]]:
+        """The split's multiple-choice items as :class:`mmtf.metrics.aqa.AQAAccuracy` takes
+        them (ids as the batches carry them); empty when it has none."""
+        return question_fields(self.items(split))
+
     def _num_captions(self, split: str) -> list[int] | None:
+        if self.chats:            # chat variants: captions, or val/test rotations
+            return [len(per) for per in self.tokens(split)]
         return [len(item.captions) for item in self.items(split)]
 
-    def _collate(self, split: str) -> Collate:
+    def _collate_kwargs(self, split: str) -> dict[str, Any]:
         # Built after _dataset, which refuses to run without a tokenizer.
-        return Collate(modality=self.modality, targets=self.targets, pad_id=self.tokenizer.pad_id,
-                       mixup=self.mixup if split == "train" else None)
+        pad = self.tokenizer.pad_id
+        pad = 0 if pad is None else pad   # padded ids are masked: any id serves
+        if self.chats:
+            return dict(modality=self.modality, targets="chat", pad_id=pad,
+                        prompts=split != "train")
+        return dict(modality=self.modality, targets=self.targets, pad_id=pad,
+                    mixup=self.mixup if split == "train" else None)
+
+    def _collate(self, split: str) -> Collate:
+        return Collate(**self._collate_kwargs(split))
 
     def _policy(self, split: str) -> str:
-        return self.caption_policy if split == "train" else "first"
+        if split != "train":
+            return "all" if self.chats else "first"     # chats: every rotation
+        return self.caption_policy
 
     def _dataset(self, split: str, crop: str) -> CaptionDataset:
         return CaptionDataset(self.items(split), tokens=self.tokens(split),

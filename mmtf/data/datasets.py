@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 
 from mmtf.data.audio import Crop, StoredAudio, audio_info, load_audio, read_stored_audio
 from mmtf.data.augment import WaveAugment, augment_stream
+from mmtf.data.chat import ChatExample
 from mmtf.data.collate import Modality
 from mmtf.data.errors import ErrorPolicy, OnError, check_media_file
 from mmtf.data.formats.aqa import QAItem
@@ -214,25 +215,38 @@ class CaptionDataset(MediaDataset):
     """Media + tokenized training caption(s) + all references per item.
 
     Args:
-        tokens: token ids per item per caption (``tokens[i][k]`` for ``items[i].captions[k]``).
+        tokens: token ids per item per caption (``tokens[i][k]`` for ``items[i].captions[k]``),
+            or, for a prefix LLM, each item's encoded chat variants
+            (:class:`mmtf.data.chat.ChatExample`; the key's caption slot picks one, and the
+            example carries it as ``chat``, plus ``qa`` for a multiple-choice item).
         captions_per_item: 1: ``tokens`` is the key's caption; k > 1: a list of the k captions
-            from the key's one on, cycling through the item's references.
+            from the key's one on, cycling through the item's references (not for chats).
         **kwargs: see :class:`MediaDataset`.
     """
 
-    def __init__(self, items: Sequence[CaptionItem], *, tokens: Sequence[Sequence[Sequence[int]]],
+    def __init__(self, items: Sequence[CaptionItem], *,
+                 tokens: Sequence[Sequence[Sequence[int] | ChatExample]],
                  captions_per_item: int = 1, **kwargs: Any) -> None:
         super().__init__(items, **kwargs)
         if len(tokens) != len(self.items):
             raise ValueError(f"tokens has {len(tokens)} entries for {len(self.items)} items.")
         if captions_per_item < 1:
             raise UserError(f"captions_per_item ({captions_per_item}) must be >= 1.")
-        self.tokens = [[np.asarray(t, dtype=np.int64) for t in per] for per in tokens]
+        self.chats = bool(tokens) and isinstance(tokens[0][0], ChatExample)
+        if self.chats and captions_per_item != 1:
+            raise UserError(f"captions_per_item ({captions_per_item}) must be 1 for chats "
+                            f"(one conversation per example).")
+        self.tokens = [list(per) if self.chats else [np.asarray(t, dtype=np.int64) for t in per]
+                       for per in tokens]
         self.captions_per_item = captions_per_item
 
     def example(self, index: int, caption: int, media: Tensor) -> dict[str, Any]:
         out = super().example(index, caption, media)
         per_item = self.tokens[index]
+        if self.chats:
+            item, chat = self.items[index], per_item[caption % len(per_item)]
+            out.update(chat=chat, references=chat.references or item.captions, qa=item.qa)
+            return out
         if self.captions_per_item == 1:
             out["tokens"] = per_item[caption % len(per_item)]
         else:

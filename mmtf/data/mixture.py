@@ -1,4 +1,5 @@
-"""Weighted mixtures of caption sets: ``data=mixture`` (AudioCaps + WavCaps + Clotho, ...).
+"""Weighted mixtures of caption sets: ``data=mixture`` (AudioCaps + WavCaps + Clotho, ...), and
+of instruction sets for a prefix LLM (AQA + captions with an instruction, ...).
 
 A :class:`MixtureDataModule` holds one caption data module per source (its own root, format,
 transforms, crops, augmentation), plus the mixture's keys (conf/data/mixture.yaml). Items are
@@ -30,6 +31,7 @@ from mmtf.data.formats import SPLITS
 from mmtf.data.sampler import BucketBatchSampler, Key, refuse_other_settings
 from mmtf.errors import ConfigError, UserError
 from mmtf.text import Tokenizer
+from mmtf.text.chat import ChatTemplate
 from mmtf.text.prompt import SourcePrompt
 
 log = logging.getLogger("mmtf.data")
@@ -40,7 +42,8 @@ __all__ = ["MixtureDataModule", "MixtureDataset", "MixtureSampler", "Source"]
 PER_SOURCE = ("format", "root", "modality", "splits", "sample_rate", "max_seconds", "crop",
               "channels", "transforms", "media_cache_mb",
               "augment", "max_caption_tokens", "caption_policy",
-              "captions_per_item", "language", "speech_job", "task", "on_error")
+              "captions_per_item", "language", "speech_job", "task", "on_error",
+              "instruction", "max_chat_tokens", "rotations", "media_token")
 
 
 class MixtureSampler(BucketBatchSampler):
@@ -420,17 +423,38 @@ class MixtureDataModule(CaptionDataModule):
             spec["prompt"] = ["<bos>", default.prompt_token]
         return spec
 
-    def connect(self, tokenizer: Tokenizer) -> None:
+    def questions(self, split: str) -> list[dict[str, Any]]:
+        """Every evaluated source's multiple-choice items, ids prefixed with the source's name
+        (as :class:`MixtureDataset` prefixes them)."""
+        return [{**q, "id": f"{s.name}/{q['id']}"} for s in self.members(split)
+                for q in s.module.questions(split)]
+
+    def train_captions(self) -> list[str]:
+        """Every source's training texts (:meth:`CaptionDataModule.train_captions`)."""
+        return [t for s in self.sources for t in s.module.train_captions()]
+
+    def connect(self, tokenizer: Tokenizer, chat_template: ChatTemplate | None = None) -> None:
         """Build ids with ``tokenizer`` (every source too); it must hold the prompt tokens.
+        With ``chat_template`` every source's items are chats (instruction sets, caption sets
+        with their ``instruction``), mixed as they are.
 
         Raises:
             ConfigError: a source's prompt token is not a special token of ``tokenizer``, or
-                its prompt does not end with one of the sources' tokens.
+                its prompt does not end with one of the sources' tokens; prompt tokens with a
+                chat template (the chat says what to do).
         """
-        self._check_prompt_tokens(tokenizer)
-        super().connect(tokenizer)
+        if chat_template is not None:
+            marked = [s.name for s in self.sources if s.prompt_token]
+            if marked:
+                raise ConfigError(f"data.sources: prompt_token is set on {marked}, but a prefix "
+                                  f"LLM's chats say the task in their user turn; set "
+                                  f"prompt_token: null and give each caption source its "
+                                  f"instruction (data.sources.<name>.instruction).")
+        else:
+            self._check_prompt_tokens(tokenizer)
+        super().connect(tokenizer, chat_template)
         for s in self.sources:
-            s.module.connect(tokenizer)
+            s.module.connect(tokenizer, chat_template)
 
     def _check_prompt_tokens(self, tokenizer: Tokenizer) -> None:
         ids = self._token_ids(tokenizer)
@@ -469,6 +493,10 @@ class MixtureDataModule(CaptionDataModule):
         return [[prompt.mark(t, s.name) for t in per] for per in s.module.tokens(split)]
 
     def tokens(self, split: str) -> list[list[list[int]]]:
+        if split not in self._tokens and self.chats:      # each source's chats, in order
+            self.items(split)
+            self._tokens[split] = [per for s in self.members(split)
+                                   for per in s.module.tokens(split)]
         if split not in self._tokens:
             if self.tokenizer is None:
                 super().tokens(split)        # its error: connect a tokenizer first
@@ -508,8 +536,7 @@ class MixtureDataModule(CaptionDataModule):
                               else None)
 
     def _collate(self, split: str) -> MixtureCollate:
-        return MixtureCollate(modality=self.modality, targets=self.targets,
-                              pad_id=self.tokenizer.pad_id)
+        return MixtureCollate(**self._collate_kwargs(split))
 
     @property
     def error_summary(self) -> dict[str, ErrorCounter]:

@@ -25,6 +25,10 @@ from mmtf.data.datamodule import (
 from mmtf.errors import UserError
 from mmtf.synthetic.cache import SETS, ensure_synthetic, synthetic_set
 
+# Formats that also read a set written in another: question lines carry their chat, so an
+# AQA set is instruction data too.
+READ_AS = {"aqa": ("instruction",)}
+
 
 class _Generated(MediaDataModule):
     """Generate the built-in set ``synthetic`` into ``root`` before the splits are read."""
@@ -33,7 +37,8 @@ class _Generated(MediaDataModule):
         super().__init__(**kwargs)
         spec = dict(to_plain(synthetic))
         kind = spec.get("kind")
-        if kind not in SETS or synthetic_set(kind).format != self.format:
+        if kind not in SETS or self.format not in (synthetic_set(kind).format,
+                                                    *READ_AS.get(synthetic_set(kind).format, ())):
             raise UserError(f"{type(self).__name__}: synthetic.kind ({kind!r}) does not write "
                             f"format {self.format!r}; kinds: "
                             f"{ {k: row.format for k, row in SETS.items()} }.")

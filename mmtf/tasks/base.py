@@ -307,8 +307,11 @@ class Task(L.LightningModule):
     def check_data_tokenizer(self, datamodule: Any) -> None:
         """The data module builds its ids with this task's tokenizer (tasks that read text).
 
+        A task with a ``chat_template`` (a prefix LLM's) checks the data module renders its
+        chats with that same template.
+
         Raises:
-            UserError: either side has no tokenizer, or they differ.
+            UserError: either side has no tokenizer, or they differ; the chat templates differ.
         """
         self.require_tokenizer()
         if datamodule.tokenizer is None:
@@ -317,6 +320,11 @@ class Task(L.LightningModule):
         if datamodule.tokenizer != self.tokenizer:
             raise UserError("the data module builds its ids with another tokenizer than the "
                             "task's; hand both the same one: datamodule.connect(task.tokenizer).")
+        template = getattr(self, "chat_template", None)      # a prefix LLM's task
+        if template is not None and getattr(datamodule, "chat_template", None) is not template:
+            raise UserError("the data module renders its chats with another chat template than "
+                            "the task's (or none); hand it the task's: datamodule.connect("
+                            "task.tokenizer, chat_template=task.chat_template).")
 
     def predict_batch(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
                       ) -> list[dict[str, Any]]:

@@ -50,7 +50,7 @@ class QAItem:
     messages: tuple[dict[str, str], ...]
 
 
-def _problem(obj: dict[str, Any]) -> tuple[str, str] | None:
+def qa_line_problem(obj: dict[str, Any]) -> tuple[str, str] | None:
     """(what is wrong, the fix) for one parsed line, or None when it is a valid item."""
     for key in KEYS:
         if key not in obj:
@@ -112,7 +112,7 @@ def read_aqa(root: Path, split: str, *, report: Report,
             if not isinstance(obj, dict):
                 report(bad_row(index, line_no, "must be a JSON object", "fix the line"))
                 continue
-            problem = _problem(obj)
+            problem = qa_line_problem(obj)
             if problem is not None:
                 report(bad_row(index, line_no, *problem))
                 continue

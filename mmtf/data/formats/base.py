@@ -11,7 +11,7 @@ import csv
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from mmtf.errors import DataError, UserError
 
@@ -31,6 +31,12 @@ class CaptionItem:
         language: speech: the spoken language's code (``en``, ``de``: Whisper's codes), or None
             for the run's default (``data.language``).
         task: speech: ``transcribe`` or ``translate`` (to English), or None for the default.
+        messages: an instruction item's conversation (``{"role", "content"[, "train"]}``
+            mappings, :mod:`~mmtf.data.formats.instruction`); ``captions`` then holds the
+            references its answers are scored against. None: a caption item.
+        instruction: the user turn of a caption item trained as a chat (``data.instruction``
+            written into shards); None: the data module's.
+        qa: a multiple-choice question's fields (AQA lines read as instruction items).
     """
 
     id: str
@@ -39,6 +45,20 @@ class CaptionItem:
     where: str
     language: str | None = None
     task: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    instruction: str | None = None
+    qa: QAFields | None = None
+
+
+@dataclass(frozen=True)
+class QAFields:
+    """What scores a multiple-choice item (:mod:`mmtf.metrics.aqa`): the question, its type,
+    the option texts in letter order and the right option's text."""
+
+    question: str
+    question_type: str
+    choices: tuple[str, ...]
+    answer: str
 
 
 @dataclass(frozen=True)

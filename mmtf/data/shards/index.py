@@ -25,7 +25,9 @@ import fsspec
 from PIL import Image, UnidentifiedImageError
 
 from mmtf.data.audio import AUDIO_EXTENSIONS, audio_info
-from mmtf.data.formats.base import CaptionItem, Report, clean_captions
+from mmtf.data.formats.aqa import qa_line_problem
+from mmtf.data.formats.base import CaptionItem, QAFields, Report, clean_captions
+from mmtf.data.formats.instruction import MEDIA_TOKENS, messages_problem
 from mmtf.data.image import IMAGE_EXTENSIONS
 from mmtf.errors import ConfigError, DataError
 
@@ -35,7 +37,10 @@ __all__ = ["INDEX_SUFFIX", "ShardItem", "expand_braces", "load_index", "read_sha
 log = logging.getLogger("mmtf.data")
 
 INDEX_SUFFIX = ".idx.json"
-INDEX_VERSION = 1
+# 2: samples carry an instruction item's messages (and question fields), which version 1's
+# scan dropped; older indexes are rescanned once.
+INDEX_VERSION = 2
+QA_KEYS = ("question", "question_type", "choices", "answer")
 MEDIA = {"audio": AUDIO_EXTENSIONS, "image": IMAGE_EXTENSIONS}
 _FIX_SHARD = "check data.shards and data.root"
 
@@ -167,6 +172,10 @@ def _captions(group: dict[str, bytes]) -> tuple[list[str] | None, dict[str, Any]
         if not isinstance(obj, dict):
             return None, {}, "its .json must be an object"
         raw = obj.get("captions", obj.get("caption", obj.get("text")))
+        messages = obj.get("messages")
+        if raw is None and isinstance(messages, list) and messages and \
+                isinstance(messages[-1], dict) and isinstance(messages[-1].get("content"), str):
+            raw = [messages[-1]["content"]]     # a chat's reference: its final answer
         if raw is None and "txt" not in group:
             return None, obj, "its .json has no 'captions', 'caption' or 'text'"
         if raw is not None:
@@ -236,8 +245,11 @@ def scan_shard(url: str) -> dict[str, Any]:
         group = groups[key]
         captions, meta, problem = _captions(group)
         sample: dict[str, Any] = {"key": key, "id": str(meta.get("id") or key)}
-        for k in ("language", "task"):
+        for k in ("language", "task", "instruction"):
             if isinstance(meta.get(k), str):
+                sample[k] = meta[k]
+        for k in ("messages", *QA_KEYS):        # instruction items: checked when read
+            if k in meta:
                 sample[k] = meta[k]
         if problem is not None:
             sample["error"] = _problem("bad_row", problem, "add captions or remove the sample")
@@ -314,9 +326,31 @@ def load_index(url: str, *, cache_dir: str | os.PathLike | None = None) -> tuple
 
 
 # ---------------------------------------------------------------------------- reading
+def _chat_fields(sample: Mapping[str, Any], token: str) -> dict[str, Any] | tuple[str, str]:
+    """The item fields of a sample's chat (``messages``, ``qa``, ``instruction``), or (the
+    problem, the fix) when its messages or question fields are not valid."""
+    out: dict[str, Any] = {"instruction": sample.get("instruction")}
+    if "messages" not in sample:
+        return out
+    problem = messages_problem(sample["messages"], token,
+                               [t for t in MEDIA_TOKENS.values() if t != token])
+    if problem is None and any(k in sample for k in QA_KEYS):
+        problem = qa_line_problem({"audio": "member", **{k: sample.get(k) for k in QA_KEYS},
+                                   "messages": sample["messages"]})
+        if problem is None:
+            out["qa"] = QAFields(question=sample["question"],
+                                 question_type=sample["question_type"],
+                                 choices=tuple(sample["choices"]), answer=sample["answer"])
+    if problem is not None:
+        return problem
+    out["messages"] = tuple(dict(m) for m in sample["messages"])
+    return out
+
+
 def read_shards(root: Path, split: str, *, report: Report, modality: str = "audio",
                 shards: Mapping[str, Any] | None = None,
-                index_cache: str | None = None) -> list[ShardItem]:
+                index_cache: str | None = None,
+                placeholder: str | None = None) -> list[ShardItem]:
     """Read one split of a sharded set: its shards' indexes -> one item per usable sample,
     shard by shard, in member order (``format: shards``).
 
@@ -326,6 +360,8 @@ def read_shards(root: Path, split: str, *, report: Report, modality: str = "audi
         modality: ``audio`` | ``image``: which media member a sample is read by.
         shards: ``{split: pattern or list}`` (``data.shards``).
         index_cache: the folder for indexes that cannot sit beside their shard.
+        placeholder: the media placeholder an instruction sample's user turn holds (default
+            by modality: ``<|audio|>`` / ``<|image|>``).
     """
     if not shards:
         raise ConfigError("format 'shards' needs data.shards ({train: pattern, val: ..., test: "
@@ -374,13 +410,18 @@ def read_shards(root: Path, split: str, *, report: Report, modality: str = "audi
             captions = clean_captions(sample["captions"], url, where, report)
             if not captions:
                 continue
+            chat = _chat_fields(sample, placeholder or MEDIA_TOKENS[modality])
+            if isinstance(chat, tuple):
+                report(DataError.make("bad_row", url, f"sample {sample['key']}: {chat[0]}",
+                                      chat[1], where))
+                continue
             items.append(ShardItem(
                 id=sample["id"], path=f"{url}:{media['member']}", captions=captions, where=where,
                 language=sample.get("language"), task=sample.get("task"), shard=url,
                 offset=int(media["offset"]), size=int(media["size"]),
                 duration=float(media.get("duration", 1.0)), channels=media.get("channels"),
                 image_size=(int(media["width"]), int(media["height"])) if "width" in media
-                else None))
+                else None, **chat))
     log.info("[data] shards %s: %d items in %d of %d shard(s) (indexes: %s)", split, len(items),
              sum(how.values()), len(urls), ", ".join(f"{n} {k}" for k, n in sorted(how.items()))
              or "none")

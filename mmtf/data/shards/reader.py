@@ -569,7 +569,7 @@ class ShardDataModule(CaptionDataModule):
 
     def _reader_kwargs(self) -> dict[str, Any]:
         return {"shards": self.shards, "modality": self.modality,
-                "index_cache": self.index_cache}
+                "index_cache": self.index_cache, "placeholder": self.placeholder}
 
     def _probe(self, raw: list) -> tuple[list, list[float]]:
         """Durations and channel counts come from the index: nothing is read here."""

@@ -1,11 +1,13 @@
 """Writing shards: :func:`write_shards`, and ``python -m mmtf.data.shard`` (:func:`main`), which
-writes each split of any caption set (``conf/shard.yaml``; the same ``conf/data/<name>.yaml`` and
-reader as training, so bad items raise or are skipped and counted as there) to
+writes each split of any caption or instruction set (``conf/shard.yaml``; the same
+``conf/data/<name>.yaml`` and reader as training, so bad items raise or are skipped and counted
+as there; ``data.instruction`` is written with each caption item) to
 ``<out>/<split>/<split>-000000.tar`` ... with the index of each beside it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import io
 import json
@@ -51,7 +53,9 @@ def write_shards(items: Sequence[CaptionItem], out_dir: str | os.PathLike, *, pr
                  shard_size: int = 1000, shard_bytes: int | None = None,
                  shuffle_seed: int | None = 0) -> list[Path]:
     """Write ``items`` as shards ``<out_dir>/<prefix>-000000.tar`` ... with their indexes; media
-    bytes are copied unchanged, captions, id, language and task go to ``<key>.json``.
+    bytes are copied unchanged, captions, id, language and task go to ``<key>.json``, and an
+    instruction item's ``messages`` (a multiple-choice one's ``question``, ``question_type``,
+    ``choices``, ``answer``), a caption item's ``instruction``.
 
     Args:
         items: any caption items (files, or members of other shards).
@@ -98,7 +102,12 @@ def write_shards(items: Sequence[CaptionItem], out_dir: str | os.PathLike, *, pr
                 key = _key(item.id, seen)
                 meta: dict[str, Any] = {"id": item.id, "captions": list(item.captions)}
                 meta.update({n: v for n, v in (("language", item.language),
-                                               ("task", item.task)) if v})
+                                               ("task", item.task),
+                                               ("instruction", item.instruction)) if v})
+                if item.messages is not None:       # an instruction item: its chat, as read
+                    meta["messages"] = [dict(m) for m in item.messages]
+                if item.qa is not None:
+                    meta.update(dataclasses.asdict(item.qa))
                 ext = Path(str(item.path)).suffix.lower() or ".bin"
                 _add(tar, f"{key}{ext}", read_member(item) if isinstance(item, ShardItem)
                      else Path(item.path).read_bytes())
@@ -122,8 +131,12 @@ def shard_dataset(cfg: DictConfig) -> dict[str, list[Path]]:
     out = Path(str(cfg.out)).expanduser().resolve()
     written: dict[str, list[Path]] = {}
     print(f"mmtf shard: {dm.format} ({dm.modality}) at {dm.root} -> {out}")
+    instruction = getattr(dm, "instruction", None)
     for split in cfg.splits:
         items = dm.items(split)
+        if instruction:             # data.instruction travels with the caption items
+            items = [item if item.messages is not None or item.instruction else
+                     dataclasses.replace(item, instruction=instruction) for item in items]
         paths = write_shards(items, out / split, prefix=split, shard_size=int(cfg.shard_size),
                              shard_bytes=None if cfg.shard_bytes is None else int(cfg.shard_bytes),
                              shuffle_seed=int(cfg.seed) if cfg.shuffle else None)
