@@ -1,0 +1,119 @@
+"""CLAP score of generated captions: the cosine between each caption's text embedding and its
+media's embedding, both from one contrastive checkpoint, averaged over the scored items.
+
+``python -m mmtf.evaluate ckpt_path=<captioner> clap_ckpt=<contrastive ckpt>`` reports it as
+``<split>/clap_score`` beside CIDEr-D and SPIDEr (and per item in ``predictions.jsonl``). The
+media are each test item's file (a shard member decoded in memory) read as the contrastive
+checkpoint reads its inputs (:mod:`mmtf.predict.embed`: its sample rate; audio longer than its
+``max_seconds`` cropped to its start), not the captioner's crop. An image captioner with an
+image-text checkpoint gets the same cosine as ``<split>/clip_score``: the raw mean cosine, not
+Hessel et al.'s CLIPScore (2.5 * max(cos, 0)). Why: docs/design/retrieval-index.md
+
+Shapes: n scored items, e = the embedding width.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmtf.errors import UserError
+from mmtf.predict.embed import require_contrastive
+from mmtf.predict.inputs import Input
+from mmtf.predict.model import Model, load
+
+SCORE_NAMES = {"audio": "clap_score", "image": "clip_score"}
+
+
+def clap_model(ckpt_path: str | os.PathLike, captioner: Any, *,
+               device: str = "cpu") -> tuple[Model, str]:
+    """The contrastive checkpoint that scores ``captioner``'s captions, and the score's name.
+
+    Raises:
+        UserError: the captioner writes no captions, the checkpoint is not contrastive, or it
+            embeds another modality than the captioner reads.
+    """
+    if not hasattr(captioner, "generate_captions"):
+        raise UserError(f"clap_ckpt={ckpt_path} scores generated captions, and a "
+                        f"{type(captioner).__name__} checkpoint writes none; remove clap_ckpt.")
+    model, _ = load(ckpt_path, device=device)
+    require_contrastive(model.task, f"clap_ckpt={ckpt_path}")
+    media, reads = model.task.modality, captioner.modality
+    if media != reads:
+        kind = "an audio-text (CLAP)" if reads == "audio" else "an image-text (CLIP)"
+        raise UserError(f"clap_ckpt={ckpt_path} embeds {media} but the captioner reads {reads}; "
+                        f"name {kind} contrastive checkpoint.")
+    return model, SCORE_NAMES[media]
+
+
+def media_input(item: Any, model: Model) -> Input:
+    """What the embedding reads for a data item: its file, or a shard member decoded in memory
+    (audio at the checkpoint's rate, images as RGB uint8)."""
+    if not getattr(item, "shard", None):
+        return item.path
+    from mmtf.data.shards.reader import read_member  # shards only
+
+    data = read_member(item)
+    if model.task.modality == "audio":
+        from mmtf.data.audio import load_audio
+
+        return load_audio(item.path, sample_rate=model.task.encoder.sample_rate, data=data,
+                          where=item.where)
+    from mmtf.data.image import load_image
+
+    return load_image(item.path, data=data, where=item.where)
+
+
+@torch.no_grad()
+def caption_scores(model: Model, media: Sequence[Input], captions: Sequence[str], *,
+                   batch_size: int = 16) -> Tensor:
+    """(n,) cosine of each caption with its media input, ``batch_size`` pairs at a time."""
+    if len(media) != len(captions):
+        raise ValueError(f"caption_scores: {len(media)} media for {len(captions)} captions.")
+    embed_media = model.embed_audio if model.task.modality == "audio" else model.embed_image
+    out = []
+    for start in range(0, len(media), batch_size):
+        m = embed_media(list(media[start:start + batch_size]), batch_size=batch_size)  # (b, e)
+        t = model.embed_text(list(captions[start:start + batch_size]),
+                             batch_size=batch_size)                                # (b, e)
+        out.append((m * t.to(m)).sum(-1).cpu())                                    # (b,)
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def score_predictions(model: Model, name: str, rows: list[dict[str, Any]],
+                      items: Iterable[Any], *, batch_size: int = 16) -> float:
+    """Add ``name`` (the cosine) to each prediction row (``id``, ``prediction``) and return
+    the mean over the rows.
+
+    Raises:
+        UserError: no rows, or a row whose id names no item (or two items' media).
+    """
+    if not rows:
+        raise UserError(f"clap_ckpt: no generated captions to score ({name} needs the test "
+                        f"run's predictions).")
+    by_id: dict[str, Any] = {}
+    ambiguous: set[str] = set()
+    for item in items:
+        seen = by_id.setdefault(str(item.id), item)
+        if seen is not item and str(seen.path) != str(item.path):
+            ambiguous.add(str(item.id))
+    media = []
+    for row in rows:
+        key = str(row["id"])
+        if key not in by_id or key in ambiguous:
+            why = "names two items' media" if key in ambiguous else "names no item"
+            raise UserError(f"clap_ckpt: prediction id {key!r} {why} of the split; {name} "
+                            f"needs one media file per id (give the items unique ids).")
+        media.append(media_input(by_id[key], model))
+    captions = [str(row["prediction"]) for row in rows]
+    scores = caption_scores(model, media, captions, batch_size=batch_size)        # (n,)
+    for row, score in zip(rows, scores.tolist()):
+        row[name] = score
+    return float(scores.mean())
+
+
+__all__ = ["SCORE_NAMES", "caption_scores", "clap_model", "score_predictions"]
