@@ -22,7 +22,7 @@ from mmtf.retrieve.index import EmbeddingIndex
 from tests.unit.predict.contrastive_ckpt import RATE, save_contrastive_ckpt
 from tests.unit.tasks.conftest import classifier
 
-from .conftest import cli_in_process, evaluate_in_process
+from .conftest import cli_in_process, evaluate_in_process, run_cli
 
 USER_ERRORS = {"HYDRA_FULL_ERROR": "0"}          # the one-line form, exit 2
 TEXTS = ["a dog barks", "rain falls on a roof", "a siren wails", "birds sing"]
@@ -221,3 +221,17 @@ def test_clap_score_refuses_the_wrong_checkpoint_before_scoring(audio_captioner,
                             f"clap_ckpt={audio_captioner.ckpt}")
     with pytest.raises(UserError, match=r"a ClassificationTask checkpoint writes none"):
         clap_model(ckpts["a"], classifier())
+
+
+def test_the_console_command_ranks_and_exits_2_on_bad_input(ckpts, clips, tmp_path):
+    """``python -m mmtf.retrieve`` as a user runs it (the other tests call main() in-process)."""
+    ok = run_cli("mmtf.retrieve", [f"ckpt_path={ckpts['a']}", f"media={clips}",
+                                   f"query={TEXTS[3]}", "top_k=1", "accelerator=cpu",
+                                   f"hydra.run.dir={tmp_path / 'ok'}"], cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stdout.splitlines()[0] == f"query: {TEXTS[3]}"
+    bad = run_cli("mmtf.retrieve", [f"ckpt_path={ckpts['a']}", f"media={clips}",
+                                    "accelerator=cpu", f"hydra.run.dir={tmp_path / 'bad'}"],
+                  cwd=tmp_path, env=USER_ERRORS)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+    assert "nothing to rank: set query=" in bad.stderr
