@@ -15,6 +15,7 @@ Shapes: q queries, n ranked items, e = the embedding width, k = top_k.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,9 @@ def gallery(model: Model, cfg: DictConfig, kind: str, fingerprint: str) -> Embed
                            str(cfg.get("long_audio", "crop")) if kind == "audio" else "")
     if cfg.get("index_out") is not None:
         path = index.save(cfg.index_out)
-        print(f"Wrote {path} ({len(items)} {kind} items, {index.embed_dim}-wide)")
+        # stderr: stdout stays the rankings alone (one JSON object per line with format=json)
+        print(f"Wrote {path} ({len(items)} {kind} items, {index.embed_dim}-wide)",
+              file=sys.stderr)
     return index
 
 

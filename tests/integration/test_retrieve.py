@@ -115,7 +115,8 @@ def test_text_queries_rank_a_folder_as_the_towers_do(ckpts, clips, tmp_path):
 def test_an_index_written_once_ranks_as_embedding_afresh(ckpts, clips, tmp_path):
     index = tmp_path / "clips.safetensors"
     out = _retrieve(tmp_path, f"ckpt_path={ckpts['a']}", f"media={clips}", f"index_out={index}")
-    assert out.returncode == 0 and f"Wrote {index} (4 audio items, 16-wide)" in out.stdout
+    assert out.returncode == 0 and f"Wrote {index} (4 audio items, 16-wide)" in out.stderr
+    assert not out.stdout.strip()                 # no query: only the index is written
     stored = EmbeddingIndex.load(index)
     files = _files(clips)
     assert stored.items == [str(f) for f in files] and stored.modality == "audio"
