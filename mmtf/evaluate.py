@@ -5,7 +5,7 @@ the EMA weights), scores a split and writes ``metrics.json``, ``predictions.json
 WER / CER, ``errors.csv`` (per utterance, worst first). Audio longer than
 ``model.encoder.max_seconds`` is cropped (:func:`crop_long_audio`) unless
 ``long_audio=sequential|chunked``. ``clap_ckpt=<contrastive checkpoint>`` adds the CLAP score of
-the generated captions (:mod:`mmtf.metrics.clap`)."""
+the generated captions (:mod:`mmtf.predict.clap`)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         task.set_wer_normalizer(cfg.wer_normalizer)
     clap = None
     if cfg.get("clap_ckpt") is not None:      # before the test run: a wrong one fails at once
-        from mmtf.metrics.clap import clap_model
+        from mmtf.predict.clap import clap_model
 
         clap = clap_model(cfg.clap_ckpt, task, device="cuda" if cfg.accelerator in (
             "auto", "gpu") and torch.cuda.is_available() else "cpu")
@@ -139,7 +139,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                for k, v in trainer.callback_metrics.items()}
     rows = task.last_predictions.get("test")
     if clap is not None:                      # the cosine per row, its mean beside CIDEr-D
-        from mmtf.metrics.clap import score_predictions
+        from mmtf.predict.clap import score_predictions
 
         model, name = clap
         metrics[f"{cfg.split}/{name}"] = score_predictions(

@@ -22,14 +22,14 @@ from torch import Tensor, nn
 
 from mmtf.errors import UserError
 from mmtf.predict.inputs import Input, encoder_batch, input_segments
+from mmtf.tasks.contrastive import ContrastiveTask
 
 EmbedLongAudio = Literal["crop", "window"]
 
 
 def is_contrastive(task: nn.Module) -> bool:
-    """True for a task with a shared media-text space (``embed_media`` and ``embed_texts``)."""
-    return callable(getattr(task, "embed_media", None)) and callable(
-        getattr(task, "embed_texts", None))
+    """True for a task with a shared media-text space (a :class:`ContrastiveTask`)."""
+    return isinstance(task, ContrastiveTask)
 
 
 def require_contrastive(task: nn.Module, call: str) -> None:

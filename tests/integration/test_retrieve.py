@@ -17,7 +17,7 @@ import torch
 import mmtf
 from mmtf.data.audio import load_audio
 from mmtf.errors import UserError
-from mmtf.metrics.clap import clap_model
+from mmtf.predict.clap import clap_model
 from mmtf.retrieve.index import EmbeddingIndex
 from tests.unit.predict.contrastive_ckpt import RATE, save_contrastive_ckpt
 from tests.unit.tasks.conftest import classifier

@@ -25,6 +25,7 @@ from mmtf.errors import UserError
 from mmtf.predict.embed import require_contrastive
 from mmtf.predict.inputs import Input
 from mmtf.predict.model import Model, load
+from mmtf.tasks import CaptioningTask
 
 SCORE_NAMES = {"audio": "clap_score", "image": "clip_score"}
 
@@ -37,7 +38,7 @@ def clap_model(ckpt_path: str | os.PathLike, captioner: Any, *,
         UserError: the captioner writes no captions, the checkpoint is not contrastive, or it
             embeds another modality than the captioner reads.
     """
-    if not hasattr(captioner, "generate_captions"):
+    if not isinstance(captioner, CaptioningTask):
         raise UserError(f"clap_ckpt={ckpt_path} scores generated captions, and a "
                         f"{type(captioner).__name__} checkpoint writes none; remove clap_ckpt.")
     model, _ = load(ckpt_path, device=device)
