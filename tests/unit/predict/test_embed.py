@@ -4,19 +4,25 @@ long-audio rule, eval mode, and the wrong call on the wrong checkpoint."""
 
 from __future__ import annotations
 
+import lightning as L
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
 import torch.nn.functional as F
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from PIL import Image
+from torch.utils.data import DataLoader
 
 import mmtf
 from mmtf.errors import UserError
 from mmtf.predict.model import Model
+from mmtf.text import CharTokenizer
 
 from ..tasks.conftest import captioner
-from .contrastive_ckpt import IMAGE_SIZE, RATE, save_contrastive_ckpt
+from ..tasks.test_contrastive import CAPTIONS, _batches, _waves
+from .contrastive_ckpt import IMAGE_SIZE, RATE, contrastive_config, save_contrastive_ckpt
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -126,3 +132,28 @@ def test_the_wrong_call_is_one_line(audio_model, image_model):
         with pytest.raises(UserError, match=rf"{call}: a CaptioningTask has no shared "
                                             rf"media-text embedding; load a contrastive"):
             getattr(plain, call)(arg)
+
+
+def test_a_lightning_trainer_checkpoint_loads_with_the_same_embeddings(tmp_path):
+    """What mmtf.train writes (Trainer.save_checkpoint, the task's on_save_checkpoint inside)
+    rebuilds through mmtf.load into the task that was trained, embeddings and all."""
+    tokenizer = CharTokenizer.train([c for caps in CAPTIONS for c in caps])
+    cfg = contrastive_config("audio", tokenizer.vocab_size)
+    torch.manual_seed(0)
+    task = instantiate(OmegaConf.create(cfg["model"]))
+    task.use_tokenizer(tokenizer)
+    task.run_config = cfg
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, max_steps=1,
+                        default_root_dir=tmp_path)
+    trainer.fit(task, DataLoader(_batches(tokenizer, list(range(4))), batch_size=None))
+    trainer.save_checkpoint(tmp_path / "last.ckpt", weights_only=True)
+    model, loaded_tokenizer = mmtf.load(tmp_path / "last.ckpt")
+    assert loaded_tokenizer == tokenizer
+    waves = _waves()[:3]
+    task.eval()
+    with torch.no_grad():
+        media = task.embed_media(waves, torch.full((3,), waves.shape[1]))
+    torch.testing.assert_close(model.embed_audio(list(waves)), media, **TOL)
+    torch.testing.assert_close(model.embed_text(CAPTIONS[0]), task.embed_texts(CAPTIONS[0]),
+                               **TOL)
