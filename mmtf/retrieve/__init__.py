@@ -147,6 +147,9 @@ def gallery(model: Model, cfg: DictConfig, kind: str, fingerprint: str) -> Embed
         texts = _strings(cfg.texts) or []
         if len(texts) == 1 and Path(texts[0]).expanduser().is_file():
             texts = read_lines(texts[0], "texts")
+        if not texts:
+            raise UserError("texts: no captions given; pass texts=<file, one caption per "
+                            "line>.")
         items: list[str] = texts
         embeddings = embed(model, "text", texts, cfg)
     else:
@@ -181,16 +184,16 @@ def retrieve(cfg: DictConfig) -> list[dict[str, Any]]:
     if texts and media_query:
         raise UserError("query/queries and media_query are both set; a text query ranks "
                         "media=..., a media query ranks texts=...: set one.")
+    if not texts and not media_query and cfg.get("index_out") is None:
+        raise UserError("nothing to rank: set query=<text> (or queries=...) with "
+                        "media=<folder>, media_query=<file> with texts=<file>, or "
+                        "index_out=<file> to only write an index.")
     device = "cuda" if cfg.accelerator in ("auto", "gpu") and torch.cuda.is_available() else "cpu"
     model, _ = load(cfg.ckpt_path, device=device)
     require_contrastive(model.task, f"ckpt_path={cfg.ckpt_path}")
     modality = model.task.modality
     fingerprint = weights_fingerprint(model.task)
     if not texts and not media_query:
-        if cfg.get("index_out") is None:
-            raise UserError("nothing to rank: set query=<text> (or queries=...) with "
-                            "media=<folder>, media_query=<file> with texts=<file>, or "
-                            "index_out=<file> to only write an index.")
         kind = "text" if cfg.get("texts") is not None else modality
         gallery(model, cfg, kind, fingerprint)
         return []
