@@ -139,11 +139,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                for k, v in trainer.callback_metrics.items()}
     rows = task.last_predictions.get("test")
     if clap is not None:                      # the cosine per row, its mean beside CIDEr-D
-        from mmtf.predict.clap import score_predictions
+        from mmtf.predict.clap import items_by_id, score_predictions
 
         model, name = clap
         metrics[f"{cfg.split}/{name}"] = score_predictions(
-            model, name, rows or [], datamodule.items(cfg.split), batch_size=cfg.batch_size)
+            model, name, rows or [], items_by_id(datamodule, cfg.split),
+            batch_size=cfg.batch_size)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "metrics.json").write_text(json.dumps(dict(sorted(metrics.items())), indent=2))
     written = []

@@ -15,7 +15,7 @@ Shapes: n scored items, e = the embedding width.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -85,31 +85,46 @@ def caption_scores(model: Model, media: Sequence[Input], captions: Sequence[str]
     return torch.cat(out) if out else torch.zeros(0)
 
 
-def score_predictions(model: Model, name: str, rows: list[dict[str, Any]],
-                      items: Iterable[Any], *, batch_size: int = 16) -> float:
-    """Add ``name`` (the cosine) to each prediction row (``id``, ``prediction``) and return
-    the mean over the rows.
+def items_by_id(datamodule: Any, split: str) -> dict[str, Any]:
+    """The items of a split by the id their prediction rows carry: a mixture's ids are
+    prefixed with the source's name (as :class:`~mmtf.data.mixture.MixtureDataset` does).
 
     Raises:
-        UserError: no rows, or a row whose id names no item (or two items' media).
+        UserError: one id names two different media files.
+    """
+    from mmtf.data.mixture import MixtureDataModule  # mixtures only
+
+    if isinstance(datamodule, MixtureDataModule):
+        pairs = [(f"{s.name}/{item.id}", item) for s in datamodule.members(split)
+                 for item in s.module.items(split)]
+    else:
+        pairs = [(str(item.id), item) for item in datamodule.items(split)]
+    out: dict[str, Any] = {}
+    for key, item in pairs:
+        seen = out.setdefault(key, item)
+        if seen is not item and str(seen.path) != str(item.path):
+            raise UserError(f"clap_ckpt: the {split} id {key!r} names two media files "
+                            f"({seen.path}, {item.path}); the CLAP score needs one per id "
+                            f"(give the items unique ids).")
+    return out
+
+
+def score_predictions(model: Model, name: str, rows: list[dict[str, Any]],
+                      items: dict[str, Any], *, batch_size: int = 16) -> float:
+    """Add ``name`` (the cosine) to each prediction row (``id``, ``prediction``) and return
+    the mean over the rows; ``items``: :func:`items_by_id`.
+
+    Raises:
+        UserError: no rows, or a row whose id names no item.
     """
     if not rows:
         raise UserError(f"clap_ckpt: no generated captions to score ({name} needs the test "
                         f"run's predictions).")
-    by_id: dict[str, Any] = {}
-    ambiguous: set[str] = set()
-    for item in items:
-        seen = by_id.setdefault(str(item.id), item)
-        if seen is not item and str(seen.path) != str(item.path):
-            ambiguous.add(str(item.id))
-    media = []
-    for row in rows:
-        key = str(row["id"])
-        if key not in by_id or key in ambiguous:
-            why = "names two items' media" if key in ambiguous else "names no item"
-            raise UserError(f"clap_ckpt: prediction id {key!r} {why} of the split; {name} "
-                            f"needs one media file per id (give the items unique ids).")
-        media.append(media_input(by_id[key], model))
+    missing = [str(row["id"]) for row in rows if str(row["id"]) not in items]
+    if missing:
+        raise UserError(f"clap_ckpt: prediction id {missing[0]!r} names no item of the split "
+                        f"({len(missing)} such); {name} needs each id's media file.")
+    media = [media_input(items[str(row["id"])], model) for row in rows]
     captions = [str(row["prediction"]) for row in rows]
     scores = caption_scores(model, media, captions, batch_size=batch_size)        # (n,)
     for row, score in zip(rows, scores.tolist()):
@@ -117,4 +132,4 @@ def score_predictions(model: Model, name: str, rows: list[dict[str, Any]],
     return float(scores.mean())
 
 
-__all__ = ["SCORE_NAMES", "caption_scores", "clap_model", "score_predictions"]
+__all__ = ["SCORE_NAMES", "caption_scores", "clap_model", "items_by_id", "score_predictions"]
