@@ -54,9 +54,10 @@ def clap_model(ckpt_path: str | os.PathLike, captioner: Any, *,
 def media_input(item: Any, model: Model) -> Input:
     """What the embedding reads for a data item: its file, or a shard member decoded in memory
     (audio at the checkpoint's rate, images as RGB uint8)."""
-    if not getattr(item, "shard", None):
+    from mmtf.data.shards import ShardItem, read_member  # loaded here: shards are rare
+
+    if not isinstance(item, ShardItem):
         return item.path
-    from mmtf.data.shards.reader import read_member  # shards only
 
     data = read_member(item)
     if model.task.modality == "audio":

@@ -1,19 +1,25 @@
 """mmtf.predict.clap's bookkeeping: prediction ids to media (a mixture's ids carry their source's
-name), and what it refuses. The score itself: tests/integration/test_retrieve.py."""
+name), shard members decoded in memory, and what it refuses. The score itself: tests/integration/test_retrieve.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import soundfile as sf
+import torch
 
+import mmtf
 from mmtf.data.formats.base import CaptionItem
 from mmtf.data.mixture import MixtureDataModule
+from mmtf.data.shards import read_shards, write_shards
 from mmtf.errors import UserError
-from mmtf.predict.clap import clap_model, items_by_id, score_predictions
+from mmtf.predict.clap import clap_model, items_by_id, media_input, score_predictions
 
 from ..tasks.conftest import classifier
+from .contrastive_ckpt import save_contrastive_ckpt
 
 
 def _item(key: str, path: str) -> CaptionItem:
@@ -50,3 +56,21 @@ def test_rows_without_media_or_captions_are_refused():
                           {"a": _item("a", "/a.wav")})
     with pytest.raises(UserError, match=r"a ClassificationTask checkpoint writes none"):
         clap_model("unused.ckpt", classifier())
+
+
+def test_a_shard_member_is_decoded_as_its_file_is(tmp_path):
+    """A sharded test set has no media files: the member's bytes, decoded at the checkpoint's
+    rate, embed as the original file does."""
+    rng = np.random.default_rng(0)
+    sf.write(tmp_path / "c0.wav", (0.1 * rng.normal(size=12000)).astype(np.float32), 8000,
+             subtype="FLOAT")                               # 1.5 s at 8 kHz: resampled
+    item = CaptionItem(id="c0", path=tmp_path / "c0.wav", captions=("x",), where="t")
+    write_shards([item], tmp_path / "test", prefix="test", shuffle_seed=None)
+    (member,) = read_shards(tmp_path, "test", report=lambda error: None,
+                            shards={"test": "test/test-000000.tar"})
+    model, _ = mmtf.load(save_contrastive_ckpt(tmp_path / "a.ckpt"))
+    decoded = media_input(member, model)
+    assert isinstance(decoded, torch.Tensor) and decoded.shape == (24000,)   # at 16 kHz
+    assert media_input(item, model) == item.path
+    torch.testing.assert_close(model.embed_audio([decoded]), model.embed_audio([item.path]),
+                               rtol=1e-5, atol=1e-5)
