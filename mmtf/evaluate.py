@@ -4,7 +4,8 @@ Rebuilds the task from the checkpoint's config (allowlisted, weights-only; ``use
 the EMA weights), scores a split and writes ``metrics.json``, ``predictions.jsonl`` and, with
 WER / CER, ``errors.csv`` (per utterance, worst first). Audio longer than
 ``model.encoder.max_seconds`` is cropped (:func:`crop_long_audio`) unless
-``long_audio=sequential|chunked``."""
+``long_audio=sequential|chunked``. ``clap_ckpt=<contrastive checkpoint>`` adds the CLAP score of
+the generated captions (:mod:`mmtf.predict.clap`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import hydra
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -105,6 +107,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                               f"{type(task).__name__} checkpoint scores no transcripts; remove "
                               f"wer_normalizer.")
         task.set_wer_normalizer(cfg.wer_normalizer)
+    clap = None
+    if cfg.get("clap_ckpt") is not None:      # before the test run: a wrong one fails at once
+        from mmtf.predict.clap import clap_model
+
+        clap = clap_model(cfg.clap_ckpt, task, device="cuda" if cfg.accelerator in (
+            "auto", "gpu") and torch.cuda.is_available() else "cpu")
     datamodule = build_datamodule(stored, cfg.get("data"))
     if cfg.get("batch_size"):
         datamodule.batch_size = cfg.batch_size
@@ -130,9 +138,16 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     trainer.test(task, dataloaders=loader)     # test metrics (all of them) on either split
     metrics = {k.replace("test/", f"{cfg.split}/", 1): float(v)
                for k, v in trainer.callback_metrics.items()}
+    rows = task.last_predictions.get("test")
+    if clap is not None:                      # the cosine per row, its mean beside CIDEr-D
+        from mmtf.predict.clap import items_by_id, score_predictions
+
+        model, name = clap
+        metrics[f"{cfg.split}/{name}"] = score_predictions(
+            model, name, rows or [], items_by_id(datamodule, cfg.split),
+            batch_size=cfg.batch_size)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "metrics.json").write_text(json.dumps(dict(sorted(metrics.items())), indent=2))
-    rows = task.last_predictions.get("test")
     written = []
     if rows:
         dump_predictions(output_dir / "predictions.jsonl", rows)

@@ -35,8 +35,10 @@ from mmtf.utils.cpu_sharing import share_cpu
 OUTPUT_FORMATS = ("tsv", "json", *SUBTITLE_FORMATS)
 
 
-def expand_inputs(inputs: Iterable[str], extensions: Sequence[str]) -> list[Path]:
-    """Files as given, folders expanded (sorted, recursive) to files with ``extensions``."""
+def expand_inputs(inputs: Iterable[str], extensions: Sequence[str], *,
+                  key: str = "inputs") -> list[Path]:
+    """Files as given, folders expanded (sorted, recursive) to files with ``extensions``;
+    ``key`` is the config key named when none is found."""
     files: list[Path] = []
     for item in inputs:
         path = Path(item).expanduser()
@@ -46,7 +48,7 @@ def expand_inputs(inputs: Iterable[str], extensions: Sequence[str]) -> list[Path
             files.append(require_file(path, what="input", fix=f"pass files or folders of "
                                       f"{'/'.join(sorted(extensions))}"))
     if not files:
-        raise UserError(f"inputs: no {'/'.join(sorted(extensions))} files found in "
+        raise UserError(f"{key}: no {'/'.join(sorted(extensions))} files found in "
                         f"{list(inputs)}.")
     return files
 

@@ -97,7 +97,7 @@ def audio_segments(item: Input, index: int, *, sample_rate: int, max_seconds: fl
         return [Segment(name, wave)]
     if long_audio == "crop":
         if max_seconds is not None and seconds > max_seconds:
-            log.warning("%s: %.2f s is longer than model.encoder.max_seconds (%g s); captioning "
+            log.warning("%s: %.2f s is longer than model.encoder.max_seconds (%g s); reading "
                         "its first %g s (long_audio=crop; long_audio=window covers all of it).",
                         name, seconds, max_seconds, max_seconds)
         return [Segment(name, wave)]
@@ -123,6 +123,32 @@ def image_segment(item: Input, index: int, transform) -> Segment:
     return Segment(_name(item, index), transform(image))      # (3, h, w) float32
 
 
+def input_segments(task: Task, inputs: Sequence[Input] | Input,
+                   long_audio: LongAudio = "crop") -> list[list[Segment]]:
+    """The encoder inputs of each input (several only with ``long_audio="window"``),
+    preprocessed as the checkpoint's data pipeline does."""
+    check_long_audio(long_audio)
+    if isinstance(inputs, (str, os.PathLike, Tensor, np.ndarray, Image.Image)):
+        inputs = [inputs]
+    if task.modality == "audio":
+        encoder = task.encoder
+        return [audio_segments(item, i, sample_rate=encoder.sample_rate,
+                               max_seconds=encoder.max_seconds, long_audio=long_audio)
+                for i, item in enumerate(inputs)]
+    transform = build_eval_image_transform((task.run_config or {}).get("data") or {})
+    return [[image_segment(item, i, transform)] for i, item in enumerate(inputs)]
+
+
+def encoder_batch(task: Task, segments: Sequence[Segment]) -> tuple[Tensor, Tensor | None]:
+    """Segments as one encoder batch on the task's device: waveforms (b, s) + lengths (b,), or
+    images (b, 3, h, w) and None."""
+    device = next(task.parameters()).device
+    if task.modality == "audio":
+        x, lengths = pad_1d([s.data for s in segments], dtype=torch.float32)    # (b, s)
+        return x.to(device), lengths.to(device)
+    return torch.stack([s.data for s in segments]).to(device), None            # (b, 3, h, w)
+
+
 @torch.no_grad()
 def predict_inputs(task: Task, inputs: Sequence[Input], *, batch_size: int = 8,
                    long_audio: LongAudio = "crop") -> list[dict[str, Any]]:
@@ -133,28 +159,11 @@ def predict_inputs(task: Task, inputs: Sequence[Input], *, batch_size: int = 8,
         One dict per prediction: ``path`` (or ``input[i]``), ``start``/``end`` with
         ``long_audio="window"``, and the task's ``predict_batch`` keys.
     """
-    check_long_audio(long_audio)
-    if isinstance(inputs, (str, os.PathLike, Tensor, np.ndarray, Image.Image)):
-        inputs = [inputs]
-    device = next(task.parameters()).device
-    if task.modality == "audio":
-        encoder = task.encoder
-        segments = [s for i, item in enumerate(inputs)
-                    for s in audio_segments(item, i, sample_rate=encoder.sample_rate,
-                                            max_seconds=encoder.max_seconds,
-                                            long_audio=long_audio)]
-    else:
-        transform = build_eval_image_transform((task.run_config or {}).get("data") or {})
-        segments = [image_segment(item, i, transform) for i, item in enumerate(inputs)]
+    segments = [s for per_input in input_segments(task, inputs, long_audio) for s in per_input]
     rows: list[dict[str, Any]] = []
     for start in range(0, len(segments), batch_size):
         chunk = segments[start:start + batch_size]
-        if task.modality == "audio":
-            x, lengths = pad_1d([s.data for s in chunk], dtype=torch.float32)   # (b, s)
-            x, lengths = x.to(device), lengths.to(device)
-        else:
-            x, lengths = torch.stack([s.data for s in chunk]).to(device), None  # (b, 3, h, w)
-        for segment, row in zip(chunk, task.predict_batch(x, lengths)):
+        for segment, row in zip(chunk, task.predict_batch(*encoder_batch(task, chunk))):
             span = {} if segment.span is None else {"start": round(segment.span[0], 3),
                                                     "end": round(segment.span[1], 3)}
             rows.append({"path": segment.name, **span, **row})
@@ -162,4 +171,4 @@ def predict_inputs(task: Task, inputs: Sequence[Input], *, batch_size: int = 8,
 
 
 __all__ = ["LONG_AUDIO", "Input", "LongAudio", "Segment", "audio_segments", "check_long_audio",
-           "image_segment", "predict_inputs"]
+           "encoder_batch", "image_segment", "input_segments", "predict_inputs"]

@@ -10,7 +10,8 @@
 
 A :class:`Model` is the checkpoint's task in eval mode (its attributes read through) with
 ``caption`` and ``transcribe``, whose keyword arguments override the generation settings for
-that call. Why not on the task: docs/design/task-interface.md
+that call, and, for a contrastive checkpoint, ``embed_audio`` / ``embed_image`` /
+``embed_text`` (:mod:`mmtf.predict.embed`). Why not on the task: docs/design/task-interface.md
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from typing import TYPE_CHECKING, Any
 from mmtf.checkpoint_io import load_checkpoint
 from mmtf.errors import UserError
 from mmtf.hub import CONFIG_FILE, is_hf_source, resolve_source
+from mmtf.predict.embed import EmbedLongAudio, embed_media_inputs, embed_text_inputs, is_contrastive
 from mmtf.predict.inputs import Input, predict_inputs
 from mmtf.tasks.base import Task
 from mmtf.tasks.rebuild import build_pretrained_task, build_task
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from mmtf.text import Tokenizer
 
 
@@ -79,6 +83,32 @@ class Model:
                               **generation})
         return [{"path": row["path"], "text": row["caption"],
                  **{k: row[k] for k in ("language", "segments") if k in row}} for row in rows]
+
+    def embed_audio(self, inputs: Sequence[Input] | Input, *, batch_size: int = 16,
+                    long_audio: EmbedLongAudio = "crop") -> Tensor:
+        """L2-normalised embeddings (n, e) of audio files or waveforms, from a contrastive
+        checkpoint, in eval mode; audio longer than ``model.encoder.max_seconds`` is cropped
+        to its start (``long_audio="crop"``) or embedded window by window and averaged
+        (``"window"``). See :mod:`mmtf.predict.embed`."""
+        return embed_media_inputs(self.task, inputs, modality="audio", batch_size=batch_size,
+                                  long_audio=long_audio)
+
+    def embed_image(self, inputs: Sequence[Input] | Input, *, batch_size: int = 16) -> Tensor:
+        """L2-normalised embeddings (n, e) of image files, PIL images or (3, h, w) tensors, from
+        a contrastive checkpoint (the stored eval transforms), in eval mode."""
+        return embed_media_inputs(self.task, inputs, modality="image", batch_size=batch_size)
+
+    def embed_text(self, texts: Sequence[str] | str, *, batch_size: int = 64,
+                   **options: Any) -> Tensor:
+        """Embeddings (n, e) of strings: a contrastive checkpoint's text tower (L2-normalised),
+        or a text-encoder folder's sentence embeddings (``options``: its ``normalize``)."""
+        if not is_contrastive(self.task) and callable(getattr(self.task, "embed_text", None)):
+            return self.task.embed_text(texts, batch_size=batch_size, **options)
+        if options:
+            raise UserError(f"embed_text: {sorted(options)} are not options of a contrastive "
+                            f"checkpoint's embed_text (it takes batch_size; the embeddings are "
+                            f"always L2-normalised).")
+        return embed_text_inputs(self.task, texts, batch_size=batch_size)
 
     def _predict(self, inputs: Sequence[Input] | Input, batch_size: int, long_audio: str,
                  generation: dict[str, Any]) -> list[dict[str, Any]]:

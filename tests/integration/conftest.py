@@ -87,7 +87,8 @@ def run_cli(module: str, args: list[str], cwd: Path, timeout: float = 300,
 ENTRY_POINTS = {"mmtf.train": "mmtf.train", "mmtf.evaluate": "mmtf.evaluate",
                 "mmtf.predict": "mmtf.predict", "mmtf.export": "mmtf.export",
                 "mmtf.inspect": "mmtf.inspect.__main__", "mmtf.report": "mmtf.report.cli",
-                "mmtf.data.check": "mmtf.data.check", "mmtf.data.shard": "mmtf.data.shard"}
+                "mmtf.data.check": "mmtf.data.check", "mmtf.data.shard": "mmtf.data.shard",
+                "mmtf.retrieve": "mmtf.retrieve"}
 
 
 def cli_in_process(module: str, args: list[str], cwd: Path,

@@ -230,7 +230,8 @@ def test_the_old_cpu_threads_key_is_mapped():
     ("mmtf.evaluate", "evaluate", "eval", ["split=oops"]),
     ("mmtf.predict", "print_predictions", "predict", ["inputs=[missing.wav]"]),
     ("mmtf.export", "_export", "export", ["out=x"]),
-    ("mmtf.inspect.__main__", "_inspect", "inspect", [])])
+    ("mmtf.inspect.__main__", "_inspect", "inspect", []),
+    ("mmtf.retrieve", "retrieve", "retrieve", ["query=a dog barks", "media=x"])])
 def test_the_other_clis_start_it_with_their_config(monkeypatch, tmp_path, module, body, config,
                                                    args):
     import importlib

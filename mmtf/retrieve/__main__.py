@@ -1,0 +1,5 @@
+"""``python -m mmtf.retrieve``: see :mod:`mmtf.retrieve`."""
+
+from mmtf.retrieve import main
+
+main()
