@@ -121,7 +121,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         crop_long_audio(task, datamodule, cfg.split)
     datamodule.setup(stage)
     if task.tokenizer is not None:             # the checkpoint's, for the token ids
-        datamodule.connect(task.tokenizer)
+        datamodule.connect(task.tokenizer, **task.text_context())
     task.connect_data(datamodule)
     loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False,

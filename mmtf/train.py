@@ -195,7 +195,8 @@ def connect_tokenizer(cfg: DictConfig, task: Task, datamodule: L.LightningDataMo
     tokenizer = resolve_tokenizer(spec, train_captions=datamodule.train_captions,
                                   ckpt_path=ckpt_path)
     task.use_tokenizer(tokenizer)
-    datamodule.connect(tokenizer)
+    # A prefix LM hands its chat template and media placeholder with it (Task.text_context).
+    datamodule.connect(tokenizer, **task.text_context())
 
 
 def init_weights(task: Task, path: str | os.PathLike) -> None:

@@ -318,6 +318,12 @@ class Task(L.LightningModule):
             raise UserError("the data module builds its ids with another tokenizer than the "
                             "task's; hand both the same one: datamodule.connect(task.tokenizer).")
 
+    def text_context(self) -> dict[str, Any]:
+        """What the data module needs besides the tokenizer to build this task's ids, handed
+        over with it (``datamodule.connect(tokenizer, **context)``): a prefix LM's chat
+        template and media placeholder; nothing for the other tasks."""
+        return {}
+
     def predict_batch(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
                       ) -> list[dict[str, Any]]:
         """One result dict per input of the batch (inputs as in a training batch)."""
