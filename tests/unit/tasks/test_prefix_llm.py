@@ -34,14 +34,17 @@ TEXTS = [*CAPTIONS, "Describe the sound.", "user assistant", "(A) (B) (C) (D) ye
 SAMPLES = [3200, 2400]
 
 
-def composed(*overrides: str):
+TINY_LLM = ["model/decoder=llm_tiny", "tokenizer=bpe_chat", "tokenizer.vocab_size=160",
+            "model.decoder.dim=32", "model.decoder.depth=1", "model.decoder.mlp_hidden=64",
+            "model.decoder.max_len=96"]
+
+
+def composed(*overrides: str, llm: list[str] = TINY_LLM):
     with initialize_config_dir(str(CONF), version_base="1.3"):
         return compose("train", overrides=[
-            "model=prefix_lm", "model/decoder=llm_tiny", "model/encoder=audio_tiny",
-            "tokenizer=bpe_chat", "tokenizer.vocab_size=160", "model.decoder.dim=32",
-            "model.decoder.depth=1", "model.decoder.mlp_hidden=64", "model.decoder.max_len=96",
-            "model.projector.k=4", "model.finetuning.freeze_decoder=false",
-            "model.generation.max_new_tokens=12", *overrides])
+            "model=prefix_lm", "model/encoder=audio_tiny", *llm, "model.projector.k=4",
+            "model.finetuning.freeze_decoder=false", "model.generation.max_new_tokens=12",
+            *overrides])
 
 
 def build(*overrides: str, seed: int = 0):
@@ -257,9 +260,42 @@ def test_a_prefix_longer_than_the_llm_positions_is_one_line():
     assert "\n" not in str(err.value)
 
 
+def llm_folder_task(folder: Path, *overrides: str):
+    """A prefix task on a random-weight Llama folder saved by transformers (its tokenizer.json,
+    ChatML template, <|endoftext|> eos), composed as the README's recipe."""
+    from tests.unit.pretrained.tiny_hf import write_llm
+
+    write_llm(folder, hidden=32, layers=1, max_positions=128)
+    cfg = composed("model.grow_vocab=true", *overrides, llm=[
+        "model/decoder=llm", f"model.decoder.pretrained={folder}", "tokenizer=pretrained",
+        f"tokenizer.path={folder}"])
+    task = instantiate(cfg.model)
+    tokenizer = build_tokenizer(OmegaConf.to_container(cfg.tokenizer, resolve=True))
+    return task, tokenizer
+
+
+def test_a_pretrained_llm_folder_brings_its_tokenizer_and_template(tmp_path):
+    task, tokenizer = llm_folder_task(tmp_path)
+    vocab = task.model.decoder.vocab_size
+    task.use_tokenizer(tokenizer)
+    # <|audio|> was no token of the folder: added as one, past the vocabulary, and the LLM
+    # grew by that one row (model.grow_vocab=true).
+    assert tokenizer.token_to_id("<|audio|>") == vocab == task.model.media_token_id
+    assert task.model.decoder.vocab_size == vocab + 1
+    assert task.chat_template.render([{"role": "user", "content": "x"}],
+                                     add_generation_prompt=True) == \
+        "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+    assert task.stop_id == tokenizer.token_to_id("<|im_end|>")
+    x, x_mask = media()
+    replies = task.generate_texts(x, x_mask, *task.encode_prompts(["<|audio|> hi"] * 2))
+    assert len(replies) == 2 and all(isinstance(r, str) for r in replies)
+
+
 def test_a_missing_chat_template_is_one_line(tmp_path):
-    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
-    task, _ = build(f"model.chat_template={tmp_path}")
+    task, tokenizer = llm_folder_task(tmp_path)
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(config.read_text().replace('"chat_template"', '"no_template"'))
+    task.use_tokenizer(tokenizer)
     with pytest.raises(UserError, match=r"has none \(no chat_template.jinja and no "
                                         r"'chat_template' in tokenizer_config.json\)") as err:
         task.text_context()
