@@ -373,10 +373,14 @@ def rebuild_ddp(trainer: L.Trainer) -> None:
 
 
 def batch_inputs(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The encoder input of a batch: waveforms (b, samples) + lengths, or images (b, 3, h, w)."""
+    """The encoder input of a batch: waveforms (b, samples) + lengths, or images (b, 3, h, w);
+    a prefix LM's ``media`` with its ``media_mask`` (b, samples) as lengths."""
     if "audio" in batch:
         return batch["audio"], batch["audio_lengths"]
+    if "media" in batch:
+        mask = batch.get("media_mask")
+        return batch["media"], None if mask is None else mask.sum(dim=1)
     if "image" in batch:
         return batch["image"], None
-    raise KeyError(f"batch has neither 'audio' nor 'image' (keys: {sorted(batch)}); the data "
+    raise KeyError(f"batch has neither 'audio', 'image' nor 'media' (keys: {sorted(batch)}); the data "
                    f"module's collate must provide one of them.")
