@@ -131,6 +131,7 @@ class PrefixLMTask(CaptionScoring, Task):
         # split -> this rank's replies to multiple-choice questions of the epoch
         self.qa_rows: dict[str, list[dict[str, Any]]] = {"val": [], "test": []}
         self.last_qa_scores: dict[str, Any] = {}
+        self._questions: list[str] | None = None      # set_questions, for one predict_batch
         self.init_lora(lora)
         ft = finetuning_controls(finetuning, PrefixFinetuning)
         self.finetuning_key = "model.finetuning"
@@ -421,7 +422,7 @@ class PrefixLMTask(CaptionScoring, Task):
     def predict_batch(self, inputs: Tensor, lengths: Tensor | None) -> list[dict[str, Any]]:
         """``{"caption": str}`` per input (the run's instruction), or ``{"answer": str}`` for
         the questions :meth:`set_questions` gave (consumed by this call)."""
-        questions, self._questions = getattr(self, "_questions", None), None
+        questions, self._questions = self._questions, None
         b = inputs.shape[0]
         texts = questions or [self.instruction()] * b
         if len(texts) != b:
