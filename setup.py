@@ -15,5 +15,6 @@ CONF_PACKAGES = ["mmtf.conf", *(f"mmtf.conf.{name}" for name in find_namespace_p
 setup(
     packages=[*find_packages(include=["mmtf", "mmtf.*"]), *CONF_PACKAGES],
     package_dir={"mmtf.conf": "conf"},
-    package_data={name: ["*.yaml"] for name in CONF_PACKAGES},
+    package_data={**{name: ["*.yaml"] for name in CONF_PACKAGES},
+                  "mmtf.text": ["templates/*.jinja"]},   # the built-in chat templates
 )

@@ -27,7 +27,6 @@ from mmtf.metrics.wer import write_errors_csv
 from mmtf.predict.inputs import WHOLE
 from mmtf.tasks import CaptioningTask, Task
 from mmtf.tasks.rebuild import build_task
-from mmtf.tasks.resolve import chat_template_kwargs
 from mmtf.utils.config import generation_overrides, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.cpu_sharing import share_cpu
@@ -130,7 +129,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         crop_long_audio(task, datamodule, cfg.split)
     datamodule.setup(stage)
     if task.tokenizer is not None:             # the checkpoint's, for the token ids
-        datamodule.connect(task.tokenizer, **chat_template_kwargs(task))
+        datamodule.connect(task.tokenizer, **task.text_context())
     task.connect_data(datamodule)
     loader = datamodule.val_dataloader() if cfg.split == "val" else datamodule.test_dataloader()
     trainer = L.Trainer(accelerator=cfg.accelerator, devices=1, logger=False,

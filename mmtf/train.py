@@ -34,7 +34,6 @@ from mmtf.loggers import continue_tracker_runs, log_config, log_final_metric, re
 from mmtf.pretrained import resolved_sizes
 from mmtf.reliability import resolve_resume
 from mmtf.tasks import Task, resolve_tokenizer
-from mmtf.tasks.resolve import chat_template_kwargs
 from mmtf.utils.config import check_target_signatures, print_config_tree, require_values, run_cli
 from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.cpu_sharing import parallel_jobs, share_cpu
@@ -196,7 +195,8 @@ def connect_tokenizer(cfg: DictConfig, task: Task, datamodule: L.LightningDataMo
     tokenizer = resolve_tokenizer(spec, train_captions=datamodule.train_captions,
                                   ckpt_path=ckpt_path)
     task.use_tokenizer(tokenizer)
-    datamodule.connect(tokenizer, **chat_template_kwargs(task))   # a prefix LLM's template too
+    # A prefix LM hands its chat template and media placeholder with it (Task.text_context).
+    datamodule.connect(tokenizer, **task.text_context())
 
 
 def init_weights(task: Task, path: str | os.PathLike) -> None:

@@ -406,7 +406,7 @@ class CaptionDataModule(MediaDataModule):
     Speech items start their ids with their own prompt (:meth:`item_prompt`,
     docs/design/asr-prompts-per-item.md). The entry point hands the tokenizer over with
     :meth:`connect` (``self.tokenizer``, None until then); a prefix LLM's task hands its chat
-    template over with it (``connect(tokenizer, chat_template=...)``), and batches are then
+    template and placeholder over with it (``connect(tokenizer, **task.text_context())``), and batches are then
     chats (:mod:`mmtf.data.collate`, ``targets="chat"``).
     """
 
@@ -435,6 +435,7 @@ class CaptionDataModule(MediaDataModule):
         self.instruction = instruction.strip() if instruction else None
         self.max_chat_tokens, self.rotations = max_chat_tokens, rotations
         self.placeholder = media_token_for(self.modality, media_token)
+        self.media_token_set = media_token is not None   # else the task's placeholder wins
         self.chat_template: ChatTemplate | None = None
         self.max_caption_tokens = int(max_caption_tokens)
         if self.max_caption_tokens < 2:
@@ -486,14 +487,26 @@ class CaptionDataModule(MediaDataModule):
         mixture adds its sources' prompt tokens); unchanged here."""
         return dict(spec)
 
-    def connect(self, tokenizer: Tokenizer, chat_template: ChatTemplate | None = None) -> None:
+    def connect(self, tokenizer: Tokenizer, chat_template: ChatTemplate | None = None,
+                media_token: str | None = None) -> None:
         """Build token ids with ``tokenizer`` from now on (cached ids of another are dropped);
-        with ``chat_template`` (a prefix LLM's), items become chats (:mod:`mmtf.data.chat`).
+        with ``chat_template`` (a prefix LLM's), items become chats (:mod:`mmtf.data.chat`),
+        with the task's ``media_token`` as their placeholder. The task hands all three over:
+        ``connect(tokenizer, **task.text_context())``.
 
         Raises:
             ConfigError: chats with mixup, ``captions_per_item > 1`` or a tokenizer that is
-                not backed by ``tokenizers`` (``char``).
+                not backed by ``tokenizers`` (``char``); a ``data.media_token`` that is not the
+                task's placeholder.
         """
+        if media_token is not None and media_token != self.placeholder:
+            if self.media_token_set:
+                raise ConfigError(f"data.media_token ({self.placeholder!r}) is not the model's "
+                                  f"placeholder ({media_token!r}); set both to the same token "
+                                  f"(model.media_token and data.media_token) or drop "
+                                  f"data.media_token.")
+            self.placeholder = media_token
+            self._tokens.clear()
         if chat_template is not None:
             if not isinstance(tokenizer, BackedTokenizer):
                 raise ConfigError(f"a prefix LLM's chats are encoded by a tokenizer backed by "

@@ -433,7 +433,8 @@ class MixtureDataModule(CaptionDataModule):
         """Every source's training texts (:meth:`CaptionDataModule.train_captions`)."""
         return [t for s in self.sources for t in s.module.train_captions()]
 
-    def connect(self, tokenizer: Tokenizer, chat_template: ChatTemplate | None = None) -> None:
+    def connect(self, tokenizer: Tokenizer, chat_template: ChatTemplate | None = None,
+                media_token: str | None = None) -> None:
         """Build ids with ``tokenizer`` (every source too); it must hold the prompt tokens.
         With ``chat_template`` every source's items are chats (instruction sets, caption sets
         with their ``instruction``), mixed as they are.
@@ -452,9 +453,9 @@ class MixtureDataModule(CaptionDataModule):
                                   f"instruction (data.sources.<name>.instruction).")
         else:
             self._check_prompt_tokens(tokenizer)
-        super().connect(tokenizer, chat_template)
+        super().connect(tokenizer, chat_template, media_token)
         for s in self.sources:
-            s.module.connect(tokenizer, chat_template)
+            s.module.connect(tokenizer, chat_template, media_token)
 
     def _check_prompt_tokens(self, tokenizer: Tokenizer) -> None:
         ids = self._token_ids(tokenizer)

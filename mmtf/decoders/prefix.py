@@ -90,7 +90,7 @@ class MediaPrefixLM(nn.Module):
             callable taking ``in_dim`` and ``out_dim`` (a ``_target_`` with ``_partial_:
             true``) or a built module (:func:`mmtf.nn.projectors.build_projector`).
         media_token_id: the placeholder's id (one token; the tokenizer's ``<|audio|>`` /
-            ``<|image|>``).
+            ``<|image|>``); None = set later (:meth:`set_media_token`, from the tokenizer).
         grow_vocab: when ``media_token_id`` is past the LLM's vocabulary, add the missing rows
             (:meth:`CausalLM.grow_vocab`) instead of refusing.
 
@@ -100,12 +100,30 @@ class MediaPrefixLM(nn.Module):
 
     def __init__(self, *, encoder: nn.Module, decoder: CausalLM,
                  projector: Mapping[str, Any] | str | Callable[..., nn.Module] | nn.Module,
-                 media_token_id: int, grow_vocab: bool = False) -> None:
+                 media_token_id: int | None, grow_vocab: bool = False) -> None:
         super().__init__()
         enc_dim = getattr(encoder, "dim", None)
         if not isinstance(enc_dim, int):
             raise UserError(f"MediaPrefixLM: model.encoder ({type(encoder).__name__}) must have "
                             f"an int attribute dim (its output width); got {enc_dim!r}.")
+        self.encoder, self.decoder = encoder, decoder
+        self.projector = build_projector(
+            projector, in_dim=enc_dim, out_dim=decoder.dim,
+            prefix_tokens=int(getattr(encoder, "num_prefix_tokens", 0)))
+        self.media_token_id: int | None = None
+        if media_token_id is not None:
+            self.set_media_token(media_token_id, grow_vocab=grow_vocab)
+        ids = (decoder.pad_id, decoder.eos_id, 0)
+        self.pad_id = next(i for i in ids if i is not None)
+
+    def set_media_token(self, media_token_id: int, *, grow_vocab: bool = False) -> None:
+        """Use ``media_token_id`` as the placeholder (the task resolves it from its tokenizer),
+        growing the LLM's vocabulary to it when ``grow_vocab``.
+
+        Raises:
+            UserError: not an id >= 0, or past the vocabulary without ``grow_vocab``.
+        """
+        decoder = self.decoder
         if isinstance(media_token_id, bool) or not isinstance(media_token_id, int) \
                 or media_token_id < 0:
             raise UserError(f"MediaPrefixLM: model.media_token_id ({media_token_id!r}) must be "
@@ -118,13 +136,7 @@ class MediaPrefixLM(nn.Module):
                     f"{media_token_id + 1 - decoder.vocab_size} row(s), or use an id the model "
                     f"has (a reserved special token).")
             decoder.grow_vocab(media_token_id + 1 - decoder.vocab_size)
-        self.encoder, self.decoder = encoder, decoder
-        self.projector = build_projector(
-            projector, in_dim=enc_dim, out_dim=decoder.dim,
-            prefix_tokens=int(getattr(encoder, "num_prefix_tokens", 0)))
         self.media_token_id = media_token_id
-        ids = (decoder.pad_id, decoder.eos_id, 0)
-        self.pad_id = next(i for i in ids if i is not None)
 
     def encode(self, media: Tensor, media_mask: Tensor | None = None) -> ProjectorOutput:
         """The projected media of a batch: embeds (b, k, c), mask (b, k).
@@ -163,6 +175,9 @@ class MediaPrefixLM(nn.Module):
         if input_ids.dim() != 2:
             raise UserError(f"MediaPrefixLM: input_ids must be (batch, length); got shape "
                             f"{tuple(input_ids.shape)}.")
+        if self.media_token_id is None:
+            raise UserError("MediaPrefixLM: no media placeholder id yet; hand the task its "
+                            "tokenizer (task.use_tokenizer) or set model.media_token_id.")
         b, t = input_ids.shape
         device = input_ids.device
         real = (torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None
@@ -247,7 +262,8 @@ class MediaPrefixLM(nn.Module):
     @torch.no_grad()
     def generate(self, media: Tensor, media_mask: Tensor | None, input_ids: Tensor,
                  attention_mask: Tensor | None = None, *, config: GenerationConfig | None = None,
-                 generator: torch.Generator | None = None, **overrides: Any) -> GenerationOutput:
+                 eos_id: int | None = None, generator: torch.Generator | None = None,
+                 **overrides: Any) -> GenerationOutput:
         """Continue prompts that end in the generation prompt (``<|im_start|>assistant\\n``):
         the spliced prompt is prefilled once, then :meth:`CausalLM.generate` decodes on its
         cache. The placeholder id is never generated.
@@ -257,6 +273,7 @@ class MediaPrefixLM(nn.Module):
             input_ids, attention_mask: (b, t) prompts, left-padded (right padding is moved to
                 the left when spliced).
             config, generator, overrides: :class:`GenerationConfig` and its fields.
+            eos_id: where a row stops (the chat template's end of turn); default the LLM's.
 
         Returns:
             The generated tokens only (:class:`GenerationOutput`).
@@ -267,7 +284,8 @@ class MediaPrefixLM(nn.Module):
         inputs = self.splice(input_ids, attention_mask, self.encode(media, media_mask),
                              padding_side="left")
         return self.decoder.generate(inputs.input_ids, inputs.attention_mask,
-                                     inputs_embeds=inputs.embeds, config=cfg, generator=generator)
+                                     inputs_embeds=inputs.embeds, config=cfg, eos_id=eos_id,
+                                     generator=generator)
 
 
 __all__ = ["IGNORE", "MediaPrefixLM", "PrefixOutput", "Spliced", "answer_loss"]

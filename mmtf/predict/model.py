@@ -61,6 +61,34 @@ class Model:
                             f"rows.")
         return [row["caption"] for row in self._predict(inputs, batch_size, "crop", generation)]
 
+    def answer(self, inputs: Sequence[Input] | Input, questions: Sequence[str] | str, *,
+               batch_size: int = 8, **generation: Any) -> list[str]:
+        """One reply per (input, question) of a prefix LM (:class:`~mmtf.tasks.PrefixLMTask`);
+        each question is the user turn and holds the media placeholder (``<|audio|>``)
+        where the media goes; long audio is cropped. ``generation`` overrides the settings for
+        this call.
+
+        Raises:
+            UserError: the task answers no questions, the counts differ, or a question has no
+                placeholder.
+        """
+        if not hasattr(self.task, "set_questions"):
+            raise UserError(f"answer: a {type(self.task).__name__} answers no questions; load a "
+                            f"prefix LM checkpoint (model=prefix_lm).")
+        if isinstance(inputs, str | os.PathLike) or not isinstance(inputs, Sequence):
+            inputs = [inputs]
+        questions = [questions] if isinstance(questions, str) else list(questions)
+        if len(questions) != len(inputs):
+            raise UserError(f"answer: {len(questions)} questions for {len(inputs)} inputs; give "
+                            f"one question per input.")
+        replies: list[str] = []
+        for start in range(0, len(inputs), batch_size):
+            self.task.set_questions(questions[start:start + batch_size])
+            rows = self._predict(list(inputs[start:start + batch_size]), batch_size, "crop",
+                                 generation)
+            replies += [row["answer"] for row in rows]
+        return replies
+
     def transcribe(self, inputs: Sequence[Input] | Input, *, batch_size: int = 8,
                    long_form: str = "sequential", **generation: Any) -> list[dict[str, Any]]:
         """Transcribe speech with a :class:`~mmtf.tasks.speech.SpeechTask`, long files whole:

@@ -324,7 +324,13 @@ class Task(L.LightningModule):
         if template is not None and getattr(datamodule, "chat_template", None) is not template:
             raise UserError("the data module renders its chats with another chat template than "
                             "the task's (or none); hand it the task's: datamodule.connect("
-                            "task.tokenizer, chat_template=task.chat_template).")
+                            "task.tokenizer, **task.text_context()).")
+
+    def text_context(self) -> dict[str, Any]:
+        """What the data module needs besides the tokenizer to build this task's ids, handed
+        over with it (``datamodule.connect(tokenizer, **context)``): a prefix LM's chat
+        template and media placeholder; nothing for the other tasks."""
+        return {}
 
     def predict_batch(self, inputs: torch.Tensor, lengths: torch.Tensor | None,
                       ) -> list[dict[str, Any]]:
@@ -375,10 +381,14 @@ def rebuild_ddp(trainer: L.Trainer) -> None:
 
 
 def batch_inputs(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The encoder input of a batch: waveforms (b, samples) + lengths, or images (b, 3, h, w)."""
+    """The encoder input of a batch: waveforms (b, samples) + lengths, or images (b, 3, h, w);
+    a prefix LM's ``media`` with its ``media_mask`` (b, samples) as lengths."""
     if "audio" in batch:
         return batch["audio"], batch["audio_lengths"]
+    if "media" in batch:
+        mask = batch.get("media_mask")
+        return batch["media"], None if mask is None else mask.sum(dim=1)
     if "image" in batch:
         return batch["image"], None
-    raise KeyError(f"batch has neither 'audio' nor 'image' (keys: {sorted(batch)}); the data "
+    raise KeyError(f"batch has neither 'audio', 'image' nor 'media' (keys: {sorted(batch)}); the data "
                    f"module's collate must provide one of them.")

@@ -55,7 +55,137 @@ def upgrade_config(model_cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-class CaptioningTask(Task):
+class CaptionScoring:
+    """Generation-based caption scoring of a task (mixed into a :class:`Task` that generates
+    text): val/test :class:`CaptionMetrics` (and per mixture source), scored at the end of each
+    epoch under ``<split>/<metric>`` (event accuracy on a built-in set), the samples logged.
+    The host calls :meth:`init_caption_metrics` and updates ``caption_metrics[split]`` in its
+    steps; it has ``hparams.val_generate`` and ``hparams.num_logged_samples``."""
+
+    caption_metrics: dict[str, CaptionMetrics]
+    source_metrics: dict[str, dict[str, CaptionMetrics]]
+
+    def init_caption_metrics(self, val_metrics: Sequence[str] | None,
+                             test_metrics: Sequence[str] | None, backend: str) -> None:
+        """The val and test metrics (names; None = all) with their ``backend``."""
+        self.caption_metrics = {
+            split: CaptionMetrics(metrics=None if names is None else list(names),
+                                  backend=backend)
+            for split, names in (("val", val_metrics), ("test", test_metrics))
+        }
+        # A mixture's sources (datamodule.source_names): the same metrics per source.
+        self.source_metrics = {"val": {}, "test": {}}
+
+    def _all_metrics(self) -> list[CaptionMetrics]:
+        return [*self.caption_metrics.values(),
+                *(m for per in self.source_metrics.values() for m in per.values())]
+
+    def set_metrics_backend(self, backend: str) -> None:
+        """Score with ``backend`` ("mmtf" | "aac") from now on (``evaluate metrics_backend=``)."""
+        for metrics in self._all_metrics():
+            metrics.backend = check_backend(backend)
+
+    def use_sources(self, names: Sequence[str]) -> None:
+        """Score val/test per source too (a mixture's ``source_names``): every metric also
+        under ``<split>/<source>/<metric>``, from the batches' ``sources``."""
+        hp = self.hparams
+        self.source_metrics = {
+            split: {name: CaptionMetrics(metrics=None if which is None else list(which),
+                                         backend=self.caption_metrics[split].backend,
+                                         normalizer=self.caption_metrics[split].normalizer)
+                    for name in names}
+            for split, which in (("val", hp.val_metrics), ("test", hp.test_metrics))}
+
+    def on_validation_epoch_end(self) -> None:
+        self._score("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._score("test")
+
+    def _score(self, split: str) -> None:
+        metrics = self.caption_metrics[split]
+        if self.trainer.sanity_checking or (split == "val" and not self.hparams.val_generate):
+            metrics.reset()
+            for per_source in self.source_metrics[split].values():
+                per_source.reset()
+            return
+        self._score_sources(split)
+        # collective: gathered, scored once, broadcast
+        scores = metrics.compute(event_parser=self.event_parser())
+        metrics.reset()
+        for name, reason in metrics.unavailable.items():
+            log.info("%s/%s unavailable: %s", split, name, reason)
+        for name, value in scores.items():
+            # Every rank holds the same score: log without a second reduction.
+            self.log(f"{split}/{name}", float(value), prog_bar=name in ("cider_d", "event_accuracy"),
+                     rank_zero_only=False, sync_dist=False)
+        rows = [{"id": row.key, "prediction": row.prediction, "references": row.references}
+                for row in metrics.rows]
+        for row, errors in zip(rows, metrics.errors):   # wer / cer: the word alignment counts
+            row.update({k: v for k, v in errors.to_row().items() if k != "id"})
+        self.last_predictions = {split: rows}
+        if self.global_rank == 0:
+            self._log_samples(split, rows)
+            if metrics.errors:
+                from mmtf.metrics.wer import write_errors_csv  # transcripts only
+
+                write_errors_csv(Path(self.trainer.default_root_dir) / "errors" /
+                                 f"{split}_{self._epoch_step()}.csv", metrics.errors)
+
+    def _score_sources(self, split: str) -> None:
+        """Each source's metrics under ``<split>/<source>/<metric>`` (collective, like the
+        all-sources scores; every rank walks the same sources in the same order)."""
+        for name, metrics in self.source_metrics[split].items():
+            try:
+                scores = metrics.compute(event_parser=self.event_parser())
+            except ValueError:
+                if metrics.rows:
+                    raise
+                scores = {}                 # no batch of it this epoch (limit_val_batches)
+            metrics.reset()
+            for metric, value in scores.items():
+                self.log(f"{split}/{name}/{metric}", float(value), rank_zero_only=False,
+                         sync_dist=False)
+
+    def event_parser(self) -> Callable[[str], Any] | None:
+        """The caption -> event parser of this run's built-in data set
+        (``data.synthetic.kind``), or None. Why: docs/design/synthetic-package.md"""
+        from mmtf.synthetic import caption_parser  # at scoring: predicting never loads it
+
+        data = (self.run_config or {}).get("data") or {}
+        return caption_parser((data.get("synthetic") or {}).get("kind"))
+
+    def _epoch_step(self) -> str:
+        return f"epoch{self.current_epoch:03d}_step{self.global_step:07d}"
+
+    def _log_samples(self, split: str, rows: list[dict[str, Any]]) -> None:
+        shown = rows[:self.hparams.num_logged_samples]
+        if rows and "substitutions" in rows[0]:     # transcripts: the alignment counts too
+            lines = ["| id | prediction | reference | S | D | I | WER |", "|---|---|---|---|---|---|---|"]
+            lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} | "
+                      f"{r['substitutions']} | {r['deletions']} | {r['insertions']} | "
+                      f"{r['wer']:.3f} |" for r in shown]
+        else:
+            lines = ["| id | prediction | reference |", "|---|---|---|"]
+            lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} |" for r in shown]
+        table = "\n".join(lines)
+        name = f"{split}_{self._epoch_step()}.md"
+        for logger in self.loggers:
+            if isinstance(logger, WandbLogger):          # a table per validation
+                logger.log_table(f"{split}/samples", columns=["id", "prediction", "reference"],
+                                 data=[[r["id"], r["prediction"], r["references"][0]]
+                                       for r in shown], step=self.global_step)
+            elif isinstance(logger, MLFlowLogger):       # an artifact file per validation
+                logger.experiment.log_text(logger.run_id, table + "\n", f"samples/{name}")
+            elif isinstance(logger, TensorBoardLogger):  # the Text tab
+                logger.experiment.add_text(f"{split}/samples", table, self.global_step)
+        out_dir = Path(self.trainer.default_root_dir) / "samples"   # every run gets the file
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / name).write_text(table + "\n")
+        log.info("%s samples (epoch %d):\n%s", split, self.current_epoch, table)
+
+
+class CaptioningTask(CaptionScoring, Task):
     """Encoder-decoder captioner. Its tokenizer is handed over (:meth:`use_tokenizer`) by
     whoever built it (docs/design/tokenizer-ownership.md), saved in every checkpoint and checked
     against a restored one's.
@@ -93,13 +223,7 @@ class CaptioningTask(Task):
         self.generation = dict(generation or {"strategy": "greedy"})
         self.user_suppress_tokens = tuple(self.generation.get("suppress_tokens", ()))
         self.check_generation()
-        self.caption_metrics = {
-            split: CaptionMetrics(metrics=None if names is None else list(names),
-                                  backend=metrics_backend)
-            for split, names in (("val", val_metrics), ("test", test_metrics))
-        }
-        # A mixture's sources (datamodule.source_names): the same metrics per source.
-        self.source_metrics: dict[str, dict[str, CaptionMetrics]] = {"val": {}, "test": {}}
+        self.init_caption_metrics(val_metrics, test_metrics, metrics_backend)
         self.init_lora(lora)
         ft = finetuning_controls(finetuning)
         self.finetuning_key = "model.finetuning"
@@ -109,26 +233,6 @@ class CaptioningTask(Task):
                          "decoder": ft.unfreeze_decoder_at_epoch},
             lr_scale={"encoder": ft.encoder_lr_scale, "decoder": ft.decoder_lr_scale},
             layer_decay=ft.layer_decay)
-
-    def _all_metrics(self) -> list[CaptionMetrics]:
-        return [*self.caption_metrics.values(),
-                *(m for per in self.source_metrics.values() for m in per.values())]
-
-    def set_metrics_backend(self, backend: str) -> None:
-        """Score with ``backend`` ("mmtf" | "aac") from now on (``evaluate metrics_backend=``)."""
-        for metrics in self._all_metrics():
-            metrics.backend = check_backend(backend)
-
-    def use_sources(self, names: Sequence[str]) -> None:
-        """Score val/test per source too (a mixture's ``source_names``): every metric also
-        under ``<split>/<source>/<metric>``, from the batches' ``sources``."""
-        hp = self.hparams
-        self.source_metrics = {
-            split: {name: CaptionMetrics(metrics=None if which is None else list(which),
-                                         backend=self.caption_metrics[split].backend,
-                                         normalizer=self.caption_metrics[split].normalizer)
-                    for name in names}
-            for split, which in (("val", hp.val_metrics), ("test", hp.test_metrics))}
 
     @property
     def encoder(self) -> nn.Module:
@@ -303,92 +407,3 @@ class CaptioningTask(Task):
 
     def export_parts(self) -> dict[str, nn.Module]:
         return {"encoder": self.model.encoder, "decoder": self.model.decoder}
-
-    # ------------------------------------------------------------------ metrics
-    def on_validation_epoch_end(self) -> None:
-        self._score("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._score("test")
-
-    def _score(self, split: str) -> None:
-        metrics = self.caption_metrics[split]
-        if self.trainer.sanity_checking or (split == "val" and not self.hparams.val_generate):
-            metrics.reset()
-            for per_source in self.source_metrics[split].values():
-                per_source.reset()
-            return
-        self._score_sources(split)
-        # collective: gathered, scored once, broadcast
-        scores = metrics.compute(event_parser=self.event_parser())
-        metrics.reset()
-        for name, reason in metrics.unavailable.items():
-            log.info("%s/%s unavailable: %s", split, name, reason)
-        for name, value in scores.items():
-            # Every rank holds the same score: log without a second reduction.
-            self.log(f"{split}/{name}", float(value), prog_bar=name in ("cider_d", "event_accuracy"),
-                     rank_zero_only=False, sync_dist=False)
-        rows = [{"id": row.key, "prediction": row.prediction, "references": row.references}
-                for row in metrics.rows]
-        for row, errors in zip(rows, metrics.errors):   # wer / cer: the word alignment counts
-            row.update({k: v for k, v in errors.to_row().items() if k != "id"})
-        self.last_predictions = {split: rows}
-        if self.global_rank == 0:
-            self._log_samples(split, rows)
-            if metrics.errors:
-                from mmtf.metrics.wer import write_errors_csv  # transcripts only
-
-                write_errors_csv(Path(self.trainer.default_root_dir) / "errors" /
-                                 f"{split}_{self._epoch_step()}.csv", metrics.errors)
-
-    def _score_sources(self, split: str) -> None:
-        """Each source's metrics under ``<split>/<source>/<metric>`` (collective, like the
-        all-sources scores; every rank walks the same sources in the same order)."""
-        for name, metrics in self.source_metrics[split].items():
-            try:
-                scores = metrics.compute(event_parser=self.event_parser())
-            except ValueError:
-                if metrics.rows:
-                    raise
-                scores = {}                 # no batch of it this epoch (limit_val_batches)
-            metrics.reset()
-            for metric, value in scores.items():
-                self.log(f"{split}/{name}/{metric}", float(value), rank_zero_only=False,
-                         sync_dist=False)
-
-    def event_parser(self) -> Callable[[str], Any] | None:
-        """The caption -> event parser of this run's built-in data set
-        (``data.synthetic.kind``), or None. Why: docs/design/synthetic-package.md"""
-        from mmtf.synthetic import caption_parser  # at scoring: predicting never loads it
-
-        data = (self.run_config or {}).get("data") or {}
-        return caption_parser((data.get("synthetic") or {}).get("kind"))
-
-    def _epoch_step(self) -> str:
-        return f"epoch{self.current_epoch:03d}_step{self.global_step:07d}"
-
-    def _log_samples(self, split: str, rows: list[dict[str, Any]]) -> None:
-        shown = rows[:self.hparams.num_logged_samples]
-        if rows and "substitutions" in rows[0]:     # transcripts: the alignment counts too
-            lines = ["| id | prediction | reference | S | D | I | WER |", "|---|---|---|---|---|---|---|"]
-            lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} | "
-                      f"{r['substitutions']} | {r['deletions']} | {r['insertions']} | "
-                      f"{r['wer']:.3f} |" for r in shown]
-        else:
-            lines = ["| id | prediction | reference |", "|---|---|---|"]
-            lines += [f"| {r['id']} | {r['prediction']} | {r['references'][0]} |" for r in shown]
-        table = "\n".join(lines)
-        name = f"{split}_{self._epoch_step()}.md"
-        for logger in self.loggers:
-            if isinstance(logger, WandbLogger):          # a table per validation
-                logger.log_table(f"{split}/samples", columns=["id", "prediction", "reference"],
-                                 data=[[r["id"], r["prediction"], r["references"][0]]
-                                       for r in shown], step=self.global_step)
-            elif isinstance(logger, MLFlowLogger):       # an artifact file per validation
-                logger.experiment.log_text(logger.run_id, table + "\n", f"samples/{name}")
-            elif isinstance(logger, TensorBoardLogger):  # the Text tab
-                logger.experiment.add_text(f"{split}/samples", table, self.global_step)
-        out_dir = Path(self.trainer.default_root_dir) / "samples"   # every run gets the file
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / name).write_text(table + "\n")
-        log.info("%s samples (epoch %d):\n%s", split, self.current_epoch, table)

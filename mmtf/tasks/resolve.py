@@ -67,13 +67,3 @@ def check_same_tokenizer_on_every_rank(tokenizer: Tokenizer, strategy: Any) -> N
             "the DDP ranks resolved different tokenizers (their token ids would differ); give "
             "every rank the same tokenizer: tokenizer=saved tokenizer.path=<a JSON written by "
             "rank 0's Tokenizer.save>, or resume from a checkpoint.")
-
-
-def chat_template_kwargs(task: Any) -> dict[str, Any]:
-    """What a data module's ``connect`` takes besides the tokenizer from ``task``: its chat
-    template (``{"chat_template": ...}``) when it has one (a prefix LLM's task exposes
-    ``chat_template``: the data module then builds chats, :mod:`mmtf.data.chat`), else
-    nothing, so a data module without chats is connected as before."""
-    template = getattr(task, "chat_template", None)
-    return {} if template is None else {"chat_template": template}
-

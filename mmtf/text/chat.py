@@ -40,6 +40,12 @@ from mmtf.text.pretrained import _merged, _token_text
 log = logging.getLogger("mmtf.text")
 
 TEMPLATE_FILE = "chat_template.jinja"
+# The chat templates shipped in the package (mmtf/text/templates/<name>.jinja), for LLMs trained
+# from scratch with mmtf's own tokenizer, and the special tokens each spells.
+BUILTIN_DIR = Path(__file__).resolve().parent / "templates"
+BUILTIN_TOKENS: dict[str, tuple[str, ...]] = {"chatml": ("<|im_start|>", "<|im_end|>")}
+# The media placeholder of each modality: one token of the tokenizer.
+MEDIA_TOKENS: dict[str, str] = {"audio": "<|audio|>", "image": "<|image|>"}
 TEMPLATE_DIR = "additional_chat_templates"      # <name>.jinja each, as transformers saves them
 CONFIG_FILE = "tokenizer_config.json"
 IGNORE_INDEX = -100            # the label of an untrained token (cross_entropy's ignore_index)
@@ -251,6 +257,39 @@ class ChatTemplate:
         return cls(templates, special_tokens=template_tokens(folder), name=name,
                    origin=f"chat template of {folder}")
 
+    @classmethod
+    def builtin(cls, name: str = "chatml") -> ChatTemplate:
+        """A template shipped with mmtf (:data:`BUILTIN_TOKENS`), for a tokenizer that has its
+        special tokens (``tokenizer.special_tokens`` of ``conf/tokenizer/bpe_chat.yaml``).
+
+        Raises:
+            UserError: no built-in template of that name.
+        """
+        if name not in BUILTIN_TOKENS:
+            raise UserError(f"chat template {name!r} is not built in; the built-in ones are "
+                            f"{sorted(BUILTIN_TOKENS)} (or give an LLM folder with its own).")
+        source = (BUILTIN_DIR / f"{name}.jinja").read_text(encoding="utf-8")
+        return cls(source, origin=f"built-in chat template {name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (strings only) that :meth:`from_dict` rebuilds the template from: what a
+        checkpoint stores beside its tokenizer."""
+        return {"templates": dict(self.templates), "special_tokens": dict(self.special_tokens),
+                "name": self.name, "origin": self.origin}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChatTemplate:
+        """The template :meth:`to_dict` wrote."""
+        return cls(data["templates"], special_tokens=data.get("special_tokens"),
+                   name=data.get("name"), origin=data.get("origin") or "chat template")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ChatTemplate) and (
+            (self.templates, self.special_tokens, self.name)
+            == (other.templates, other.special_tokens, other.name))
+
+    __hash__ = None  # type: ignore[assignment]
+
     def source(self, tools: Sequence[Any] | None = None) -> str:
         """The Jinja source used for a call (``tools`` picks "tool_use" when there is one)."""
         if self.name is not None:
@@ -407,6 +446,20 @@ def ensure_media_token(tokenizer: BackedTokenizer | HFTokenizer, token: str = "<
                     "embedding (and untied head) must grow by one row to %d.", token, new,
                     new + 1)
     return new
+
+
+def end_of_turn_id(template: ChatTemplate, tokenizer: BackedTokenizer | HFTokenizer
+                   ) -> int | None:
+    """The id that closes an assistant turn in ``template`` (``<|im_end|>``, ``<|eot_id|>``,
+    ``</s>``): the last trained token of a one-turn conversation, when it is a special token
+    (:func:`encode_conversation` cuts the trained span after the turn's last special token);
+    None when the template closes turns with plain text. Generation stops there."""
+    probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    item = encode_conversation(template, tokenizer, probe, where="end_of_turn_id")
+    trained = [t for t in item.labels if t != IGNORE_INDEX]
+    special = {i for i, t in backend_of(tokenizer).get_added_tokens_decoder().items()
+               if t.special}
+    return trained[-1] if trained and trained[-1] in special else None
 
 
 def _added_id(backend: HFTokenizer, token: str) -> int | None:
@@ -592,6 +645,6 @@ def _common_prefix(a: str, b: str) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-__all__ = ["IGNORE_INDEX", "ChatTemplate", "InstructionIds",
-           "backend_of", "encode_conversation", "encode_rendered", "ensure_media_token",
+__all__ = ["BUILTIN_TOKENS", "IGNORE_INDEX", "MEDIA_TOKENS", "ChatTemplate", "InstructionIds",
+           "backend_of", "encode_conversation", "end_of_turn_id", "encode_rendered", "ensure_media_token",
            "template_tokens"]

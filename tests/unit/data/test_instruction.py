@@ -413,14 +413,11 @@ def test_the_task_hands_its_chat_template_over_with_the_tokenizer(chat_set):
     from types import SimpleNamespace
 
     from mmtf.tasks.base import Task
-    from mmtf.tasks.resolve import chat_template_kwargs
 
     tok, tpl = tiny_tokenizer(), template()
     task = SimpleNamespace(tokenizer=tok, chat_template=tpl, require_tokenizer=lambda: tok)
-    assert chat_template_kwargs(task) == {"chat_template": tpl}
-    assert chat_template_kwargs(SimpleNamespace(tokenizer=tok)) == {}
     dm = module(chat_set)
-    dm.connect(tok, **chat_template_kwargs(task))
+    dm.connect(tok, chat_template=tpl, media_token="<|audio|>")
     Task.check_data_tokenizer(task, dm)                 # the same template: no error
     dm.connect(tok, chat_template=template())
     with pytest.raises(UserError, match="another chat template than the task's"):
@@ -480,7 +477,6 @@ def test_lightning_fits_a_prefix_task_on_the_data_module(chat_set):
 
     tok = tiny_tokenizer()
     dm = module(chat_set, max_seconds=10.0)
-    dm.connect(tok, chat_template=template())
     torch.manual_seed(0)
     decoder = llm_decoder(vocab_size=tok.vocab_size, dim=32, depth=1, num_heads=4,
                           num_kv_heads=2, mlp_hidden=48, max_len=256, eos_id=tok.eos_id,
@@ -488,6 +484,8 @@ def test_lightning_fits_a_prefix_task_on_the_data_module(chat_set):
     task = PrefixLMTask(encoder=audio_encoder(), decoder=decoder, optimizer=ADAMW,
                         projector={"kind": "linear"}, warmup_steps=1,
                         media_token_id=tok.token_to_id("<|audio|>"))
+    task.use_tokenizer(tok)
+    dm.connect(tok, **task.text_context())             # what mmtf.train hands over
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
