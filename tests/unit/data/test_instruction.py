@@ -492,3 +492,16 @@ def test_lightning_fits_a_prefix_task_on_the_data_module(chat_set):
     trainer.fit(task, datamodule=dm)
     assert {"train/loss", "val/loss"} <= set(trainer.callback_metrics)
     assert torch.isfinite(trainer.callback_metrics["val/loss"])
+
+
+def test_the_models_placeholder_reaches_the_data_unless_data_names_another(chat_set):
+    from mmtf.errors import ConfigError
+
+    tok = tiny_tokenizer()
+    dm = module(chat_set)
+    dm.connect(tok, chat_template=template(), media_token="<|image|>")
+    assert dm.placeholder == "<|image|>"                 # data.media_token unset: the model's
+    named = module(chat_set, media_token="<|audio|>")
+    with pytest.raises(ConfigError, match=r"data.media_token \('<\|audio\|>'\) is not the "
+                                          r"model's placeholder \('<\|image\|>'\)"):
+        named.connect(tok, chat_template=template(), media_token="<|image|>")
