@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmtf.data.collate import pad_1d
+from mmtf.encoders.text import encode_texts
 from mmtf.errors import CheckpointError, ConfigError, UserError
 from mmtf.losses import ContrastiveLoss, item_keys
 from mmtf.metrics.retrieval import RetrievalMetrics
-from mmtf.nn.linear import Linear
+from mmtf.nn.heads import HeadKind, projection
 from mmtf.nn.pooling import AttentionPool
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.captioning import finetuning_controls
@@ -35,7 +35,6 @@ from mmtf.text import Tokenizer
 __all__ = ["ContrastiveFinetuning", "ContrastiveTask", "ZeroShot"]
 
 Pooling = Literal["mean", "cls", "attention"]
-Head = Literal["linear", "mlp", "none"]
 
 
 @dataclass(frozen=True)
@@ -64,27 +63,6 @@ class ZeroShot(NamedTuple):
     scores: Tensor
     predictions: Tensor
     labels: list[str]
-
-
-def projection(kind: Head, in_dim: int, out_dim: int, hidden: int | None, owner: str) -> nn.Module:
-    """A projection head: "linear", "mlp" (in -> hidden -> out, GELU) or "none" (identity,
-    ``in_dim`` must equal ``out_dim``).
-
-    Raises:
-        ConfigError: an unknown kind, or "none" between different widths.
-    """
-    if kind == "linear":
-        return Linear(in_dim, out_dim)
-    if kind == "mlp":
-        width = hidden or in_dim
-        return nn.Sequential(Linear(in_dim, width), nn.GELU(), Linear(width, out_dim))
-    if kind == "none":
-        if in_dim != out_dim:
-            raise ConfigError(f"ContrastiveTask: {owner}=none but the width before it ({in_dim}) "
-                              f"is not model.embed_dim ({out_dim}); set {owner}=linear or "
-                              f"model.embed_dim={in_dim}.")
-        return nn.Identity()
-    raise ConfigError(f"ContrastiveTask: {owner} ({kind!r}) must be 'linear', 'mlp' or 'none'.")
 
 
 class ContrastiveTask(Task):
@@ -124,8 +102,8 @@ class ContrastiveTask(Task):
 
     def __init__(self, *, encoder: nn.Module, text_encoder: nn.Module, optimizer: Callable,
                  embed_dim: int = 256, pooling: Pooling = "mean", pool_heads: int = 4,
-                 head: Head = "linear", head_hidden: int | None = None,
-                 text_head: Head = "linear", temperature: float = 0.07,
+                 head: HeadKind = "linear", head_hidden: int | None = None,
+                 text_head: HeadKind = "linear", temperature: float = 0.07,
                  max_logit_scale: float = 100.0, learn_temperature: bool = True,
                  logit_scale_lr_scale: float = 1.0, local_loss: bool = False,
                  weight_decay: float = 0.05, warmup_steps: int = 100,
@@ -152,9 +130,12 @@ class ContrastiveTask(Task):
         self.encoder, self.text_encoder, self.optimizer = encoder, text_encoder, optimizer
         self.pooler = (AttentionPool(dim=encoder.dim, num_heads=pool_heads)
                        if pooling == "attention" else None)
-        self.media_head = projection(head, encoder.dim, embed_dim, head_hidden, "model.head")
+        self.media_head = projection(head, encoder.dim, embed_dim, head_hidden,
+                                     owner="ContrastiveTask", key="model.head",
+                                     out_key="model.embed_dim")
         self.text_head = projection(text_head, text_dim, embed_dim, head_hidden,
-                                    "model.text_head")
+                                    owner="ContrastiveTask", key="model.text_head",
+                                    out_key="model.embed_dim")
         self.contrastive = ContrastiveLoss(temperature=temperature, max_scale=max_logit_scale,
                                            learn_temperature=learn_temperature,
                                            local_loss=local_loss)
@@ -200,10 +181,8 @@ class ContrastiveTask(Task):
     def encode_texts(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """Token ids (t, n) and mask (t, n) bool of ``texts`` (as the data module builds its ids:
         the tokenizer's specials, cut to ``max_text_tokens``), on the task's device."""
-        rows = self.require_tokenizer().encode_batch(list(texts), max_len=self.max_text_tokens)
-        ids, lengths = pad_1d(rows, self.tokenizer.pad_id, dtype=torch.long)       # (t, n)
-        mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]             # (t, n)
-        return ids.to(self.device), mask.to(self.device)
+        return encode_texts(self.require_tokenizer(), texts, max_len=self.max_text_tokens,
+                            device=self.device)
 
     # ------------------------------------------------------------------ embeddings
     def embed_media(self, inputs: Tensor, lengths: Tensor | None = None) -> Tensor:
