@@ -13,8 +13,10 @@ batch, n tokens, c encoder width, d text tower width, e = embed_dim.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
@@ -33,6 +35,8 @@ from mmtf.tasks.resolve import stored_tokenizer
 from mmtf.text import Tokenizer
 
 __all__ = ["ContrastiveFinetuning", "ContrastiveTask", "ZeroShot"]
+
+log = logging.getLogger("mmtf.tasks")
 
 Pooling = Literal["mean", "cls", "attention"]
 
@@ -166,6 +170,54 @@ class ContrastiveTask(Task):
                               f"model.text_encoder.vocab_size to at least {tokenizer.vocab_size}.")
         self.tokenizer = tokenizer
 
+    def tokenizer_spec(self, spec: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The tokenizer of a text tower read from a folder (``model.text_encoder.pretrained``
+        with a tokenizer) wins: its weights know only those ids. A tokenizer the run would train
+        (bpe, char: the caption data's default) is replaced by it; one read from elsewhere
+        (pretrained, saved) must equal it.
+
+        Raises:
+            ConfigError: the configured tokenizer is read from elsewhere and differs.
+        """
+        folder = self.text_tower_folder()
+        if folder is None:
+            return spec
+        from mmtf.text.build import build_tokenizer, trains  # a run's start only
+
+        tower = {"kind": "pretrained", "path": str(folder), "prompt": None}
+        if spec is None or trains(spec):
+            log.info("[tokenizer] the text tower's own, from %s (model.text_encoder.pretrained)"
+                     "; the configured tokenizer (kind: %s) is not trained", folder,
+                     None if spec is None else spec.get("kind", "bpe"))
+            return tower
+        if build_tokenizer(dict(spec), lambda: []) != build_tokenizer(tower, lambda: []):
+            raise ConfigError(
+                f"tokenizer (kind: {spec.get('kind')}, path: {spec.get('path')}) differs from "
+                f"the tokenizer of model.text_encoder.pretrained ({folder}), the only ids its "
+                f"weights know; remove the tokenizer override (the tower's is used) or set "
+                f"tokenizer=pretrained tokenizer.path={folder}.")
+        return spec
+
+    def text_tower_folder(self) -> Path | None:
+        """The folder holding the tokenizer of the text tower's pretrained weights (the run's
+        ``model.text_encoder.pretrained``): a Hugging Face folder (a sentence-transformers
+        one's model folder), or an mmtf export with a ``tokenizer.json`` beside it; None for a
+        tower trained from scratch or an export without one."""
+        from mmtf.hub import is_export, resolve_source  # a run's start only
+
+        model = (self.run_config or {}).get("model") or {}
+        source = (model.get("text_encoder") or {}).get("pretrained")
+        if not source:
+            return None
+        if is_export(source):
+            folder = Path(source).expanduser()
+            folder = folder.parent if folder.suffix == ".safetensors" else folder
+            return folder if (folder / "tokenizer.json").is_file() else None
+        from mmtf.pretrained.bert import folder_settings
+
+        folder = resolve_source(source, owner="model.text_encoder.pretrained")
+        return folder_settings(folder).model_folder
+
     def connect_data(self, datamodule: Any) -> None:
         """The data's audio length and caption length fit the towers, and its ids come from this
         task's tokenizer (validation embeds the references with it too)."""
@@ -297,12 +349,37 @@ class ContrastiveTask(Task):
         texts = [caption for refs in batch["references"] for caption in refs]
         text = self.embed_text(*self.encode_texts(texts))                         # (t, e)
         keys = item_keys(batch["ids"]).to(self.device)
-        text_keys = keys.repeat_interleave(torch.tensor(counts, device=self.device))
+        repeats = torch.tensor(counts, device=self.device)
+        text_keys = keys.repeat_interleave(repeats)                               # (t,)
         slots = torch.cat([torch.arange(c) for c in counts]).to(self.device)      # (t,)
-        self.retrieval[split].update(media, keys, text, text_keys, slots)
+        groups = self.relevance_keys(batch["ids"], batch["references"])
+        if groups is None:                    # relevant = the item the caption was written for
+            self.retrieval[split].update(media, keys, text, text_keys, slots)
+        else:
+            groups = groups.to(self.device)                                       # (b,)
+            self.retrieval[split].update(media, keys, text, text_keys, slots, groups,
+                                         groups.repeat_interleave(repeats))
         if torch.unique(keys).numel() > 1:   # a last batch of one item has no negative
             loss = self.contrastive(media, text, keys, text_keys, gather=False)
             self.log(f"{split}/loss", loss, sync_dist=True, batch_size=inputs.shape[0])
+
+    def relevance_keys(self, ids: Sequence[Any], references: Sequence[Sequence[str]],
+                       ) -> Tensor | None:
+        """One relevance key (b,) per item: items with equal keys are relevant to each other's
+        captions in the retrieval metrics. None (real data): each caption's own item only.
+
+        On a built-in set (``data.synthetic.kind``), whose paraphrased captions repeat across
+        clips, the key is the event sequence its captions parse back to (exact: every generated
+        caption parses to its clip's sequence); an item whose captions do not parse keeps its
+        own id. Why: docs/guide/contrastive.md#what-relevant-means"""
+        parser = self.event_parser()
+        if parser is None:
+            return None
+        groups = []
+        for item_id, refs in zip(ids, references):
+            sequence = next((seq for seq in map(parser, refs) if seq is not None), None)
+            groups.append(f"id:{item_id}" if sequence is None else f"events:{sequence!r}")
+        return item_keys(groups)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, "val")
