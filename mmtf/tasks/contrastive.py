@@ -219,8 +219,9 @@ class ContrastiveTask(Task):
         return folder_settings(folder).model_folder
 
     def connect_data(self, datamodule: Any) -> None:
-        """The data's audio length and caption length fit the towers, and its ids come from this
-        task's tokenizer (validation embeds the references with it too)."""
+        """The data's audio length and caption length fit the towers, its ids come from this
+        task's tokenizer (validation embeds the references with it too), and a global batch
+        holds two items at least."""
         self.check_audio_limit(datamodule)
         limit = getattr(self.text_encoder, "max_tokens", None)
         tokens = datamodule.max_caption_tokens
@@ -229,6 +230,14 @@ class ContrastiveTask(Task):
                               f"reads ({limit} tokens); set data.max_caption_tokens <= {limit}.")
         self.check_data_tokenizer(datamodule)
         self.max_text_tokens = tokens
+        trainer = self.attached_trainer()
+        ranks = trainer.world_size if trainer is not None else 1
+        size = getattr(datamodule, "batch_size", None)
+        if isinstance(size, int) and size * ranks < 2:
+            raise ConfigError(f"data.batches.batch_size={size} on {ranks} rank(s): a global batch "
+                              f"of one item has no negative to contrast with (each clip's "
+                              f"negatives are the other clips of the batch); set "
+                              f"data.batches.batch_size >= 2.")
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """Token ids (t, n) and mask (t, n) bool of ``texts`` (as the data module builds its ids:
