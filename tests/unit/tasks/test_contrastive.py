@@ -282,3 +282,18 @@ def test_a_global_batch_of_one_item_is_refused_before_training():
                                           r"batch of one item has no negative .* >= 2"):
         task.connect_data(dm)
     task.connect_data(fake_datamodule(tokenizer=task.tokenizer, batch_size=2))
+
+
+def test_the_model_config_names_every_constructor_argument():
+    import inspect
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    conf = Path(__file__).resolve().parents[3] / "conf"
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        cfg = compose("train", overrides=["model=contrastive"])
+    expected = set(inspect.signature(ContrastiveTask.__init__).parameters) - {"self"}
+    assert set(cfg.model) - {"_target_", "_convert_"} == expected
+    assert cfg.model.text_encoder._target_ == "mmtf.encoders.TextEncoder"
+    assert cfg.model.text_encoder.vocab_size == cfg.tokenizer.vocab_size     # the run's BPE
