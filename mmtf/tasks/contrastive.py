@@ -179,31 +179,30 @@ class ContrastiveTask(Task):
         Raises:
             ConfigError: the configured tokenizer is read from elsewhere and differs.
         """
-        folder = self.text_tower_folder()
-        if folder is None:
+        tower = self.text_tower_tokenizer()
+        if tower is None:
             return spec
         from mmtf.text.build import build_tokenizer, trains  # a run's start only
 
-        tower = {"kind": "pretrained", "path": str(folder), "prompt": None}
         if spec is None or trains(spec):
             log.info("[tokenizer] the text tower's own, from %s (model.text_encoder.pretrained)"
-                     "; the configured tokenizer (kind: %s) is not trained", folder,
+                     "; the configured tokenizer (kind: %s) is not trained", tower["path"],
                      None if spec is None else spec.get("kind", "bpe"))
             return tower
         if build_tokenizer(dict(spec), lambda: []) != build_tokenizer(tower, lambda: []):
             raise ConfigError(
                 f"tokenizer (kind: {spec.get('kind')}, path: {spec.get('path')}) differs from "
-                f"the tokenizer of model.text_encoder.pretrained ({folder}), the only ids its "
-                f"weights know; remove the tokenizer override (the tower's is used) or set "
-                f"tokenizer=pretrained tokenizer.path={folder}.")
+                f"the tokenizer of model.text_encoder.pretrained ({tower['path']}), the only "
+                f"ids its weights know; remove the tokenizer override (the tower's is used) or "
+                f"set tokenizer={tower['kind']} tokenizer.path={tower['path']}.")
         return spec
 
-    def text_tower_folder(self) -> Path | None:
-        """The folder holding the tokenizer of the text tower's pretrained weights (the run's
-        ``model.text_encoder.pretrained``): a Hugging Face folder (a sentence-transformers
-        one's model folder), or an mmtf export with a ``tokenizer.json`` beside it; None for a
-        tower trained from scratch or an export without one."""
-        from mmtf.hub import is_export, resolve_source  # a run's start only
+    def text_tower_tokenizer(self) -> dict[str, Any] | None:
+        """The ``tokenizer`` node of the text tower's pretrained weights (the run's
+        ``model.text_encoder.pretrained``): a Hugging Face folder's own (a sentence-transformers
+        one's model folder), or the ``tokenizer.json`` an mmtf export saved beside the weights;
+        None for a tower trained from scratch or an export without one."""
+        from mmtf.hub import EXPORT_TOKENIZER, is_export, resolve_source  # a run's start only
 
         model = (self.run_config or {}).get("model") or {}
         source = (model.get("text_encoder") or {}).get("pretrained")
@@ -212,11 +211,12 @@ class ContrastiveTask(Task):
         if is_export(source):
             folder = Path(source).expanduser()
             folder = folder.parent if folder.suffix == ".safetensors" else folder
-            return folder if (folder / "tokenizer.json").is_file() else None
+            saved = folder / EXPORT_TOKENIZER
+            return {"kind": "saved", "path": str(saved)} if saved.is_file() else None
         from mmtf.pretrained.bert import folder_settings
 
-        folder = resolve_source(source, owner="model.text_encoder.pretrained")
-        return folder_settings(folder).model_folder
+        folder = folder_settings(resolve_source(source, owner="model.text_encoder.pretrained"))
+        return {"kind": "pretrained", "path": str(folder.model_folder), "prompt": None}
 
     def connect_data(self, datamodule: Any) -> None:
         """The data's audio length and caption length fit the towers, its ids come from this

@@ -24,7 +24,8 @@ LABELS = ["data.synthetic.num_clips=18", "data.synthetic.min_seconds=1.0",
           "data.loader.num_workers=0", "data.loader.persistent_workers=false"]
 
 
-def test_audio_text_retrieval_trains_resumes_and_classifies_zero_shot(data_dir, tmp_path):
+def test_audio_text_retrieval_trains_resumes_and_classifies_zero_shot(data_dir, tmp_path,
+                                                                     monkeypatch):
     run = tmp_path / "run"
     train(compose_train(tiny_overrides("audio_text_retrieval", data_dir,
                                        "trainer.max_epochs=2"), run))
@@ -46,6 +47,24 @@ def test_audio_text_retrieval_trains_resumes_and_classifies_zero_shot(data_dir, 
     train(compose_train(tiny_overrides("audio_text_retrieval", data_dir, "ckpt_path=last",
                                        "trainer.max_epochs=3", "test=false"), run))
     assert load_checkpoint(last)["global_step"] == 3 * 3
+
+    # Both towers reused through pretrained=: the text tower's export carries its BPE, which
+    # the next run takes instead of training one.
+    for part in ("encoder", "text_encoder"):
+        out = cli_in_process("mmtf.export", [f"ckpt_path={last}", f"part={part}",
+                                             f"out={tmp_path / part}",
+                                             f"hydra.run.dir={tmp_path / ('x' + part)}"],
+                             cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+    reuse = tmp_path / "reuse"
+    monkeypatch.setattr(BPETokenizer, "train", classmethod(
+        lambda cls, *a, **k: pytest.fail("the reuse run trained a tokenizer")))
+    train(compose_train(tiny_overrides("audio_text_retrieval", data_dir, "trainer.max_epochs=1",
+                                       "test=false", f"model.encoder.pretrained={tmp_path}/encoder",
+                                       f"model.text_encoder.pretrained={tmp_path}/text_encoder"),
+                        reuse))
+    assert stored_tokenizer(load_checkpoint(reuse / "checkpoints" / "last.ckpt")) \
+        == stored_tokenizer(state)
 
     out = cli_in_process("mmtf.zero_shot", [f"ckpt_path={last}", f"paths.data_dir={data_dir}",
                                             *LABELS, "accelerator=cpu",
