@@ -92,9 +92,9 @@ def run_cli(module: str, args: list[str], cwd: Path, timeout: float = 300,
 # What ``python -m <module>`` runs: the console entry points of pyproject.toml.
 ENTRY_POINTS = {"mmtf.train": "mmtf.train", "mmtf.evaluate": "mmtf.evaluate",
                 "mmtf.predict": "mmtf.predict", "mmtf.export": "mmtf.export",
+                "mmtf.zero_shot": "mmtf.zero_shot",
                 "mmtf.inspect": "mmtf.inspect.__main__", "mmtf.report": "mmtf.report.cli",
-                "mmtf.data.check": "mmtf.data.check", "mmtf.data.shard": "mmtf.data.shard",
-                "mmtf.zero_shot": "mmtf.zero_shot"}
+                "mmtf.data.check": "mmtf.data.check", "mmtf.data.shard": "mmtf.data.shard"}
 
 
 def cli_in_process(module: str, args: list[str], cwd: Path,
