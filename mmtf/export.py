@@ -27,7 +27,7 @@ from mmtf.utils.config_dir import CONF_DIR
 from mmtf.utils.cpu_sharing import share_cpu
 from mmtf.utils.parts import upgrade_config
 
-PARTS = ("encoder", "decoder")
+PARTS = ("encoder", "decoder", "text_encoder")
 FORMATS = ("mmtf", "hf", "peft")
 
 
@@ -66,11 +66,12 @@ def export_part(ckpt_path: str | Path, part: str, out: str | Path, *,
                           f"{type(task).__name__}, whose parts are {sorted(parts)}.")
     module = parts[part]
     part_cfg: dict[str, Any] = dict(stored["model"][part])
-    if part == "encoder":
+    if part != "decoder":
         part_cfg.update(pretrained=None, freeze=False)
     state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    # A text part goes with the tokenizer whose ids it was trained on.
     out = write_export(out, state, part_cfg, metadata={"part": part, "source": str(ckpt_path)},
-                       tokenizer=task.tokenizer if part == "decoder" else None)
+                       tokenizer=task.tokenizer if part != "encoder" else None)
     reloaded = load_exported(out).state_dict()
     if reloaded.keys() != state.keys() or not all(torch.equal(reloaded[k], v)
                                                   for k, v in state.items()):

@@ -190,6 +190,7 @@ def connect_tokenizer(cfg: DictConfig, task: Task, datamodule: L.LightningDataMo
                               f"{type(task).__name__} emits no text; remove it (~tokenizer).")
         return
     spec = None if spec is None else OmegaConf.to_container(spec, resolve=True)
+    spec = task.tokenizer_spec(spec)   # a pretrained text tower brings its own
     if spec is not None:            # a mixture's prompt tokens join a tokenizer mmtf trains
         spec = datamodule.tokenizer_spec(spec)
     tokenizer = resolve_tokenizer(spec, train_captions=datamodule.train_captions,

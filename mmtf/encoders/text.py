@@ -29,13 +29,11 @@ from torch import Tensor, nn
 from mmtf.encoders.base import POOL_MODES, Encoder, EncoderOutput, PoolMode, pool, record_config
 from mmtf.errors import UserError, in_config
 from mmtf.nn import EmbeddingOptions, TokenEmbedding, TransformerStack
-from mmtf.nn.linear import Linear
+from mmtf.nn.heads import HEAD_KINDS, HeadKind, projection
 from mmtf.nn.transformer import AttentionLayers, AttentionMaps, BlockOptions
 from mmtf.text.base import Tokenizer
 from mmtf.utils.parts import as_part
 
-HeadKind = Literal["none", "linear", "mlp"]
-HEAD_KINDS: tuple[str, ...] = ("none", "linear", "mlp")
 PositionKind = Literal["rope", "learned"]
 # Where the encoder's keys live in a config, for messages.
 NODE = "model.text_encoder"
@@ -228,10 +226,10 @@ def projection_head(dim: int, pooling: PoolingOptions) -> tuple[nn.Module, int]:
     if embed_dim is None or embed_dim < 1:
         raise UserError(f"TextEncoder: {NODE}.pooling.head {pooling.head} needs "
                         f"pooling.embed_dim (>= 1), got {embed_dim}.")
-    if pooling.head == "linear":
-        return Linear(dim, embed_dim, bias=False), embed_dim
-    hidden = pooling.head_hidden or dim
-    return nn.Sequential(Linear(dim, hidden), nn.GELU(), Linear(hidden, embed_dim)), embed_dim
+    head = projection(pooling.head, dim, embed_dim, pooling.head_hidden, bias=False,
+                      owner="TextEncoder", key=f"{NODE}.pooling.head",
+                      out_key=f"{NODE}.pooling.embed_dim")
+    return head, embed_dim
 
 
 def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], *, max_len: int | None = None,

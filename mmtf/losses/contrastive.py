@@ -89,8 +89,9 @@ def check_positives(positives: Tensor, media_keys: Tensor, text_count: int) -> N
     if items < 2:
         raise UserError(f"contrastive loss: the global batch holds {items} item ("
                         f"{media_keys.numel()} media row(s), {text_count} caption(s) of it), so "
-                        f"there is no negative to contrast with; raise data.batch_size to >= 2 "
-                        f"and set data.drop_last=true (a last batch of one item).")
+                        f"there is no negative to contrast with; raise data.batches.batch_size "
+                        f"to >= 2, and set data.batches.drop_last=true if the last batch holds "
+                        f"one item.")
     if not bool(positives.any(dim=1).all()):
         raise ValueError("contrastive loss: a media row has no caption with its key in the "
                          "global batch; pass every item's captions with its media.")

@@ -11,7 +11,7 @@ docs/design/task-interface.md, finetuning-controls.md, lora.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -294,6 +294,20 @@ class Task(L.LightningModule):
             raise ConfigError(f"data.max_seconds ({data_seconds}) exceeds model.encoder."
                               f"max_seconds ({limit}); set data.max_seconds <= {limit} (clips "
                               f"are cropped to it) or raise model.encoder.max_seconds.")
+
+    def event_parser(self) -> Callable[[str], Any] | None:
+        """The caption -> event parser of this run's built-in data set
+        (``data.synthetic.kind``), or None. Why: docs/design/synthetic-package.md"""
+        from mmtf.synthetic import caption_parser  # at scoring: predicting never loads it
+
+        data = (self.run_config or {}).get("data") or {}
+        return caption_parser((data.get("synthetic") or {}).get("kind"))
+
+    def tokenizer_spec(self, spec: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The ``tokenizer`` config node this task's run resolves, given the configured one
+        (``mmtf.train.connect_tokenizer``): unchanged here; a task whose pretrained part has
+        its own tokenizer returns that one's."""
+        return spec
 
     def require_tokenizer(self) -> Tokenizer:
         """The task's tokenizer; a clear error naming the call to make when none was handed over."""

@@ -13,19 +13,21 @@ batch, n tokens, c encoder width, d text tower width, e = embed_dim.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmtf.data.collate import pad_1d
+from mmtf.encoders.text import encode_texts
 from mmtf.errors import CheckpointError, ConfigError, UserError
 from mmtf.losses import ContrastiveLoss, item_keys
 from mmtf.metrics.retrieval import RetrievalMetrics
-from mmtf.nn.linear import Linear
+from mmtf.nn.heads import HeadKind, projection
 from mmtf.nn.pooling import AttentionPool
 from mmtf.tasks.base import Task, batch_inputs
 from mmtf.tasks.captioning import finetuning_controls
@@ -34,8 +36,9 @@ from mmtf.text import Tokenizer
 
 __all__ = ["ContrastiveFinetuning", "ContrastiveTask", "ZeroShot"]
 
+log = logging.getLogger("mmtf.tasks")
+
 Pooling = Literal["mean", "cls", "attention"]
-Head = Literal["linear", "mlp", "none"]
 
 
 @dataclass(frozen=True)
@@ -64,27 +67,6 @@ class ZeroShot(NamedTuple):
     scores: Tensor
     predictions: Tensor
     labels: list[str]
-
-
-def projection(kind: Head, in_dim: int, out_dim: int, hidden: int | None, owner: str) -> nn.Module:
-    """A projection head: "linear", "mlp" (in -> hidden -> out, GELU) or "none" (identity,
-    ``in_dim`` must equal ``out_dim``).
-
-    Raises:
-        ConfigError: an unknown kind, or "none" between different widths.
-    """
-    if kind == "linear":
-        return Linear(in_dim, out_dim)
-    if kind == "mlp":
-        width = hidden or in_dim
-        return nn.Sequential(Linear(in_dim, width), nn.GELU(), Linear(width, out_dim))
-    if kind == "none":
-        if in_dim != out_dim:
-            raise ConfigError(f"ContrastiveTask: {owner}=none but the width before it ({in_dim}) "
-                              f"is not model.embed_dim ({out_dim}); set {owner}=linear or "
-                              f"model.embed_dim={in_dim}.")
-        return nn.Identity()
-    raise ConfigError(f"ContrastiveTask: {owner} ({kind!r}) must be 'linear', 'mlp' or 'none'.")
 
 
 class ContrastiveTask(Task):
@@ -124,8 +106,8 @@ class ContrastiveTask(Task):
 
     def __init__(self, *, encoder: nn.Module, text_encoder: nn.Module, optimizer: Callable,
                  embed_dim: int = 256, pooling: Pooling = "mean", pool_heads: int = 4,
-                 head: Head = "linear", head_hidden: int | None = None,
-                 text_head: Head = "linear", temperature: float = 0.07,
+                 head: HeadKind = "linear", head_hidden: int | None = None,
+                 text_head: HeadKind = "linear", temperature: float = 0.07,
                  max_logit_scale: float = 100.0, learn_temperature: bool = True,
                  logit_scale_lr_scale: float = 1.0, local_loss: bool = False,
                  weight_decay: float = 0.05, warmup_steps: int = 100,
@@ -152,9 +134,12 @@ class ContrastiveTask(Task):
         self.encoder, self.text_encoder, self.optimizer = encoder, text_encoder, optimizer
         self.pooler = (AttentionPool(dim=encoder.dim, num_heads=pool_heads)
                        if pooling == "attention" else None)
-        self.media_head = projection(head, encoder.dim, embed_dim, head_hidden, "model.head")
+        self.media_head = projection(head, encoder.dim, embed_dim, head_hidden,
+                                     owner="ContrastiveTask", key="model.head",
+                                     out_key="model.embed_dim")
         self.text_head = projection(text_head, text_dim, embed_dim, head_hidden,
-                                    "model.text_head")
+                                    owner="ContrastiveTask", key="model.text_head",
+                                    out_key="model.embed_dim")
         self.contrastive = ContrastiveLoss(temperature=temperature, max_scale=max_logit_scale,
                                            learn_temperature=learn_temperature,
                                            local_loss=local_loss)
@@ -185,9 +170,58 @@ class ContrastiveTask(Task):
                               f"model.text_encoder.vocab_size to at least {tokenizer.vocab_size}.")
         self.tokenizer = tokenizer
 
+    def tokenizer_spec(self, spec: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The tokenizer of a text tower read from a folder (``model.text_encoder.pretrained``
+        with a tokenizer) wins: its weights know only those ids. A tokenizer the run would train
+        (bpe, char: the caption data's default) is replaced by it; one read from elsewhere
+        (pretrained, saved) must equal it.
+
+        Raises:
+            ConfigError: the configured tokenizer is read from elsewhere and differs.
+        """
+        tower = self.text_tower_tokenizer()
+        if tower is None:
+            return spec
+        from mmtf.text.build import build_tokenizer, trains  # a run's start only
+
+        if spec is None or trains(spec):
+            log.info("[tokenizer] the text tower's own, from %s (model.text_encoder.pretrained)"
+                     "; the configured tokenizer (kind: %s) is not trained", tower["path"],
+                     None if spec is None else spec.get("kind", "bpe"))
+            return tower
+        if build_tokenizer(dict(spec), lambda: []) != build_tokenizer(tower, lambda: []):
+            raise ConfigError(
+                f"tokenizer (kind: {spec.get('kind')}, path: {spec.get('path')}) differs from "
+                f"the tokenizer of model.text_encoder.pretrained ({tower['path']}), the only "
+                f"ids its weights know; remove the tokenizer override (the tower's is used) or "
+                f"set tokenizer={tower['kind']} tokenizer.path={tower['path']}.")
+        return spec
+
+    def text_tower_tokenizer(self) -> dict[str, Any] | None:
+        """The ``tokenizer`` node of the text tower's pretrained weights (the run's
+        ``model.text_encoder.pretrained``): a Hugging Face folder's own (a sentence-transformers
+        one's model folder), or the ``tokenizer.json`` an mmtf export saved beside the weights;
+        None for a tower trained from scratch or an export without one."""
+        from mmtf.hub import EXPORT_TOKENIZER, is_export, resolve_source  # a run's start only
+
+        model = (self.run_config or {}).get("model") or {}
+        source = (model.get("text_encoder") or {}).get("pretrained")
+        if not source:
+            return None
+        if is_export(source):
+            folder = Path(source).expanduser()
+            folder = folder.parent if folder.suffix == ".safetensors" else folder
+            saved = folder / EXPORT_TOKENIZER
+            return {"kind": "saved", "path": str(saved)} if saved.is_file() else None
+        from mmtf.pretrained.bert import folder_settings
+
+        folder = folder_settings(resolve_source(source, owner="model.text_encoder.pretrained"))
+        return {"kind": "pretrained", "path": str(folder.model_folder), "prompt": None}
+
     def connect_data(self, datamodule: Any) -> None:
-        """The data's audio length and caption length fit the towers, and its ids come from this
-        task's tokenizer (validation embeds the references with it too)."""
+        """The data's audio length and caption length fit the towers, its ids come from this
+        task's tokenizer (validation embeds the references with it too), and a global batch
+        holds two items at least."""
         self.check_audio_limit(datamodule)
         limit = getattr(self.text_encoder, "max_tokens", None)
         tokens = datamodule.max_caption_tokens
@@ -196,14 +230,20 @@ class ContrastiveTask(Task):
                               f"reads ({limit} tokens); set data.max_caption_tokens <= {limit}.")
         self.check_data_tokenizer(datamodule)
         self.max_text_tokens = tokens
+        trainer = self.attached_trainer()
+        ranks = trainer.world_size if trainer is not None else 1
+        size = getattr(datamodule, "batch_size", None)
+        if isinstance(size, int) and size * ranks < 2:
+            raise ConfigError(f"data.batches.batch_size={size} on {ranks} rank(s): a global batch "
+                              f"of one item has no negative to contrast with (each clip's "
+                              f"negatives are the other clips of the batch); set "
+                              f"data.batches.batch_size >= 2.")
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """Token ids (t, n) and mask (t, n) bool of ``texts`` (as the data module builds its ids:
         the tokenizer's specials, cut to ``max_text_tokens``), on the task's device."""
-        rows = self.require_tokenizer().encode_batch(list(texts), max_len=self.max_text_tokens)
-        ids, lengths = pad_1d(rows, self.tokenizer.pad_id, dtype=torch.long)       # (t, n)
-        mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]             # (t, n)
-        return ids.to(self.device), mask.to(self.device)
+        return encode_texts(self.require_tokenizer(), texts, max_len=self.max_text_tokens,
+                            device=self.device)
 
     # ------------------------------------------------------------------ embeddings
     def embed_media(self, inputs: Tensor, lengths: Tensor | None = None) -> Tensor:
@@ -318,12 +358,37 @@ class ContrastiveTask(Task):
         texts = [caption for refs in batch["references"] for caption in refs]
         text = self.embed_text(*self.encode_texts(texts))                         # (t, e)
         keys = item_keys(batch["ids"]).to(self.device)
-        text_keys = keys.repeat_interleave(torch.tensor(counts, device=self.device))
+        repeats = torch.tensor(counts, device=self.device)
+        text_keys = keys.repeat_interleave(repeats)                               # (t,)
         slots = torch.cat([torch.arange(c) for c in counts]).to(self.device)      # (t,)
-        self.retrieval[split].update(media, keys, text, text_keys, slots)
+        groups = self.relevance_keys(batch["ids"], batch["references"])
+        if groups is None:                    # relevant = the item the caption was written for
+            self.retrieval[split].update(media, keys, text, text_keys, slots)
+        else:
+            groups = groups.to(self.device)                                       # (b,)
+            self.retrieval[split].update(media, keys, text, text_keys, slots, groups,
+                                         groups.repeat_interleave(repeats))
         if torch.unique(keys).numel() > 1:   # a last batch of one item has no negative
             loss = self.contrastive(media, text, keys, text_keys, gather=False)
             self.log(f"{split}/loss", loss, sync_dist=True, batch_size=inputs.shape[0])
+
+    def relevance_keys(self, ids: Sequence[Any], references: Sequence[Sequence[str]],
+                       ) -> Tensor | None:
+        """One relevance key (b,) per item: items with equal keys are relevant to each other's
+        captions in the retrieval metrics. None (real data): each caption's own item only.
+
+        On a built-in set (``data.synthetic.kind``), whose paraphrased captions repeat across
+        clips, the key is the event sequence its captions parse back to (exact: every generated
+        caption parses to its clip's sequence); an item whose captions do not parse keeps its
+        own id. Why: docs/guide/contrastive.md#what-relevant-means"""
+        parser = self.event_parser()
+        if parser is None:
+            return None
+        groups = []
+        for item_id, refs in zip(ids, references):
+            sequence = next((seq for seq in map(parser, refs) if seq is not None), None)
+            groups.append(f"id:{item_id}" if sequence is None else f"events:{sequence!r}")
+        return item_keys(groups)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, "val")

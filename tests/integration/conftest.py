@@ -33,6 +33,7 @@ AUDIO = ["model/encoder=audio_tiny", "data.synthetic.min_seconds=1.0",
          "data.synthetic.max_seconds=1.5", "data.synthetic.num_workers=0"]
 CAPTION = ["model/decoder=text_tiny", "tokenizer.vocab_size=128",
            "model.test_metrics=[bleu,rouge_l,cider_d]", "model.generation.max_new_tokens=12"]
+RETRIEVAL = ["model/text_encoder=text_tiny", "tokenizer.vocab_size=128", "model.embed_dim=16"]
 TINY = {
     # The default run validates every 2nd epoch; the tiny runs of one to three epochs, every epoch.
     "audio_captioning": [*AUDIO, *CAPTION, "data.synthetic.num_train=12",
@@ -42,6 +43,11 @@ TINY = {
                          "data.synthetic.num_val=4", "data.synthetic.num_test=4",
                          "data.synthetic.num_workers=0"],
     "audio_classification": [*AUDIO, "data.synthetic.num_clips=30"],
+    "audio_text_retrieval": [*AUDIO, *RETRIEVAL, "data.synthetic.num_train=12",
+                             "data.synthetic.num_val=4", "data.synthetic.num_test=4"],
+    "image_text_retrieval": ["model/encoder=vision_tiny", *RETRIEVAL,
+                             "data.synthetic.num_train=12", "data.synthetic.num_val=4",
+                             "data.synthetic.num_test=4", "data.synthetic.num_workers=0"],
     "image_classification": ["model/encoder=vision_tiny", "data.synthetic.num_train=16",
                              "data.synthetic.num_val=8", "data.synthetic.num_test=8",
                              "data.synthetic.num_workers=0"],
@@ -86,6 +92,7 @@ def run_cli(module: str, args: list[str], cwd: Path, timeout: float = 300,
 # What ``python -m <module>`` runs: the console entry points of pyproject.toml.
 ENTRY_POINTS = {"mmtf.train": "mmtf.train", "mmtf.evaluate": "mmtf.evaluate",
                 "mmtf.predict": "mmtf.predict", "mmtf.export": "mmtf.export",
+                "mmtf.zero_shot": "mmtf.zero_shot",
                 "mmtf.inspect": "mmtf.inspect.__main__", "mmtf.report": "mmtf.report.cli",
                 "mmtf.data.check": "mmtf.data.check", "mmtf.data.shard": "mmtf.data.shard",
                 "mmtf.retrieve": "mmtf.retrieve"}

@@ -175,7 +175,7 @@ def test_export_decoder_round_trip_gives_the_same_logits(tiny_run, tmp_path):
         expected = task.model.decoder(tokens, memory, mask)
         assert torch.equal(decoder(tokens, memory, mask), expected)
     with pytest.raises(ValueError, match=r"part \('head'\) must be one of \('encoder', "
-                                         r"'decoder'\)"):
+                                         r"'decoder', 'text_encoder'\)"):
         export_part(ckpt, "head", tmp_path / "x")
 
 

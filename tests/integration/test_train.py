@@ -19,6 +19,7 @@ from .conftest import EXPERIMENTS, TINY, compose_train, tiny_overrides
 REAL_DATA = {  # real-format experiments read the tiny synthetic sets, written in those formats
     "audio_captioning_clotho": ("audio_captioning", "synth_audio_captions", []),
     "image_captioning_coco": ("image_captioning", "synth_image_captions", ["data.splits=null"]),
+    "audio_text_retrieval_clotho": ("audio_text_retrieval", "synth_audio_captions", []),
 }
 
 

@@ -102,7 +102,7 @@ def test_scale_starts_at_one_over_0_07_and_is_clamped_at_100():
 def test_a_batch_of_one_item_is_a_one_line_user_error():
     media, text = _embeddings(torch.float32)
     keys = item_keys(["x", "x"])                            # one clip twice: still one item
-    with pytest.raises(UserError, match=r"holds 1 item .*no negative.*data.batch_size") as err:
+    with pytest.raises(UserError, match=r"holds 1 item .*no negative.*data\.batches\.batch_size") as err:
         ContrastiveLoss()(media[:2], text[:3], keys, item_keys(["x"] * 3))
     assert "\n" not in str(err.value)
 

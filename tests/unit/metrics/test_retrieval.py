@@ -13,7 +13,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mmtf.losses import item_keys
-from mmtf.metrics.retrieval import RetrievalMetrics, ranked_relevance, retrieval_metrics
+from mmtf.metrics.retrieval import (
+    RetrievalMetrics,
+    chance_metrics,
+    ranked_relevance,
+    retrieval_metrics,
+)
 
 N = 20                                   # candidates, so the cut-offs at 10 and 16 matter
 
@@ -132,8 +137,77 @@ def test_metric_scores_both_directions_over_the_whole_set():
     assert got["text_to_audio/mAP@10"] == pytest.approx(17 / 24)
     assert got["audio_to_text/R@1"] == pytest.approx(2 / 3)
     assert got["audio_to_text/mAP@10"] == pytest.approx(13 / 18)
-    assert set(got) == {f"{d}/{m}" for d in ("text_to_audio", "audio_to_text")
-                        for m in ("R@1", "R@5", "R@10", "mAP@10", "mAP@16")}
+    assert set(got) == {f"{d}/{c}{m}" for d in ("text_to_audio", "audio_to_text")
+                        for m in ("R@1", "R@5", "R@10", "mAP@10", "mAP@16")
+                        for c in ("", "chance/")}
+    # chance, text -> audio: N = 3 clips, R = 1: E[R@1] = 1/3, E[R@5] = 1 (5 >= N),
+    #   E[AP@10] = (1/1 + 1/2 + 1/3) / 3 = 11/18 (the relevant clip at each rank alike).
+    assert got["text_to_audio/chance/R@1"] == pytest.approx(1 / 3)
+    assert got["text_to_audio/chance/R@5"] == pytest.approx(1.0)
+    assert got["text_to_audio/chance/mAP@10"] == pytest.approx(11 / 18)
+    # audio -> text: N = 4 captions; b and c have R = 1: E[AP] = (1 + 1/2 + 1/3 + 1/4) / 4
+    #   = 25/48; a has R = 2, 6 equally likely rank pairs {i, j}, AP = (1/i + 2/j) / 2:
+    #   {1,2} 1, {1,3} 5/6, {1,4} 3/4, {2,3} 7/12, {2,4} 1/2, {3,4} 5/12 -> 49/72.
+    #   E[R@1] = (2/4 + 1/4 + 1/4) / 3 = 1/3; mAP@10 (49/72 + 2 * 25/48) / 3 = 31/54.
+    assert got["audio_to_text/chance/R@1"] == pytest.approx(1 / 3)
+    assert got["audio_to_text/chance/mAP@10"] == pytest.approx(31 / 54)
+
+
+def test_relevance_groups_make_every_clip_of_a_group_relevant():
+    # The set above with a and c in one relevance group (same event sequence), b alone.
+    # text -> audio (relevant: a and c for a/0, a/1, c/0; b for b/0):
+    #   a/0: a 1, b 0, c -1     -> a rank 1, c rank 3: (1 + 2/3) / 2 = 5/6, R@1 hit
+    #   a/1: b .8, a .6, c -.6  -> a rank 2, c rank 3: (1/2 + 2/3) / 2 = 7/12, miss
+    #   b/0: b 1 first          -> 1, hit
+    #   c/0: a .8, b -.6, c -.8 -> a rank 1, c rank 3: 5/6, hit
+    #   R@1 3/4, mAP@10 (5/6 + 7/12 + 1 + 5/6) / 4 = 13/16
+    # audio -> text (a and c: captions a/0, a/1, c/0 relevant):
+    #   a: a/0 1, c/0 .8, a/1 .6, b/0 0      -> ranks 1, 2, 3: 1
+    #   b: b/0 first                         -> 1
+    #   c: b/0 0, a/1 -.6, c/0 -.8, a/0 -1   -> ranks 2, 3, 4: (1/2 + 2/3 + 3/4) / 3 = 23/36
+    #   R@1 2/3, mAP@10 (1 + 1 + 23/36) / 3 = 95/108
+    # chance text -> audio: N = 3; R = 2 (3 captions): pairs {1,2} 1, {1,3} 5/6, {2,3} 7/12
+    #   -> 29/36, E[R@1] 2/3; R = 1 (b/0): 11/18, 1/3.
+    #   mAP@10 (3 * 29/36 + 11/18) / 4 = 109/144; R@1 (3 * 2/3 + 1/3) / 4 = 7/12
+    group = {"a": 1, "b": 2, "c": 1}
+    metric = RetrievalMetrics(media="audio")
+    for clips in (["a", "b"], ["c", "a"]):            # "a" twice: counted once
+        rows = [c for c in CAPTIONS if c[0] in clips]
+        metric.update(torch.tensor([CLIPS[c] for c in clips]), item_keys(clips),
+                      torch.tensor([r[2] for r in rows]), item_keys([r[0] for r in rows]),
+                      torch.tensor([r[1] for r in rows]),
+                      torch.tensor([group[c] for c in clips]),
+                      torch.tensor([group[r[0]] for r in rows]))
+    got = {k: float(v) for k, v in metric.compute().items()}
+    assert got["text_to_audio/R@1"] == pytest.approx(3 / 4)
+    assert got["text_to_audio/mAP@10"] == pytest.approx(13 / 16)
+    assert got["audio_to_text/R@1"] == pytest.approx(2 / 3)
+    assert got["audio_to_text/mAP@10"] == pytest.approx(95 / 108)
+    assert got["text_to_audio/chance/mAP@10"] == pytest.approx(109 / 144)
+    assert got["text_to_audio/chance/R@1"] == pytest.approx(7 / 12)
+    with pytest.raises(ValueError, match="both media_groups and text_groups"):
+        metric.update(torch.zeros(1, 2), item_keys(["a"]), torch.zeros(1, 2), item_keys(["a"]),
+                      torch.zeros(1), torch.ones(1))
+
+
+@pytest.mark.parametrize(("n", "r"), [(6, 1), (6, 2), (7, 3), (5, 5)])
+def test_chance_level_is_the_mean_over_every_ranking(n, r):
+    # The reference: every placement of the r relevant candidates among n ranks, equally
+    # likely, scored by a plain loop (AP@k = sum of precision at each hit / r; R@k = any hit).
+    from itertools import combinations
+
+    placements = list(combinations(range(1, n + 1), r))
+    expected = {}
+    for k in (1, 5, 10):
+        expected[f"R@{k}"] = Fraction(sum(p[0] <= k for p in placements), len(placements))
+    for k in (10, 16):
+        total = Fraction(0)
+        for p in placements:
+            total += sum(Fraction(i + 1, rank) for i, rank in enumerate(p) if rank <= k) / r
+        expected[f"mAP@{k}"] = total / len(placements)
+    got = chance_metrics(torch.tensor([r, r]), n)
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(float(value)), name
 
 
 def _rank(rank: int, store: str, out_dir: str) -> None:

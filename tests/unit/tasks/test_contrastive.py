@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from mmtf.data.collate import pad_1d
 from mmtf.errors import ConfigError, UserError
+from mmtf.losses import item_keys
 from mmtf.metrics.retrieval import retrieval_metrics
 from mmtf.nn import TransformerStack
 from mmtf.tasks import ContrastiveTask
@@ -231,3 +232,68 @@ def test_a_resumed_run_ends_where_an_uninterrupted_run_ends(tmp_path):
     for i in sa:
         for k in sa[i]:
             assert torch.equal(torch.as_tensor(sa[i][k]), torch.as_tensor(sb[i][k])), (i, k)
+
+
+def test_relevance_keys_on_a_built_in_set_are_the_event_sequence():
+    task = _task(_tokenizer())
+    # No run config (real data): each caption's own item only.
+    assert task.relevance_keys(["x"], [["A low beep."]]) is None
+    task.run_config = {"data": {"synthetic": {"kind": "audio_captions"}}}
+    # Worked by hand from the grammar (mmtf.synthetic.audio.PHRASES / TEMPLATES):
+    #   c0, c1: (tone low), (chirp rising) - "low beep" and "deep tone" are both a low tone,
+    #           "upward sweep" a rising chirp, "X after Y" reverses: "Y then X";
+    #   c2:     the same two events in the other order;
+    #   c3:     captions that do not parse: its own id.
+    refs = [["A low beep followed by a rising chirp.", "A deep tone, then an upward sweep."],
+            ["A rising sweep after a loud low tone."],
+            ["A rising chirp followed by a low beep."],
+            ["Nothing the grammar says.", "neither does this"]]
+    keys = task.relevance_keys(["c0", "c1", "c2", "c3"], refs).tolist()
+    assert keys[0] == keys[1]
+    assert len({keys[0], keys[2], keys[3]}) == 3
+    assert keys[3] == item_keys(["id:c3"]).item()
+
+
+def test_validation_ranks_clips_of_the_same_group_as_relevant():
+    # Items 0 and 1 share a relevance group: each of their captions has two relevant clips.
+    tokenizer = _tokenizer()
+    task = _task(tokenizer)
+    task.relevance_keys = lambda ids, refs: item_keys(["g" if i in ("alpha", "bravo") else i
+                                                       for i in ids])
+    batches = _batches(tokenizer, [0, 1, 2, 3])
+    got = _trainer().validate(task, DataLoader(batches, batch_size=None), verbose=False)[0]
+    task.eval()
+    with torch.no_grad():
+        waves = _waves()[:4]
+        media = task.embed_media(waves, torch.full((4,), waves.shape[1]))
+        text = task.embed_texts([c for caps in CAPTIONS[:4] for c in caps])
+    group = torch.tensor([0, 0, 2, 3])
+    relevant = group.repeat_interleave(2)[:, None] == group[None, :]               # (8, 4)
+    for name, value in retrieval_metrics(text @ media.T, relevant).items():
+        assert got[f"val/text_to_audio/{name}"] == pytest.approx(value, abs=1e-6), name
+    # chance with N = 4 clips: 4 captions with R = 2 (E[R@1] 1/2), 4 with R = 1 (1/4)
+    assert got["val/text_to_audio/chance/R@1"] == pytest.approx((4 * 1 / 2 + 4 * 1 / 4) / 8)
+
+
+def test_a_global_batch_of_one_item_is_refused_before_training():
+    task = _task(_tokenizer())
+    dm = fake_datamodule(tokenizer=task.tokenizer, batch_size=1)
+    with pytest.raises(ConfigError, match=r"data.batches.batch_size=1 on 1 rank\(s\): a global "
+                                          r"batch of one item has no negative .* >= 2"):
+        task.connect_data(dm)
+    task.connect_data(fake_datamodule(tokenizer=task.tokenizer, batch_size=2))
+
+
+def test_the_model_config_names_every_constructor_argument():
+    import inspect
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    conf = Path(__file__).resolve().parents[3] / "conf"
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        cfg = compose("train", overrides=["model=contrastive"])
+    expected = set(inspect.signature(ContrastiveTask.__init__).parameters) - {"self"}
+    assert set(cfg.model) - {"_target_", "_convert_"} == expected
+    assert cfg.model.text_encoder._target_ == "mmtf.encoders.TextEncoder"
+    assert cfg.model.text_encoder.vocab_size == cfg.tokenizer.vocab_size     # the run's BPE
