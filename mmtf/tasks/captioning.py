@@ -147,14 +147,6 @@ class CaptionScoring:
                 self.log(f"{split}/{name}/{metric}", float(value), rank_zero_only=False,
                          sync_dist=False)
 
-    def event_parser(self) -> Callable[[str], Any] | None:
-        """The caption -> event parser of this run's built-in data set
-        (``data.synthetic.kind``), or None. Why: docs/design/synthetic-package.md"""
-        from mmtf.synthetic import caption_parser  # at scoring: predicting never loads it
-
-        data = (self.run_config or {}).get("data") or {}
-        return caption_parser((data.get("synthetic") or {}).get("kind"))
-
     def _epoch_step(self) -> str:
         return f"epoch{self.current_epoch:03d}_step{self.global_step:07d}"
 
