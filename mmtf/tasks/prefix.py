@@ -269,25 +269,32 @@ class PrefixLMTask(CaptionScoring, Task):
         ``references``, questions with ``choices`` (the shown order), ``answer``,
         ``question_type`` and ``rotation``."""
         ids = [str(i) for i in batch["ids"]]
-        if "references" in batch:
-            self.caption_metrics[split].update(replies, batch["references"], keys=ids)
-            for name, metrics in self.source_metrics[split].items():     # a mixture: per source
-                rows = [i for i, source in enumerate(batch.get("sources", ())) if source == name]
-                if rows:
-                    metrics.update([replies[i] for i in rows],
-                                   [batch["references"][i] for i in rows],
-                                   keys=[ids[i] for i in rows])
-        elif "choices" in batch:
-            rotations = batch.get("rotation") or [0] * len(ids)
-            for i, reply in enumerate(replies):
-                self.qa_rows[split].append({
-                    "id": ids[i], "rotation": int(rotations[i]), "reply": reply,
-                    "choices": list(batch["choices"][i]), "answer": batch["answer"][i],
-                    "question_type": str(batch["question_type"][i])})
-        else:
+        # The chat collate gives every row references and, when any row is a question, the
+        # question keys (None on the other rows): a question is scored by its choices, never as
+        # a caption of its answer, and a mixture may hold both kinds in one batch.
+        choices = batch.get("choices") or [None] * len(ids)
+        questions = [i for i, c in enumerate(choices) if c is not None]
+        captions = [i for i, c in enumerate(choices) if c is None]
+        if captions and "references" not in batch:
             raise ConfigError(f"PrefixLMTask: a {split} batch with prompt_ids has neither "
                               f"'references' (captions) nor 'choices' (questions) to score "
                               f"against (keys: {sorted(batch)}).")
+        if captions:
+            refs, sources = batch["references"], list(batch.get("sources") or ())
+            self.caption_metrics[split].update([replies[i] for i in captions],
+                                               [refs[i] for i in captions],
+                                               keys=[ids[i] for i in captions])
+            for name, metrics in self.source_metrics[split].items():     # a mixture: per source
+                rows = [i for i in captions if i < len(sources) and sources[i] == name]
+                if rows:
+                    metrics.update([replies[i] for i in rows], [refs[i] for i in rows],
+                                   keys=[ids[i] for i in rows])
+        rotations = batch.get("rotation") or [0] * len(ids)
+        for i in questions:
+            self.qa_rows[split].append({
+                "id": ids[i], "rotation": int(rotations[i] or 0), "reply": replies[i],
+                "choices": list(choices[i]), "answer": batch["answer"][i],
+                "question_type": str(batch["question_type"][i])})
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, "val")

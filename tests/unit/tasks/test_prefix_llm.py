@@ -197,7 +197,10 @@ def test_question_accuracy_over_rotations_through_the_task():
              "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
              "choices": [v["choices"] for v in variants], "answer": [v["answer"] for v in variants],
              "question_type": [v["question_type"] for v in variants],
-             "rotation": [v["rotation"] for v in variants], "ids": [v["id"] for v in variants]}
+             "rotation": [v["rotation"] for v in variants], "ids": [v["id"] for v in variants],
+             # The chat collate gives every row its references too (here each variant's own
+             # answer): a question must still be scored by its choices, not as a caption.
+             "references": [[v["messages"][-1]["content"]] for v in variants]}
     replies_as(task, tokenizer, ["(A)"] * b)          # a model that always answers A
     metrics = validate(task, batch)
     # Rotation r moves the answer from letter a to (a + r) % 4: "A" is right under exactly one
@@ -212,6 +215,23 @@ def test_question_accuracy_over_rotations_through_the_task():
     # right letter (rows) x chosen (columns A..D, none): every reply chose A; the right letters
     # are q0's A, B, C, D and q1's D, A, B, C.
     assert confusion[:, 0].tolist() == [2, 2, 2, 2] and int(confusion.sum()) == 8
+
+
+def test_a_batch_of_captions_and_questions_scores_each_row_by_its_kind():
+    """A mixture's batch: the chat collate gives the question keys to every row (None on the
+    caption rows) and references to every row."""
+    task, tokenizer = build()
+    batch = caption_batch(task, tokenizer, CAPTIONS[:2],
+                          [[CAPTIONS[1]], ["(A) yes"]])            # row 1: a question
+    batch.update(choices=[None, ["yes", "no", "one", "two"]], answer=[None, "yes"],
+                 question_type=[None, "presence"], rotation=[None, 0])
+    replies_as(task, tokenizer, [CAPTIONS[0], "(A)"])
+    metrics = validate(task, batch)
+    # Row 0 names its reference's events (fast clicks, a middle beep): right; row 1 chose its
+    # answer's letter: right. Scored as a caption too, row 1 ("(a)") would halve the event
+    # accuracy.
+    assert metrics["val/event_accuracy"] == 1.0
+    assert metrics["val/accuracy"] == 1.0 and metrics["val/items"] == 1.0
 
 
 def test_the_frozen_encoder_and_llm_stay_bit_identical_after_a_training_step():
