@@ -34,6 +34,12 @@ AUDIO = ["model/encoder=audio_tiny", "data.synthetic.min_seconds=1.0",
 CAPTION = ["model/decoder=text_tiny", "tokenizer.vocab_size=128",
            "model.test_metrics=[bleu,rouge_l,cider_d]", "model.generation.max_new_tokens=12"]
 RETRIEVAL = ["model/text_encoder=text_tiny", "tokenizer.vocab_size=128", "model.embed_dim=16"]
+# The from-scratch LLM (llm_tiny) shrunk; the chat tokens need a vocabulary over the BPE's own.
+LLM = ["model.decoder.dim=32", "model.decoder.depth=1", "model.decoder.mlp_hidden=64",
+       "tokenizer.vocab_size=160", "model.generation.max_new_tokens=12",
+       "trainer.check_val_every_n_epoch=1"]
+SMALL_SPLITS = ["data.synthetic.num_train=12", "data.synthetic.num_val=4",
+                "data.synthetic.num_test=4"]
 TINY = {
     # The default run validates every 2nd epoch; the tiny runs of one to three epochs, every epoch.
     "audio_captioning": [*AUDIO, *CAPTION, "data.synthetic.num_train=12",
@@ -48,6 +54,10 @@ TINY = {
     "image_text_retrieval": ["model/encoder=vision_tiny", *RETRIEVAL,
                              "data.synthetic.num_train=12", "data.synthetic.num_val=4",
                              "data.synthetic.num_test=4", "data.synthetic.num_workers=0"],
+    "audio_captioning_llm": [*AUDIO, *LLM, *SMALL_SPLITS],
+    "audio_qa_llm": [*AUDIO, *LLM, *SMALL_SPLITS],
+    "image_captioning_llm": ["model/encoder=vision_tiny", *LLM, *SMALL_SPLITS,
+                             "data.synthetic.num_workers=0", "data.batches.eval_batch_size=4"],
     "image_classification": ["model/encoder=vision_tiny", "data.synthetic.num_train=16",
                              "data.synthetic.num_val=8", "data.synthetic.num_test=8",
                              "data.synthetic.num_workers=0"],

@@ -48,6 +48,22 @@ def test_experiment_fast_dev_run(experiment, data_dir, tmp_path):
     assert all(v == v for v in metrics.values())       # no NaN
 
 
+@pytest.mark.parametrize("experiment, metric", [
+    ("audio_captioning_llm", "event_accuracy"), ("image_captioning_llm", "event_accuracy"),
+    ("audio_qa_llm", "mean_accuracy")])
+def test_llm_experiment_one_epoch_on_the_real_data_module(experiment, metric, data_dir, tmp_path):
+    """The shipped *_llm commands on the instruction data path (no stand-in module): one
+    epoch, then generation-scored validation and test, the questions by their choices."""
+    cfg = compose_train(tiny_overrides(experiment, data_dir), tmp_path)
+    assert cfg.data._target_ == "mmtf.synthetic.SyntheticCaptionDataModule"
+    train(cfg)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    for split in ("val", "test"):
+        assert 0.0 <= metrics[f"{split}/{metric}"] <= 1.0, sorted(metrics)
+    if experiment == "audio_qa_llm":       # questions are no captions: no caption scores
+        assert "test/cider_d" not in metrics and metrics["test/items"] > 0
+
+
 @pytest.mark.parametrize("experiment", sorted(REAL_DATA))
 def test_real_format_experiment_fast_dev_run(experiment, data_dir, tmp_path):
     synthetic_experiment, folder, extra = REAL_DATA[experiment]
