@@ -468,7 +468,7 @@ def test_image_captions_with_an_instruction_hold_the_image_placeholder(tiny_imag
     assert batch["prompt_ids"][0].tolist()[-len(header):] == header
 
 
-def test_lightning_fits_a_prefix_task_on_the_data_module(chat_set):
+def test_lightning_fits_a_prefix_task_on_the_data_module(chat_set, tmp_path):
     import lightning as L
 
     from mmtf.pretrained.llm import llm_decoder
@@ -487,6 +487,7 @@ def test_lightning_fits_a_prefix_task_on_the_data_module(chat_set):
     task.use_tokenizer(tok)
     dm.connect(tok, **task.text_context())             # what mmtf.train hands over
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False,
+                        default_root_dir=str(tmp_path / "run"),     # its sample tables
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     trainer.fit(task, datamodule=dm)

@@ -105,9 +105,10 @@ def replies_as(task, tokenizer, texts: list[str]):
     task.model.generate = generate
 
 
-def validate(task, batch) -> dict[str, float]:
+def validate(task, batch, root: Path) -> dict[str, float]:
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+                        enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(root))          # the sample tables go there
     trainer.validate(task, dataloaders=DataLoader([batch], batch_size=None), verbose=False)
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -162,14 +163,14 @@ def test_batched_left_padded_generation_equals_an_uncached_loop_per_item():
         assert got[i].tolist() == expected, text
 
 
-def test_caption_metrics_of_generated_replies_equal_an_independent_computation():
+def test_caption_metrics_of_generated_replies_equal_an_independent_computation(tmp_path):
     task, tokenizer = build()
     replies = ["Quick clicking, then a mid-pitched beep.", "A faint low tone."]
     references = [["Fast clicks, and after that a faint mid-pitched beep."],
                   ["A hiss of white noise, then a falling chirp."]]
     batch = caption_batch(task, tokenizer, [r[0] for r in references], references)
     replies_as(task, tokenizer, replies)
-    metrics = validate(task, batch)
+    metrics = validate(task, batch, tmp_path)
     # The decoded replies: mmtf's BPE lower-cases; the end of turn cut what followed.
     decoded = [row["prediction"] for row in task.last_predictions["val"]]
     assert decoded == ["quick clicking, then a mid-pitched beep.", "a faint low tone."]
@@ -181,7 +182,7 @@ def test_caption_metrics_of_generated_replies_equal_an_independent_computation()
     assert "val/loss" in metrics
 
 
-def test_question_accuracy_over_rotations_through_the_task():
+def test_question_accuracy_over_rotations_through_the_task(tmp_path):
     task, tokenizer = build()
     items = [{"id": "q0", "question_type": "presence", "question": "Is there a beep?",
               "choices": ["yes", "no", "one", "two"], "answer": "yes"},        # (A) as written
@@ -202,7 +203,7 @@ def test_question_accuracy_over_rotations_through_the_task():
              # answer): a question must still be scored by its choices, not as a caption.
              "references": [[v["messages"][-1]["content"]] for v in variants]}
     replies_as(task, tokenizer, ["(A)"] * b)          # a model that always answers A
-    metrics = validate(task, batch)
+    metrics = validate(task, batch, tmp_path)
     # Rotation r moves the answer from letter a to (a + r) % 4: "A" is right under exactly one
     # rotation of each item (q0: r=0, q1: r=1), so 2 of 8 replies are right; as written only
     # q0 is; no item is right under all four rotations.
@@ -217,7 +218,7 @@ def test_question_accuracy_over_rotations_through_the_task():
     assert confusion[:, 0].tolist() == [2, 2, 2, 2] and int(confusion.sum()) == 8
 
 
-def test_a_batch_of_captions_and_questions_scores_each_row_by_its_kind():
+def test_a_batch_of_captions_and_questions_scores_each_row_by_its_kind(tmp_path):
     """A mixture's batch: the chat collate gives the question keys to every row (None on the
     caption rows) and references to every row."""
     task, tokenizer = build()
@@ -226,7 +227,7 @@ def test_a_batch_of_captions_and_questions_scores_each_row_by_its_kind():
     batch.update(choices=[None, ["yes", "no", "one", "two"]], answer=[None, "yes"],
                  question_type=[None, "presence"], rotation=[None, 0])
     replies_as(task, tokenizer, [CAPTIONS[0], "(A)"])
-    metrics = validate(task, batch)
+    metrics = validate(task, batch, tmp_path)
     # Row 0 names its reference's events (fast clicks, a middle beep): right; row 1 chose its
     # answer's letter: right. Scored as a caption too, row 1 ("(a)") would halve the event
     # accuracy.
