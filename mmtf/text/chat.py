@@ -532,11 +532,14 @@ def encode_conversation(template: ChatTemplate, tokenizer: BackedTokenizer | HFT
     encoding = encode_rendered(backend, full)
     ids, offsets = encoding.ids, encoding.offsets
     labels = [IGNORE_INDEX] * len(ids)
-    for start, end in spans:
+    for i, (start, end) in zip(trained, spans):
         inside = [j for j, (a, b) in enumerate(offsets) if a < end and b > start]
         markers = [j for j in inside if ids[j] in special]
         for j in inside[:inside.index(markers[-1]) + 1] if markers else inside:
             labels[j] = ids[j]
+        if inside:
+            for j in _unprompted(backend, template, chat[:i], extra, ids, inside[0]):
+                labels[j] = ids[j]
     media_positions = [j for j, t in enumerate(ids) if t == media_id]
     for j in media_positions:
         labels[j] = IGNORE_INDEX
@@ -605,6 +608,25 @@ def _check_media(chat: list[dict[str, Any]], token: str, backend: HFTokenizer,
         raise UserError(f"{where}: no user message holds the media placeholder {token!r}; put "
                         f"it where the media belongs (e.g. \"{token} Describe the sound.\").")
     return found
+
+
+def _unprompted(backend: HFTokenizer, template: ChatTemplate, chat: list[dict[str, Any]],
+                extra: Mapping[str, Any], ids: list[int], first: int) -> range:
+    """Positions before an assistant turn's first trained token that its generation prompt,
+    encoded alone, does not hold: the model is prompted without them, so it must learn to
+    write them. A tokenizer that strips and collapses whitespace (mmtf's BPE) encodes
+    ``...assistant\n`` as ``...assistant`` while the conversation keeps the ``▁`` before a
+    ``(``: left untrained, generation would start one token late, at a step never trained.
+    Empty for tokenizers that keep the prompt's tokens (the Hugging Face ones), and for a
+    template without a generation prompt (the turn's header is then found by its content)."""
+    text = _generation_prompt_render(template, chat, extra)
+    if not chat or text == template.render(chat, **extra):
+        return range(0)
+    prompt = encode_rendered(backend, text).ids
+    n = len(prompt)
+    if not prompt or n >= first or ids[:n] != prompt:
+        return range(0)
+    return range(n, first)
 
 
 def _generation_prompt_render(template: ChatTemplate, chat: list[dict[str, Any]],

@@ -579,3 +579,28 @@ def test_named_extra_special_tokens_are_template_variables(folders, tmp_path):
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "copy")
     text = assert_same(tmp_path / "copy", hf, NO_SYSTEM)
     assert text == "<|endoftext|>|<|endoftext|>||What barks at the cat?"   # no pad_token
+
+
+def test_mmtf_bpe_trains_what_follows_its_stripped_generation_prompt():
+    """mmtf's BPE strips the rendered prompt's final newline, so the prompt alone encodes to
+    ``... assistant`` while the conversation holds a ``▁`` before ``(b)``: that token must be
+    trained, or generation starts one step late (replies lost their "(")."""
+    from mmtf.text.bpe import BPETokenizer
+
+    answers = ["(b) falling chirp", "a low tone, then a beep."]
+    tok = BPETokenizer.train(["which sound? (a) low tone (b) falling chirp", *answers] * 4,
+                             vocab_size=120,
+                             special_tokens=["<|im_start|>", "<|im_end|>", "<|audio|>"])
+    template = ChatTemplate.builtin("chatml")
+    for answer in answers:
+        chat = [{"role": "user", "content": "<|audio|>\nwhich sound?"},
+                {"role": "assistant", "content": answer}]
+        item = encode_conversation(template, tok, chat, media_token="<|audio|>")
+        prompt = encode_rendered(tok, template.render(chat[:1], add_generation_prompt=True)).ids
+        assert item.input_ids[:len(prompt)] == prompt
+        # Everything after the prompt is trained: the answer and its end marker, and nothing
+        # after the marker (ChatML's newline).
+        end = max(j for j, t in enumerate(item.input_ids) if t == tok.token_to_id("<|im_end|>"))
+        trained = [j for j, t in enumerate(item.labels) if t != IGNORE_INDEX]
+        assert trained == list(range(len(prompt), end + 1)), (answer, item.input_ids, prompt)
+        assert tok.decode(item.input_ids[len(prompt):end]).strip() == answer
