@@ -18,6 +18,7 @@ from mmtf.data.formats import write_coco_json
 from mmtf.data.shards.writer import write_shards
 from mmtf.synthetic import caption_parser, ensure_synthetic
 from mmtf.text import build_tokenizer
+from mmtf.text.chat import ChatTemplate
 from tests.unit.data.conftest import TINY_AUDIO, TINY_IMAGE, sine, write_audio
 from tests.unit.data.speech_sets import write_common_voice, write_librispeech
 from tests.unit.presets import flat
@@ -29,12 +30,18 @@ SYNTHETIC_SIZES = {
     "synth_image_captions": {**TINY_IMAGE},
     "synth_audio_labels": {"num_clips": 20, "min_seconds": 1.0, "max_seconds": 1.5},
     "synth_audio_qa": {**TINY_AUDIO},
+    "synth_audio_qa_instruction": {**TINY_AUDIO},
     "synth_image_labels": {"num_train": 8, "num_val": 4, "num_test": 4, "image_size": 32},
 }
 # The built-in mixture: two built-in audio sets (its sources keep their own seeds).
 MIXTURE = [f"data.sources.{source}.synthetic.{k}={v}" for source in ("synth_a", "synth_b")
            for k, v in TINY_AUDIO.items() if k != "seed"]
-BUILT_IN = {*SYNTHETIC_SIZES, "synth_audio_captions_mix"}
+# The built-in instruction mixture: the AQA set and the captions with an instruction.
+INSTRUCTION_MIXTURE = [f"data.sources.{source}.synthetic.{k}={v}" for source in ("qa", "captions")
+                       for k, v in TINY_AUDIO.items() if k != "seed"]
+# Chats for a prefix LLM: connected with a chat template, batches of media and chat ids.
+CHATS = {"instruction", "synth_audio_qa_instruction", "synth_audio_instruction_mix"}
+BUILT_IN = {*SYNTHETIC_SIZES, "synth_audio_captions_mix", "synth_audio_instruction_mix"}
 
 
 def _compose(overrides: list[str]):
@@ -70,6 +77,8 @@ def real_roots(tmp_path_factory) -> dict[str, Path]:
                                      "caption": [f"tone {k}", f"a tone {k}"]}))
         (mf / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     roots["manifest"] = mf
+    # Instruction JSONL (data=instruction): the built-in question set's lines carry messages.
+    roots["instruction"] = ensure_synthetic(base / "instruction", "audio_qa", **TINY_AUDIO)
     # Speech: the real LibriSpeech / Common Voice layouts, and a manifest with text + language.
     roots["librispeech"] = write_librispeech(base / "librispeech", {
         "train-clean-100": 4, "dev-clean": 2, "test-clean": 2})
@@ -115,20 +124,27 @@ def test_every_data_config_loads(name, tmp_path, real_roots):
         overrides += [f"data.synthetic.{k}={v}" for k, v in SYNTHETIC_SIZES[name].items()]
     elif name == "synth_audio_captions_mix":
         overrides += MIXTURE
+    elif name == "synth_audio_instruction_mix":
+        overrides += INSTRUCTION_MIXTURE
     else:
         overrides.append(f"data.root={real_roots[name]}")
     cfg = _compose(overrides)
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
+    chat = name in CHATS
     if "tokenizer" in cfg:                  # the caption configs select one (conf/tokenizer/)
         spec = dm.tokenizer_spec(OmegaConf.to_container(cfg.tokenizer))   # as mmtf.train
-        dm.connect(build_tokenizer(spec, dm.train_captions))
+        if chat:                            # as the *_llm experiments' tokenizer=bpe_chat
+            spec["special_tokens"] = ["<|im_start|>", "<|im_end|>", "<|audio|>", "<|image|>"]
+        template = {"chat_template": ChatTemplate.builtin("chatml")} if chat else {}
+        dm.connect(build_tokenizer(spec, dm.train_captions), **template)
     for loader in (dm.train_dataloader(), dm.val_dataloader()):
         batch = next(iter(loader))
-        key = "audio" if dm.modality == "audio" else "image"
+        key = "media" if chat else "audio" if dm.modality == "audio" else "image"
         assert batch[key].dtype == torch.float32 and len(batch["ids"]) == 2
-        assert ("tokens" in batch) == ("tokenizer" in cfg)
+        assert ("tokens" in batch) == ("tokenizer" in cfg and not chat)
+        assert ("labels" in batch) == chat
     if name in SYNTHETIC_SIZES and "captions" in name:
         parser = caption_parser(cfg.data.synthetic.kind)   # as the task's event accuracy finds it
         assert parser is not None and all(parser(r) for r in batch["references"][0])
