@@ -8,9 +8,13 @@ An item has one or several *variants* (the sampler's caption slot picks one):
   reference caption, ``user: <|audio|>\\n<instruction>`` / ``assistant: <caption>``, so
   ``caption_policy`` decides as for captioning: ``random`` trains one caption per item per
   epoch, ``all`` every (item, caption) pair;
-- in validation and test, a multiple-choice item has ``rotations`` variants (its options
-  rotated, :func:`mmtf.metrics.aqa.rotate_item`), every other item one: the first caption's
-  chat (its loss), scored against all its references.
+- a multiple-choice item has ``rotations`` variants (its options rotated,
+  :func:`mmtf.metrics.aqa.rotate_item`): in training (``data.train_rotations``) the caption
+  slot trains one rotation per item per epoch, so the right letter moves between epochs and no
+  letter is learnt as an answer; in validation and test (``data.rotations``) every rotation is
+  asked and scored;
+- in validation and test every other item has one: the first caption's chat (its loss),
+  scored against all its references.
 
 Why the sampler's caption slot: docs/design/instruction-data.md.
 """
@@ -61,20 +65,21 @@ def caption_chat(placeholder: str, instruction: str, caption: str) -> list[Messa
 def item_chats(item: CaptionItem, *, placeholder: str, instruction: str | None, train: bool,
                rotations: int = 1) -> list[tuple[list[Message], tuple[str, ...] | None,
                                                  int | None]]:
-    """The variants of ``item`` as ``(messages, choices, rotation)`` (see the module doc).
+    """The variants of ``item`` as ``(messages, choices, rotation)`` (see the module doc):
+    a multiple-choice item's first ``rotations`` rotations (0 = as written).
 
     Raises:
         UserError: a caption item and no instruction (naming ``data.instruction``).
     """
     if item.messages is not None:
-        if item.qa is None or train:
-            return [(list(item.messages), None if item.qa is None else item.qa.choices,
-                     None if item.qa is None else 0)]
+        if item.qa is None:
+            return [(list(item.messages), None, None)]
         qa = item.qa
         if rotations > len(qa.choices):
-            raise UserError(f"{item.where}: data.rotations={rotations} but the question has "
+            key = "data.train_rotations" if train else "data.rotations"
+            raise UserError(f"{item.where}: {key}={rotations} but the question has "
                             f"{len(qa.choices)} options, so rotations would repeat; set "
-                            f"data.rotations <= {len(qa.choices)}.")
+                            f"{key} <= {len(qa.choices)}.")
         fields = {"id": item.id, "question_type": qa.question_type, "question": qa.question,
                   "choices": list(qa.choices), "answer": qa.answer}
         out: list[tuple[list[Message], tuple[str, ...] | None, int | None]] = \
@@ -110,9 +115,10 @@ def encode_items(items: Sequence[CaptionItem], *, template: ChatTemplate, tokeni
             tokenizer holding ``placeholder`` as one token).
         placeholder: the media placeholder (``<|audio|>``).
         instruction: the caption items' user turn (``data.instruction``).
-        train: training variants (no prompts, no rotations) or evaluation's.
+        train: training variants (no prompts) or evaluation's.
         max_tokens: the longest conversation allowed (``data.max_chat_tokens``).
-        rotations: multiple-choice variants per item in evaluation.
+        rotations: multiple-choice variants per item (``data.train_rotations`` in training,
+            ``data.rotations`` in evaluation).
 
     Raises:
         UserError: an item without an instruction, a conversation the template or tokenizer

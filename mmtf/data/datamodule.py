@@ -400,6 +400,10 @@ class CaptionDataModule(MediaDataModule):
         max_chat_tokens: the longest rendered conversation (an error names a longer one).
         rotations: chats, val/test: a multiple-choice item is asked under this many rotations
             of its options (``rotation`` in the batch; :class:`mmtf.metrics.aqa.AQAAccuracy`).
+        train_rotations: chats, training: a multiple-choice item has this many rotations of its
+            options as its "captions" (``caption_policy: random`` trains one per item per epoch,
+            ``all`` every one), so its right letter moves and no letter becomes the answer;
+            1 = as written.
         media_token: the placeholder of the media in a user turn; None = ``<|audio|>`` /
             ``<|image|>`` by modality.
 
@@ -419,8 +423,8 @@ class CaptionDataModule(MediaDataModule):
                  caption_policy: Literal["random", "all"] = "random", captions_per_item: int = 1,
                  language: str | None = None, speech_job: str | None = None,
                  task: str | None = None, instruction: str | None = None,
-                 max_chat_tokens: int = 512, rotations: int = 1, media_token: str | None = None,
-                 **kwargs: Any) -> None:
+                 max_chat_tokens: int = 512, rotations: int = 1, train_rotations: int = 1,
+                 media_token: str | None = None, **kwargs: Any) -> None:
         super().__init__(**_current_keys(kwargs))
         if instruction is not None and (not isinstance(instruction, str)
                                         or not instruction.strip()):
@@ -429,11 +433,13 @@ class CaptionDataModule(MediaDataModule):
         if isinstance(max_chat_tokens, bool) or not isinstance(max_chat_tokens, int) or \
                 max_chat_tokens < 2:
             raise ConfigError(f"data.max_chat_tokens ({max_chat_tokens!r}) must be an int >= 2.")
-        if isinstance(rotations, bool) or not isinstance(rotations, int) or rotations < 1:
-            raise ConfigError(f"data.rotations ({rotations!r}) must be an int >= 1 (4: every "
-                              f"option of a 4-choice question visits every letter).")
+        for key, value in (("rotations", rotations), ("train_rotations", train_rotations)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"data.{key} ({value!r}) must be an int >= 1 (4: every "
+                                  f"option of a 4-choice question visits every letter).")
         self.instruction = instruction.strip() if instruction else None
         self.max_chat_tokens, self.rotations = max_chat_tokens, rotations
+        self.train_rotations = train_rotations
         self.placeholder = media_token_for(self.modality, media_token)
         self.media_token_set = media_token is not None   # else the task's placeholder wins
         self.chat_template: ChatTemplate | None = None
@@ -536,7 +542,7 @@ class CaptionDataModule(MediaDataModule):
                 self.items(split), template=self.chat_template, tokenizer=self.tokenizer,
                 placeholder=self.placeholder, instruction=self.instruction,
                 train=split == "train", max_tokens=self.max_chat_tokens,
-                rotations=self.rotations)
+                rotations=self.train_rotations if split == "train" else self.rotations)
         if split not in self._tokens and self.tokenizer is not None and (
                 self.instruction or any(item.messages is not None for item in self.items(split))):
             raise UserError(f"{type(self).__name__}: {self.format} data with "

@@ -43,7 +43,8 @@ PER_SOURCE = ("format", "root", "modality", "splits", "sample_rate", "max_second
               "channels", "transforms", "media_cache_mb",
               "augment", "max_caption_tokens", "caption_policy",
               "captions_per_item", "language", "speech_job", "task", "on_error",
-              "instruction", "max_chat_tokens", "rotations", "media_token")
+              "instruction", "max_chat_tokens", "rotations", "train_rotations",
+              "media_token")
 
 
 class MixtureSampler(BucketBatchSampler):

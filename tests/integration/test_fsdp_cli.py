@@ -5,6 +5,8 @@ Lightning's launcher would start an interpreter."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mmtf.checkpoint_io import load_checkpoint
@@ -19,17 +21,26 @@ FSDP_CPU = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
             "test=false"]
 
 
+def why(result) -> str:
+    """A failed run's story across both ranks: each rank's error lines in order (the first
+    failure is usually the other rank's, far above the tail), then the tail."""
+    lines = (result.stdout + result.stderr).splitlines()
+    errors = [line for line in lines
+              if re.search(r"Rank \d|Error|error:|Fatal|terminate|Segmentation|signal", line)]
+    return "\n".join(errors[:60]) + "\n--- tail ---\n" + result.stderr[-3000:]
+
+
 def test_fsdp_trains_the_captioner_and_resumes_from_last(data_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = [*tiny_overrides("audio_captioning", data_dir), *FSDP_CPU, f"hydra.run.dir={run_dir}"]
     first = run_main("mmtf.train", args, cwd=tmp_path, fork_ranks=True)
-    assert first.returncode == 0, first.stderr[-4000:]
+    assert first.returncode == 0, why(first)
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] == 1
     resumed = run_main("mmtf.train", [*args, "trainer.max_epochs=2", "ckpt_path=last",
                                       "model.encoder.activation_checkpointing=true",
                                       "model.decoder.activation_checkpointing=true"],
                        cwd=tmp_path, fork_ranks=True)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, why(resumed)
     assert "Restored all states" in resumed.stdout + resumed.stderr
     checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     assert checkpoint["epoch"] == 2

@@ -354,6 +354,57 @@ def test_aqa_eval_batches_keep_choices_answer_type_and_every_rotation(qa_set):
     assert scores["strict_accuracy"] == 1.0 and scores["items"] == 2
 
 
+def _trained_answer(tok, batch, row):
+    return [t for t in batch["labels"][row].tolist() if t != IGNORE]
+
+
+def test_training_rotations_move_the_right_letter_between_epochs(qa_set):
+    """data.train_rotations=4: each question is trained under one rotation of its options per
+    epoch (the caption slot), so over epochs its answer is trained under several letters."""
+    tok = qa_tokenizer()
+    dm = module(qa_set, train_rotations=4, batches={"batch_size": 2, "bucketing": False})
+    dm.connect(tok, chat_template=template())
+    variants = dm.tokens("train")
+    assert [len(v) for v in variants] == [4, 4]
+    seen: dict[str, set[str]] = {"q1": set(), "q2": set()}
+    loader = dm.train_dataloader()
+    for epoch in range(8):
+        loader.batch_sampler.set_epoch(epoch)
+        batch = next(iter(loader))
+        for row, item_id in enumerate(batch["ids"]):
+            answer = "rising chirp" if item_id == "q1" else "low tone"
+            r = batch["rotation"][row]
+            # Written by hand from rotate_item's rule: option i moves to (i + r) % 4.
+            expect = [CHOICES[(i - r) % 4] for i in range(4)]
+            assert batch["choices"][row] == expect
+            letter = "ABCD"[expect.index(answer)]
+            assert _trained_answer(tok, batch, row) == ids_of(
+                tok, ["(", letter, ")", *answer.split(), "<|im_end|>"])
+            seen[item_id].add(letter)
+    # 8 epochs, one of 4 rotations each: each question met at least two letters.
+    assert all(len(letters) >= 2 for letters in seen.values()), seen
+
+
+def test_training_rotations_default_to_the_question_as_written(qa_set):
+    dm = module(qa_set)
+    dm.connect(qa_tokenizer(), chat_template=template())
+    assert [len(v) for v in dm.tokens("train")] == [1, 1]
+
+
+@pytest.mark.parametrize("value", [0, 1.5, True])
+def test_a_bad_train_rotations_is_named(qa_set, value):
+    with pytest.raises(ConfigError, match=r"data.train_rotations"):
+        module(qa_set, train_rotations=value)
+
+
+def test_more_training_rotations_than_options_is_named(qa_set):
+    dm = module(qa_set, train_rotations=5)
+    dm.connect(qa_tokenizer(), chat_template=template())
+    with pytest.raises(UserError, match=r"train.jsonl line 1: data.train_rotations=5 but the "
+                                        r"question has 4 options"):
+        dm.train_dataloader()
+
+
 def test_more_rotations_than_options_is_named(qa_set):
     dm = module(qa_set, rotations=5)
     dm.connect(qa_tokenizer(), chat_template=template())
@@ -397,7 +448,7 @@ def test_the_configs_compose_into_instruction_modules(chat_set):
     qa, plain = _data_cfg("data=synth_audio_qa_instruction"), _data_cfg("data=synth_audio_qa")
     # The same generated set (root and generator settings) as data=synth_audio_qa.
     assert qa.root == plain.root and qa.synthetic == plain.synthetic
-    assert qa.format == "instruction" and qa.rotations == 4
+    assert qa.format == "instruction" and qa.rotations == 4 and qa.train_rotations == 4
     # The chat mixture's sources are the same generated sets as the single-set configs.
     mix = _data_cfg("data=synth_audio_instruction_mix")
     caps_plain = _data_cfg("data=synth_audio_captions")
@@ -407,6 +458,7 @@ def test_the_configs_compose_into_instruction_modules(chat_set):
     built = instantiate(mix)
     assert [s.module.format for s in built.sources] == ["instruction", "clotho"]
     assert built.sources[1].module.instruction == "Describe the sound."
+    assert built.sources[0].module.train_rotations == 4
 
 
 def test_the_task_hands_its_chat_template_over_with_the_tokenizer(chat_set):
