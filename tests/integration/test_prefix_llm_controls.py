@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ from tests.forked import run_main
 from tests.unit.reliability.toy import run_forked
 
 from .conftest import compose_train, tiny_overrides
-from .test_fsdp_cli import FSDP_CPU, why
+from .test_fsdp_cli import FSDP_CPU, once_more_if_a_rank_vanished, why
 from .test_reliability import (  # noqa: F401  (_isolate_global_torch_state: an autouse fixture)
     EMA_ON,
     KillAtStep,
@@ -67,6 +68,12 @@ def test_the_prefix_llm_killed_mid_epoch_resumes_bit_for_bit(data_dir, tmp_path)
 
 
 def test_fsdp_trains_the_prefix_llm_and_resumes_from_last(data_dir, tmp_path):
+    once_more_if_a_rank_vanished(lambda root: _prefix_llm_trains_and_resumes(data_dir, root),
+                                 tmp_path)
+
+
+def _prefix_llm_trains_and_resumes(data_dir, tmp_path: Path) -> None:
+    tmp_path.mkdir()
     run_dir = tmp_path / "run"
     args = [*tiny_overrides("audio_captioning_llm", data_dir), *FSDP_CPU,
             f"hydra.run.dir={run_dir}"]
