@@ -5,7 +5,9 @@ beside the wall time and the CPU it ran on: one training run per seed.
     python experiments/audio_captioning_synth/time_to_target.py --seeds 12345 \\
         --baseline-flops 15.0e12 -- trainer.max_epochs=16 model.optimizer.lr=3e-3
 
-Each run is ``python -m mmtf.train experiment=audio_captioning seed=<s> <overrides>`` in
+Each run is ``python -m mmtf.train experiment=audio_captioning seed=<s> <overrides>`` (with
+``--rounding-probe``: ``python rounding_probe.py ...``, the same run with the power spectrum
+rounded as re² + im²) in
 ``<out>/seed_<s>`` (its output in ``<out>/seed_<s>.log``); ``metrics.json`` gives the training
 FLOPs and samples at the first validation that reached ``target.value`` (val event accuracy
 0.95 in the experiment config; override ``target.*`` for another) and in total. Appends one
@@ -44,7 +46,9 @@ def perf_line(log_text: str) -> str | None:
 def run_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Train one seed; its result object (``error`` set when the run failed)."""
     run_dir = out / f"seed_{seed}"
-    command = [sys.executable, "-m", "mmtf.train", f"experiment={args.experiment}",
+    # --rounding-probe: the same run with the power spectrum rounded differently.
+    entry = [str(HERE / "rounding_probe.py")] if args.rounding_probe else ["-m", "mmtf.train"]
+    command = [sys.executable, *entry, f"experiment={args.experiment}",
                f"seed={seed}", f"hydra.run.dir={run_dir}", *args.overrides]
     log_path = out / f"seed_{seed}.log"
     start = time.perf_counter()
@@ -54,7 +58,8 @@ def run_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     wall = time.perf_counter() - start
     log_text = log_path.read_text(errors="replace")
     result: dict[str, Any] = {"seed": seed, "experiment": args.experiment,
-                              "overrides": list(args.overrides), "run_dir": str(run_dir),
+                              "overrides": list(args.overrides),
+                              "rounding_probe": args.rounding_probe, "run_dir": str(run_dir),
                               "wall_s": round(wall, 1), "perf": perf_line(log_text)}
     metrics_file = run_dir / "metrics.json"
     if status != 0 or not metrics_file.is_file():
@@ -109,7 +114,7 @@ def summary(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
     totals = [r["train_flops"] for r in done if r["train_flops"] is not None]
     out: dict[str, Any] = {
         "experiment": args.experiment, "overrides": list(args.overrides),
-        "seeds": [r["seed"] for r in results], "failed": len(results) - len(done),
+        "rounding_probe": args.rounding_probe, "seeds": [r["seed"] for r in results], "failed": len(results) - len(done),
         "all_reached": bool(done) and len(to_target) == len(results),
         "max_flops_to_target": max(to_target) if to_target else None,
         "max_train_flops": max(totals) if totals else None,
@@ -138,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="training FLOPs of the recipe to compare with (adds *_vs_baseline)")
     parser.add_argument("--min-test-accuracy", type=float, default=0.95,
                         help="the test event accuracy every seed must reach (all_test_accuracy_met)")
+    parser.add_argument("--rounding-probe", action="store_true",
+                        help="train through rounding_probe.py: the power spectrum as re² + im², "
+                             "a harmless rounding change a robust recipe must survive")
     args = parser.parse_args(argv)
     stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out = (args.out or REPO / "outputs" / "time_to_target" / stamp).resolve()
