@@ -32,15 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))              # mmtf from this checkout, also without installing
 
-from mmtf.perf.results import append_result  # noqa: E402
-
-
-def perf_line(log_text: str) -> str | None:
-    """The run's first ``[perf]`` line (CPU flags, threads, precision, kernels), or None."""
-    for line in log_text.splitlines():
-        if "[perf]" in line and "cpu capability" in line:
-            return line[line.index("[perf]") + len("[perf]"):].strip()
-    return None
+from mmtf.perf.results import append_result, run_perf_line  # noqa: E402
 
 
 def run_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -60,7 +52,7 @@ def run_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"seed": seed, "experiment": args.experiment,
                               "overrides": list(args.overrides),
                               "rounding_probe": args.rounding_probe, "run_dir": str(run_dir),
-                              "wall_s": round(wall, 1), "perf": perf_line(log_text)}
+                              "wall_s": round(wall, 1), "perf": run_perf_line(log_text)}
     metrics_file = run_dir / "metrics.json"
     if status != 0 or not metrics_file.is_file():
         tail = "\n".join(log_text.splitlines()[-15:])

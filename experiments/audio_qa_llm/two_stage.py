@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))              # mmtf from this checkout, also without installing
 
-from mmtf.perf.results import append_result  # noqa: E402
+from mmtf.perf.results import append_result, run_perf_line  # noqa: E402
 
 QUESTION_TYPES = ("count", "presence", "order", "absence")
 # mmtf.metrics.aqa.confusion_table's rows: a type's header, a right letter's counts, the shares.
@@ -81,13 +81,6 @@ def confusion_in_log(log_text: str) -> str | None:
                     break
                 table.append(row)
             return "\n".join(table)
-    return None
-
-
-def perf_line(log_text: str) -> str | None:
-    for line in log_text.splitlines():
-        if "[perf]" in line and "cpu capability" in line:
-            return line[line.index("[perf]") + len("[perf]"):].strip()
     return None
 
 
@@ -143,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed, "overrides": list(args.overrides),
         "captioner_overrides": list(args.captioner_overrides), "out": str(out),
         "captioner_checkpoint": str(checkpoint), "wall_s": {k: round(v, 1) for k, v in walls.items()},
-        "perf": perf_line(qa_log),
+        "perf": run_perf_line(qa_log),
         "captioner/test/event_accuracy": captioner_metrics.get("test/event_accuracy"),
         "captioner/test/cider_d": captioner_metrics.get("test/cider_d"),
         "captioner/train_flops": captioner_metrics.get("train_flops"),

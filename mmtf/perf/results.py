@@ -16,6 +16,17 @@ from mmtf.perf.device import describe_cpu
 from mmtf.utils.run_info import git_state
 
 RESULTS_FILE = "results.jsonl"
+# mmtf.perf.monitor's first line of a run: CPU flags, threads, precision, kernels.
+_RUN_PERF_MARK, _RUN_PERF_KEY = "[perf]", "cpu capability"
+
+
+def run_perf_line(log_text: str) -> str | None:
+    """A training run's first ``[perf]`` line (CPU flags, threads, precision, kernels) from
+    its log text, without the logging prefix; None if the log has none."""
+    for line in log_text.splitlines():
+        if _RUN_PERF_MARK in line and _RUN_PERF_KEY in line:
+            return line[line.index(_RUN_PERF_MARK) + len(_RUN_PERF_MARK):].strip()
+    return None
 
 
 def append_result(folder: str | Path, result: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""``append_result``: one JSON line per run, with what makes the figures comparable later."""
+"""``append_result``: one JSON line per run, with what makes the figures comparable later;
+``run_perf_line``: the CPU line of a run's log that goes with it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 import sys
 
 from mmtf.perf.device import describe_cpu
-from mmtf.perf.results import RESULTS_FILE, append_result
+from mmtf.perf.results import RESULTS_FILE, append_result, run_perf_line
 
 
 def test_each_call_appends_one_line_and_returns_the_result_unchanged(tmp_path, monkeypatch):
@@ -42,3 +43,14 @@ def test_inside_a_repository_the_commit_is_head_and_dirty_says_if_tracked_files_
     clean, dirty = map(json.loads, (tmp_path / RESULTS_FILE).read_text().splitlines())
     assert clean["commit"] == dirty["commit"] == git("rev-parse", "HEAD")
     assert (clean["dirty"], dirty["dirty"]) == (False, True)
+
+
+def test_run_perf_line_is_the_first_cpu_line_without_the_logging_prefix():
+    log = ("Seed set to 1\n"
+           "[2026-12-05 07:14:19,216][mmtf.perf.monitor][INFO] - [perf] train epoch 0: 3000 "
+           "samples in 11.6 s\n"
+           "[2026-12-05 07:14:07,328][mmtf.perf.monitor][INFO] - [perf] cpu capability AVX2, "
+           "avx2=yes avx512f=no; threads 2 \n"
+           "[x][mmtf.perf.monitor][INFO] - [perf] cpu capability AVX512, later\n")
+    assert run_perf_line(log) == "cpu capability AVX2, avx2=yes avx512f=no; threads 2"
+    assert run_perf_line("Seed set to 1\nno perf here\n") is None
