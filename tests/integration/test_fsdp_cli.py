@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,42 +36,46 @@ def why(result) -> str:
 LOST_PEER = re.compile(r"Connection reset by peer|Connection closed by peer")
 
 
-def once_more_if_a_rank_vanished(body: Callable[[Path], None], tmp_path: Path) -> None:
-    """Run ``body(dir)``; if it failed because a rank's peer connection dropped, run it once
-    more from scratch in a fresh dir, after a warning that carries the first failure.
+def train_then_resume(experiment: str, data_dir: Path, root: Path,
+                      *resume_overrides: str) -> tuple[Path, dict]:
+    """``trainer=fsdp`` on two gloo ranks: one epoch of the tiny ``experiment``, then
+    ``ckpt_path=last`` with ``trainer.max_epochs=2`` and ``resume_overrides`` in the same run
+    dir; the run dir and the final last.ckpt.
 
-    Why: in one CI run of ~2300 tests (two xdist workers on 2 cores) a resumed run died with
-    rank 0 in a collective and rank 1 gone, which 20+ runs here (alone and under load) never
-    showed. The warning keeps the first failure in CI's summary; a second failure fails, and
-    any other failure fails at once."""
+    Once more, from scratch in a fresh dir, if a run failed because a rank's peer connection
+    dropped, after a warning that carries the first failure. Why: in one CI run of ~2300 tests
+    (two xdist workers on 2 cores) a resumed run died with rank 0 in a collective and rank 1
+    gone, which 20+ runs here (alone and under load) never showed. The warning keeps the first
+    failure in CI's summary; a second failure fails, and any other failure fails at once."""
     try:
-        body(tmp_path / "try1")
+        return _train_then_resume(experiment, data_dir, root / "try1", resume_overrides)
     except AssertionError as failure:
         if not LOST_PEER.search(str(failure)):
             raise
         warnings.warn(f"FSDP run lost a rank's connection; running once more:\n{failure}",
                       stacklevel=2)
-        body(tmp_path / "try2")
+        return _train_then_resume(experiment, data_dir, root / "try2", resume_overrides)
 
 
-def test_fsdp_trains_the_captioner_and_resumes_from_last(data_dir, tmp_path):
-    once_more_if_a_rank_vanished(lambda root: _captioner_trains_and_resumes(data_dir, root),
-                                 tmp_path)
-
-
-def _captioner_trains_and_resumes(data_dir, tmp_path: Path) -> None:
-    tmp_path.mkdir()
-    run_dir = tmp_path / "run"
-    args = [*tiny_overrides("audio_captioning", data_dir), *FSDP_CPU, f"hydra.run.dir={run_dir}"]
-    first = run_main("mmtf.train", args, cwd=tmp_path, fork_ranks=True)
+def _train_then_resume(experiment: str, data_dir: Path, root: Path,
+                       resume_overrides: tuple[str, ...]) -> tuple[Path, dict]:
+    root.mkdir()
+    run_dir = root / "run"
+    args = [*tiny_overrides(experiment, data_dir), *FSDP_CPU, f"hydra.run.dir={run_dir}"]
+    first = run_main("mmtf.train", args, cwd=root, fork_ranks=True)
     assert first.returncode == 0, why(first)
     assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] == 1
     resumed = run_main("mmtf.train", [*args, "trainer.max_epochs=2", "ckpt_path=last",
-                                      "model.encoder.activation_checkpointing=true",
-                                      "model.decoder.activation_checkpointing=true"],
-                       cwd=tmp_path, fork_ranks=True)
+                                      *resume_overrides], cwd=root, fork_ranks=True)
     assert resumed.returncode == 0, why(resumed)
     assert "Restored all states" in resumed.stdout + resumed.stderr
     checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     assert checkpoint["epoch"] == 2
+    return run_dir, checkpoint
+
+
+def test_fsdp_trains_the_captioner_and_resumes_from_last(data_dir, tmp_path):
+    _, checkpoint = train_then_resume("audio_captioning", data_dir, tmp_path,
+                                      "model.encoder.activation_checkpointing=true",
+                                      "model.decoder.activation_checkpointing=true")
     assert "model.decoder.stack.blocks.0.self_attn.to_q.weight" in checkpoint["state_dict"]

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import csv
 import signal
-from pathlib import Path
 
 import pytest
 
-from mmtf.checkpoint_io import EMA_STATE_KEY, load_checkpoint
+from mmtf.checkpoint_io import EMA_STATE_KEY
 from mmtf.train import train
-from tests.forked import run_main
 from tests.unit.reliability.toy import run_forked
 
 from .conftest import compose_train, tiny_overrides
-from .test_fsdp_cli import FSDP_CPU, once_more_if_a_rank_vanished, why
+from .test_fsdp_cli import train_then_resume
 from .test_reliability import (  # noqa: F401  (_isolate_global_torch_state: an autouse fixture)
     EMA_ON,
     KillAtStep,
@@ -68,25 +66,8 @@ def test_the_prefix_llm_killed_mid_epoch_resumes_bit_for_bit(data_dir, tmp_path)
 
 
 def test_fsdp_trains_the_prefix_llm_and_resumes_from_last(data_dir, tmp_path):
-    once_more_if_a_rank_vanished(lambda root: _prefix_llm_trains_and_resumes(data_dir, root),
-                                 tmp_path)
-
-
-def _prefix_llm_trains_and_resumes(data_dir, tmp_path: Path) -> None:
-    tmp_path.mkdir()
-    run_dir = tmp_path / "run"
-    args = [*tiny_overrides("audio_captioning_llm", data_dir), *FSDP_CPU,
-            f"hydra.run.dir={run_dir}"]
-    first = run_main("mmtf.train", args, cwd=tmp_path, fork_ranks=True)
-    assert first.returncode == 0, why(first)
-    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["epoch"] == 1
-    resumed = run_main("mmtf.train", [*args, "trainer.max_epochs=2", "ckpt_path=last",
-                                      "model.decoder.activation_checkpointing=true"],
-                       cwd=tmp_path, fork_ranks=True)
-    assert resumed.returncode == 0, why(resumed)
-    assert "Restored all states" in resumed.stdout + resumed.stderr
-    checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-    assert checkpoint["epoch"] == 2
+    run_dir, checkpoint = train_then_resume("audio_captioning_llm", data_dir, tmp_path,
+                                            "model.decoder.activation_checkpointing=true")
     # One full file: the LLM's blocks gathered from both ranks' shards.
     keys = checkpoint["state_dict"]
     assert any(".layers.0." in k or ".blocks.0." in k for k in keys), sorted(keys)[:10]
