@@ -39,7 +39,7 @@ from mmtf.utils.parts import as_part
 
 FeatureNorm = Literal["utterance", "global"]
 FeatureKind = Literal["mmtf", "whisper"]
-PositionKind = Literal["rope", "sinusoidal"]
+PositionKind = Literal["rope", "sinusoidal", "rope+sinusoidal"]
 TimeMaskMode = Literal["fixed", "adaptive"]
 LOG_EPS = 1e-6   # log(mel + 1e-6): a floor near 16-bit quantisation noise, finite for silence
 STD_FLOOR = 1e-5
@@ -325,8 +325,9 @@ class AudioEncoder(Encoder):
 
     Args:
         dim, depth, num_heads, block: the transformer (see :class:`mmtf.nn.TransformerStack`).
-        positions: "rope" (in the attention) or "sinusoidal" (Whisper's fixed table added after
-            the stem, as long as ``max_seconds`` needs).
+        positions: "rope" (in the attention), "sinusoidal" (Whisper's fixed table added after
+            the stem, as long as ``max_seconds`` needs) or "rope+sinusoidal" (both: the memory
+            then carries each position's time, which the decoder's cross-attention can read).
         frontend: the log-mel front end (:class:`LogMelFrontEnd`, or a mapping of its
             arguments; None = its defaults; "whisper" features and 30 s padding for Whisper).
         spec_augment: :class:`SpecAugment` (as ``frontend``), training mode only; 0 masks
@@ -354,9 +355,9 @@ class AudioEncoder(Encoder):
         spec_augment = as_part(SpecAugment, spec_augment)
         self.config = record_config({**locals(), **asdict(block), **frontend.config,
                                      **spec_augment.config})
-        if positions not in ("rope", "sinusoidal"):
-            raise UserError(f"AudioEncoder: positions ({positions!r}) must be 'rope' or "
-                            f"'sinusoidal'; fix model.encoder.positions.")
+        if positions not in ("rope", "sinusoidal", "rope+sinusoidal"):
+            raise UserError(f"AudioEncoder: positions ({positions!r}) must be 'rope', "
+                            f"'sinusoidal' or 'rope+sinusoidal'; fix model.encoder.positions.")
         n_mels, pad_to_seconds = frontend.n_mels, self.config["pad_to_seconds"]
         if spec_augment.freq.mask_param > n_mels:
             raise UserError(f"AudioEncoder: freq_mask_width ({spec_augment.freq.mask_param}) "
@@ -378,14 +379,14 @@ class AudioEncoder(Encoder):
             torch.tensor([self.max_samples], device="cpu")).item())
         # Whisper's fixed table, built in float64 on the CPU (a meta device cannot hold values).
         self.positions = None
-        if positions == "sinusoidal":
+        if positions in ("sinusoidal", "rope+sinusoidal"):
             with torch.device("cpu"):
                 table = sinusoidal_table(max_tokens, dim)
             self.positions = FixedPositions(table.to(torch.get_default_device()))
         with in_config("model.encoder"):     # the stack and Attention own their rules
             self.stack = TransformerStack(
                 depth=depth, dim=dim, num_heads=num_heads, block=block, causal=causal,
-                rope=positions == "rope", max_len=max_tokens,
+                rope=positions in ("rope", "rope+sinusoidal"), max_len=max_tokens,
                 activation_checkpointing=activation_checkpointing)
         self.drop = nn.Dropout(block.dropout)    # after the stack: it checks dropout
         self._finish_init(pretrained=pretrained, freeze=freeze, causal=causal)

@@ -341,3 +341,32 @@ def test_half_precision_keeps_the_front_end_in_float32():
     out = enc(wave).memory
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, atol=0.15, rtol=0)   # bf16 has 8 mantissa bits
+
+
+def test_rope_plus_sinusoidal_adds_the_time_table_after_the_stem_and_keeps_rope():
+    """positions=rope+sinusoidal: the RoPE encoder's stack applied to the stem output plus
+    Whisper's sinusoid table (written out here in float64), and neither mode alone."""
+    import math
+
+    torch.manual_seed(0)
+    both = flat(AudioEncoder, **TINY_AUDIO, positions="rope+sinusoidal").eval()
+    rope = flat(AudioEncoder, **TINY_AUDIO, positions="rope").eval()
+    table_only = flat(AudioEncoder, **TINY_AUDIO, positions="sinusoidal").eval()
+    rope.load_state_dict({k: v for k, v in both.state_dict().items()
+                          if not k.startswith("positions.")})
+    table_only.load_state_dict(both.state_dict())
+    wave, lengths = torch.randn(2, 16000), torch.tensor([16000, 9000])
+    feats, frames = both.frontend(wave, lengths)
+    x, tokens = both.stem(feats, frames)                                   # (b, s, c)
+    s, c = x.shape[1], x.shape[2]
+    table = torch.zeros(s, c, dtype=torch.float64)
+    for p in range(s):
+        for k in range(c // 2):
+            angle = p * math.exp(-k * math.log(10000.0) / (c // 2 - 1))
+            table[p, k], table[p, c // 2 + k] = math.sin(angle), math.cos(angle)
+    mask = torch.arange(s)[None] < tokens[:, None]
+    expected = rope.stack(x + table.float(), key_mask=mask).masked_fill(~mask[..., None], 0.0)
+    out = both(wave, lengths)
+    torch.testing.assert_close(out.memory, expected, atol=1e-5, rtol=0)
+    assert not torch.allclose(out.memory, rope(wave, lengths).memory, atol=1e-3)
+    assert not torch.allclose(out.memory, table_only(wave, lengths).memory, atol=1e-3)
