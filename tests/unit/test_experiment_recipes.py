@@ -38,7 +38,7 @@ def test_an_odd_epoch_count_leaves_the_last_epoch_unvalidated():
 
 def test_the_default_audio_run_keeps_its_fixed_masks_bit_for_bit():
     """experiment=audio_captioning's adaptive time masks bind on none of its clips (>= 2 s of
-    40 ms frames), so it trains with the masks it was measured with (fixed mode's draws)."""
+    20 ms frames), so it trains with the masks it was measured with (fixed mode's draws)."""
     import torch
 
     from mmtf.encoders import SpecAugment

@@ -28,6 +28,14 @@ def test_the_named_sizes_exist():
             for size in ("tiny", "small", "base")} <= names
 
 
+def _frames(samples: int, cfg) -> int:
+    """Encoder frames of a clip: centred STFT frames, then each stem conv (kernel 3, padding 1)."""
+    frames = samples // cfg.frontend.hop_length + 1          # audio_small: 8000 -> 51, 4000 -> 26
+    for stride in cfg.stem_strides:
+        frames = (frames - 1) // stride + 1                   # 51 -> 26 -> 13; 26 -> 13 -> 7
+    return frames
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_config_instantiates_and_runs(path):
     cfg = load_preset("encoder", path.stem)
@@ -54,7 +62,7 @@ def test_config_instantiates_and_runs(path):
     with torch.no_grad():
         if cls is AudioEncoder:
             out = enc(0.1 * torch.randn(2, 8000), torch.tensor([8000, 4000]))
-            assert out.mask.sum(dim=1).tolist() == [13, 7]   # 51 -> 26 -> 13; 26 -> 13 -> 7
+            assert out.mask.sum(dim=1).tolist() == [_frames(n, cfg) for n in (8000, 4000)]
         else:
             size = cfg.image_size
             out = enc(torch.randn(2, 3, size, size))
