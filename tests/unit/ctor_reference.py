@@ -1,13 +1,23 @@
 """Fingerprints of seeded modules, built from flat (pre-#39) constructor keywords.
 
-``python tests/unit/ctor_reference.py OUT.json REPO`` with ``PYTHONPATH`` at the pre-#39 code wrote
-``ctor_reference.json``; :mod:`tests.unit.test_ctor_parts` builds the same cases through today's
-constructors (the flat keys mapped by :func:`mmtf.legacy.upgrade_config`) and compares.
+Run from a checkout of the pre-#39 code (696d7af) at REPO, so that its ``mmtf`` is imported
+(not by path: ``tests/unit/inspect`` would shadow the standard library's ``inspect``)::
+
+    cd REPO && PYTHONPATH=. python -c "import runpy, sys; sys.argv[1:] = ['OUT.json', '.'];
+        runpy.run_path('THIS_FILE', run_name='__main__')"
+
+That wrote ``ctor_reference.json``; :mod:`tests.unit.test_ctor_parts` builds the same cases
+through today's constructors (the flat keys mapped by :func:`mmtf.utils.parts.upgrade_config`) and
+compares.
+
+A fingerprint is the state_dict keys and, per tensor and for an eval forward, the shape and a few
+float64 projections on fixed integer weights. Not a byte digest: the last bits of a forward (and
+of buffers computed by ``sin``/``exp``, Whisper's position table) differ between AVX2 and AVX-512
+kernels, while a wrong weight, key or layer moves a projection by far more than rounding does.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from typing import Any
@@ -54,25 +64,53 @@ def _inputs(target: str, module: torch.nn.Module) -> tuple:
     return tokens, torch.randn(2, 5, module.context_dim, generator=g)
 
 
+PROJECTIONS = 4
+
+
+def summary(tensor: torch.Tensor) -> dict[str, Any]:
+    """Shape, L2 norm and ``PROJECTIONS`` dot products with fixed weights in [-8, 8], in float64.
+
+    The weights come from ``torch.randint`` (integers: the same on every CPU) seeded by position.
+    """
+    flat = tensor.detach().reshape(-1).to(torch.float64)
+    projections = []
+    for k in range(PROJECTIONS):
+        g = torch.Generator().manual_seed(k)
+        weights = torch.randint(-8, 9, (flat.numel(),), generator=g).to(torch.float64)
+        projections.append(float(flat @ weights))
+    return {"shape": list(tensor.shape), "l2": float(flat.norm()), "proj": projections}
+
+
 def fingerprint(spec: Any, build: Any) -> dict[str, Any]:
-    """Seeded build, then the state_dict keys, a digest of its bytes and of an eval forward."""
+    """Seeded build, then the state_dict keys, a summary of each tensor and of an eval forward."""
     torch.manual_seed(0)
     module = build(spec).eval()
     state = module.state_dict()
-    digest = hashlib.sha256()
-    for key, value in state.items():
-        digest.update(key.encode())
-        digest.update(value.detach().contiguous().numpy().tobytes())
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)              # the reduction order of the reference's forward
-    try:
-        with torch.no_grad():
-            out = module(*_inputs(spec["_target_"], module))
-    finally:
-        torch.set_num_threads(threads)
+    with torch.no_grad():
+        out = module(*_inputs(spec["_target_"], module))
     out = out[0] if isinstance(out, tuple) else out
-    return {"keys": list(state), "state": digest.hexdigest(),
-            "out": hashlib.sha256(out.contiguous().numpy().tobytes()).hexdigest()}
+    return {"keys": list(state), "state": {k: summary(v) for k, v in state.items()},
+            "out": summary(out)}
+
+
+def mismatches(got: dict[str, Any], want: dict[str, Any], rel: float = 1e-5) -> list[str]:
+    """What differs beyond float rounding: keys, shapes, or a projection off by more than
+    ``rel`` x (its L2 norm x the weights' L2 norm), the bound of a relative ``rel`` per element."""
+    if got["keys"] != want["keys"]:
+        return [f"keys {got['keys']} != {want['keys']}"]
+    pairs = [(f"state {k}", got["state"][k], want["state"][k]) for k in want["keys"]]
+    pairs.append(("forward", got["out"], want["out"]))
+    wrong = []
+    for name, a, b in pairs:
+        if a["shape"] != b["shape"]:
+            wrong.append(f"{name}: shape {a['shape']} != {b['shape']}")
+            continue
+        weights_l2 = 8 * torch.Size(a["shape"]).numel() ** 0.5
+        tolerance = rel * max(a["l2"], b["l2"]) * weights_l2 + 1e-12
+        for k, (x, y) in enumerate(zip(a["proj"], b["proj"])):
+            if abs(x - y) > tolerance:
+                wrong.append(f"{name}: projection {k} {x!r} != {y!r} (tolerance {tolerance:.3g})")
+    return wrong
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Constructors take parts (block options, front end, SpecAugment): configs and exports written
-with the pre-#39 flat keys build the same modules, bit for bit, as the flat constructors did.
+with the pre-#39 flat keys build the same modules as the flat constructors did.
 
 The reference (``ctor_reference.json``) was computed by the pre-#39 code from flat keywords (see
-:mod:`tests.unit.ctor_reference`): state_dict keys, a digest of the seeded values, and of an
-eval forward.
+:mod:`tests.unit.ctor_reference`): state_dict keys, and projections of each seeded tensor and of
+an eval forward, equal to float rounding on any CPU.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 
 from mmtf.encoders import AudioEncoder
 from mmtf.utils.parts import flatten_parts, upgrade_config
-from tests.unit.ctor_reference import CASES, PRESETS, fingerprint
+from tests.unit.ctor_reference import CASES, PRESETS, fingerprint, mismatches
 from tests.unit.presets import load_preset
 
 REFERENCE = json.loads((Path(__file__).with_name("ctor_reference.json")).read_text())
@@ -25,15 +25,16 @@ REFERENCE = json.loads((Path(__file__).with_name("ctor_reference.json")).read_te
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_old_flat_config_builds_the_pre_39_module(name):
-    """A flat (pre-#39) config, upgraded, gives the old keys, values and forward bit for bit."""
+    """A flat (pre-#39) config, upgraded, gives the old keys, values and forward."""
     got = fingerprint(CASES[name], lambda spec: instantiate(upgrade_config(spec)))
-    assert got == REFERENCE[name]
+    assert mismatches(got, REFERENCE[name]) == []
 
 
 @pytest.mark.parametrize("group,name", PRESETS)
 def test_new_presets_build_the_pre_39_module(group, name):
     """Today's nested presets give what the flat presets gave."""
-    assert fingerprint(load_preset(group, name), instantiate) == REFERENCE[f"{group}/{name}"]
+    got = fingerprint(load_preset(group, name), instantiate)
+    assert mismatches(got, REFERENCE[f"{group}/{name}"]) == []
 
 
 def test_upgrade_moves_flat_keys_and_flatten_is_its_inverse():
