@@ -178,5 +178,6 @@ def test_two_gloo_ranks_give_the_loss_and_gradients_of_one_process(tmp_path):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         for local_loss in (False, True):
             for name, value in want.items():
-                torch.testing.assert_close(got[local_loss][name], value, rtol=0, atol=1e-6,
+                # rtol: the local loss sums its rows in another order (a few ulps of a loss ~2)
+                torch.testing.assert_close(got[local_loss][name], value, rtol=1e-6, atol=1e-6,
                                            msg=f"rank {rank}, local_loss={local_loss}: {name}")
