@@ -9,8 +9,8 @@ the step reach, and where does its time go?
 Models: "default" is ``experiment=audio_captioning``'s model, composed from ``conf/`` and built
 by Hydra exactly as ``mmtf.train`` builds it; "large" is the same config with 6 + 6 blocks of
 width 384 (6 heads). The peer is ``WhisperForConditionalGeneration`` (SDPA attention) configured
-to the same sizes, dropout and vocabulary, its first convolution given stride 2 so that both
-encoders see the same number of positions; it gets the same waveforms (turned into log-mel
+to the same sizes, dropout and vocabulary, its two convolutions given the strides of mmtf's stem
+(``stem_strides``) so that both encoders see the same number of positions; it gets the same waveforms (turned into log-mel
 features by torchaudio inside its step) and the same tokens.
 
     python experiments/training_throughput/run.py            # full: 5 interleaved repeats (~12 min on 2 cores)
@@ -71,7 +71,7 @@ def build_mmtf(overrides: list[str], device: torch.device):
 
 
 def build_peer(cfg, memory_len: int, device: torch.device):
-    """Whisper of the same sizes; the first conv strided like mmtf's stem (4x fewer frames)."""
+    """Whisper of the same sizes; its two convs strided like mmtf's stem (``stem_strides``)."""
     import transformers as tf
     tf.logging.set_verbosity_error()
     enc, dec = cfg.model.encoder, cfg.model.decoder
@@ -89,7 +89,9 @@ def build_peer(cfg, memory_len: int, device: torch.device):
         apply_spec_augment=False, begin_suppress_tokens=None, suppress_tokens=None)
     model = tf.WhisperForConditionalGeneration(config)
     encoder = model.model.encoder
-    encoder.conv1 = torch.nn.Conv1d(mels, enc.dim, kernel_size=3, stride=2, padding=1)
+    first, second = enc.stem_strides
+    encoder.conv1 = torch.nn.Conv1d(mels, enc.dim, kernel_size=3, stride=first, padding=1)
+    encoder.conv2 = torch.nn.Conv1d(enc.dim, enc.dim, kernel_size=3, stride=second, padding=1)
     model = model.to(device).train()
     o = cfg.model.optimizer
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas),
@@ -113,7 +115,7 @@ class PeerFrontEnd(torch.nn.Module):
         mean = feats.mean(dim=(1, 2), keepdim=True)
         std = feats.std(dim=(1, 2), keepdim=True).clamp_min(1e-5)
         feats = (feats - mean) / std
-        return F.pad(feats, (0, self.frames - feats.shape[-1]))       # (b, f, 4 * s)
+        return F.pad(feats, (0, self.frames - feats.shape[-1]))       # (b, f, stride * s)
 
 
 def make_batches(cfg, count: int, batch: int, seconds: float, device: torch.device):
@@ -302,7 +304,8 @@ def main() -> None:
         batches = make_batches(cfg, 4, args.batch, args.seconds, device)
         memory_len = int(model.encoder.output_lengths(batches[0]["lengths"][:1]).item())
         peer, peer_opt = build_peer(cfg, memory_len, device)
-        frontend = PeerFrontEnd(cfg.model.encoder.frontend, 4 * memory_len).to(device)
+        stride = math.prod(cfg.model.encoder.stem_strides)            # feature frames per position
+        frontend = PeerFrontEnd(cfg.model.encoder.frontend, stride * memory_len).to(device)
         with FlopCounter(model) as counter:
             mmtf_step(model, opt, batches[0], dtype=torch.float32)
         systems[size] = dict(model=model, opt=opt, cfg=cfg, batches=batches, peer=peer,
